@@ -1,0 +1,162 @@
+"""Every error the library raises, under one root: :class:`PipelinesError`.
+
+Each error carries its context (pipeline, step, tensor) as attributes and a
+message that says what is wrong, what was expected, and the fix::
+
+    PipelinesError
+    ├── DeclarationError            a pipeline was declared or wired wrongly
+    │   ├── InvalidNameError        a name breaks Triton's rules or could escape a directory
+    │   ├── DtypeMismatchError      the two ends of a wire disagree on dtype
+    │   ├── ShapeMismatchError      ... on rank or on a fixed dimension
+    │   ├── BatchingMismatchError   a step batches differently from its pipeline
+    │   ├── UnknownTensorError      an input or output name the step does not declare
+    │   ├── UnboundInputError       a step input that nothing feeds
+    │   ├── DuplicateNameError      two steps, or two tensors, share a name
+    │   ├── TensorProducedTwiceError a tensor that two wires would produce
+    │   ├── CycleError              the wiring loops back on itself
+    │   └── StepDeclarationError    @step was given something it cannot use
+    ├── CompileError                a pipeline could not become a model repository
+    │   └── RepositoryWriteError    writing the repository to disk failed (nothing was changed)
+    ├── InferenceError              a request could not be answered
+    │   ├── InputError              the request's tensors do not match the pipeline's inputs
+    │   ├── StepError               a step raised or returned something wrong
+    │   └── StepTimeoutError        a step ran past its timeout
+    └── ServerError                 the embedded Triton server misbehaved
+        ├── ServerStartError        it did not become ready (holds the log's tail)
+        └── ServerDiedError         it exited while in use
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BatchingMismatchError",
+    "CompileError",
+    "CycleError",
+    "DeclarationError",
+    "DtypeMismatchError",
+    "DuplicateNameError",
+    "InferenceError",
+    "InputError",
+    "InvalidNameError",
+    "PipelinesError",
+    "RepositoryWriteError",
+    "ServerDiedError",
+    "ServerError",
+    "ServerStartError",
+    "ShapeMismatchError",
+    "StepDeclarationError",
+    "StepError",
+    "StepTimeoutError",
+    "TensorProducedTwiceError",
+    "UnboundInputError",
+    "UnknownTensorError",
+]
+
+
+class PipelinesError(Exception):
+    """Root of every error raised by ``pipelines``.
+
+    ``pipeline``, ``step`` and ``tensor`` name where the error happened when
+    that is known; they are ``None`` otherwise.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pipeline: str | None = None,
+        step: str | None = None,
+        tensor: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.pipeline = pipeline
+        self.step = step
+        self.tensor = tensor
+
+    def __reduce__(self):  # keep the context when an error crosses a process or thread boundary
+        return _rebuild, (type(self), self.message, self.pipeline, self.step, self.tensor)
+
+
+def _rebuild(cls, message, pipeline, step, tensor):
+    return cls(message, pipeline=pipeline, step=step, tensor=tensor)
+
+
+class DeclarationError(PipelinesError):
+    """A pipeline was declared or wired wrongly; raised by the call that did it."""
+
+
+class InvalidNameError(DeclarationError):
+    """A name breaks Triton's naming rules or could escape a directory."""
+
+
+class DtypeMismatchError(DeclarationError):
+    """The two ends of a wire carry different datatypes."""
+
+
+class ShapeMismatchError(DeclarationError):
+    """The two ends of a wire differ in rank or in a fixed dimension."""
+
+
+class BatchingMismatchError(DeclarationError):
+    """A step batches differently from the pipeline it is added to."""
+
+
+class UnknownTensorError(DeclarationError):
+    """An input or output name that the step or pipeline does not declare."""
+
+
+class UnboundInputError(DeclarationError):
+    """A step input that no wire feeds."""
+
+
+class DuplicateNameError(DeclarationError):
+    """Two steps, two tensors, or two bindings share one name."""
+
+
+class TensorProducedTwiceError(DeclarationError):
+    """A tensor would be produced by two wires; a Triton ensemble forbids it."""
+
+
+class CycleError(DeclarationError):
+    """The wiring loops back on itself, so no step order exists."""
+
+
+class StepDeclarationError(DeclarationError):
+    """``@step`` or ``external_model`` was given something it cannot use."""
+
+
+class CompileError(PipelinesError):
+    """A pipeline could not be turned into a Triton model repository."""
+
+
+class RepositoryWriteError(CompileError):
+    """Writing a model repository failed; the target was left as it was."""
+
+
+class InferenceError(PipelinesError):
+    """A request could not be answered."""
+
+
+class InputError(InferenceError):
+    """A request's tensors do not match what the pipeline declares."""
+
+
+class StepError(InferenceError):
+    """A step raised, or returned outputs that break its declaration."""
+
+
+class StepTimeoutError(StepError):
+    """A step ran past its timeout."""
+
+
+class ServerError(PipelinesError):
+    """The embedded Triton server failed to start, or stopped while in use."""
+
+
+class ServerStartError(ServerError):
+    """The server did not become ready; the message holds its log's tail."""
+
+
+class ServerDiedError(ServerError):
+    """The server process exited while it was in use."""

@@ -1,0 +1,448 @@
+"""``@step``: a function or a class with typed inputs and outputs, plus the
+per-model options that become its ``config.pbtxt`` (batching, instances, device).
+
+A step knows nothing of Triton or of the runtime; the compilers and the local
+runtime read its declaration. ``external_model`` declares a step that is an
+existing Triton model (ONNX Runtime, TensorRT, PyTorch…) with an optional
+Python stand-in for the local runtime.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .errors import StepDeclarationError, StepError
+from .names import check_name
+from .tensor import TensorSpec
+
+__all__ = [
+    "DynamicBatching",
+    "ExternalModel",
+    "ModelOptions",
+    "Step",
+    "StepInstance",
+    "external_model",
+    "step",
+]
+
+_INSTANCE_KINDS = {"auto": "KIND_AUTO", "cpu": "KIND_CPU", "gpu": "KIND_GPU", "model": "KIND_MODEL"}
+
+
+@dataclass(frozen=True)
+class DynamicBatching:
+    """Triton's ``dynamic_batching``: gather requests into one batch.
+
+    ``max_queue_delay_us`` is how long the first request may wait for others.
+    """
+
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+
+    def __post_init__(self) -> None:
+        sizes = tuple(int(s) for s in self.preferred_batch_sizes)
+        if any(s <= 0 for s in sizes):
+            raise StepDeclarationError(f"preferred_batch_sizes must be positive; got {list(sizes)}")
+        if int(self.max_queue_delay_us) < 0:
+            raise StepDeclarationError(f"max_queue_delay_us must be >= 0; got {self.max_queue_delay_us}")
+        object.__setattr__(self, "preferred_batch_sizes", sizes)
+        object.__setattr__(self, "max_queue_delay_us", int(self.max_queue_delay_us))
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """The per-model options of a step; ``None`` means "as the pipeline does".
+
+    ``instance_kind`` is ``"auto"``, ``"cpu"``, ``"gpu"`` or ``"model"``
+    (Triton's ``KIND_*``). ``device`` places the step in the local runtime:
+    ``"cpu"``, ``"gpu"``, or ``None`` to follow its inputs. ``timeout`` (seconds)
+    bounds one execution in the local runtime.
+    """
+
+    max_batch_size: int | None = None
+    instance_count: int = 1
+    instance_kind: str = "auto"
+    dynamic_batching: DynamicBatching | None = None
+    device: str | None = None
+    parameters: Mapping[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size is not None and (
+            isinstance(self.max_batch_size, bool) or int(self.max_batch_size) < 0
+        ):
+            raise StepDeclarationError(f"max_batch_size must be >= 0; got {self.max_batch_size!r}")
+        if int(self.instance_count) < 1:
+            raise StepDeclarationError(f"instance_count must be >= 1; got {self.instance_count!r}")
+        if self.instance_kind not in _INSTANCE_KINDS:
+            raise StepDeclarationError(
+                f"instance_kind must be one of {sorted(_INSTANCE_KINDS)}; got {self.instance_kind!r}"
+            )
+        if self.device not in (None, "cpu", "gpu"):
+            raise StepDeclarationError(f"device must be 'cpu', 'gpu' or None; got {self.device!r}")
+        if self.timeout is not None and float(self.timeout) <= 0:
+            raise StepDeclarationError(f"timeout must be > 0 seconds; got {self.timeout!r}")
+        db = self.dynamic_batching
+        if db is True:
+            db = DynamicBatching()
+        elif db is False:
+            db = None
+        elif isinstance(db, Mapping):
+            db = DynamicBatching(**db)
+        elif db is not None and not isinstance(db, DynamicBatching):
+            raise StepDeclarationError(
+                f"dynamic_batching must be True, a dict or DynamicBatching; got {db!r}"
+            )
+        params = {}
+        for key, value in dict(self.parameters).items():
+            if not isinstance(key, str):
+                raise StepDeclarationError(f"parameter names must be strings; got {key!r}")
+            params[key] = str(value)
+        object.__setattr__(self, "dynamic_batching", db)
+        object.__setattr__(self, "parameters", MappingProxyType(params))
+        object.__setattr__(self, "instance_count", int(self.instance_count))
+        if self.max_batch_size is not None:
+            object.__setattr__(self, "max_batch_size", int(self.max_batch_size))
+
+    @property
+    def config_instance_kind(self) -> str:
+        return _INSTANCE_KINDS[self.instance_kind]
+
+
+@dataclass(frozen=True)
+class ExternalModel:
+    """An existing Triton model a step stands for: its backend or platform and its file.
+
+    ``model_filename`` is the name the file gets in ``<model>/1/``; by default
+    the backend's usual name (``model.onnx``, ``model.plan``, ``model.pt``…).
+    """
+
+    backend: str | None = None
+    platform: str | None = None
+    model_file: str | None = None
+    model_filename: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.backend and not self.platform:
+            raise StepDeclarationError(
+                "an external model needs a backend (e.g. 'onnxruntime') or a platform "
+                "(e.g. 'tensorrt_plan')"
+            )
+        if self.model_file is not None:
+            object.__setattr__(self, "model_file", os.fspath(self.model_file))
+        if self.model_filename is None and self.model_file is not None:
+            object.__setattr__(self, "model_filename", _default_filename(self))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "platform": self.platform,
+            "model_file": self.model_file,
+            "model_filename": self.model_filename,
+        }
+
+
+_DEFAULT_FILENAMES = {
+    "onnxruntime": "model.onnx",
+    "onnxruntime_onnx": "model.onnx",
+    "tensorrt": "model.plan",
+    "tensorrt_plan": "model.plan",
+    "pytorch": "model.pt",
+    "pytorch_libtorch": "model.pt",
+    "tensorflow": "model.savedmodel",
+    "tensorflow_savedmodel": "model.savedmodel",
+    "openvino": "model.xml",
+    "fil": "xgboost.model",
+}
+
+
+def _default_filename(ext: ExternalModel) -> str:
+    key = ext.backend or ext.platform or ""
+    return _DEFAULT_FILENAMES.get(key, os.path.basename(ext.model_file or "model"))
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """A declared step: typed inputs and outputs, an implementation, model options.
+
+    Steps compare by identity; the same step may be added to a pipeline many
+    times under different node names.
+    """
+
+    name: str
+    inputs: Mapping[str, TensorSpec]
+    outputs: Mapping[str, TensorSpec]
+    impl: Any = None
+    options: ModelOptions = field(default_factory=ModelOptions)
+    external: ExternalModel | None = None
+
+    def __post_init__(self) -> None:
+        check_name(self.name, what="step")
+        object.__setattr__(self, "inputs", _spec_map(self.inputs, self.name, "inputs"))
+        object.__setattr__(self, "outputs", _spec_map(self.outputs, self.name, "outputs"))
+        if not self.outputs:
+            raise StepDeclarationError(f"step {self.name!r} declares no outputs; a step must produce at least one")
+        if self.impl is not None and not callable(self.impl):
+            raise StepDeclarationError(f"step {self.name!r}: implementation {self.impl!r} is not callable")
+        if self.impl is None and self.external is None:
+            raise StepDeclarationError(f"step {self.name!r} has neither an implementation nor an external model")
+
+    @property
+    def is_class(self) -> bool:
+        return inspect.isclass(self.impl)
+
+    @property
+    def is_external(self) -> bool:
+        return self.external is not None
+
+    @property
+    def runnable(self) -> bool:
+        """Whether the local runtime can run it (external models need a stand-in)."""
+        return self.impl is not None
+
+    def with_options(self, **options: Any) -> Step:
+        """A copy of this step with some model options changed."""
+        return replace(self, options=replace(self.options, **options))
+
+    def renamed(self, name: str) -> Step:
+        return replace(self, name=name)
+
+    def instantiate(self, config: Mapping[str, Any] | None = None) -> StepInstance:
+        """Create one instance, running ``initialize(config)`` for class steps."""
+        return StepInstance(self, dict(config or {}))
+
+    def __call__(self, **inputs: Any) -> dict[str, Any]:
+        """Run the step once, as plain Python (a class step is initialised and finalised)."""
+        instance = self.instantiate()
+        try:
+            return instance.execute(inputs)
+        finally:
+            instance.finalize()
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{k}: {v}" for k, v in self.inputs.items())
+        outs = ", ".join(f"{k}: {v}" for k, v in self.outputs.items())
+        return f"<Step {self.name!r} ({ins}) -> ({outs})>"
+
+
+def _spec_map(specs: Any, step_name: str, what: str) -> Mapping[str, TensorSpec]:
+    if not isinstance(specs, Mapping):
+        raise StepDeclarationError(
+            f"step {step_name!r}: {what} must be a dict of name -> TensorSpec; got {type(specs).__name__}"
+        )
+    out = {}
+    for name, spec in specs.items():
+        check_name(name, what=f"step {step_name!r} {what[:-1]}", tensor=True, step=step_name)
+        if isinstance(spec, tuple) and len(spec) == 2:
+            spec = TensorSpec(*spec)
+        if not isinstance(spec, TensorSpec):
+            raise StepDeclarationError(
+                f"step {step_name!r} {what[:-1]} {name!r}: expected a TensorSpec such as "
+                f"TensorSpec('FP32', [4]); got {spec!r}"
+            )
+        out[name] = spec
+    return MappingProxyType(out)
+
+
+class StepInstance:
+    """One live instance of a step: initialised once, executed many times, finalised once."""
+
+    def __init__(self, step: Step, config: dict[str, Any]) -> None:
+        self.step = step
+        self.config = config
+        if step.impl is None:
+            raise StepError(
+                f"step {step.name!r} is an external model with no Python stand-in; "
+                "give external_model(..., stand_in=fn) to run it outside Triton",
+                step=step.name,
+            )
+        if step.is_class:
+            obj = step.impl()
+            init = getattr(obj, "initialize", None)
+            if init is not None:
+                init(config)
+            self._obj = obj
+            fn = getattr(obj, "execute", None)
+            if fn is None:
+                fn = obj.__call__ if callable(obj) else None
+            if fn is None:
+                raise StepDeclarationError(
+                    f"step {step.name!r}: class {step.impl.__name__} needs an execute() or __call__() method",
+                    step=step.name,
+                )
+            self._fn = fn
+        else:
+            self._obj = None
+            self._fn = step.impl
+
+    def execute(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Call the step with its inputs as keyword arguments; return a dict of outputs."""
+        result = self._fn(**inputs)
+        return normalise_outputs(self.step, result)
+
+    def finalize(self) -> None:
+        fin = getattr(self._obj, "finalize", None)
+        if fin is not None:
+            fin()
+
+
+def normalise_outputs(step: Step, result: Any) -> dict[str, Any]:
+    """Accept a dict, a tuple in declaration order, or a lone array for a one-output step."""
+    names = list(step.outputs)
+    if isinstance(result, Mapping):
+        outputs = dict(result)
+    elif isinstance(result, tuple) and len(result) == len(names):
+        outputs = dict(zip(names, result))
+    elif len(names) == 1 and hasattr(result, "shape"):
+        outputs = {names[0]: result}
+    else:
+        raise StepError(
+            f"step {step.name!r} returned {type(result).__name__}; expected a dict with "
+            f"outputs {names}",
+            step=step.name,
+        )
+    missing = [n for n in names if n not in outputs]
+    if missing:
+        raise StepError(
+            f"step {step.name!r} did not return output(s) {missing}; it returned {sorted(outputs)}",
+            step=step.name,
+            tensor=missing[0],
+        )
+    extra = [n for n in outputs if n not in step.outputs]
+    if extra:
+        raise StepError(
+            f"step {step.name!r} returned undeclared output(s) {extra}; it declares {names}",
+            step=step.name,
+            tensor=extra[0],
+        )
+    return outputs
+
+
+def check_outputs(step: Step, outputs: Mapping[str, Any], *, batched: bool, batch_size: int | None) -> None:
+    """Raise :class:`StepError` if an output breaks the step's declared dtype or dims."""
+    for name, spec in step.outputs.items():
+        value = outputs[name]
+        shape = tuple(getattr(value, "shape", ()))
+        dtype = getattr(value, "dtype", None)
+        if dtype is None:
+            raise StepError(
+                f"step {step.name!r} output {name!r} is a {type(value).__name__}; expected an array of {spec}",
+                step=step.name, tensor=name,
+            )
+        if spec.dtype == "BYTES":
+            ok = np.dtype(dtype).kind in "OSU"
+        else:
+            ok = np.dtype(dtype) == spec.numpy_dtype
+        if not ok:
+            raise StepError(
+                f"step {step.name!r} output {name!r} has dtype {np.dtype(dtype)}; "
+                f"it declares {spec.dtype} ({spec.numpy_dtype}); cast it before returning",
+                step=step.name, tensor=name,
+            )
+        body = shape[1:] if batched else shape
+        if batched and (len(shape) < 1 or (batch_size is not None and shape[0] != batch_size)):
+            raise StepError(
+                f"step {step.name!r} output {name!r} has shape {list(shape)}; expected the batch "
+                f"dimension {batch_size} first, then {list(spec.dims)}",
+                step=step.name, tensor=name,
+            )
+        if not spec.shape_matches(body):
+            expected = ([batch_size] if batched else []) + list(spec.dims)
+            raise StepError(
+                f"step {step.name!r} output {name!r} has shape {list(shape)}; it declares "
+                f"{expected} (-1 is any size)",
+                step=step.name, tensor=name,
+            )
+
+
+def step(
+    impl: Any = None,
+    *,
+    inputs: Mapping[str, TensorSpec],
+    outputs: Mapping[str, TensorSpec],
+    name: str | None = None,
+    max_batch_size: int | None = None,
+    instance_count: int = 1,
+    instance_kind: str = "auto",
+    dynamic_batching: DynamicBatching | bool | Mapping[str, Any] | None = None,
+    device: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    timeout: float | None = None,
+) -> Any:
+    """Declare a step from a function or a class.
+
+    A function gets its inputs as keyword arguments and returns a dict of its
+    outputs. A class may define ``initialize(config)``, ``execute(**inputs)``
+    (or ``__call__``) and ``finalize()``, the lifecycle of Triton's Python
+    backend. Options left as ``None`` follow the pipeline.
+
+    Usable as ``@step(inputs=..., outputs=...)`` or ``step(fn, inputs=..., outputs=...)``.
+    """
+    options = ModelOptions(
+        max_batch_size=max_batch_size,
+        instance_count=instance_count,
+        instance_kind=instance_kind,
+        dynamic_batching=dynamic_batching,
+        device=device,
+        parameters=parameters or {},
+        timeout=timeout,
+    )
+
+    def wrap(obj: Any) -> Step:
+        if isinstance(obj, Step):
+            raise StepDeclarationError(f"{obj!r} is already a step; use step.with_options(...) to change it")
+        if not callable(obj):
+            raise StepDeclarationError(f"@step needs a function or a class; got {obj!r}")
+        return Step(
+            name=name or getattr(obj, "__name__", None) or "step",
+            inputs=inputs,
+            outputs=outputs,
+            impl=obj,
+            options=options,
+        )
+
+    return wrap(impl) if impl is not None else wrap
+
+
+def external_model(
+    name: str,
+    *,
+    inputs: Mapping[str, TensorSpec],
+    outputs: Mapping[str, TensorSpec],
+    backend: str | None = None,
+    platform: str | None = None,
+    model_file: str | os.PathLike[str] | None = None,
+    model_filename: str | None = None,
+    stand_in: Callable[..., Any] | None = None,
+    **options: Any,
+) -> Step:
+    """Declare a step that is an existing Triton model (e.g. ``backend="onnxruntime"``).
+
+    Compiled, it becomes a model with that backend or platform and ``model_file``
+    copied into ``1/``. ``stand_in``, a function or class with the step's
+    signature, is what the local runtime runs in its place.
+    """
+    if isinstance(stand_in, Step):
+        stand_in = stand_in.impl
+    if model_file is not None and not os.path.exists(model_file):
+        raise StepDeclarationError(
+            f"external model {name!r}: model file {os.fspath(model_file)!r} does not exist", step=name
+        )
+    return Step(
+        name=name,
+        inputs=inputs,
+        outputs=outputs,
+        impl=stand_in,
+        options=ModelOptions(**options),
+        external=ExternalModel(
+            backend=backend,
+            platform=platform,
+            model_file=None if model_file is None else os.fspath(model_file),
+            model_filename=model_filename,
+        ),
+    )
