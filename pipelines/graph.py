@@ -318,7 +318,7 @@ class Pipeline:
             best[n] = (base + float(costs.get(n, 1.0)), via)
         if not best:
             return [], 0.0
-        end = max(best, key=lambda n: (best[n][0], -self._order_index[n]))
+        end = max(best, key=lambda n: (best[n][0], self._order_index[n]))
         total, path = best[end][0], []
         node: str | None = end
         while node is not None:
@@ -372,12 +372,14 @@ class Pipeline:
 
     def compile(self, target: str = "both") -> ModelRepository:
         """Compile to an in-memory Triton model repository: ``"ensemble"``, ``"bls"``, ``"bls-sync"`` or ``"both"``."""
+        self.validate()
         from .compile import compile_pipeline
 
         return compile_pipeline(self, target)
 
     def run(self, inputs: Mapping[str, Any], *, mode: str = "ensemble", **options: Any) -> dict[str, Any]:
         """Run once in the local runtime (blocking; works inside Jupyter's running loop too)."""
+        self.validate()
         from .runtime.local import run_pipeline
 
         return run_pipeline(self, inputs, mode=mode, **options)

@@ -28,6 +28,7 @@ __all__ = [
     "Step",
     "StepInstance",
     "external_model",
+    "instance_config",
     "step",
 ]
 
@@ -213,8 +214,11 @@ class Step:
         return replace(self, name=name)
 
     def instantiate(self, config: Mapping[str, Any] | None = None) -> StepInstance:
-        """Create one instance, running ``initialize(config)`` for class steps."""
-        return StepInstance(self, dict(config or {}))
+        """Create one instance, running ``initialize(config)`` for class steps.
+
+        Without a config, the step gets :func:`instance_config` of itself.
+        """
+        return StepInstance(self, dict(config) if config is not None else instance_config(self))
 
     def __call__(self, **inputs: Any) -> dict[str, Any]:
         """Run the step once, as plain Python (a class step is initialised and finalised)."""
@@ -247,6 +251,35 @@ def _spec_map(specs: Any, step_name: str, what: str) -> Mapping[str, TensorSpec]
             )
         out[name] = spec
     return MappingProxyType(out)
+
+
+def instance_config(
+    step: Step,
+    *,
+    pipeline: str | None = None,
+    node: str | None = None,
+    model_name: str | None = None,
+    instance_index: int = 0,
+    device: str = "cpu",
+    max_batch_size: int | None = None,
+) -> dict[str, Any]:
+    """The dict a class step's ``initialize(config)`` receives, in every runtime.
+
+    It mirrors the useful part of the ``args`` Triton gives a Python model:
+    ``parameters`` (str -> str, from the step's options), the model and instance
+    it runs as, and the device. The local runtime and the step adapter on the
+    server both build it here, so a step sees the same keys everywhere.
+    """
+    return {
+        "pipeline": pipeline,
+        "node": node or step.name,
+        "step": step.name,
+        "model_name": model_name or node or step.name,
+        "instance_index": instance_index,
+        "device": device,
+        "max_batch_size": step.options.max_batch_size if max_batch_size is None else max_batch_size,
+        "parameters": dict(step.options.parameters),
+    }
 
 
 class StepInstance:
@@ -398,8 +431,13 @@ def step(
             raise StepDeclarationError(f"{obj!r} is already a step; use step.with_options(...) to change it")
         if not callable(obj):
             raise StepDeclarationError(f"@step needs a function or a class; got {obj!r}")
+        step_name = name or getattr(obj, "__name__", None) or ""
+        if name is None and not step_name.isidentifier():
+            raise StepDeclarationError(
+                f"@step cannot take a name from {obj!r}; give it a name: step(fn, name='my_step', ...)"
+            )
         return Step(
-            name=name or getattr(obj, "__name__", None) or "step",
+            name=step_name,
             inputs=inputs,
             outputs=outputs,
             impl=obj,

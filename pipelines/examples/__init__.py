@@ -1,0 +1,2 @@
+"""Built-in example pipelines: ``yolov5`` (letterbox -> detector -> NMS), and
+``basic`` (a chain and a diamond, for tests and benchmarks)."""
