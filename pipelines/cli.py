@@ -1,0 +1,215 @@
+"""The ``pipelines`` command: compile, run, graph, serve and bench a pipeline
+named as ``MODULE:ATTR`` (a module path or a ``.py`` file, and the attribute
+holding a :class:`~pipelines.Pipeline`)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import PipelinesError
+
+__all__ = ["load_pipeline", "main"]
+
+_EPILOG = """\
+examples:
+  pipelines graph pipelines.examples.yolov5:pipeline
+  pipelines compile pipelines.examples.yolov5:pipeline --target both --out model_repository
+  pipelines serve model_repository
+  pipelines run pipelines.examples.basic:diamond --mode bls --input x=x.npy
+  pipelines bench pipelines.examples.basic:diamond --server --concurrency 1,4,16
+
+MODULE:ATTR names a pipeline: an importable module (pkg.mod) or a file
+(path/to/file.py), then the attribute that holds the Pipeline, or a function
+that takes no arguments and returns one.
+"""
+
+
+def load_pipeline(spec: str) -> Any:
+    """Import ``MODULE:ATTR`` and return the :class:`Pipeline` it names."""
+    from .graph import Pipeline
+
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise PipelinesError(f"{spec!r} is not MODULE:ATTR; expected e.g. pipelines.examples.yolov5:pipeline")
+    if module_name.endswith(".py") or os.sep in module_name:
+        path = Path(module_name)
+        if not path.is_file():
+            raise PipelinesError(f"{spec!r}: file {str(path)!r} does not exist")
+        mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[path.stem] = module
+        mod_spec.loader.exec_module(module)
+    else:
+        sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            raise PipelinesError(f"{spec!r}: cannot import module {module_name!r} ({exc})") from None
+        finally:
+            sys.path.remove(os.getcwd())
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        names = [n for n, v in vars(module).items() if isinstance(v, Pipeline)]
+        raise PipelinesError(
+            f"{spec!r}: module {module_name!r} has no attribute {attr!r}; pipelines there: {names or 'none'}"
+        ) from None
+    if callable(obj) and not isinstance(obj, Pipeline):
+        obj = obj()
+    if not isinstance(obj, Pipeline):
+        raise PipelinesError(f"{spec!r} is a {type(obj).__name__}, not a Pipeline")
+    return obj
+
+
+def _cmd_graph(args: argparse.Namespace) -> int:
+    p = load_pipeline(args.pipeline)
+    if args.format == "mermaid":
+        print(p.to_mermaid(), end="")
+    elif args.format == "dot":
+        print(p.to_dot(), end="")
+    else:
+        print(repr(p))
+        for i, group in enumerate(p.parallel_groups()):
+            print(f"  stage {i}: " + ", ".join(group))
+        path, _ = p.critical_path()
+        print("  critical path: " + " -> ".join(path))
+    return 0
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    p = load_pipeline(args.pipeline)
+    repo = p.compile(args.target)
+    path = repo.write(args.out, overwrite=args.overwrite)
+    print(f"wrote {len(repo.models)} models to {path or args.out}:")
+    for name in sorted(repo.models):
+        print(f"  {name}")
+    return 0
+
+
+def _parse_inputs(pairs: Sequence[str]) -> dict[str, Any]:
+    import numpy as np
+
+    inputs = {}
+    for pair in pairs:
+        name, sep, file = pair.partition("=")
+        if not sep:
+            raise PipelinesError(f"--input {pair!r} is not NAME=FILE.npy")
+        try:
+            inputs[name] = np.load(file, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise PipelinesError(f"--input {name}: cannot load {file!r} as a .npy array ({exc})") from None
+    return inputs
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import anyio
+    import numpy as np
+
+    from .runtime.local import LocalRuntime
+
+    p = load_pipeline(args.pipeline)
+    inputs = _parse_inputs(args.input)
+
+    async def go():
+        async with LocalRuntime(p, mode=args.mode) as rt:
+            out = await rt.infer(inputs)
+            return out, rt.report()
+
+    outputs, report = anyio.run(go)
+    for name, value in outputs.items():
+        arr = np.asarray(value)
+        print(f"{name}: {arr.dtype} {list(arr.shape)}")
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            np.save(Path(args.out) / f"{name}.npy", arr)
+        elif arr.size <= 64:
+            print(f"  {arr.tolist()}")
+    if args.report:
+        print(report)
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .runtime.triton import serve_main
+
+    return serve_main(args.repository, http_port=args.http_port, grpc_port=args.grpc_port) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pipelines",
+        description="Declare Triton pipeline steps once; compile them to an ensemble and to BLS, "
+        "run them locally, and measure one against the other.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    g = sub.add_parser("graph", help="print the pipeline's graph", description="Print the pipeline's DAG: its stages "
+                       "(steps that can run in parallel), critical path, or a Mermaid/DOT diagram.")
+    g.add_argument("pipeline", metavar="MODULE:ATTR")
+    g.add_argument("--format", choices=["text", "mermaid", "dot"], default="mermaid",
+                   help="mermaid renders in GitHub and Jupyter; dot feeds Graphviz (default: mermaid)")
+    g.set_defaults(func=_cmd_graph)
+
+    c = sub.add_parser("compile", help="write a Triton model repository",
+                       description="Compile the pipeline into a Triton model repository that any Triton server "
+                       "loads as it is. 'both' writes <name>_ensemble, <name>_bls and <name>_bls_sync side by side.")
+    c.add_argument("pipeline", metavar="MODULE:ATTR")
+    c.add_argument("--target", choices=["ensemble", "bls", "bls-sync", "both"], default="both")
+    c.add_argument("--out", required=True, metavar="DIR", help="the model repository directory to write")
+    c.add_argument("--overwrite", action="store_true",
+                   help="allow replacing a directory that is not a model repository")
+    c.set_defaults(func=_cmd_compile)
+
+    r = sub.add_parser("run", help="run the pipeline once in the local runtime",
+                       description="Run the pipeline once, without a server, with the semantics of one Triton form.")
+    r.add_argument("pipeline", metavar="MODULE:ATTR")
+    r.add_argument("--mode", choices=["ensemble", "bls", "bls-sync"], default="ensemble")
+    r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="an input tensor from a .npy file (repeat for each input)")
+    r.add_argument("--out", metavar="DIR", help="save each output as DIR/NAME.npy")
+    r.add_argument("--report", action="store_true", help="print the cost report (per-step time, copies)")
+    r.set_defaults(func=_cmd_run)
+
+    s = sub.add_parser("serve", help="serve a model repository on the embedded Triton server",
+                       description="Start the bundled tritonserver (from nvidia-pytriton) on DIR; Ctrl-C stops it.")
+    s.add_argument("repository", metavar="DIR")
+    s.add_argument("--http-port", type=int, default=None)
+    s.add_argument("--grpc-port", type=int, default=None)
+    s.set_defaults(func=_cmd_serve)
+
+    b = sub.add_parser("bench", help="benchmark ensemble against BLS",
+                       description="Measure the pipeline as ensemble, bls and bls-sync, in the local runtime and on "
+                       "a real Triton server, side by side: throughput, latency percentiles, per-model breakdown, "
+                       "plots and a verdict.")
+    try:
+        from .bench.cli import add_arguments, main as bench_main
+    except ImportError:  # pragma: no cover - the bench package ships with the library
+        add_arguments = bench_main = None
+    if add_arguments is not None:
+        add_arguments(b)
+        b.set_defaults(func=bench_main)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except PipelinesError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

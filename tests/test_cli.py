@@ -1,0 +1,46 @@
+"""The command line teaches itself (--help) and names what is wrong in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pipelines.cli import load_pipeline, main
+from pipelines.errors import PipelinesError
+
+
+def test_graph_prints_mermaid_dot_and_stages(capsys):
+    assert main(["graph", "pipelines.examples.basic:diamond"]) == 0
+    assert capsys.readouterr().out.startswith("flowchart LR")
+    assert main(["graph", "pipelines.examples.basic:diamond", "--format", "dot"]) == 0
+    assert '"branch_0" -> "join_0"' in capsys.readouterr().out
+    assert main(["graph", "pipelines.examples.basic:diamond", "--format", "text"]) == 0
+    assert "stage 0: branch_0, branch_1" in capsys.readouterr().out
+
+
+def test_a_pipeline_from_a_file_and_from_a_factory(tmp_path):
+    f = tmp_path / "mine.py"
+    f.write_text("from pipelines.examples.basic import make_chain\nbuild = lambda: make_chain(steps=2, name='two')\n")
+    assert load_pipeline(f"{f}:build").name == "two"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("no_colon", "is not MODULE:ATTR"),
+    ("pipelines.examples.basic:nope", "has no attribute 'nope'; pipelines there: ['chain', 'diamond']"),
+    ("no.such.module:x", "cannot import module 'no.such.module'"),
+    ("pipelines.examples.basic:make_chain.__name__", "has no attribute"),
+])
+def test_bad_pipeline_names_are_explained(spec, message, capsys):
+    with pytest.raises(PipelinesError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_pipeline(spec)
+    assert main(["graph", spec]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_help_lists_every_command_with_examples():
+    out = subprocess.run([sys.executable, "-m", "pipelines", "--help"], capture_output=True, text=True, check=True).stdout
+    for cmd in ("graph", "compile", "run", "serve", "bench"):
+        assert cmd in out
+    assert "examples:" in out and "MODULE:ATTR" in out
