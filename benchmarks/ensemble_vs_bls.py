@@ -1,0 +1,14 @@
+"""Benchmark ensemble against BLS for a pipeline (default: the yolov5 example), locally and
+on the embedded Triton server; the same code as ``pipelines bench``.
+
+    python benchmarks/ensemble_vs_bls.py pipelines.examples.basic:diamond --concurrency 1,4,16 --out bench-results
+"""
+
+from __future__ import annotations
+
+import sys
+
+from pipelines.bench.cli import run
+
+if __name__ == "__main__":
+    sys.exit(run())

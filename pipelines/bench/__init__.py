@@ -1,0 +1,32 @@
+"""Benchmark a pipeline as ensemble, bls and bls-sync, in the local runtime and on a
+Triton server, side by side: ``run_benchmark(...)`` or ``pipelines bench MODULE:ATTR``.
+"""
+
+from __future__ import annotations
+
+from .loadgen import LoadPlan, LoadResult, Window, run_load
+from .measurement import FORMS, Configuration, Measurement
+from .results import BenchmarkResult
+from .runner import DEFAULT_PIPELINE, BenchSettings, render, run_benchmark
+from .stability import StabilityRule
+from .stats import LatencySummary, ModelTimes
+from .verdict import RatioComparison
+
+__all__ = [
+    "DEFAULT_PIPELINE",
+    "FORMS",
+    "BenchSettings",
+    "BenchmarkResult",
+    "Configuration",
+    "LatencySummary",
+    "LoadPlan",
+    "LoadResult",
+    "Measurement",
+    "ModelTimes",
+    "RatioComparison",
+    "StabilityRule",
+    "Window",
+    "render",
+    "run_benchmark",
+    "run_load",
+]

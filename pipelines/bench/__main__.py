@@ -1,0 +1,9 @@
+"""``python -m pipelines.bench MODULE:ATTR ...``, the same as ``pipelines bench``."""
+
+from __future__ import annotations
+
+import sys
+
+from .cli import run
+
+sys.exit(run())

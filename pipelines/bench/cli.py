@@ -1,0 +1,123 @@
+"""``pipelines bench MODULE:ATTR``: the command line of :func:`run_benchmark`.
+
+``add_arguments`` fills the ``bench`` sub-command's parser; ``main`` runs it and
+returns the exit status. ``benchmarks/ensemble_vs_bls.py`` uses both as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+from ..errors import PipelinesError
+from .measurement import FORMS
+from .runner import DEFAULT_PIPELINE, run_benchmark
+
+__all__ = ["add_arguments", "main", "parse_levels"]
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    """``"1,2,4"`` -> ``(1, 2, 4)``; also ``"1:16"`` for powers of two from 1 to 16, like perf_analyzer's range."""
+    text = text.strip()
+    try:
+        if ":" in text:
+            low, high = (int(x) for x in text.split(":", 1))
+            levels = []
+            c = max(low, 1)
+            while c <= high:
+                levels.append(c)
+                c *= 2
+        else:
+            levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of concurrency levels such as 1,2,4,8") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: concurrency levels must be integers >= 1, such as 1,2,4,8")
+    return tuple(levels)
+
+
+def _forms(text: str) -> tuple[str, ...]:
+    forms = tuple(f.strip() for f in text.split(",") if f.strip())
+    unknown = [f for f in forms if f not in FORMS]
+    if unknown or not forms:
+        raise argparse.ArgumentTypeError(f"{text!r}: forms are some of {','.join(FORMS)}")
+    return forms
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``pipelines bench`` (and of ``benchmarks/ensemble_vs_bls.py``)."""
+    parser.add_argument("pipeline", metavar="MODULE:ATTR", nargs="?", default=DEFAULT_PIPELINE,
+                        help=f"the pipeline to measure (default: {DEFAULT_PIPELINE})")
+    parser.add_argument("--concurrency", type=parse_levels, default=(1, 2, 4, 8, 16), metavar="1,2,4,8,16",
+                        help="requests kept in flight, one measurement per level (also LOW:HIGH for powers of two)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--server", action=argparse.BooleanOptionalAction, default=None,
+                       help="measure on the embedded Triton server (the default unless --url is given)")
+    where.add_argument("--url", metavar="HOST:PORT",
+                       help="measure a remote Triton server where the repository compiled with "
+                       "'--target both' is already deployed")
+    parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    parser.add_argument("--local", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure the local runtime (default: on)")
+    parser.add_argument("--forms", type=_forms, default=FORMS, metavar="ensemble,bls,bls-sync",
+                        help="which forms to measure (default: all three)")
+    parser.add_argument("--batch", type=int, default=1, help="batch size of each request (default: 1)")
+    window = parser.add_mutually_exclusive_group()
+    window.add_argument("--duration", type=float, default=2.0, metavar="SECONDS",
+                        help="length of one measurement window (default: 2)")
+    window.add_argument("--requests", type=int, metavar="N", help="measurement windows of N answers instead")
+    parser.add_argument("--warmup", type=float, default=1.0, metavar="SECONDS",
+                        help="load sent and not measured before the windows (default: 1)")
+    parser.add_argument("--stability", type=float, default=0.1, metavar="FRACTION",
+                        help="windows agree when within this fraction of their mean (default: 0.1, ±10%%)")
+    parser.add_argument("--max-trials", type=int, default=10, metavar="N",
+                        help="windows measured at most before a measurement is called unstable (default: 10)")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="a request not answered in this time counts as an error (default: 60)")
+    parser.add_argument("--size", type=int, default=16,
+                        help="size of variable (-1) dims in generated inputs (default: 16)")
+    parser.add_argument("--out", metavar="DIR", default="bench-results",
+                        help="where results.json, the PNG plots and the model repository go (default: bench-results)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the benchmark the parsed ``args`` describe; 0 when it ran (errors are in its report)."""
+    if args.batch < 1:
+        raise PipelinesError(f"--batch must be >= 1; got {args.batch}")
+    run_benchmark(
+        args.pipeline,
+        concurrency=args.concurrency,
+        local=args.local,
+        server=args.server,
+        url=args.url,
+        protocol=args.protocol,
+        batch=args.batch,
+        duration=None if args.requests is not None else args.duration,
+        requests=args.requests,
+        warmup=args.warmup,
+        stability=args.stability,
+        max_trials=args.max_trials,
+        forms=args.forms,
+        timeout=args.timeout,
+        size=args.size,
+        out=args.out,
+        progress=not args.quiet,
+    )
+    return 0
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """``benchmarks/ensemble_vs_bls.py`` and ``python -m pipelines.bench``: parse ``argv`` and run."""
+    parser = argparse.ArgumentParser(
+        prog="ensemble_vs_bls",
+        description="Benchmark a pipeline as ensemble, bls and bls-sync, locally and on a Triton server.",
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return main(args)
+    except PipelinesError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,67 @@
+"""PNG plots of throughput and p95 latency against concurrency, one line per configuration,
+the way the yolov5 Triton guide draws its BLS-against-ensemble figures.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from .measurement import Measurement
+
+__all__ = ["plot_results"]
+
+_STYLES = {"ensemble": "o", "bls": "s", "bls-sync": "^"}
+
+
+def plot_results(measurements: Sequence[Measurement], out: str | os.PathLike[str], *, title: str) -> list[Path]:
+    """Write ``throughput.png`` and ``latency_p95.png`` into ``out``; return their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display here, nor wanted
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    series: dict[str, list[Measurement]] = {}
+    for m in measurements:
+        series.setdefault(m.config.label, []).append(m)
+    written = []
+    figures = (
+        ("throughput.png", "throughput (infer/s)", lambda m: m.throughput),
+        ("latency_p95.png", "p95 latency (ms)", lambda m: m.latency.p95_ms),
+    )
+    for filename, ylabel, value in figures:
+        fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+        try:
+            for label, points in series.items():
+                points = sorted((p for p in points if value(p) is not None), key=lambda p: p.concurrency)
+                if not points:
+                    continue
+                where, form = points[0].config.where, points[0].config.form
+                ax.plot(
+                    [p.concurrency for p in points],
+                    [value(p) for p in points],
+                    marker=_STYLES.get(form, "o"),
+                    linestyle="-" if where == "server" else "--",
+                    label=label,
+                )
+            levels = sorted({m.concurrency for m in measurements})
+            if levels and levels[-1] / max(levels[0], 1) >= 8:
+                ax.set_xscale("log", base=2)
+            ax.set_xticks(levels)
+            ax.set_xticklabels([str(c) for c in levels])
+            ax.set_xlabel("concurrency (requests in flight)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{title}: {ylabel.split(' (')[0]}")
+            ax.grid(True, alpha=0.3)
+            if series:
+                ax.legend()
+            fig.tight_layout()
+            path = out / filename
+            fig.savefig(path)
+            written.append(path)
+        finally:
+            plt.close(fig)
+    return written

@@ -1,0 +1,137 @@
+"""A benchmark's results as one object, and ``results.json``: every figure, with the
+machine, the versions and the settings that produced them, so a run can be compared
+with another one later.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .measurement import Measurement
+from .verdict import RatioComparison
+
+__all__ = ["BenchmarkResult", "machine_info", "package_versions"]
+
+_PACKAGES = ("pipelines", "numpy", "anyio", "tritonclient", "nvidia-pytriton", "onnxruntime", "cupy-cuda12x")
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine the figures come from: CPU, cores usable by this process, memory, GPU presence."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        usable = os.cpu_count()
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": usable,
+        "memory_gib": _memory_gib(),
+        "nvidia_smi": shutil.which("nvidia-smi") is not None,
+    }
+
+
+def package_versions(extra: Mapping[str, str | None] | None = None) -> dict[str, str | None]:
+    """Python's and the relevant packages' versions (None where a package is absent)."""
+    versions: dict[str, str | None] = {"python": sys.version.split()[0]}
+    for name in _PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    versions.update(extra or {})
+    return versions
+
+
+@dataclass(frozen=True)
+class BenchmarkResult:
+    """Everything one benchmark run measured and concluded."""
+
+    pipeline: str
+    settings: Mapping[str, Any]
+    measurements: tuple[Measurement, ...]
+    comparisons: tuple[RatioComparison, ...]
+    verdict: str
+    machine: Mapping[str, Any] = field(default_factory=machine_info)
+    versions: Mapping[str, Any] = field(default_factory=package_versions)
+    started: str = ""
+    finished: str = ""
+    files: tuple[str, ...] = ()
+
+    def find(self, label: str, concurrency: int) -> Measurement:
+        """The measurement of configuration ``label`` (e.g. ``"server bls"``) at ``concurrency``."""
+        for m in self.measurements:
+            if m.config.label == label and m.concurrency == concurrency:
+                return m
+        raise KeyError(f"no measurement of {label!r} at concurrency {concurrency}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pipeline": self.pipeline,
+            "started": self.started,
+            "finished": self.finished,
+            "machine": dict(self.machine),
+            "versions": dict(self.versions),
+            "settings": dict(self.settings),
+            "measurements": [m.to_dict() for m in self.measurements],
+            "prediction_vs_measurement": [c.to_dict() for c in self.comparisons],
+            "verdict": self.verdict,
+            "files": list(self.files),
+        }
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write ``results.json`` (strict JSON: missing figures are ``null``)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2, allow_nan=False, default=_jsonable) + "\n")
+        return path
+
+
+def _jsonable(value: Any) -> Any:
+    # Cost reports may carry numpy scalars, tuples of them, or paths.
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+__all__ += ["now"]

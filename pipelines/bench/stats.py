@@ -1,0 +1,202 @@
+"""Latency percentiles, and the per-model time breakdown read from Triton's statistics API.
+
+Triton's statistics are cumulative counters; a breakdown is the difference of two
+snapshots taken around a measurement, divided per request, so it covers exactly the
+requests of that measurement, for every model the server ran (composing models too).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "LatencySummary",
+    "ModelCounters",
+    "ModelTimes",
+    "breakdown",
+    "parse_statistics",
+    "percentile",
+]
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+def percentile(sorted_values: Sequence[float] | np.ndarray, p: float) -> float:
+    """The nearest-rank percentile: the smallest observed value with ``p``% of values at or below it.
+
+    Nearest rank (as perf_analyzer reports) always names a latency that was really
+    observed, and is monotone in ``p``, so p50 <= p95 <= p99 holds by construction.
+    """
+    n = len(sorted_values)
+    if n == 0:
+        raise ValueError("percentile of no values")
+    if not 0 < p <= 100:
+        raise ValueError(f"percentile must be in (0, 100]; got {p}")
+    rank = max(1, math.ceil(p / 100.0 * n))
+    return float(sorted_values[rank - 1])
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    """Client-side latency of the successful requests of a measurement, in milliseconds.
+
+    Every figure is ``None`` when no request succeeded.
+    """
+
+    count: int
+    avg_ms: float | None
+    min_ms: float | None
+    p50_ms: float | None
+    p90_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+
+    @classmethod
+    def of(cls, seconds: Sequence[float] | np.ndarray) -> LatencySummary:
+        values = np.sort(np.asarray(seconds, dtype=np.float64)) * 1000.0
+        if values.size == 0:
+            return cls(0, None, None, None, None, None, None, None)
+        p50, p90, p95, p99 = (percentile(values, p) for p in PERCENTILES)
+        return cls(
+            count=int(values.size),
+            avg_ms=float(values.mean()),
+            min_ms=float(values[0]),
+            p50_ms=p50,
+            p90_ms=p90,
+            p95_ms=p95,
+            p99_ms=p99,
+            max_ms=float(values[-1]),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# The duration counters of inference_stats, in the order a request meets them.
+_PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+@dataclass(frozen=True)
+class ModelCounters:
+    """One model's cumulative counters from one statistics snapshot (durations in ns)."""
+
+    model: str
+    version: str
+    inference_count: int
+    execution_count: int
+    success_count: int
+    success_ns: int
+    fail_count: int
+    queue_ns: int
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.model, self.version
+
+
+def _int(value: Any) -> int:
+    # gRPC statistics turned into JSON carry 64-bit counters as strings.
+    return int(value or 0)
+
+
+def _pair(stats: Mapping[str, Any], name: str) -> tuple[int, int]:
+    entry = stats.get(name) or {}
+    return _int(entry.get("count")), _int(entry.get("ns"))
+
+
+def parse_statistics(statistics: Mapping[str, Any]) -> dict[tuple[str, str], ModelCounters]:
+    """Read a ``/v2/models/stats`` answer (HTTP JSON, or gRPC as JSON) into counters per (model, version)."""
+    out: dict[tuple[str, str], ModelCounters] = {}
+    for entry in statistics.get("model_stats", ()) or ():
+        stats = entry.get("inference_stats") or {}
+        success_count, success_ns = _pair(stats, "success")
+        fail_count, _ = _pair(stats, "fail")
+        counters = ModelCounters(
+            model=str(entry.get("name", "")),
+            version=str(entry.get("version", "")),
+            inference_count=_int(entry.get("inference_count")),
+            execution_count=_int(entry.get("execution_count")),
+            success_count=success_count,
+            success_ns=success_ns,
+            fail_count=fail_count,
+            queue_ns=_pair(stats, "queue")[1],
+            compute_input_ns=_pair(stats, "compute_input")[1],
+            compute_infer_ns=_pair(stats, "compute_infer")[1],
+            compute_output_ns=_pair(stats, "compute_output")[1],
+        )
+        out[counters.key] = counters
+    return out
+
+
+@dataclass(frozen=True)
+class ModelTimes:
+    """Where one model's time went during a measurement: averages per request, in microseconds.
+
+    ``requests`` counts successful requests, ``inferences`` the batch items they
+    carried, and ``executions`` the model runs (fewer than requests when the
+    dynamic batcher merged them). ``total_us`` is Triton's own request time.
+    """
+
+    model: str
+    version: str
+    requests: int
+    failures: int
+    inferences: int
+    executions: int
+    queue_us: float
+    compute_input_us: float
+    compute_infer_us: float
+    compute_output_us: float
+    total_us: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _delta(after: ModelCounters, before: ModelCounters | None) -> ModelTimes | None:
+    def d(field: str) -> int:
+        return getattr(after, field) - (getattr(before, field) if before is not None else 0)
+
+    requests, failures = d("success_count"), d("fail_count")
+    if requests <= 0 and failures <= 0:
+        return None
+    # Triton counts queue and compute time over successful requests only.
+    per = max(requests, 1) * 1000.0
+    return ModelTimes(
+        model=after.model,
+        version=after.version,
+        requests=requests,
+        failures=failures,
+        inferences=d("inference_count"),
+        executions=d("execution_count"),
+        queue_us=d("queue_ns") / per,
+        compute_input_us=d("compute_input_ns") / per,
+        compute_infer_us=d("compute_infer_ns") / per,
+        compute_output_us=d("compute_output_ns") / per,
+        total_us=d("success_ns") / per,
+    )
+
+
+def breakdown(
+    before: Mapping[tuple[str, str], ModelCounters],
+    after: Mapping[tuple[str, str], ModelCounters],
+    *,
+    first: Sequence[str] = (),
+) -> list[ModelTimes]:
+    """Per-model times between two snapshots, for every model that served a request in between.
+
+    Models named in ``first`` (the measured top-level model) lead; the rest
+    follow by name, so a table reads top-down from the model the client called.
+    """
+    rows = [t for key, counters in after.items() if (t := _delta(counters, before.get(key))) is not None]
+    order = {name: i for i, name in enumerate(first)}
+    rows.sort(key=lambda t: (order.get(t.model, len(order)), t.model, t.version))
+    return rows

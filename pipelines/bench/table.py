@@ -1,0 +1,99 @@
+"""The benchmark's tables as text, the way perf_analyzer users read them: one row per
+configuration and concurrency, then the server's per-model time breakdown.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .measurement import Measurement
+from .verdict import RatioComparison
+
+__all__ = ["breakdown_table", "format_table", "local_table", "ratio_table", "results_table"]
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns right-aligned except the first, separated by two spaces, under a rule."""
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def results_table(measurements: Sequence[Measurement]) -> str:
+    headers = ["configuration", "conc", "infer/s", "avg ms", "p50", "p90", "p95", "p99", "errors", "stable"]
+    rows = [
+        [
+            m.config.label,
+            str(m.concurrency),
+            f"{m.throughput:.1f}",
+            _ms(m.latency.avg_ms),
+            _ms(m.latency.p50_ms),
+            _ms(m.latency.p90_ms),
+            _ms(m.latency.p95_ms),
+            _ms(m.latency.p99_ms),
+            str(m.errors),
+            "yes" if m.stable else "NO",
+        ]
+        for m in measurements
+    ]
+    return format_table(headers, rows)
+
+
+def breakdown_table(measurements: Sequence[Measurement]) -> str:
+    """Per-model server time per request (µs) for every server measurement."""
+    headers = ["configuration", "conc", "model", "requests", "execs", "queue", "in", "infer", "out", "total"]
+    rows = []
+    for m in measurements:
+        for t in m.breakdown:
+            rows.append([
+                m.config.label,
+                str(m.concurrency),
+                t.model,
+                str(t.requests),
+                str(t.executions),
+                f"{t.queue_us:.0f}",
+                f"{t.compute_input_us:.0f}",
+                f"{t.compute_infer_us:.0f}",
+                f"{t.compute_output_us:.0f}",
+                f"{t.total_us:.0f}",
+            ])
+    return format_table(headers, rows) if rows else ""
+
+
+def ratio_table(comparisons: Sequence[RatioComparison]) -> str:
+    headers = ["ensemble / ...", "conc", "predicted (local)", "measured (server)", "gap"]
+    rows = [
+        [r.versus, str(r.concurrency), f"{r.predicted:.3f}", f"{r.measured:.3f}", f"{r.gap:+.1%}"]
+        for r in comparisons
+    ]
+    return format_table(headers, rows) if rows else ""
+
+
+def local_table(measurements: Sequence[Measurement]) -> str:
+    """The local runtime's cost report per measurement: copies, bytes, parallelism, overhead."""
+    headers = ["configuration", "conc", "copies", "bytes copied", "parallelism", "latency/critical", "overhead µs"]
+    rows = []
+    for m in measurements:
+        r = m.local_report or {}
+        n = max(int(r.get("requests") or 0), 1)
+        overhead = sum(float(s.get("overhead_us") or 0.0) for s in r.get("steps") or ())
+        ratio = r.get("latency_over_critical_path")
+        rows.append([
+            m.config.label,
+            str(m.concurrency),
+            f"{(r.get('copies') or 0) / n:.1f}",
+            f"{(r.get('copy_bytes') or 0) / n:,.0f}",
+            f"{float(r.get('parallelism') or 0.0):.2f}",
+            "-" if ratio is None else f"{float(ratio):.2f}",
+            f"{overhead:.0f}",
+        ])
+    return format_table(headers, rows) if rows else ""

@@ -1,0 +1,152 @@
+"""The benchmark's conclusion: which form wins at which load, and whether the local
+runtime predicted the server.
+
+The prediction is the local runtime's ensemble/BLS p50-latency ratio; the
+measurement is the same ratio on the server, at the same concurrency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+from .measurement import FORMS, Measurement
+
+__all__ = ["RatioComparison", "compare_ratios", "verdict"]
+
+#: Throughputs closer than this are called a tie: below it, windows disagree by as much.
+TIE = 0.05
+
+
+@dataclass(frozen=True)
+class RatioComparison:
+    """``ensemble``/``versus`` p50 latency ratio, predicted locally and measured on the server.
+
+    ``gap`` is ``predicted / measured - 1``: 0.1 means the local runtime
+    overstated the ratio by 10%.
+    """
+
+    concurrency: int
+    versus: str
+    predicted: float
+    measured: float
+
+    @property
+    def gap(self) -> float:
+        return self.predicted / self.measured - 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "gap": self.gap}
+
+
+def _index(measurements: Sequence[Measurement]) -> dict[tuple[str, str, int], Measurement]:
+    return {(m.config.where, m.config.form, m.concurrency): m for m in measurements}
+
+
+def _ratio(a: Measurement | None, b: Measurement | None) -> float | None:
+    if a is None or b is None or not a.latency.p50_ms or not b.latency.p50_ms:
+        return None
+    return a.latency.p50_ms / b.latency.p50_ms
+
+
+def compare_ratios(measurements: Sequence[Measurement]) -> list[RatioComparison]:
+    """Predicted (local) against measured (server) ensemble/BLS ratios, wherever both were measured."""
+    at = _index(measurements)
+    levels = sorted({m.concurrency for m in measurements})
+    out = []
+    for versus in FORMS[1:]:
+        for c in levels:
+            predicted = _ratio(at.get(("local", "ensemble", c)), at.get(("local", versus, c)))
+            measured = _ratio(at.get(("server", "ensemble", c)), at.get(("server", versus, c)))
+            if predicted is not None and measured is not None:
+                out.append(RatioComparison(c, versus, predicted, measured))
+    return out
+
+
+def _levels(values: Sequence[int]) -> str:
+    values = [str(v) for v in values]
+    if len(values) == 1:
+        return f"concurrency {values[0]}"
+    return f"concurrency {', '.join(values[:-1])} and {values[-1]}"
+
+
+def _winners(measurements: Sequence[Measurement], where: str) -> list[str]:
+    """Sentences naming, for each run of concurrency levels, the form with the most throughput."""
+    by_level: dict[int, list[Measurement]] = {}
+    for m in measurements:
+        if m.config.where == where and m.throughput > 0:
+            by_level.setdefault(m.concurrency, []).append(m)
+    runs: list[tuple[str, list[int], list[str]]] = []  # winner, levels, "1.23× bls" per level
+    for c in sorted(by_level):
+        ranked = sorted(by_level[c], key=lambda m: m.throughput, reverse=True)
+        best = ranked[0]
+        if len(ranked) < 2:
+            continue
+        second = ranked[1]
+        ratio = best.throughput / second.throughput
+        winner = best.config.form if ratio >= 1 + TIE else f"a tie between {best.config.form} and {second.config.form}"
+        note = f"{ratio:.2f}× {second.config.form}"
+        if runs and runs[-1][0] == winner:
+            runs[-1][1].append(c)
+            runs[-1][2].append(note)
+        else:
+            runs.append((winner, [c], [note]))
+    sentences = []
+    for winner, levels, notes in runs:
+        if winner.startswith("a tie"):
+            sentences.append(f"{_levels(levels)} is {winner} (throughput within {TIE:.0%}: {', '.join(notes)})")
+        else:
+            sentences.append(f"{winner} wins at {_levels(levels)} ({', '.join(notes)} in throughput)")
+    return sentences
+
+
+def _spread(measurements: Sequence[Measurement], where: str) -> str | None:
+    """How much slower bls-sync is than the ensemble at the lowest load, where steps are not queued."""
+    at = _index(measurements)
+    levels = sorted({m.concurrency for m in measurements if m.config.where == where})
+    if not levels:
+        return None
+    ratio = _ratio(at.get((where, "bls-sync", levels[0])), at.get((where, "ensemble", levels[0])))
+    if ratio is None:
+        return None
+    return f"bls-sync's p50 latency is {ratio:.2f}× the ensemble's at concurrency {levels[0]}"
+
+
+def verdict(measurements: Sequence[Measurement], *, pipeline: str) -> str:
+    """One paragraph: winners on the server (else locally), the prediction's gap, errors and instability."""
+    parts = []
+    wheres = [w for w in ("server", "local") if any(m.config.where == w for m in measurements)]
+    for where in wheres:
+        winners = _winners(measurements, where)
+        where_text = "On the Triton server" if where == "server" else "In the local runtime"
+        if winners:
+            parts.append(f"{where_text}, for pipeline {pipeline!r}, " + "; ".join(winners) + ".")
+        spread = _spread(measurements, where)
+        if spread:
+            parts.append(f"{where_text.split(',')[0]}, {spread}.")
+    comparisons = [r for r in compare_ratios(measurements) if r.versus == "bls"]
+    if comparisons:
+        pairs = ", ".join(
+            f"{r.predicted:.2f} predicted vs {r.measured:.2f} measured at concurrency {r.concurrency} "
+            f"({abs(r.gap):.0%} {'over' if r.gap > 0 else 'under'})"
+            for r in comparisons
+        )
+        worst = max(abs(r.gap) for r in comparisons)
+        judgement = "a good predictor" if worst <= 0.15 else "a rough guide only" if worst <= 0.5 else "no predictor"
+        parts.append(
+            f"The local runtime's ensemble/bls latency ratio was {pairs}: at worst {worst:.0%} apart, "
+            f"so here it is {judgement} of the server."
+        )
+    errors = sum(m.errors for m in measurements)
+    if errors:
+        failing = sorted({m.config.label for m in measurements if m.errors})
+        parts.append(f"{errors} requests failed ({', '.join(failing)}); their messages are in results.json.")
+    unstable = [f"{m.config.label} at {m.concurrency}" for m in measurements if not m.stable]
+    if unstable:
+        parts.append(
+            f"{len(unstable)} measurement(s) did not stabilise ({', '.join(unstable)}); "
+            "lengthen --duration or raise --max-trials."
+        )
+    if not parts:
+        return f"No request of pipeline {pipeline!r} succeeded, so no form can be recommended."
+    return " ".join(parts)

@@ -1,0 +1,56 @@
+"""Compile a :class:`~pipelines.Pipeline` into a Triton model repository:
+an ensemble, a BLS model (async or sync), or all three over shared composing models.
+"""
+
+from __future__ import annotations
+
+from ..errors import CompileError
+from ..graph import Pipeline
+from .bls import compile_bls
+from .ensemble import compile_ensemble
+from .plan import CompilePlan, plan_pipeline, top_level_name
+from .repository import CompiledModel, FileCopy, ModelRepository
+from .step_models import compile_step_model
+
+__all__ = ["TARGETS", "CompilePlan", "CompiledModel", "FileCopy", "ModelRepository", "compile_pipeline", "plan_pipeline"]
+
+#: What ``compile_pipeline`` accepts; ``"both"`` means the ensemble and both BLS forms.
+TARGETS = ("ensemble", "bls", "bls-sync", "both")
+
+
+def compile_pipeline(pipeline: Pipeline, target: str = "both", *, bls_instance_count: int = 1) -> ModelRepository:
+    """Compile ``pipeline`` into an in-memory :class:`ModelRepository`.
+
+    ``"ensemble"``, ``"bls"`` or ``"bls-sync"`` give one top-level model named
+    after the pipeline; ``"both"`` gives ``<name>_ensemble``, ``<name>_bls`` and
+    ``<name>_bls_sync`` over the same composing models ``<name>__<step>``.
+    ``bls_instance_count`` sets the BLS models' instance count.
+    """
+    if not isinstance(pipeline, Pipeline):
+        raise CompileError(f"compile_pipeline needs a Pipeline; got {pipeline!r}")
+    if target not in TARGETS:
+        raise CompileError(
+            f"pipeline {pipeline.name!r}: unknown target {target!r}; choose one of {', '.join(TARGETS)}",
+            pipeline=pipeline.name,
+        )
+    if isinstance(bls_instance_count, bool) or not isinstance(bls_instance_count, int) or bls_instance_count < 1:
+        raise CompileError(
+            f"pipeline {pipeline.name!r}: bls_instance_count must be an int >= 1; got {bls_instance_count!r}",
+            pipeline=pipeline.name,
+        )
+    plan = plan_pipeline(pipeline)
+    both = target == "both"
+    forms = ("ensemble", "bls", "bls-sync") if both else (target,)
+
+    models: dict[str, CompiledModel] = {}
+    for model in plan.models:
+        models[model.name] = compile_step_model(plan, model)
+    top = []
+    for form in forms:
+        name = top_level_name(pipeline, form, both=both)
+        if form == "ensemble":
+            models[name] = compile_ensemble(plan, name)
+        else:
+            models[name] = compile_bls(plan, name, target=form, instance_count=bls_instance_count)
+        top.append(name)
+    return ModelRepository(models, top_level=tuple(top))

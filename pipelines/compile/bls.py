@@ -1,0 +1,65 @@
+"""The BLS form: a Python-backend model running the generic executor
+``models/bls_model.py``, which reads ``1/bls.json`` (nodes in order, the model
+each calls, its bindings, the output mapping, and the mode).
+
+``"bls"`` (mode ``"async"``) runs every node as soon as its inputs are ready
+with ``async_exec()``; ``"bls-sync"`` calls them one after another with
+``exec()``. One instance serves concurrent requests: a batching pipeline's BLS
+model has dynamic batching, so requests that arrive while it is busy reach it
+together and the async executor runs them side by side (the sync one, in
+turn). Raise ``instance_count`` for more executors, e.g. for a non-batching
+pipeline, where Triton hands one request at a time to each instance.
+"""
+
+from __future__ import annotations
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from .configs import add_io, set_parameters
+from .plan import CompilePlan
+from .repository import CompiledModel
+from .step_models import PLAN_FORMAT, model_source, plan_json
+
+__all__ = ["BLS_PLAN", "compile_bls"]
+
+BLS_PLAN = "bls.json"
+_MODES = {"bls": "async", "bls-sync": "sync"}
+
+
+def compile_bls(plan: CompilePlan, name: str, *, target: str, instance_count: int = 1) -> CompiledModel:
+    """The BLS model ``name`` (``target`` ``"bls"`` or ``"bls-sync"``) over the composing models of ``plan``."""
+    pipeline = plan.pipeline
+    config = mc.ModelConfig(name=name, backend="python", max_batch_size=pipeline.max_batch_size)
+    add_io(config, pipeline.inputs, pipeline.output_specs)
+    config.instance_group.add(count=instance_count, kind=mc.ModelInstanceGroup.KIND_CPU)
+    if pipeline.max_batch_size > 0:
+        config.dynamic_batching.SetInParent()
+    # Inputs stay where they are (GPU included) and go on to the steps through DLPack.
+    set_parameters(config, {"FORCE_CPU_ONLY_INPUT_TENSORS": "no"})
+
+    data = {
+        "format": PLAN_FORMAT,
+        "pipeline": pipeline.name,
+        "model": name,
+        "mode": _MODES[target],
+        "max_batch_size": pipeline.max_batch_size,
+        "inputs": {n: s.to_dict() for n, s in pipeline.inputs.items()},
+        "outputs": {
+            n: {"node": ref.node, "tensor": ref.name, **ref.spec.to_dict()} for n, ref in pipeline.outputs.items()
+        },
+        "nodes": [
+            {
+                "name": node.name,
+                "step": node.step.name,
+                "model": node.model,
+                "inputs": {
+                    i: {"node": ref.node, "tensor": ref.name, "dtype": ref.spec.dtype}
+                    for i, ref in node.sources.items()
+                },
+                "outputs": {o: node.step.outputs[o].dtype for o in node.step.outputs},
+            }
+            for node in plan.nodes
+        ],
+    }
+    files = {"1/model.py": model_source("bls_model.py"), f"1/{BLS_PLAN}": plan_json(data)}
+    return CompiledModel(name, config, files)

@@ -1,0 +1,261 @@
+"""Triton Python-backend BLS executor for one compiled pipeline.
+
+Copied verbatim as ``<model>/1/model.py``. It reads ``bls.json`` beside it and
+calls the composing models: in ``"async"`` mode each node starts with
+``async_exec()`` as soon as its inputs are ready, in ``"sync"`` mode nodes run
+one after another with ``exec()``. Tensors go from call to call through DLPack
+(BYTES, which DLPack cannot carry, through numpy), and only the nodes that the
+requested outputs need are called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import graphlib
+import json
+import os
+
+import numpy as np
+
+try:  # present only inside Triton's Python backend stub
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # pragma: no cover - the module is also imported by tests and linters
+    pb_utils = None
+
+_NUMPY_NAMES = {
+    np.dtype(np.bool_): "BOOL", np.dtype(np.uint8): "UINT8", np.dtype(np.uint16): "UINT16",
+    np.dtype(np.uint32): "UINT32", np.dtype(np.uint64): "UINT64", np.dtype(np.int8): "INT8",
+    np.dtype(np.int16): "INT16", np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64",
+    np.dtype(np.float16): "FP16", np.dtype(np.float32): "FP32", np.dtype(np.float64): "FP64",
+}
+
+
+class RequestFailed(Exception):
+    """A request that gets an error response carrying this message."""
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        version_dir = os.path.join(args["model_repository"], str(args["model_version"]))
+        if not os.path.isfile(os.path.join(version_dir, "bls.json")):
+            version_dir = os.path.dirname(os.path.abspath(__file__))
+        with open(os.path.join(version_dir, "bls.json"), encoding="utf-8") as f:
+            plan = json.load(f)
+        self.pipeline = plan["pipeline"]
+        self.model = plan["model"]
+        self.mode = plan["mode"]
+        self.max_batch_size = int(plan["max_batch_size"])
+        self.inputs = plan["inputs"]
+        self.outputs = plan["outputs"]
+        self.nodes = {node["name"]: node for node in plan["nodes"]}
+        self.order = [node["name"] for node in plan["nodes"]]
+        self.where = f"pipeline {self.pipeline!r} (model {self.model!r})"
+        self._schedules = {}
+
+    def execute(self, requests):
+        # Returning a coroutine makes the stub run it on its event loop, as for `async def execute`.
+        if self.mode == "async":
+            return self._execute_async(requests)
+        return [self._answer_sync(request) for request in requests]
+
+    async def _execute_async(self, requests):
+        return list(await asyncio.gather(*(self._answer_async(request) for request in requests)))
+
+    # ------------------------------------------------------------------ one request
+
+    def _answer_sync(self, request):
+        try:
+            run = self._start(request)
+            for name in run.schedule.order:
+                node = self.nodes[name]
+                self._collect(node, run, self._request(node, run).exec())
+            return self._respond(run)
+        except RequestFailed as exc:
+            return _error(str(exc))
+
+    async def _answer_async(self, request):
+        try:
+            run = self._start(request)
+            sorter = graphlib.TopologicalSorter(run.schedule.deps)
+            sorter.prepare()
+            running = {}
+            try:
+                while sorter.is_active():
+                    for name in sorter.get_ready():
+                        call = self._request(self.nodes[name], run).async_exec()
+                        running[asyncio.ensure_future(call)] = name
+                    done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    for future in done:
+                        name = running.pop(future)
+                        self._collect(self.nodes[name], run, _result(future, name, self))
+                        sorter.done(name)
+            finally:
+                if running:  # a sibling failed: wait for the calls in flight, then drop them
+                    await asyncio.gather(*running, return_exceptions=True)
+            return self._respond(run)
+        except RequestFailed as exc:
+            return _error(str(exc))
+
+    def _start(self, request):
+        values = self._read_inputs(request)
+        wanted = list(request.requested_output_names() or ())
+        unknown = [n for n in wanted if n not in self.outputs]
+        if unknown:
+            raise RequestFailed(
+                f"{self.where}: output {unknown[0]!r} was requested but the pipeline has outputs {list(self.outputs)}"
+            )
+        key = tuple(sorted(wanted)) or tuple(self.outputs)
+        schedule = self._schedules.get(key)
+        if schedule is None:
+            schedule = self._schedules[key] = _Schedule(self, key)
+        return _Run(schedule, values)
+
+    def _read_inputs(self, request):
+        given = {t.name(): t for t in request.inputs()}
+        extra = [n for n in given if n not in self.inputs]
+        if extra:
+            raise RequestFailed(f"{self.where}: unexpected input {extra[0]!r}; the pipeline's inputs are {list(self.inputs)}")
+        sizes = {}
+        for name, spec in self.inputs.items():
+            tensor = given.get(name)
+            if tensor is None:
+                raise RequestFailed(f"{self.where}: input {name!r} ({spec['dtype']} {spec['dims']}) is missing")
+            dtype = _dtype_of(tensor, spec["dtype"])
+            if dtype is not None and dtype != spec["dtype"]:
+                raise RequestFailed(f"{self.where}: input {name!r} has dtype {dtype}; expected {spec['dtype']}")
+            shape = list(_shape_of(tensor))
+            body = shape[1:] if self.max_batch_size else shape
+            dims = spec["dims"]
+            if (self.max_batch_size and not shape) or len(body) != len(dims) or any(
+                d != -1 and d != s for d, s in zip(dims, body, strict=False)
+            ):
+                expected = (["batch"] if self.max_batch_size else []) + dims
+                raise RequestFailed(
+                    f"{self.where}: input {name!r} has shape {shape}; expected {expected} (-1 is any size)"
+                )
+            if self.max_batch_size:
+                sizes[name] = shape[0]
+        if self.max_batch_size:
+            if len(set(sizes.values())) > 1:
+                raise RequestFailed(f"{self.where}: inputs disagree on the batch size: {sizes}; send one batch size")
+            size = next(iter(sizes.values()))
+            if size < 1 or size > self.max_batch_size:
+                raise RequestFailed(
+                    f"{self.where}: batch size {size} (input {next(iter(sizes))!r}); expected 1 to {self.max_batch_size}"
+                )
+        return {(None, name): given[name] for name in self.inputs}
+
+    def _request(self, node, run):
+        inputs = [
+            run.take((source["node"], source["tensor"]), input_name, source["dtype"])
+            for input_name, source in node["inputs"].items()
+        ]
+        return pb_utils.InferenceRequest(
+            model_name=node["model"],
+            requested_output_names=run.schedule.requested[node["name"]],
+            inputs=inputs,
+        )
+
+    def _collect(self, node, run, response):
+        if response.has_error():
+            raise RequestFailed(
+                f"{self.where}: step {node['name']!r} (model {node['model']!r}) failed: {response.error().message()}"
+            )
+        for output in run.schedule.requested[node["name"]]:
+            tensor = pb_utils.get_output_tensor_by_name(response, output)
+            if tensor is None:
+                raise RequestFailed(f"{self.where}: step {node['name']!r} returned no output {output!r}")
+            run.values[(node["name"], output)] = tensor
+
+    def _respond(self, run):
+        tensors = []
+        for name in run.schedule.wanted:
+            out = self.outputs[name]
+            tensors.append(run.take((out["node"], out["tensor"]), name, out["dtype"]))
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+class _Run:
+    """One request in flight: the tensors so far, each dropped once its last reader has it."""
+
+    def __init__(self, schedule, values):
+        self.schedule = schedule
+        self.values = values
+        self.remaining = dict(schedule.uses)
+
+    def take(self, key, name, dtype):
+        tensor = _renamed(self.values[key], name, dtype)
+        self.remaining[key] -= 1
+        if self.remaining[key] == 0:
+            del self.values[key]  # the renamed tensor keeps the memory alive through DLPack
+        return tensor
+
+
+class _Schedule:
+    """For one set of wanted outputs: the nodes to call, in order, and what each must return."""
+
+    def __init__(self, model, wanted):
+        self.wanted = list(wanted)
+        needed, stack = set(), [model.outputs[n]["node"] for n in wanted]
+        while stack:
+            name = stack.pop()
+            if name not in needed:
+                needed.add(name)
+                stack += [s["node"] for s in model.nodes[name]["inputs"].values() if s["node"] is not None]
+        self.order = [n for n in model.order if n in needed]
+        # graphlib wants node -> predecessors; every needed node appears, roots with none.
+        self.deps = {
+            n: {s["node"] for s in model.nodes[n]["inputs"].values() if s["node"] is not None} for n in self.order
+        }
+        requested = {n: [] for n in self.order}
+        self.uses = {}
+        for n in self.order:
+            for source in model.nodes[n]["inputs"].values():
+                key = (source["node"], source["tensor"])
+                self.uses[key] = self.uses.get(key, 0) + 1
+                if source["node"] is not None and source["tensor"] not in requested[source["node"]]:
+                    requested[source["node"]].append(source["tensor"])
+        for name in self.wanted:
+            out = model.outputs[name]
+            if out["tensor"] not in requested[out["node"]]:
+                requested[out["node"]].append(out["tensor"])
+            key = (out["node"], out["tensor"])
+            self.uses[key] = self.uses.get(key, 0) + 1
+        self.requested = requested
+
+
+def _result(future, name, model):
+    try:
+        return future.result()
+    except Exception as exc:  # e.g. the composing model is not loaded
+        raise RequestFailed(f"{model.where}: step {name!r} could not be called: {exc}") from exc
+
+
+def _renamed(tensor, name, dtype):
+    if dtype == "BYTES":  # DLPack has no string tensors
+        return pb_utils.Tensor(name, tensor.as_numpy())
+    return pb_utils.Tensor.from_dlpack(name, tensor.to_dlpack())
+
+
+def _dtype_of(tensor, expected):
+    """The tensor's Triton datatype, or ``None`` where only a copy could tell.
+
+    ``Tensor.triton_dtype()`` cannot be converted to Python in the 2.51 stub,
+    so read the dtype from the host array; for a GPU tensor trust Triton,
+    which checks every request's datatypes against the config before execute
+    (numpy has no BF16, so those are trusted too).
+    """
+    if expected == "BF16" or not tensor.is_cpu():
+        return None
+    dtype = tensor.as_numpy().dtype
+    if dtype.kind in "OSU":
+        return "BYTES"
+    return _NUMPY_NAMES.get(dtype, str(dtype))
+
+
+def _shape_of(tensor):
+    return tuple(tensor.shape())
+
+
+def _error(message):
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))

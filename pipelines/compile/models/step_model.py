@@ -1,0 +1,236 @@
+"""Triton Python-backend adapter that serves one pipeline step.
+
+Copied verbatim as ``<model>/1/model.py``. It reads ``step.json`` beside it,
+loads the step (by import, or from ``step.pkl`` by value), runs its lifecycle,
+and answers each list of requests with one batched call, falling back to one
+call per request so that a failing request cannot take its neighbours down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import traceback
+
+import numpy as np
+
+try:  # present only inside Triton's Python backend stub
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # pragma: no cover - the module is also imported by tests and linters
+    pb_utils = None
+
+from pipelines.errors import InputError, StepError
+from pipelines.step import Step, check_outputs
+from pipelines.tensor import TensorSpec
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        version_dir = os.path.join(args["model_repository"], str(args["model_version"]))
+        if not os.path.isfile(os.path.join(version_dir, "step.json")):
+            version_dir = os.path.dirname(os.path.abspath(__file__))
+        with open(os.path.join(version_dir, "step.json"), encoding="utf-8") as f:
+            plan = json.load(f)
+        self.pipeline = plan["pipeline"]
+        self.step_name = plan["step"]
+        self.where = f"pipeline {self.pipeline!r} step {self.step_name!r}"
+        if len(plan.get("nodes", ())) > 1:
+            self.where += f" (nodes {', '.join(plan['nodes'])})"
+        self.max_batch_size = int(plan["max_batch_size"])
+        self.gpu = plan.get("device") == "gpu"
+        self.step = Step(
+            name=plan["step"],
+            inputs={n: TensorSpec.from_dict(s) for n, s in plan["inputs"].items()},
+            outputs={n: TensorSpec.from_dict(s) for n, s in plan["outputs"].items()},
+            impl=_load_impl(plan, version_dir),
+        )
+        instance_name = args.get("model_instance_name", "")
+        match = re.search(r"_(\d+)$", instance_name)
+        config = {
+            "model_name": args.get("model_name"),
+            "model_version": args.get("model_version"),
+            "model_instance_name": instance_name,
+            "instance_index": int(match.group(1)) if match else 0,
+            "instance_kind": args.get("model_instance_kind"),
+            "device_id": int(args.get("model_instance_device_id") or 0),
+            "parameters": dict(plan.get("parameters") or {}),
+            "pipeline": self.pipeline,
+            "step": self.step_name,
+            "max_batch_size": self.max_batch_size,
+            "model_config": json.loads(args["model_config"]) if "model_config" in args else {},
+        }
+        self.instance = self.step.instantiate(config)
+
+    def execute(self, requests):
+        inputs, errors = [], []
+        for request in requests:
+            try:
+                inputs.append(self._read(request))
+                errors.append(None)
+            except Exception as exc:  # a bad request is answered alone; the others go on
+                inputs.append(None)
+                errors.append(self._message(exc))
+        results = self._run(inputs, errors)
+        responses = []
+        for request, result, error in zip(requests, results, errors, strict=True):
+            if error is not None:
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(error)))
+                continue
+            wanted = set(request.requested_output_names() or ()) or set(result)
+            tensors = [_to_tensor(name, value) for name, value in result.items() if name in wanted]
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+        return responses
+
+    def finalize(self):
+        instance = getattr(self, "instance", None)
+        if instance is not None:
+            instance.finalize()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _read(self, request):
+        arrays = {}
+        for name, spec in self.step.inputs.items():
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is None:
+                raise InputError(f"{self.where}: input {name!r} ({spec}) is missing from the request")
+            arrays[name] = _to_array(tensor, gpu=self.gpu)
+        check_inputs(self.step, arrays, max_batch_size=self.max_batch_size, where=self.where)
+        return arrays
+
+    def _run(self, inputs, errors):
+        """One result dict per request (``None`` where ``errors`` holds the reason)."""
+        good = [i for i, e in enumerate(errors) if e is None]
+        results = [None] * len(inputs)
+        batched = self.max_batch_size > 0
+        if batched and len(good) > 1 and _concatenable(self.step, [inputs[i] for i in good]):
+            sizes = [len(next(iter(inputs[i].values()))) for i in good]
+            joined = {
+                name: _concat([inputs[i][name] for i in good]) for name in self.step.inputs
+            }
+            try:
+                out = self._call(joined, batch_size=sum(sizes))
+            except Exception:
+                out = None  # run one by one below, so only the culprit fails
+            if out is not None:
+                bounds = np.cumsum(sizes)[:-1]
+                parts = {name: _split(value, bounds) for name, value in out.items()}
+                for k, i in enumerate(good):
+                    results[i] = {name: parts[name][k] for name in out}
+                return results
+        for i in good:
+            try:
+                size = len(next(iter(inputs[i].values()))) if batched and inputs[i] else None
+                results[i] = self._call(inputs[i], batch_size=size)
+            except Exception as exc:
+                errors[i] = self._message(exc)
+        return results
+
+    def _call(self, arrays, *, batch_size):
+        outputs = self.instance.execute(arrays)
+        outputs = {name: _host_or_device(value) for name, value in outputs.items()}
+        check_outputs(self.step, outputs, batched=self.max_batch_size > 0, batch_size=batch_size)
+        return outputs
+
+    def _message(self, exc):
+        if isinstance(exc, (InputError, StepError)) and self.pipeline in str(exc):
+            return str(exc)
+        if isinstance(exc, (InputError, StepError)):
+            return f"pipeline {self.pipeline!r}: {exc}"
+        tail = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        return f"{self.where} raised {tail}"
+
+
+def check_inputs(step, arrays, *, max_batch_size, where):
+    """Raise :class:`InputError` if a request's tensor breaks the step's declared dtype or dims."""
+    batched = max_batch_size > 0
+    sizes = set()
+    for name, spec in step.inputs.items():
+        value = arrays[name]
+        shape = tuple(value.shape)
+        kind = np.dtype(value.dtype).kind
+        ok = kind in "OSU" if spec.dtype == "BYTES" else np.dtype(value.dtype) == spec.numpy_dtype
+        if not ok:
+            raise InputError(f"{where}: input {name!r} has dtype {np.dtype(value.dtype)}; expected {spec.dtype}")
+        body = shape[1:] if batched else shape
+        if (batched and len(shape) < 1) or not spec.shape_matches(body):
+            expected = (["batch"] if batched else []) + list(spec.dims)
+            raise InputError(f"{where}: input {name!r} has shape {list(shape)}; expected {expected} (-1 is any size)")
+        if batched:
+            sizes.add(shape[0])
+    if batched:
+        if len(sizes) > 1:
+            raise InputError(f"{where}: inputs disagree on the batch size {sorted(sizes)}; send one batch size")
+        size = sizes.pop() if sizes else 0
+        if size < 1 or size > max_batch_size:
+            raise InputError(f"{where}: batch size {size}; expected 1 to {max_batch_size}")
+
+
+def _load_impl(plan, version_dir):
+    impl = plan["impl"]
+    if "pickle" in impl:
+        with open(os.path.join(version_dir, impl["pickle"]), "rb") as f:
+            return pickle.load(f)
+    import importlib
+
+    obj = importlib.import_module(impl["module"])
+    for part in impl["qualname"].split("."):
+        obj = getattr(obj, part)
+    return obj.impl if isinstance(obj, Step) else obj
+
+
+def _to_array(tensor, *, gpu):
+    """A request tensor as numpy (CPU) or CuPy (GPU step), without a copy where DLPack allows."""
+    if tensor.is_cpu():
+        array = tensor.as_numpy()
+        if gpu:
+            import cupy
+
+            return cupy.asarray(array)
+        return array
+    import cupy  # only a GPU step is handed GPU tensors (FORCE_CPU_ONLY_INPUT_TENSORS "no")
+
+    return cupy.from_dlpack(tensor.to_dlpack())
+
+
+def _host_or_device(value):
+    if isinstance(value, np.ndarray) or hasattr(value, "__cuda_array_interface__"):
+        return value
+    return np.asarray(value)
+
+
+def _to_tensor(name, value):
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind == "U":
+            value = np.char.encode(value, "utf-8")
+        if value.dtype.kind == "S":
+            value = value.astype(np.object_)
+        return pb_utils.Tensor(name, np.ascontiguousarray(value))
+    # A GPU array stays on the GPU; DLPack must never be used on a numpy array (see TRITON_NOTES).
+    return pb_utils.Tensor.from_dlpack(name, value)
+
+
+def _concatenable(step, inputs):
+    for name in step.inputs:
+        bodies = {tuple(arrays[name].shape[1:]) for arrays in inputs}
+        if len(bodies) > 1:
+            return False
+    return True
+
+
+def _concat(arrays):
+    if isinstance(arrays[0], np.ndarray):
+        return np.concatenate(arrays, axis=0)
+    import cupy
+
+    return cupy.concatenate(arrays, axis=0)
+
+
+def _split(value, bounds):
+    if isinstance(value, np.ndarray):
+        return np.split(value, bounds, axis=0)
+    import cupy
+
+    return cupy.split(value, bounds.tolist(), axis=0)

@@ -1,0 +1,182 @@
+"""Composing models: a Python step becomes a Python-backend model running the
+generic adapter ``models/step_model.py``; an external step becomes a config for
+its backend or platform with its model file in ``1/``.
+
+The adapter finds the step from the repository itself. A step whose code lives
+in an installed package is referenced by ``module:qualname`` in ``1/step.json``;
+anything else (a script's ``__main__``, a notebook, a test file, a function in
+a local scope) is exported by value with cloudpickle into ``1/step.pkl``, so the
+repository serves after that source is gone.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import json
+import sys
+from importlib import resources
+from typing import Any
+
+import cloudpickle
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..errors import CompileError
+from ..names import check_name
+from ..step import Step
+from .configs import add_io, set_parameters
+from .plan import CompilePlan, ModelPlan
+from .repository import CompiledModel, FileCopy
+
+__all__ = ["PLAN_FORMAT", "STEP_PICKLE", "STEP_PLAN", "compile_step_model", "model_source", "step_reference"]
+
+#: Version of the JSON plans the model files read; bumped on any incompatible change.
+PLAN_FORMAT = 1
+STEP_PLAN = "step.json"
+STEP_PICKLE = "step.pkl"
+
+
+def model_source(filename: str) -> bytes:
+    """The bytes of one of the package's real ``model.py`` files."""
+    return resources.files("pipelines.compile.models").joinpath(filename).read_bytes()
+
+
+def plan_json(data: dict[str, Any]) -> bytes:
+    """JSON that is byte-identical for the same plan on every run."""
+    return (json.dumps(data, indent=2, sort_keys=True, ensure_ascii=True) + "\n").encode()
+
+
+def compile_step_model(plan: CompilePlan, model: ModelPlan) -> CompiledModel:
+    """The composing model that serves ``model.step`` for the nodes in ``model.nodes``."""
+    if model.step.is_external:
+        return _external_model(plan, model)
+    return _python_model(plan, model)
+
+
+def _base_config(model: ModelPlan) -> mc.ModelConfig:
+    step, options = model.step, model.step.options
+    config = mc.ModelConfig(name=model.name, max_batch_size=model.max_batch_size)
+    add_io(config, step.inputs, step.outputs)
+    config.instance_group.add(count=options.instance_count, kind=mc.ModelInstanceGroup.Kind.Value(options.config_instance_kind))
+    db = options.dynamic_batching
+    if db is not None and model.max_batch_size > 0:
+        config.dynamic_batching.SetInParent()
+        config.dynamic_batching.preferred_batch_size.extend(db.preferred_batch_sizes)
+        config.dynamic_batching.max_queue_delay_microseconds = db.max_queue_delay_us
+    return config
+
+
+def _python_model(plan: CompilePlan, model: ModelPlan) -> CompiledModel:
+    step = model.step
+    config = _base_config(model)
+    config.backend = "python"
+    parameters = dict(step.options.parameters)
+    if step.options.device == "gpu":
+        # A GPU step takes its inputs where they are, through DLPack, instead of a copy to CPU.
+        parameters["FORCE_CPU_ONLY_INPUT_TENSORS"] = "no"
+    set_parameters(config, parameters)
+
+    files: dict[str, Any] = {"1/model.py": model_source("step_model.py")}
+    reference = step_reference(step)
+    if reference is None:
+        files[f"1/{STEP_PICKLE}"] = functools.partial(_export_by_value, plan.name, model.nodes[0], step)
+        impl = {"pickle": STEP_PICKLE}
+    else:
+        impl = {"module": reference[0], "qualname": reference[1]}
+    data = {
+        "format": PLAN_FORMAT,
+        "pipeline": plan.name,
+        "model": model.name,
+        "step": step.name,
+        "nodes": list(model.nodes),
+        "class": step.is_class,
+        "impl": impl,
+        "inputs": {n: s.to_dict() for n, s in step.inputs.items()},
+        "outputs": {n: s.to_dict() for n, s in step.outputs.items()},
+        "max_batch_size": model.max_batch_size,
+        "device": step.options.device,
+        "parameters": dict(step.options.parameters),
+    }
+    files[f"1/{STEP_PLAN}"] = plan_json(data)
+    return CompiledModel(model.name, config, files)
+
+
+def _external_model(plan: CompilePlan, model: ModelPlan) -> CompiledModel:
+    ext = model.step.external
+    config = _base_config(model)
+    if ext.backend:
+        config.backend = ext.backend
+    if ext.platform:
+        config.platform = ext.platform
+    set_parameters(config, model.step.options.parameters)
+    files: dict[str, Any] = {}
+    if ext.model_filename is not None:
+        filename = ext.model_filename
+        # One plain path component, so the copy cannot land outside the model's version directory.
+        check_name(filename, what=f"step {model.step.name!r} model_filename", pipeline=plan.name, step=model.nodes[0])
+        config.default_model_filename = filename
+        if ext.model_file is not None:
+            files[f"1/{filename}"] = FileCopy(
+                ext.model_file, what=f"pipeline {plan.name!r} step {model.nodes[0]!r} model file"
+            )
+    return CompiledModel(model.name, config, files)
+
+
+# ------------------------------------------------------------------ finding the step
+
+
+@functools.lru_cache(maxsize=1)
+def _distributions() -> frozenset[str]:
+    return frozenset(importlib.metadata.packages_distributions())
+
+
+def _installed(module_name: str) -> bool:
+    """Whether ``module_name`` comes from an installed package, so a server's Python can import it too."""
+    top = module_name.partition(".")[0]
+    return top in _distributions() or top in getattr(sys, "stdlib_module_names", ())
+
+
+def step_reference(step: Step) -> tuple[str, str] | None:
+    """``(module, qualname)`` when the server can import the step's code; ``None`` for by-value export."""
+    impl = step.impl
+    module_name = getattr(impl, "__module__", None)
+    qualname = getattr(impl, "__qualname__", None)
+    if not module_name or not qualname or module_name == "__main__" or "<locals>" in qualname:
+        return None
+    if not _installed(module_name):
+        return None
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except Exception:
+        return None
+    if obj is impl or (isinstance(obj, Step) and obj.impl is impl):
+        return module_name, qualname
+    return None
+
+
+def _export_by_value(pipeline: str, node: str, step: Step) -> bytes:
+    impl = step.impl
+    module = sys.modules.get(getattr(impl, "__module__", "") or "")
+    register = (
+        module is not None
+        and module.__name__ != "__main__"
+        and not _installed(module.__name__)
+        and module.__name__ not in cloudpickle.list_registry_pickle_by_value()
+    )
+    if register:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps(impl)
+    except Exception as exc:
+        raise CompileError(
+            f"pipeline {pipeline!r}: step {node!r} ({step.name!r}) cannot be exported by value with "
+            f"cloudpickle: {type(exc).__name__}: {exc}; move it into an installed module, or drop the "
+            "unpicklable objects it refers to (create them in initialize() instead)",
+            pipeline=pipeline, step=node,
+        ) from exc
+    finally:
+        if register:
+            cloudpickle.unregister_pickle_by_value(module)

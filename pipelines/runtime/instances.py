@@ -1,0 +1,392 @@
+"""One step model of the local runtime: its instances, their queue, and one execution.
+
+Each node of a pipeline becomes a :class:`StepModel`, as each composing model of
+an ensemble has its own ``instance_group`` and queue in Triton. An execution runs
+inline on the event loop, on a worker thread, or awaited (async steps); a thread
+that outlives its timeout is abandoned and gives its instance back when it ends.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from time import perf_counter
+from collections import deque
+from typing import Any, Callable
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
+
+from ..errors import PipelinesError, StepError, StepTimeoutError
+from ..graph import Node
+from ..step import StepInstance, check_outputs, normalise_outputs
+from .batching import DynamicBatcher
+from .device import CopyCounter, Placement
+
+__all__ = ["InstancePool", "Lease", "StepModel"]
+
+
+#: How many executions are timed before a step may be judged cheap enough to run inline.
+_SAMPLES = 3
+_hop_cost: float | None = None
+
+
+async def thread_hop_cost() -> float:
+    """What one round trip to a worker thread costs here, in seconds (measured once per process).
+
+    It varies tenfold between machines (tens of µs to half a millisecond on a
+    busy VM), so the inline rule compares step times with this, not a constant.
+    """
+    global _hop_cost
+    if _hop_cost is None:
+
+        def nothing() -> None:
+            return None
+
+        samples = []
+        for _ in range(9):
+            t = perf_counter()
+            await anyio.to_thread.run_sync(nothing)
+            samples.append(perf_counter() - t)
+        _hop_cost = min(max(sorted(samples)[len(samples) // 2], 20e-6), 1e-3)
+    return _hop_cost
+
+
+class Lease:
+    """One instance lent out by a pool; ``abandoned`` while a stuck thread still holds it."""
+
+    __slots__ = ("instance", "abandoned")
+
+    def __init__(self, instance: StepInstance) -> None:
+        self.instance = instance
+        self.abandoned = False
+
+
+class _Waiter:
+    __slots__ = ("event", "lease")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.lease: Lease | None = None
+
+
+class InstancePool:
+    """A model's free instances and its FIFO queue of requests waiting for one.
+
+    Taking a free instance does not yield to the event loop, which keeps a
+    chain of cheap steps cheap; only a request that must wait parks on an event.
+    """
+
+    def __init__(self, leases: list[Lease]) -> None:
+        self._all = list(leases)
+        self._free = list(reversed(leases))
+        self._waiters: deque[_Waiter] = deque()
+        self.closed = False
+
+    def try_acquire(self) -> Lease | None:
+        if self._free and not self._waiters:
+            return self._free.pop()
+        return None
+
+    async def acquire(self) -> Lease:
+        lease = self.try_acquire()
+        if lease is not None:
+            return lease
+        waiter = _Waiter()
+        self._waiters.append(waiter)
+        try:
+            await waiter.event.wait()
+        except BaseException:
+            if waiter.lease is not None:  # handed an instance just as we were cancelled: pass it on
+                self.give_back(waiter.lease)
+            else:
+                self._waiters.remove(waiter)
+            raise
+        assert waiter.lease is not None
+        return waiter.lease
+
+    def give_back(self, lease: Lease) -> None:
+        """Return an instance, unless a stuck thread still holds it (it returns it itself)."""
+        if lease.abandoned:
+            return
+        if self.closed:
+            lease.instance.finalize()
+            return
+        if self._waiters:
+            waiter = self._waiters.popleft()
+            waiter.lease = lease
+            waiter.event.set()
+        else:
+            self._free.append(lease)
+
+    def reclaim(self, lease: Lease) -> None:
+        """An abandoned thread finished: its instance is usable again."""
+        lease.abandoned = False
+        self.give_back(lease)
+
+    def close(self) -> list[BaseException]:
+        """Finalize the instances that are free; busy ones are finalized when they come back."""
+        self.closed = True
+        errors: list[BaseException] = []
+        for lease in self._free:
+            try:
+                lease.instance.finalize()
+            except Exception as exc:  # keep finalizing the others; the caller reports the first
+                errors.append(exc)
+        self._free.clear()
+        return errors
+
+
+class _ThreadCall:
+    """The hand-over between an execution on a worker thread and the event loop."""
+
+    __slots__ = ("lock", "finished", "abandoned", "lease", "pool", "token")
+
+    def __init__(self, lease: Lease, pool: InstancePool) -> None:
+        self.lock = threading.Lock()
+        self.finished = False
+        self.abandoned = False
+        self.lease = lease
+        self.pool = pool
+        self.token = anyio.lowlevel.current_token()
+
+    def finish(self) -> None:  # on the worker thread
+        with self.lock:
+            self.finished = True
+            late = self.abandoned
+        if not late:
+            return
+        try:
+            anyio.from_thread.run_sync(self.pool.reclaim, self.lease, token=self.token)
+        except Exception:  # the event loop is gone: nobody can use the instance again
+            self.lease.instance.finalize()
+
+    def abandon(self) -> None:  # on the event loop, when the awaiting side was cancelled
+        with self.lock:
+            if not self.finished:
+                self.abandoned = True
+                self.lease.abandoned = True
+
+
+class StepModel:
+    """A node as a Triton model: ``instance_count`` instances, a queue, optional dynamic batching."""
+
+    def __init__(
+        self,
+        node: Node,
+        *,
+        pipeline: str,
+        bindings: tuple[tuple[str, tuple[str | None, str]], ...],
+        kept_outputs: tuple[str, ...],
+        placement: Placement,
+        offload: str,
+        limiter: anyio.CapacityLimiter,
+    ) -> None:
+        step = node.step
+        self.name = node.name
+        self.step = step
+        self.pipeline = pipeline
+        self.bindings = bindings
+        self.kept_outputs = kept_outputs
+        self.placement = placement
+        self.batched = node.max_batch_size > 0
+        self.max_batch_size = node.max_batch_size
+        self.timeout = step.options.timeout
+        self.offload = offload
+        self._limiter = limiter
+        self.pool: InstancePool | None = None
+        self.batcher: DynamicBatcher | None = None
+        self.is_async = False
+        # Inline runs cannot be timed out or overlapped, so only plain sync steps without a timeout qualify.
+        self.inline_ok = False
+        # A step whose typical compute is below one thread hop gains nothing from the hop.
+        self.hop_cost = 0.0
+        self.cheap = False
+        self._typical = 0.0
+        self._timed = 0
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Create the instances (each runs ``initialize(config)`` once) and the batcher."""
+        count = self.step.options.instance_count
+        leases = []
+        try:
+            for i in range(count):
+                leases.append(Lease(self.step.instantiate(self._config(i))))
+        except PipelinesError:
+            self._finalize(leases)
+            raise
+        except Exception as exc:
+            self._finalize(leases)
+            raise StepError(
+                f"pipeline {self.pipeline!r} step {self.name!r}: initialize() raised {type(exc).__name__}: {exc}",
+                pipeline=self.pipeline,
+                step=self.name,
+            ) from exc
+        self.pool = InstancePool(leases)
+        fn = leases[0].instance._fn  # the bound execute/__call__ or the function itself
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+        self.inline_ok = not self.is_async and self.timeout is None and self.offload != "always"
+        db = self.step.options.dynamic_batching
+        if db is not None and self.batched:
+            self.batcher = DynamicBatcher(
+                step=self.name,
+                pool=self.pool,
+                execute=self._execute_batch,
+                max_batch_size=self.max_batch_size,
+                max_queue_delay_s=db.max_queue_delay_us / 1e6,
+                preferred_batch_sizes=db.preferred_batch_sizes,
+            )
+
+    def close(self) -> list[BaseException]:
+        return self.pool.close() if self.pool is not None else []
+
+    def _finalize(self, leases: list[Lease]) -> None:
+        for lease in leases:
+            try:
+                lease.instance.finalize()
+            except Exception:  # the initialize error is the one worth reporting
+                pass
+
+    def _config(self, index: int) -> dict[str, Any]:
+        # The keys of the ``args`` dict Triton's Python backend passes to initialize(),
+        # with model_config as a dict, so a class step reads the same thing in both places.
+        opts = self.step.options
+        kind = "GPU" if self.placement.device == "gpu" else "CPU"
+        return {
+            "model_name": self.name,
+            "model_version": "1",
+            "model_instance_name": f"{self.name}_{index}",
+            "model_instance_kind": kind,
+            "model_instance_device_id": "0",
+            "model_config": {
+                "name": self.name,
+                "max_batch_size": self.max_batch_size,
+                "input": [
+                    {"name": n, "data_type": s.config_dtype, "dims": list(s.dims)} for n, s in self.step.inputs.items()
+                ],
+                "output": [
+                    {"name": n, "data_type": s.config_dtype, "dims": list(s.dims)} for n, s in self.step.outputs.items()
+                ],
+                "parameters": {k: {"string_value": v} for k, v in opts.parameters.items()},
+            },
+        }
+
+    # ------------------------------------------------------------------ running
+
+    def place(self, array: Any, copies: CopyCounter, tensor: str) -> Any:
+        return self.placement.place(array, copies, pipeline=self.pipeline, step=self.name, tensor=tensor)
+
+    async def run(self, inputs: dict[str, Any], rows: int, *, inline: bool) -> tuple[dict[str, Any], float, float, int]:
+        """Execute once for one request: ``(outputs, queue_wait_s, compute_s, requests_in_batch)``.
+
+        The step's timeout bounds the wait for an instance and the execution together,
+        so a stuck instance cannot make the requests queued behind it hang.
+        """
+        if self.batcher is not None:
+            if self.timeout is None:
+                return await self.batcher.submit(inputs, rows)
+            try:
+                with anyio.fail_after(self.timeout):
+                    return await self.batcher.submit(inputs, rows)
+            except TimeoutError:
+                raise self._timeout_error("waiting in its dynamic batcher or running") from None
+        assert self.pool is not None
+        lease = self.pool.try_acquire()
+        if lease is not None and inline:
+            try:
+                outputs, compute = await self.execute(lease, inputs, rows, inline=True)
+            finally:
+                self.pool.give_back(lease)
+            return outputs, 0.0, compute, 1
+        t0 = perf_counter()
+        where = "waiting for a free instance"
+        try:
+            with anyio.fail_after(self.timeout):
+                if lease is None:
+                    lease = await self.pool.acquire()
+                queue = perf_counter() - t0
+                where = "running"
+                try:
+                    outputs, compute = await self.execute(lease, inputs, rows, inline=False)
+                finally:
+                    self.pool.give_back(lease)
+        except TimeoutError:
+            raise self._timeout_error(where) from None
+        return outputs, queue, compute, 1
+
+    async def _execute_batch(self, lease: Lease, inputs: dict[str, Any], rows: int) -> tuple[dict[str, Any], float]:
+        return await self.execute(lease, inputs, rows, inline=self.offload == "never" and self.inline_ok)
+
+    async def execute(
+        self, lease: Lease, inputs: dict[str, Any], rows: int, *, inline: bool
+    ) -> tuple[dict[str, Any], float]:
+        """Run the step on one instance and check its outputs: ``(outputs, compute_s)``."""
+        instance = lease.instance
+        try:
+            if self.is_async:
+                t = perf_counter()
+                outputs = normalise_outputs(self.step, await instance._fn(**inputs))
+                compute = perf_counter() - t
+            elif inline:
+                t = perf_counter()
+                outputs = instance.execute(inputs)
+                compute = perf_counter() - t
+            else:
+                outputs, compute = await self._in_thread(lease, inputs)
+            check_outputs(self.step, outputs, batched=self.batched, batch_size=rows if self.batched else None)
+            self._learn(compute)
+        except PipelinesError as exc:
+            if exc.pipeline == self.pipeline and exc.step == self.name:
+                raise
+            raise StepError(
+                f"pipeline {self.pipeline!r} step {self.name!r}: {exc.message}",
+                pipeline=self.pipeline,
+                step=self.name,
+                tensor=exc.tensor,
+            ) from exc
+        except Exception as exc:
+            raise StepError(
+                f"pipeline {self.pipeline!r} step {self.name!r} raised {type(exc).__name__}: {exc}",
+                pipeline=self.pipeline,
+                step=self.name,
+            ) from exc
+        return outputs, compute
+
+    def _learn(self, compute: float) -> None:
+        # an exponential average follows a step that changes pace without storing a history
+        self._typical = compute if not self._timed else self._typical + 0.2 * (compute - self._typical)
+        self._timed += 1
+        self.cheap = self._timed >= _SAMPLES and self._typical < self.hop_cost
+
+    async def _in_thread(self, lease: Lease, inputs: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        assert self.pool is not None
+        call = _ThreadCall(lease, self.pool)
+        execute: Callable[[dict[str, Any]], dict[str, Any]] = lease.instance.execute
+
+        def work() -> tuple[dict[str, Any], float]:
+            try:
+                t = perf_counter()
+                outputs = execute(inputs)
+                return outputs, perf_counter() - t
+            finally:
+                call.finish()
+
+        try:
+            return await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=self._limiter)
+        except BaseException:
+            # A sync function cannot be killed: leave it running and answer now.
+            call.abandon()
+            raise
+
+    def _timeout_error(self, where: str) -> StepTimeoutError:
+        return StepTimeoutError(
+            f"pipeline {self.pipeline!r} step {self.name!r} ran past its timeout of {self.timeout:g} s "
+            f"({where}); the request was answered with this error and a stuck call was abandoned. "
+            "Raise the step's timeout, or find why it does not return",
+            pipeline=self.pipeline,
+            step=self.name,
+        )

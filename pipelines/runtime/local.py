@@ -1,0 +1,514 @@
+"""The local runtime: run a validated pipeline without a server, as Triton would.
+
+Three modes give the same answers and differ in how steps are scheduled:
+
+- ``"ensemble"``: event-driven, like Triton's ensemble scheduler. Each finished
+  step counts down its dependents (precomputed dependency counts) and starts the
+  ones that became ready; no orchestrator sits in the middle.
+- ``"bls"``: one orchestrator per request walks a ``graphlib.TopologicalSorter``
+  and awaits the ready steps concurrently (an ``async def execute`` BLS model).
+- ``"bls-sync"``: one orchestrator calls the steps one after another in
+  topological order (a BLS model using ``exec()``).
+
+In every mode each node is its own step model (one per node, not shared between
+nodes of the same step) with ``instance_count`` instances and a FIFO queue, and
+optional dynamic batching. Parallel work runs in anyio task groups: a failing
+step cancels its siblings and the error names the pipeline and the step.
+
+When a sync step runs on a worker thread: a thread hop costs tens of µs, so a
+step runs inline on the event loop when it could not overlap with anything
+anyway — it is the only step of the only request in flight, it has no timeout
+and ``offload="auto"``. Otherwise it runs on a worker thread (async steps are
+awaited on the loop). ``offload="always"`` always hops; ``"never"`` never does
+except for steps with a timeout, which need a thread to be abandoned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import graphlib
+import math
+from dataclasses import dataclass
+from time import perf_counter
+from types import TracebackType
+from typing import Any, Iterable, Mapping
+
+import anyio
+import anyio.lowlevel
+
+from ..errors import InferenceError, InputError, PipelinesError, StepError
+from ..graph import Pipeline
+from ..requests import check_request
+from .device import CopyCounter, Placement, gpu_available, resolve_device
+from .instances import StepModel, thread_hop_cost
+from .report import CostRecorder, Report
+
+__all__ = ["MODES", "LocalRuntime", "run_many", "run_pipeline"]
+
+MODES = ("ensemble", "bls", "bls-sync")
+_OFFLOAD = ("auto", "always", "never")
+
+Key = tuple["str | None", str]  # (producing node or None for a pipeline input, tensor name)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What every request of one pipeline shares: order, dependencies, consumer counts."""
+
+    order: tuple[str, ...]
+    predecessors: Mapping[str, tuple[str, ...]]
+    dependents: Mapping[str, tuple[str, ...]]
+    dep_counts: Mapping[str, int]
+    roots: tuple[str, ...]
+    bindings: Mapping[str, tuple[tuple[str, Key], ...]]
+    kept_outputs: Mapping[str, tuple[str, ...]]
+    consumers: Mapping[Key, int]
+    inputs_used: tuple[str, ...]
+    outputs: tuple[tuple[str, Key], ...]
+
+    @classmethod
+    def of(cls, p: Pipeline) -> _Plan:
+        order = tuple(p.topological_order())
+        graph = p.graph
+        predecessors = {n: tuple(sorted(graph.predecessors(n), key=order.index)) for n in order}
+        dependents = {n: tuple(sorted(graph.successors(n), key=order.index)) for n in order}
+        bindings = {
+            n: tuple((input_name, (ref.node, ref.name)) for input_name, ref in p.nodes[n].bindings.items())
+            for n in order
+        }
+        consumers: dict[Key, int] = {}
+        for node_bindings in bindings.values():
+            for _, key in node_bindings:
+                consumers[key] = consumers.get(key, 0) + 1
+        outputs = tuple((name, (ref.node, ref.name)) for name, ref in p.outputs.items())
+        for _, key in outputs:  # held until the answer is returned
+            consumers[key] = consumers.get(key, 0) + 1
+        kept = {n: tuple(o for o in p.nodes[n].step.outputs if (n, o) in consumers) for n in order}
+        return cls(
+            order=order,
+            predecessors=predecessors,
+            dependents=dependents,
+            dep_counts={n: len(predecessors[n]) for n in order},
+            roots=tuple(n for n in order if not predecessors[n]),
+            bindings=bindings,
+            kept_outputs=kept,
+            consumers=consumers,
+            inputs_used=tuple(name for name in p.inputs if (None, name) in consumers),
+            outputs=outputs,
+        )
+
+
+class _Request:
+    """The state of one request in flight: live tensors, their remaining consumers, costs."""
+
+    __slots__ = ("values", "remaining", "pending", "copies", "trace", "rows", "inflight", "error", "tg")
+
+    def __init__(self, plan: _Plan, values: dict[Key, Any], rows: int) -> None:
+        self.values = values
+        self.remaining = dict(plan.consumers)
+        self.pending: dict[str, int] | None = None
+        self.copies = CopyCounter()
+        self.trace: list[tuple[str, float, float, float, int]] = []
+        self.rows = rows
+        self.inflight = 0  # steps of this request that are ready or running
+        self.error: BaseException | None = None
+        self.tg: Any = None
+
+    def fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+        self.tg.cancel_scope.cancel()  # the siblings of a failed step have nothing left to answer
+
+
+class LocalRuntime:
+    """Run a pipeline locally in one of Triton's forms::
+
+        async with LocalRuntime(p, mode="ensemble") as rt:
+            out = await rt.infer({"x": x})
+        print(rt.report())
+
+    ``device``: ``None`` leaves request tensors where the caller put them;
+    ``"cpu"``, ``"gpu"`` or ``"auto"`` (GPU when CuPy and CUDA are present) moves
+    them there first, counting the copy. A step's own ``device`` option moves its
+    inputs; a step with none takes them where they are.
+    ``force_cpu_only_input_tensors=True`` mimics Triton's Python backend, which
+    hands every step its inputs on CPU unless the model sets the parameter
+    ``FORCE_CPU_ONLY_INPUT_TENSORS`` to ``"no"``; each such copy is counted.
+    ``offload`` is when sync steps hop to a worker thread (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        mode: str = "ensemble",
+        *,
+        device: str | None = None,
+        force_cpu_only_input_tensors: bool = False,
+        offload: str = "auto",
+        threads: int | None = None,
+    ) -> None:
+        if not isinstance(pipeline, Pipeline):
+            raise InferenceError(f"LocalRuntime needs a Pipeline; got {type(pipeline).__name__}")
+        name = pipeline.name
+        if mode not in MODES:
+            raise InferenceError(
+                f"pipeline {name!r}: unknown mode {mode!r}; choose one of {', '.join(MODES)}", pipeline=name
+            )
+        if offload not in _OFFLOAD:
+            raise InferenceError(
+                f"pipeline {name!r}: offload must be one of {', '.join(_OFFLOAD)}; got {offload!r}", pipeline=name
+            )
+        try:
+            self.device = resolve_device(device)
+        except ValueError as exc:
+            raise InferenceError(f"pipeline {name!r}: {exc}", pipeline=name) from None
+        pipeline.validate()
+        self.pipeline = pipeline
+        self.mode = mode
+        self.offload = offload
+        self.force_cpu_only_input_tensors = bool(force_cpu_only_input_tensors)
+        self._plan = _Plan.of(pipeline)
+        for node in pipeline.nodes.values():
+            if not node.step.runnable:
+                raise StepError(
+                    f"pipeline {name!r} step {node.name!r} is an external model with no Python stand-in; "
+                    "give external_model(..., stand_in=fn) to run it in the local runtime, or run it on Triton",
+                    pipeline=name,
+                    step=node.name,
+                )
+            wants = node.step.options.device
+            if (wants == "gpu" or self.device == "gpu") and not gpu_available():
+                who = f"step {node.name!r} asks" if wants == "gpu" else "the runtime was asked"
+                raise InferenceError(
+                    f"pipeline {name!r}: {who} for device 'gpu' but CuPy with a CUDA device is not available; "
+                    "install cupy-cuda12x on a machine with a GPU, or use device 'cpu'",
+                    pipeline=name,
+                    step=node.name if wants == "gpu" else None,
+                )
+        instances = sum(n.step.options.instance_count for n in pipeline.nodes.values())
+        self._threads = max(2, threads if threads is not None else instances)
+        self._models: dict[str, StepModel] = {}
+        self._recorder = CostRecorder(
+            pipeline=name,
+            mode=mode,
+            steps=self._plan.order,
+            critical_path=lambda costs: pipeline.critical_path(costs),
+        )
+        self._service: Any = None
+        self._open = False
+        self._active = 0
+        self._schedule = {"ensemble": self._run_ensemble, "bls": self._run_bls, "bls-sync": self._run_bls_sync}[mode]
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> LocalRuntime:
+        if self._open:
+            raise InferenceError(
+                f"pipeline {self.pipeline.name!r}: this LocalRuntime is already open", pipeline=self.pipeline.name
+            )
+        limiter = anyio.CapacityLimiter(self._threads)
+        plan = self._plan
+        try:
+            for name in plan.order:
+                node = self.pipeline.nodes[name]
+                model = StepModel(
+                    node,
+                    pipeline=self.pipeline.name,
+                    bindings=plan.bindings[name],
+                    kept_outputs=plan.kept_outputs[name],
+                    placement=Placement(node.step.options.device, self.force_cpu_only_input_tensors),
+                    offload=self.offload,
+                    limiter=limiter,
+                )
+                # initialize() may load weights for seconds: keep the event loop free meanwhile
+                await anyio.to_thread.run_sync(model.start)
+                self._models[name] = model
+            if self.offload == "auto":
+                hop = await thread_hop_cost()
+                for model in self._models.values():
+                    model.hop_cost = hop
+            self._service = anyio.create_task_group()
+            await self._service.__aenter__()
+            for model in self._models.values():
+                if model.batcher is not None:
+                    self._service.start_soon(model.batcher.serve, model.step.options.instance_count)
+        except BaseException:
+            self._close_models()
+            raise
+        self._open = True
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._open = False
+        try:
+            if self._service is not None:
+                self._service.cancel_scope.cancel()
+                await self._service.__aexit__(None, None, None)
+        finally:
+            self._service = None
+            errors = self._close_models()
+        if errors and exc is None:
+            first = errors[0]
+            raise StepError(
+                f"pipeline {self.pipeline.name!r}: finalize() raised {type(first).__name__}: {first}",
+                pipeline=self.pipeline.name,
+            ) from first
+
+    def _close_models(self) -> list[BaseException]:
+        errors: list[BaseException] = []
+        for model in self._models.values():
+            errors.extend(model.close())
+        self._models = {}
+        return errors
+
+    # ------------------------------------------------------------------ serving
+
+    async def infer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Answer one request: a dict of the pipeline's outputs.
+
+        Raises :class:`InputError` before any step runs when the request does not
+        match the pipeline's inputs, and :class:`StepError` naming the step that failed.
+        """
+        outputs, _ = await self._infer(inputs, keep_trace=False)
+        return outputs
+
+    async def infer_with_report(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], Report]:
+        """Like :meth:`infer`, plus the cost report of this one request."""
+        outputs, report = await self._infer(inputs, keep_trace=True)
+        assert report is not None
+        return outputs, report
+
+    def report(self) -> Report:
+        """Costs aggregated over every request served since the start (or :meth:`reset_report`)."""
+        return self._recorder.report()
+
+    def reset_report(self) -> None:
+        """Forget the costs gathered so far (e.g. after a warm-up)."""
+        self._recorder.reset()
+
+    async def _infer(self, inputs: Mapping[str, Any], *, keep_trace: bool) -> tuple[dict[str, Any], Report | None]:
+        p = self.pipeline
+        if not self._open:
+            raise InferenceError(
+                f"pipeline {p.name!r}: the runtime is not open; use 'async with LocalRuntime(p) as rt:'",
+                pipeline=p.name,
+            )
+        start = perf_counter()
+        self._active += 1
+        try:
+            try:
+                arrays = check_request(inputs, p.inputs, pipeline=p.name, max_batch_size=p.max_batch_size)
+            except InputError:
+                self._recorder.error()
+                raise
+            rows = int(arrays[next(iter(arrays))].shape[0]) if p.max_batch_size > 0 else 1
+            req = _Request(self._plan, {}, rows)
+            entry = Placement(self.device)
+            for name in self._plan.inputs_used:
+                req.values[(None, name)] = entry.place(
+                    arrays[name], req.copies, pipeline=p.name, step="(request)", tensor=name
+                )
+            del arrays
+            # Let requests submitted together all register before the first step decides to run inline.
+            await anyio.lowlevel.checkpoint()
+            try:
+                await self._schedule(req)
+            except PipelinesError:
+                self._recorder.error()
+                raise
+            values = req.values
+            outputs = {name: values[key] for name, key in self._plan.outputs}
+            end = perf_counter()
+            self._recorder.record(req.trace, start=start, end=end, copies=req.copies.count, copy_bytes=req.copies.bytes)
+            if not keep_trace:
+                return outputs, None
+            single = CostRecorder(
+                pipeline=p.name,
+                mode=self.mode,
+                steps=self._plan.order,
+                critical_path=lambda costs: p.critical_path(costs),
+            )
+            single.record(req.trace, start=start, end=end, copies=req.copies.count, copy_bytes=req.copies.bytes)
+            return outputs, single.report()
+        finally:
+            self._active -= 1
+
+    # --------------------------------------------------------------- scheduling
+
+    async def _run_node(self, req: _Request, name: str, t_ready: float) -> None:
+        """Run one node for one request: take its inputs, execute, keep the outputs someone needs."""
+        model = self._models[name]
+        values, remaining = req.values, req.remaining
+        inputs = {}
+        for input_name, key in model.bindings:
+            inputs[input_name] = model.place(values[key], req.copies, input_name)
+            left = remaining[key] - 1
+            remaining[key] = left
+            if not left:  # no remaining consumer: drop our reference now (the step holds its own)
+                del values[key]
+        inline = model.inline_ok and ((self._active == 1 and req.inflight == 1) or model.cheap)
+        outputs, queue, compute, batch = await model.run(inputs, req.rows, inline=inline)
+        del inputs
+        for out in model.kept_outputs:
+            values[(name, out)] = outputs[out]
+        req.trace.append((name, queue, compute, perf_counter() - t_ready - queue - compute, batch))
+
+    async def _run_ensemble(self, req: _Request) -> None:
+        plan = self._plan
+        req.pending = dict(plan.dep_counts)
+        roots = plan.roots
+        req.inflight = len(roots)
+        now = perf_counter()
+        async with anyio.create_task_group() as tg:
+            req.tg = tg
+            for root in roots[1:]:
+                tg.start_soon(self._ensemble_chain, req, root, now)
+            await self._ensemble_chain(req, roots[0], now)
+        if req.error is not None:
+            raise req.error
+
+    async def _ensemble_chain(self, req: _Request, name: str, t_ready: float) -> None:
+        """Run a node, then start each dependent it made ready; continue with one of them in this task."""
+        dependents = self._plan.dependents
+        pending = req.pending
+        assert pending is not None
+        while True:
+            try:
+                await self._run_node(req, name, t_ready)
+            except Exception as exc:
+                req.fail(exc)
+                return
+            t_ready = perf_counter()
+            follow = None
+            for dep in dependents[name]:
+                left = pending[dep] - 1
+                pending[dep] = left
+                if not left:
+                    req.inflight += 1
+                    if follow is None:
+                        follow = dep  # a new task costs more than carrying on in this one
+                    else:
+                        req.tg.start_soon(self._ensemble_chain, req, dep, t_ready)
+            req.inflight -= 1
+            if follow is None:
+                return
+            name = follow
+
+    async def _run_bls(self, req: _Request) -> None:
+        plan = self._plan
+        sorter = graphlib.TopologicalSorter(plan.predecessors)
+        sorter.prepare()
+        send, receive = anyio.create_memory_object_stream[str](math.inf)
+        with send, receive:
+            async with anyio.create_task_group() as tg:
+                req.tg = tg
+                while sorter.is_active():
+                    ready = sorter.get_ready()
+                    now = perf_counter()
+                    if len(ready) == 1 and req.inflight == 0:
+                        # Nothing to overlap with: await the step here rather than in a new task.
+                        req.inflight = 1
+                        try:
+                            await self._run_node(req, ready[0], now)
+                        except Exception as exc:
+                            req.fail(exc)
+                            break
+                        req.inflight = 0
+                        sorter.done(ready[0])
+                        continue
+                    req.inflight += len(ready)
+                    for name in ready:
+                        tg.start_soon(self._bls_call, req, name, now, send)
+                    sorter.done(await receive.receive())
+        if req.error is not None:
+            raise req.error
+
+    async def _bls_call(self, req: _Request, name: str, t_ready: float, send: Any) -> None:
+        try:
+            await self._run_node(req, name, t_ready)
+        except Exception as exc:
+            req.fail(exc)
+            return
+        req.inflight -= 1
+        send.send_nowait(name)
+
+    async def _run_bls_sync(self, req: _Request) -> None:
+        req.inflight = 1
+        for name in self._plan.order:
+            await self._run_node(req, name, perf_counter())
+
+
+# ---------------------------------------------------------------------- blocking helpers
+
+
+def run_pipeline(
+    pipeline: Pipeline, inputs: Mapping[str, Any], *, mode: str = "ensemble", **options: Any
+) -> dict[str, Any]:
+    """Run one request in a fresh :class:`LocalRuntime` and return its outputs (blocking).
+
+    Inside a running event loop (Jupyter), it runs on a worker thread with its own loop.
+    """
+
+    async def main() -> dict[str, Any]:
+        async with LocalRuntime(pipeline, mode, **options) as rt:
+            return await rt.infer(inputs)
+
+    return _blocking(main)
+
+
+def run_many(
+    pipeline: Pipeline,
+    requests: Iterable[Mapping[str, Any]],
+    *,
+    mode: str = "ensemble",
+    concurrency: int = 8,
+    return_exceptions: bool = False,
+    **options: Any,
+) -> tuple[list[Any], Report]:
+    """Answer many requests, ``concurrency`` at a time, in one runtime (blocking).
+
+    Returns the outputs in request order and the aggregated report. With
+    ``return_exceptions=True`` a failed request's slot holds its error instead of raising.
+    """
+    requests = list(requests)
+    if concurrency < 1:
+        raise InferenceError(
+            f"pipeline {pipeline.name!r}: concurrency must be >= 1; got {concurrency}", pipeline=pipeline.name
+        )
+
+    async def main() -> tuple[list[Any], Report]:
+        results: list[Any] = [None] * len(requests)
+        errors: list[BaseException] = []
+        async with LocalRuntime(pipeline, mode, **options) as rt:
+            limit = anyio.Semaphore(concurrency)
+
+            async def one(i: int) -> None:
+                async with limit:
+                    try:
+                        results[i] = await rt.infer(requests[i])
+                    except PipelinesError as exc:
+                        results[i] = exc
+                        errors.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(requests)):
+                    tg.start_soon(one, i)
+            report = rt.report()
+        if errors and not return_exceptions:
+            raise errors[0]
+        return results, report
+
+    return _blocking(main)
+
+
+def _blocking(main: Any) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return anyio.run(main)
+    # A loop already runs in this thread (Jupyter): it cannot be re-entered, so use another thread.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipelines-run") as pool:
+        return pool.submit(anyio.run, main).result()

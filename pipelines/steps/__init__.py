@@ -1,0 +1,39 @@
+"""Reusable steps for yolov5-style pipelines, for numpy and CuPy arrays alike:
+``letterbox`` -> a detector -> ``nms`` -> ``scale_boxes``.
+"""
+
+from __future__ import annotations
+
+from ._xp import array_namespace, to_numpy
+from .detector import CLASS_NAMES, PALETTE, OnnxRuntimeDetector, detector, find_rectangles, onnx_detector, stand_in_output
+from .letterbox import LETTERBOX_SIZE, PAD_VALUE, LetterboxGeometry, letterbox, letterbox_geometry, letterbox_images
+from .nms import CONF_THRESHOLD, IOU_THRESHOLD, MAX_DET, NonMaxSuppression, nms, nms_step, non_max_suppression
+from .scale_boxes import scale_boxes, scale_boxes_step, scale_detections
+
+__all__ = [
+    "CLASS_NAMES",
+    "CONF_THRESHOLD",
+    "IOU_THRESHOLD",
+    "LETTERBOX_SIZE",
+    "MAX_DET",
+    "PAD_VALUE",
+    "PALETTE",
+    "LetterboxGeometry",
+    "NonMaxSuppression",
+    "OnnxRuntimeDetector",
+    "array_namespace",
+    "detector",
+    "find_rectangles",
+    "letterbox",
+    "letterbox_geometry",
+    "letterbox_images",
+    "nms",
+    "nms_step",
+    "non_max_suppression",
+    "onnx_detector",
+    "scale_boxes",
+    "scale_boxes_step",
+    "scale_detections",
+    "stand_in_output",
+    "to_numpy",
+]

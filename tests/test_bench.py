@@ -1,0 +1,385 @@
+"""A user benchmarks ensemble against BLS: the load generator's promises, the figures it
+reports, and one real run against the local runtime and the embedded Triton server.
+
+The real run measures a diamond whose branch refuses one input sample in four, so
+every configuration has errors whose exact number is known in advance.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import anyio
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipelines import Pipeline, TensorSpec, step
+from pipelines.bench import (
+    Configuration,
+    LatencySummary,
+    LoadPlan,
+    Measurement,
+    StabilityRule,
+    run_benchmark,
+    run_load,
+)
+from pipelines.bench.cli import parse_levels
+from pipelines.bench.stats import breakdown, parse_statistics, percentile
+from pipelines.bench.verdict import compare_ratios, verdict
+from pipelines.errors import PipelinesError
+
+VECTOR = TensorSpec("FP32", [-1])
+
+
+# ---------------------------------------------------------------- percentiles and stability
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(min_value=1e-6, max_value=10.0, allow_nan=False), min_size=1, max_size=300))
+def test_percentiles_are_observed_latencies_in_order(seconds):
+    s = LatencySummary.of(seconds)
+    observed = {round(v * 1000.0, 9) for v in seconds}
+    assert s.count == len(seconds)
+    assert s.min_ms <= s.p50_ms <= s.p90_ms <= s.p95_ms <= s.p99_ms <= s.max_ms
+    assert s.min_ms - 1e-9 <= s.avg_ms <= s.max_ms + 1e-9
+    for p in (s.p50_ms, s.p90_ms, s.p95_ms, s.p99_ms):
+        assert round(p, 9) in observed
+
+
+def test_nearest_rank_percentile_and_no_latency_at_all():
+    values = np.arange(1, 101, dtype=float)
+    assert [percentile(values, p) for p in (50, 90, 95, 99, 100)] == [50, 90, 95, 99, 100]
+    assert percentile([7.0], 99) == 7.0
+    empty = LatencySummary.of([])
+    assert empty.count == 0 and empty.p50_ms is None and empty.avg_ms is None
+
+
+class _W:
+    def __init__(self, throughput, avg_latency):
+        self.throughput, self.avg_latency = throughput, avg_latency
+
+
+def test_stability_rule_compares_the_last_windows_like_perf_analyzer():
+    rule = StabilityRule(tolerance=0.1, windows=3, max_trials=5)
+    assert not rule.is_stable([_W(100, 0.01), _W(100, 0.01)])  # too few windows yet
+    assert rule.is_stable([_W(50, 0.02), _W(100, 0.010), _W(105, 0.0105), _W(98, 0.0099)])
+    assert not rule.is_stable([_W(100, 0.01), _W(130, 0.01), _W(100, 0.01)])  # throughput apart
+    assert not rule.is_stable([_W(100, 0.01), _W(100, 0.013), _W(100, 0.01)])  # latency apart
+    assert rule.is_stable([_W(0, None)] * 3)  # every request failed: steadily
+    assert not rule.done([_W(100, 0.01), _W(200, 0.01), _W(100, 0.01)])
+    assert rule.done([_W(100 * i, 0.01) for i in range(1, 6)])  # max_trials reached
+    with pytest.raises(PipelinesError, match="fraction"):
+        StabilityRule(tolerance=10)
+    with pytest.raises(PipelinesError, match="--max-trials"):
+        StabilityRule(max_trials=2)
+
+
+# ---------------------------------------------------------------- Triton statistics
+
+
+def _stats(name, count, ns, *, fail=0, executions=None, version="1", as_strings=False):
+    conv = str if as_strings else int  # gRPC statistics turned into JSON carry int64 as strings
+    pair = lambda c, n: {"count": conv(c), "ns": conv(n)}  # noqa: E731
+    return {
+        "name": name,
+        "version": version,
+        "inference_count": conv(count),
+        "execution_count": conv(count if executions is None else executions),
+        "inference_stats": {
+            "success": pair(count, ns),
+            "fail": pair(fail, 0),
+            "queue": pair(count, ns // 10),
+            "compute_input": pair(count, ns // 20),
+            "compute_infer": pair(count, ns // 2),
+            "compute_output": pair(count, ns // 20),
+        },
+    }
+
+
+@pytest.mark.parametrize("as_strings", [False, True])
+def test_breakdown_is_the_delta_between_snapshots_per_request(as_strings):
+    before = parse_statistics({"model_stats": [
+        _stats("p_ensemble", 10, 10_000_000, as_strings=as_strings),
+        _stats("p__a", 10, 4_000_000, as_strings=as_strings),
+        _stats("p__idle", 5, 1_000_000, as_strings=as_strings),
+    ]})
+    after = parse_statistics({"model_stats": [
+        _stats("p_ensemble", 30, 50_000_000, fail=3, as_strings=as_strings),
+        _stats("p__a", 30, 24_000_000, executions=15, as_strings=as_strings),
+        _stats("p__idle", 5, 1_000_000, as_strings=as_strings),
+        _stats("p__new", 4, 400_000, as_strings=as_strings),
+    ]})
+    rows = breakdown(before, after, first=["p_ensemble"])
+    assert [r.model for r in rows] == ["p_ensemble", "p__a", "p__new"]  # the idle model is left out
+    top, a, new = rows
+    assert (top.requests, top.failures, top.total_us) == (20, 3, 2000.0)
+    assert (a.requests, a.executions, a.inferences) == (20, 5, 20)
+    assert a.total_us == pytest.approx(1000.0)
+    assert a.queue_us == pytest.approx((2_400_000 - 400_000) / 20 / 1000)
+    assert a.compute_infer_us == pytest.approx((12_000_000 - 2_000_000) / 20 / 1000)
+    assert new.requests == 4 and new.total_us == pytest.approx(100.0)
+
+
+# ---------------------------------------------------------------- the load generator
+
+
+def test_load_generator_keeps_exactly_n_requests_in_flight_and_counts_every_error():
+    concurrency = 3
+    state = {"in_flight": 0, "peak": 0}
+    all_in = anyio.Event()
+
+    async def infer(request):
+        state["in_flight"] += 1
+        state["peak"] = max(state["peak"], state["in_flight"])
+        if state["in_flight"] == concurrency:
+            all_in.set()
+        try:
+            await all_in.wait()  # a barrier: passes only once N requests are in flight together
+            await anyio.sleep(0.001)
+            if request["i"] == 2:
+                raise ValueError("sample 2 is refused")
+        finally:
+            state["in_flight"] -= 1
+
+    samples = [{"i": i} for i in range(4)]
+    plan = LoadPlan(concurrency=concurrency, duration=0.15, warmup=0.05, rule=StabilityRule(max_trials=3))
+
+    async def main():
+        with anyio.fail_after(10):
+            return await run_load(infer, samples, plan)
+
+    load = anyio.run(main)
+    m = load.measured
+    assert state["peak"] == concurrency
+    assert len(load.windows) == 3 and load.used == 3
+    assert m.successes > 0 and m.errors > 0
+    assert m.errors_by_sample == (0, 0, m.errors, 0)
+    assert m.errors == m.completed_by_sample[2]
+    assert m.completed == sum(m.completed_by_sample)
+    assert dict(m.error_messages) == {"ValueError: sample 2 is refused": m.errors}
+    # round-robin: every sample is sent about as often as the others
+    assert max(m.completed_by_sample) - min(m.completed_by_sample) <= 2 * concurrency
+
+
+def test_windows_of_n_requests_hold_exactly_n_answers_and_snapshots_bracket_them():
+    async def infer(request):
+        await anyio.sleep(0)
+
+    ticks = iter(range(100))
+
+    async def boundary():
+        return next(ticks)
+
+    plan = LoadPlan(concurrency=4, duration=None, requests=25, warmup=0.02, rule=StabilityRule(max_trials=4))
+    load = anyio.run(lambda: run_load(infer, [{}], plan, on_boundary=boundary))
+    assert [w.completed for w in load.windows] == [25] * len(load.windows)
+    assert load.boundaries == tuple(range(len(load.windows) + 1))
+    assert load.bracket == (load.boundaries[-4], load.boundaries[-1])
+
+
+def test_a_hung_request_is_an_error_after_the_timeout_not_a_hang():
+    async def infer(request):
+        if request["hang"]:
+            await anyio.sleep(30)
+
+    plan = LoadPlan(concurrency=2, duration=0.2, warmup=0, timeout=0.05, rule=StabilityRule(windows=1, max_trials=2))
+    load = anyio.run(lambda: run_load(infer, [{"hang": False}, {"hang": True}], plan))
+    assert load.measured.errors >= 1
+    assert all(text.startswith("TimeoutError") for text in load.measured.error_messages)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"concurrency": 0}, "concurrency must be >= 1"),
+    ({"concurrency": 1, "duration": 1.0, "requests": 10}, "give exactly one"),
+    ({"concurrency": 1, "duration": -1.0}, "duration must be > 0"),
+])
+def test_bad_load_plans_are_explained(options, message):
+    with pytest.raises(PipelinesError, match=message):
+        LoadPlan(**options)
+
+
+def test_concurrency_levels_parse_like_perf_analyzer():
+    assert parse_levels("1,2,4") == (1, 2, 4)
+    assert parse_levels("1:16") == (1, 2, 4, 8, 16)
+    with pytest.raises(Exception, match="integers >= 1"):
+        parse_levels("0,2")
+
+
+# ---------------------------------------------------------------- the verdict
+
+
+def _measurement(where, form, c, p50_ms, throughput):
+    summary = LatencySummary(10, p50_ms, p50_ms, p50_ms, p50_ms, p50_ms, p50_ms, p50_ms)
+    return Measurement(
+        config=Configuration(where, form), concurrency=c, batch=1, throughput=throughput, latency=summary,
+        requests=10, errors=0, error_messages={}, stable=True, windows=3, window_seconds=3.0,
+        window_throughputs=(throughput,) * 3, completed_by_sample=(10,), errors_by_sample=(0,),
+    )
+
+
+def test_verdict_names_the_winner_per_load_and_the_prediction_gap():
+    ms = [
+        _measurement("local", "ensemble", 1, 10.0, 100.0), _measurement("local", "bls", 1, 20.0, 50.0),
+        _measurement("server", "ensemble", 1, 12.0, 80.0), _measurement("server", "bls", 1, 20.0, 50.0),
+        _measurement("server", "ensemble", 4, 30.0, 130.0), _measurement("server", "bls", 4, 28.0, 134.0),
+    ]
+    (ratio,) = compare_ratios(ms)
+    assert (ratio.concurrency, ratio.versus) == (1, "bls")
+    assert ratio.predicted == pytest.approx(0.5) and ratio.measured == pytest.approx(0.6)
+    assert ratio.gap == pytest.approx(0.5 / 0.6 - 1)
+    text = verdict(ms, pipeline="p")
+    assert "ensemble wins at concurrency 1 (1.60× bls" in text
+    assert "concurrency 4 is a tie between bls and ensemble" in text
+    assert "0.50 predicted vs 0.60 measured at concurrency 1 (17% under)" in text
+
+
+# ---------------------------------------------------------------- one real run
+
+
+@step(inputs={"x": VECTOR}, outputs={"y": VECTOR})
+def fragile(x):
+    """Stands for a model that rejects some inputs: a negative first element, deterministically."""
+    time.sleep(0.002)
+    if (x[:, 0] < 0).any():
+        raise ValueError("fragile refuses a negative first element")
+    return {"y": x * 2}
+
+
+@step(inputs={"x": VECTOR}, outputs={"y": VECTOR})
+def steady(x):
+    time.sleep(0.002)
+    return {"y": x + 1}
+
+
+@step(inputs={"a": VECTOR, "b": VECTOR}, outputs={"y": VECTOR})
+def join(a, b):
+    return {"y": a + b}
+
+
+def faulty_diamond() -> Pipeline:
+    p = Pipeline("faulty_diamond", inputs={"x": VECTOR}, max_batch_size=4)
+    a = p.add(fragile, x=p.input("x"))
+    b = p.add(steady, x=p.input("x"))
+    p.output("y", p.add(join, a=a["y"], b=b["y"])["y"])
+    return p
+
+
+POISONED = 1  # of the four samples, this one makes `fragile` fail
+SAMPLES = [{"x": np.full((1, 8), v, np.float32)} for v in (1.0, -1.0, 2.0, 3.0)]
+LABELS = {f"{where} {form}" for where in ("local", "server") for form in ("ensemble", "bls", "bls-sync")}
+LEVELS = (1, 2)
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    echo = io.StringIO()
+    result = run_benchmark(
+        faulty_diamond(), inputs=SAMPLES, concurrency=LEVELS, duration=0.4, warmup=0.2, max_trials=3,
+        out=out, progress=False, echo=echo,
+    )
+    return result, out, echo.getvalue()
+
+
+@pytest.mark.server
+def test_every_configuration_is_measured_at_every_level(bench):
+    result, _, _ = bench
+    assert {(m.config.label, m.concurrency) for m in result.measurements} == {(l, c) for l in LABELS for c in LEVELS}
+
+
+@pytest.mark.server
+def test_every_figure_is_present_and_sane(bench):
+    result, _, _ = bench
+    for m in result.measurements:
+        lat = m.latency
+        assert m.throughput > 0, m.config.label
+        assert lat.count > 0 and lat.count + m.errors == m.requests
+        assert lat.min_ms <= lat.p50_ms <= lat.p90_ms <= lat.p95_ms <= lat.p99_ms <= lat.max_ms
+        assert lat.min_ms <= lat.avg_ms <= lat.max_ms
+        assert lat.min_ms >= 2.0  # each request runs a 2 ms step at least
+        assert m.windows == 3 and isinstance(m.stable, bool) and m.window_seconds >= 3 * 0.4
+        assert m.throughput == pytest.approx(lat.count / m.window_seconds)
+
+
+@pytest.mark.server
+def test_counted_errors_equal_the_injected_ones(bench):
+    result, _, _ = bench
+    for m in result.measurements:
+        injected = m.completed_by_sample[POISONED]  # requests that carried the refused sample
+        assert injected > 0, m.config.label
+        assert m.errors == injected, m.config.label
+        assert m.errors_by_sample == tuple(injected if i == POISONED else 0 for i in range(len(SAMPLES)))
+        assert sum(m.error_messages.values()) == m.errors
+        assert all("fragile" in text for text in m.error_messages), m.error_messages
+        # One sample in four is refused, and samples go round-robin.
+        assert abs(m.errors - m.requests / 4) <= 2 * m.concurrency * m.windows
+
+
+@pytest.mark.server
+def test_the_server_breakdown_covers_every_composing_model(bench):
+    result, out, _ = bench
+    models = {d.name for d in (out / "model_repository").iterdir() if d.is_dir()}
+    composing = {m for m in models if "__" in m}
+    assert len(composing) == 3
+    for m in (m for m in result.measurements if m.config.where == "server"):
+        rows = {t.model: t for t in m.breakdown}
+        assert m.breakdown[0].model == m.config.model
+        assert composing | {m.config.model} == set(rows), m.config.label
+        for t in m.breakdown:
+            assert t.requests > 0
+            assert min(t.queue_us, t.compute_input_us, t.compute_infer_us, t.compute_output_us) >= 0
+            assert t.total_us > 0
+        # Triton saw the failures too (the client's windows and the snapshots may be a few requests apart).
+        failing = rows[m.config.model].failures
+        assert abs(failing - m.errors) <= 2 * m.concurrency, (m.config.label, failing, m.errors)
+
+
+@pytest.mark.server
+def test_local_measurements_carry_the_runtime_cost_report(bench):
+    result, _, _ = bench
+    for m in (m for m in result.measurements if m.config.where == "local"):
+        report = m.local_report
+        assert report["mode"] == m.config.form
+        assert report["requests"] >= m.requests - m.errors  # the report covers every measured window
+        assert {"copies", "copy_bytes", "parallelism", "steps"} <= set(report)
+    for m in (m for m in result.measurements if m.config.where == "server"):
+        assert m.local_report is None
+
+
+@pytest.mark.server
+def test_results_json_plots_table_and_verdict(bench):
+    result, out, printed = bench
+    data = json.loads((out / "results.json").read_text())
+    assert data["machine"]["usable_cpus"] >= 1
+    assert data["versions"]["tritonserver"] and data["versions"]["tritonclient"]
+    assert data["settings"]["concurrency"] == list(LEVELS) and data["settings"]["duration"] == 0.4
+    assert len(data["measurements"]) == len(LABELS) * len(LEVELS)
+    assert {r["concurrency"] for r in data["prediction_vs_measurement"]} == set(LEVELS)
+    assert data["verdict"] == result.verdict
+    for name in ("throughput.png", "latency_p95.png"):
+        png = (out / name).read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    for label in LABELS:
+        assert label in printed
+    assert "predicted by the local runtime vs measured on the server" in printed
+    assert "On the Triton server" in result.verdict and "predicted vs" in result.verdict
+    assert "requests failed" in result.verdict
+
+
+def test_the_command_line_runs_a_local_benchmark(tmp_path, capsys):
+    from pipelines.cli import main
+
+    code = main([
+        "bench", "pipelines.examples.basic:chain", "--no-server", "--concurrency", "1,2", "--duration", "0.1",
+        "--warmup", "0", "--max-trials", "3", "--out", str(tmp_path), "--quiet",
+    ])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "local bls-sync" in printed and "verdict:" in printed
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["pipeline"] == "pipelines.examples.basic:chain"
+    assert len(data["measurements"]) == 6

@@ -1,0 +1,305 @@
+"""What ``p.compile(target)`` produces, read without a server: the configs
+(golden files, byte for byte), the ensemble wiring, the BLS and step plans,
+composing-model naming, external models, and how each step will be found."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from pipelines import (
+    CompileError,
+    DynamicBatching,
+    InvalidNameError,
+    Pipeline,
+    TensorSpec,
+    external_model,
+    step,
+)
+from pipelines.compile import compile_pipeline
+from pipelines.compile.configs import parse_config
+from pipelines.compile.step_models import model_source, step_reference
+
+GOLDEN = Path(__file__).parent / "golden"
+F4 = TensorSpec("FP32", [4])
+
+
+# ------------------------------------------------------------ golden pipelines
+
+
+@step(inputs={"x": F4}, outputs={"y": F4}, instance_count=2, instance_kind="cpu",
+      dynamic_batching=DynamicBatching(preferred_batch_sizes=(4, 8), max_queue_delay_us=100),
+      parameters={"scale": "2", "alpha": "x"})
+def pre(x):
+    return {"y": x * 2}
+
+
+@step(inputs={"a": F4, "b": F4}, outputs={"sum": F4, "diff": F4})
+def combine(a, b):
+    return {"sum": a + b, "diff": a - b}
+
+
+sort = step(np.sort, name="sort", inputs={"a": F4}, outputs={"sorted": F4})
+
+
+def golden_pipeline(model_dir: Path) -> Pipeline:
+    model_file = model_dir / "detector.onnx"
+    model_file.write_bytes(b"not really onnx")
+    detector = external_model(
+        "detector", inputs={"images": F4}, outputs={"scores": F4},
+        backend="onnxruntime", model_file=model_file, instance_count=1, instance_kind="cpu",
+    )
+    p = Pipeline("golden", inputs={"x": F4}, max_batch_size=8)
+    a = p.add(pre, x=p.input("x"))
+    d = p.add(detector, images=a["y"])
+    s = p.add(sort, a=p.input("x"))
+    c = p.add(combine, a=d["scores"], b=s["sorted"])
+    p.output("sum", c["sum"])
+    p.output("diff", c["diff"])
+    p.output("sorted", s["sorted"])
+    return p
+
+
+@step(inputs={"x": TensorSpec("INT64", [2, -1])}, outputs={"n": TensorSpec("INT64", [1])})
+def count(x):
+    return {"n": np.array([x.size], np.int64)}
+
+
+def flat_pipeline() -> Pipeline:
+    p = Pipeline("flat", inputs={"x": TensorSpec("INT64", [2, -1])}, max_batch_size=0)
+    p.output("n", p.add(count, x=p.input("x"))["n"])
+    return p
+
+
+def golden_files(tmp: Path) -> dict[str, bytes]:
+    """Every deterministic file of the golden repositories, by relative path."""
+    files = {}
+    for repo in (golden_pipeline(tmp).compile("both"), flat_pipeline().compile("ensemble")):
+        for name, model in repo.models.items():
+            files[f"{name}/config.pbtxt"] = model.config_text.encode()
+            for rel, data in model.files.items():
+                if rel.endswith(".json"):
+                    files[f"{name}/{rel}"] = data
+    return files
+
+
+# ----------------------------------------------------------------------- tests
+
+
+def test_configs_and_plans_match_the_golden_files(tmp_path):
+    files = golden_files(tmp_path)
+    if os.environ.get("UPDATE_GOLDEN"):
+        for rel, data in files.items():
+            (GOLDEN / rel).parent.mkdir(parents=True, exist_ok=True)
+            (GOLDEN / rel).write_bytes(data)
+    on_disk = {str(p.relative_to(GOLDEN)): p.read_bytes() for p in GOLDEN.rglob("*") if p.is_file()}
+    assert sorted(on_disk) == sorted(files)
+    for rel, data in files.items():
+        assert data == on_disk[rel], f"{rel} differs from tests/golden (UPDATE_GOLDEN=1 rewrites it)"
+
+
+def test_output_is_byte_identical_across_processes(tmp_path):
+    """Hash seeds differ between runs; the files must not."""
+    script = (
+        "import sys, json; sys.path.insert(0, sys.argv[1]); from pathlib import Path;"
+        "import test_compile_configs as t; files = t.golden_files(Path(sys.argv[2]));"
+        "print(json.dumps({k: v.decode() for k, v in sorted(files.items())}))"
+    )
+    outputs = []
+    for seed in ("1", "2"):
+        d = tmp_path / seed
+        d.mkdir()
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        run = subprocess.run(
+            [sys.executable, "-c", script, str(Path(__file__).parent), str(d)],
+            env=env, check=True, capture_output=True, text=True,
+        )
+        outputs.append(run.stdout)
+    assert outputs[0] == outputs[1]
+
+
+def test_every_config_parses_back_to_the_same_message(tmp_path):
+    repo = golden_pipeline(tmp_path).compile("both")
+    for name, model in repo.models.items():
+        parsed = parse_config(repo.config_text(name))
+        assert parsed == model.config, name
+        assert text_format.Parse(repo.config_text(name), mc.ModelConfig()) == model.config
+
+
+def test_max_batch_size_zero_is_written_out():
+    repo = flat_pipeline().compile("both")
+    for name in repo.names:
+        assert "max_batch_size: 0\n" in repo.config_text(name), name
+
+
+def test_both_holds_three_top_level_models_over_shared_step_models(tmp_path):
+    repo = golden_pipeline(tmp_path).compile("both")
+    assert repo.top_level == ("golden_ensemble", "golden_bls", "golden_bls_sync")
+    assert repo.names == sorted(
+        ["golden__pre", "golden__detector", "golden__sort", "golden__combine",
+         "golden_ensemble", "golden_bls", "golden_bls_sync"]
+    )
+    for target in ("ensemble", "bls", "bls-sync"):
+        single = golden_pipeline(tmp_path).compile(target)
+        assert single.top_level == ("golden",)
+        assert "golden" in single and len(single) == 5
+
+
+def test_ensemble_wires_every_edge_through_unique_tensors(tmp_path):
+    p = golden_pipeline(tmp_path)
+    config = p.compile("ensemble")["golden"].config
+    assert config.platform == "ensemble"
+    assert [i.name for i in config.input] == ["x"]
+    assert [o.name for o in config.output] == ["sum", "diff", "sorted"]
+    steps = {s.model_name: s for s in config.ensemble_scheduling.step}
+    assert dict(steps["golden__pre"].input_map) == {"x": "x"}
+    assert dict(steps["golden__detector"].input_map) == {"images": dict(steps["golden__pre"].output_map)["y"]}
+    assert dict(steps["golden__combine"].input_map) == {
+        "a": steps["golden__detector"].output_map["scores"], "b": "sorted",
+    }
+    assert dict(steps["golden__combine"].output_map) == {"sum": "sum", "diff": "diff"}
+    _assert_ensemble_is_well_formed(config)
+
+
+def _assert_ensemble_is_well_formed(config):
+    """Each tensor produced once; each read tensor produced or an input; each output produced."""
+    produced = [v for s in config.ensemble_scheduling.step for v in s.output_map.values()]
+    assert len(produced) == len(set(produced))
+    inputs = {i.name for i in config.input}
+    assert not inputs & set(produced)
+    for s in config.ensemble_scheduling.step:
+        for value in s.input_map.values():
+            assert value in inputs or value in produced
+    assert {o.name for o in config.output} <= set(produced)
+
+
+def test_internal_tensor_names_cannot_collide_with_pipeline_names():
+    # Node "a" output "b.c" and node "a.b" output "c" both read "a.b.c"; so do the input and an output.
+    odd = TensorSpec("FP32", [1])
+    s1 = step(lambda x: {"b.c": x}, name="s1", inputs={"x": odd}, outputs={"b.c": odd})
+    s2 = step(lambda x: {"c": x}, name="s2", inputs={"x": odd}, outputs={"c": odd})
+    s3 = step(lambda u, v: {"out": u + v}, name="s3", inputs={"u": odd, "v": odd}, outputs={"out": odd})
+    p = Pipeline("odd", inputs={"a.b.c": odd}, max_batch_size=2)
+    a = p.add(s1, name="a", x=p.input("a.b.c"))
+    ab = p.add(s2, name="a.b", x=p.input("a.b.c"))
+    j = p.add(s3, name="j", u=a["b.c"], v=ab["c"])
+    p.output("a.b.c_1", j["out"])
+    config = p.compile("ensemble")["odd"].config
+    _assert_ensemble_is_well_formed(config)
+    steps = {s.model_name: s for s in config.ensemble_scheduling.step}
+    wires = [steps["odd__s1"].output_map["b.c"], steps["odd__s2"].output_map["c"]]
+    assert len(set(wires)) == 2 and not set(wires) & {"a.b.c", "a.b.c_1"}
+
+
+def test_a_step_used_twice_shares_one_model_and_a_renamed_copy_gets_its_own():
+    double = step(lambda x: {"y": x * 2}, name="double", inputs={"x": F4}, outputs={"y": F4})
+    other = double.with_options(instance_count=3)  # a different step object under the same name
+    p = Pipeline("p", inputs={"x": F4}, max_batch_size=4)
+    a = p.add(double, x=p.input("x"))
+    b = p.add(double, name="again", x=a["y"])
+    c = p.add(other, name="third", x=b["y"])
+    p.output("y", c["y"])
+    repo = p.compile("ensemble")
+    assert [s.model_name for s in repo["p"].config.ensemble_scheduling.step] == ["p__double", "p__double", "p__third"]
+    assert json.loads(repo["p__double"].files["1/step.json"])["nodes"] == ["double", "again"]
+    assert repo["p__third"].config.instance_group[0].count == 3
+
+
+def test_step_model_carries_options_and_the_adapter(tmp_path):
+    repo = golden_pipeline(tmp_path).compile("ensemble")
+    model = repo["golden__pre"]
+    config = model.config
+    assert config.backend == "python" and config.max_batch_size == 8
+    assert config.instance_group[0].count == 2
+    assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
+    assert list(config.dynamic_batching.preferred_batch_size) == [4, 8]
+    assert config.dynamic_batching.max_queue_delay_microseconds == 100
+    assert {k: v.string_value for k, v in config.parameters.items()} == {"scale": "2", "alpha": "x"}
+    assert model.files["1/model.py"] == model_source("step_model.py")
+    plan = json.loads(model.files["1/step.json"])
+    assert plan["impl"] == {"pickle": "step.pkl"}  # a test module is not installed: exported by value
+    assert plan["inputs"] == {"x": {"dtype": "FP32", "dims": [4]}}
+
+
+def test_bls_models_are_python_models_with_their_plan(tmp_path):
+    repo = golden_pipeline(tmp_path).compile("both")
+    for name, mode in (("golden_bls", "async"), ("golden_bls_sync", "sync")):
+        model = repo[name]
+        assert model.config.backend == "python"
+        assert model.config.parameters["FORCE_CPU_ONLY_INPUT_TENSORS"].string_value == "no"
+        assert model.config.max_batch_size == 8
+        assert model.files["1/model.py"] == model_source("bls_model.py")
+        plan = json.loads(model.files["1/bls.json"])
+        assert plan["mode"] == mode
+        assert [n["name"] for n in plan["nodes"]] == ["pre", "detector", "sort", "combine"]
+        assert plan["nodes"][3]["inputs"] == {
+            "a": {"node": "detector", "tensor": "scores", "dtype": "FP32"},
+            "b": {"node": "sort", "tensor": "sorted", "dtype": "FP32"},
+        }
+        assert plan["outputs"]["sorted"] == {"node": "sort", "tensor": "sorted", "dtype": "FP32", "dims": [4]}
+    wide = compile_pipeline(golden_pipeline(tmp_path), "bls", bls_instance_count=3)
+    assert wide["golden"].config.instance_group[0].count == 3
+
+
+def test_external_model_gets_its_backend_and_its_file(tmp_path):
+    repo = golden_pipeline(tmp_path).compile("ensemble")
+    model = repo["golden__detector"]
+    assert model.config.backend == "onnxruntime" and model.config.default_model_filename == "model.onnx"
+    assert [i.name for i in model.config.input] == ["images"]
+    assert dict(model.files) == {"1/model.onnx": b"not really onnx"}
+    written = repo.write(tmp_path / "repo")
+    assert (written / "golden__detector" / "1" / "model.onnx").read_bytes() == b"not really onnx"
+
+
+def test_steps_are_referenced_when_installed_and_exported_otherwise():
+    assert step_reference(sort) == ("numpy", "sort")
+    assert step_reference(pre) is None  # defined in a test file, which no server can import
+    namespace = {"__name__": "__main__"}
+    exec("def f(x):\n    return {'y': x}\n", namespace)
+    assert step_reference(step(namespace["f"], inputs={"x": F4}, outputs={"y": F4})) is None
+
+
+def test_pipelines_that_cannot_compile_say_why():
+    p = Pipeline("p", inputs={"x": F4}, max_batch_size=4)
+    double = step(lambda x: {"y": x * 2}, name="double", inputs={"x": F4}, outputs={"y": F4})
+    n = p.add(double, x=p.input("x"))
+    p.output("y", n["y"])
+    with pytest.raises(CompileError, match="unknown target 'tensorrt'"):
+        p.compile("tensorrt")
+    p.output("y_again", n["y"])
+    with pytest.raises(CompileError, match="same tensor"):
+        p.compile("ensemble")
+    assert p.compile("bls")["p"].config.output[1].name == "y_again"  # BLS can expose it twice
+
+    scalar = step(lambda x: {"y": x}, name="scalar", inputs={"x": TensorSpec("FP32", [])},
+                  outputs={"y": TensorSpec("FP32", [])})
+    q = Pipeline("q", inputs={"x": TensorSpec("FP32", [])}, max_batch_size=4)
+    q.output("y", q.add(scalar, x=q.input("x"))["y"])
+    with pytest.raises(CompileError, match=r"TensorSpec\('FP32', \[1\]\)"):
+        q.compile("ensemble")
+
+    long_name = "s" * 128
+    r = Pipeline("r" * 128, inputs={"x": F4}, max_batch_size=4)
+    r.output("y", r.add(step(lambda x: {"y": x}, name=long_name, inputs={"x": F4}, outputs={"y": F4}),
+                        x=r.input("x"))["y"])
+    with pytest.raises(InvalidNameError, match="shorten"):
+        r.compile("ensemble")
+
+
+def test_nodes_that_feed_no_output_are_left_out():
+    p = Pipeline("p", inputs={"x": F4}, max_batch_size=4)
+    used = step(lambda x: {"y": x}, name="used", inputs={"x": F4}, outputs={"y": F4})
+    dead = step(lambda x: {"y": x}, name="dead", inputs={"x": F4}, outputs={"y": F4})
+    p.output("y", p.add(used, x=p.input("x"))["y"])
+    p.add(dead, x=p.input("x"))
+    repo = p.compile("both")
+    assert "p__dead" not in repo
+    assert [n["name"] for n in json.loads(repo["p_bls"].files["1/bls.json"])["nodes"]] == ["used"]

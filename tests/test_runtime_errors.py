@@ -1,0 +1,236 @@
+"""Bad requests, failing steps and stuck steps end in an error that names the culprit,
+and the runtime goes on serving; 200 concurrent requests, a third of them malformed,
+each get their own answer or their own error."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import numpy as np
+import pytest
+
+from pipelines import InputError, Pipeline, StepError, StepTimeoutError, TensorSpec, step
+from pipelines.runtime import MODES, LocalRuntime
+
+IMG = TensorSpec("FP32", [3, -1])
+IDS = TensorSpec("INT64", [1])
+
+
+@step(inputs={"image": IMG, "ids": IDS}, outputs={"score": TensorSpec("FP32", [1])})
+def score(image, ids):
+    if (ids == 666).any():
+        raise ValueError(f"id 666 is cursed (rows {np.nonzero(ids[:, 0] == 666)[0].tolist()})")
+    return {"score": image.sum(axis=(1, 2))[:, None] + ids.astype(np.float32)}
+
+
+@step(inputs={"score": TensorSpec("FP32", [1])}, outputs={"score": TensorSpec("FP32", [1])})
+def negate(score):
+    return {"score": -score}
+
+
+def scoring() -> Pipeline:
+    p = Pipeline("scoring", inputs={"image": IMG, "ids": IDS}, max_batch_size=4)
+    s = p.add(score, image=p.input("image"), ids=p.input("ids"))
+    p.output("score", p.add(negate, score=s["score"])["score"])
+    return p
+
+
+def good(i: int = 1, rows: int = 1) -> dict[str, np.ndarray]:
+    return {"image": np.full((rows, 3, 2), i, np.float32), "ids": np.full((rows, 1), i, np.int64)}
+
+
+def expected(i: int, rows: int = 1) -> np.ndarray:
+    return np.full((rows, 1), -(6 * i + i), np.float32)
+
+
+BAD = {
+    "missing": (lambda: {"image": good()["image"]}, "ids", "missing"),
+    "extra": (lambda: {**good(), "mask": np.zeros((1, 1))}, "mask", "not declared"),
+    "misnamed": (lambda: {"img": good()["image"], "ids": good()["ids"]}, "img", "did you mean 'image'"),
+    "dtype": (lambda: {**good(), "ids": np.ones((1, 1), np.int32)}, "ids", "int32"),
+    "bytes": (lambda: {**good(), "image": np.full((1, 3, 2), b"x", dtype=object)}, "image", "BYTES payload"),
+    "rank": (lambda: {**good(), "image": np.ones((3, 2), np.float32)}, "image", "rank 3"),
+    "dimension": (lambda: {**good(), "image": np.ones((1, 4, 2), np.float32)}, "image", "dimension 1 is 4"),
+    "batch_too_big": (lambda: good(rows=5), "image", "max_batch_size is 4"),
+    "empty_batch": (lambda: good(rows=0), "image", "empty batch"),
+    "batch_mismatch": (lambda: {"image": good(rows=2)["image"], "ids": good(rows=3)["ids"]}, "ids", "2 and 3"),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_bad_request_is_refused_before_any_step_then_a_good_one_succeeds(mode):
+    calls = []
+
+    @step(inputs={"image": IMG, "ids": IDS}, outputs={"score": TensorSpec("FP32", [1])}, name="score")
+    def counted(image, ids):
+        calls.append(1)
+        return score.impl(image, ids)
+
+    p = Pipeline("guarded", inputs={"image": IMG, "ids": IDS}, max_batch_size=4)
+    p.output("score", p.add(counted, image=p.input("image"), ids=p.input("ids"))["score"])
+
+    async def main():
+        async with LocalRuntime(p, mode) as rt:
+            for case, (make, tensor, words) in BAD.items():
+                with pytest.raises(InputError) as info:
+                    await rt.infer(make())
+                assert info.value.tensor == tensor, case
+                assert words in str(info.value) and "pipeline 'guarded'" in str(info.value), case
+                assert not calls, f"{case}: a step ran"
+                out = await rt.infer(good(2))
+                np.testing.assert_array_equal(out["score"], np.full((1, 1), 14, np.float32))
+                calls.clear()
+            return rt.report()
+
+    report = anyio.run(main)
+    assert report.errors == len(BAD) and report.requests == len(BAD)
+
+
+def _pipeline_with(fn, name):
+    s = step(fn, inputs={"x": TensorSpec("FP32", [2])}, outputs={"y": TensorSpec("FP32", [2])}, name="inner")
+    p = Pipeline(name, inputs={"x": TensorSpec("FP32", [2])}, max_batch_size=4)
+    p.output("y", p.add(s, name="culprit", x=p.input("x"))["y"])
+    return p
+
+
+STEP_FAILURES = {
+    "raises": (lambda x: 1 / 0, "raised ZeroDivisionError", None),
+    "wrong_dtype": (lambda x: {"y": x.astype(np.float64)}, "dtype float64", "y"),
+    "wrong_shape": (lambda x: {"y": x[:, :1]}, "shape [1, 1]", "y"),
+    "wrong_batch": (lambda x: {"y": np.concatenate([x, x])}, "batch dimension 1", "y"),
+    "missing_output": (lambda x: {"z": x}, "did not return output(s) ['y']", "y"),
+    "not_a_dict": (lambda x: [x, x], "returned list", None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STEP_FAILURES))
+def test_a_step_that_breaks_its_contract_is_named(case):
+    fn, words, tensor = STEP_FAILURES[case]
+    broken = [True]
+
+    def impl(x):
+        return fn(x) if broken[0] else {"y": x + 1}
+
+    p = _pipeline_with(impl, f"contract_{case}")
+
+    async def main():
+        async with LocalRuntime(p, "ensemble") as rt:
+            with pytest.raises(StepError) as info:
+                await rt.infer({"x": np.zeros((1, 2), np.float32)})
+            broken[0] = False
+            return info.value, await rt.infer({"x": np.zeros((1, 2), np.float32)})
+
+    err, out = anyio.run(main)
+    assert err.pipeline == p.name and err.step == "culprit"
+    assert f"pipeline {p.name!r} step 'culprit'" in str(err) and words in str(err)
+    assert err.tensor == tensor
+    np.testing.assert_array_equal(out["y"], np.ones((1, 2), np.float32))
+
+
+def test_a_stuck_sync_step_times_out_and_the_queue_behind_it_does_not_hang():
+    release = threading.Event()
+    stuck = [True]
+
+    @step(inputs={"x": TensorSpec("FP32", [2])}, outputs={"y": TensorSpec("FP32", [2])}, timeout=0.2)
+    def slow(x):
+        if stuck[0]:
+            release.wait(30)
+        return {"y": x}
+
+    p = Pipeline("stuck", inputs={"x": TensorSpec("FP32", [2])}, max_batch_size=4)
+    p.output("y", p.add(slow, x=p.input("x"))["y"])
+    x = np.zeros((1, 2), np.float32)
+
+    async def main():
+        async with LocalRuntime(p, "ensemble") as rt:
+            with pytest.raises(StepTimeoutError) as first:
+                await rt.infer(x_req := {"x": x})
+            # the one instance is still held by the abandoned call: the next request times out waiting
+            with pytest.raises(StepTimeoutError) as second:
+                await rt.infer(x_req)
+            stuck[0] = False
+            release.set()  # the abandoned call returns and gives its instance back
+            with anyio.fail_after(10):
+                while True:
+                    try:
+                        return first.value, second.value, await rt.infer(x_req)
+                    except StepTimeoutError:
+                        await anyio.sleep(0.05)
+
+    try:
+        first, second, out = anyio.run(main)
+    finally:
+        release.set()
+    assert first.step == "slow" and "ran past its timeout of 0.2 s (running)" in str(first)
+    assert "waiting for a free instance" in str(second)
+    np.testing.assert_array_equal(out["y"], x)
+
+
+def test_a_stuck_async_step_times_out():
+    @step(inputs={"x": TensorSpec("FP32", [2])}, outputs={"y": TensorSpec("FP32", [2])}, timeout=0.1)
+    async def never(x):
+        await anyio.sleep_forever()
+
+    p = Pipeline("stuck_async", inputs={"x": TensorSpec("FP32", [2])}, max_batch_size=4)
+    p.output("y", p.add(never, x=p.input("x"))["y"])
+    with pytest.raises(StepTimeoutError, match="pipeline 'stuck_async' step 'never' ran past its timeout"):
+        p.run({"x": np.zeros((1, 2), np.float32)})
+
+
+def _malformed(kind: int, i: int):
+    """The ways a request of the 200 goes wrong, and what its error must name."""
+    req = good(i)
+    if kind == 0:
+        return {"image": req["image"]}, InputError, "ids"
+    if kind == 1:
+        return {**req, "ids": req["ids"].astype(np.float32)}, InputError, "ids"
+    if kind == 2:
+        return {**req, "image": np.ones((1, 3 + i % 5 + 1, 2), np.float32)}, InputError, "image"
+    if kind == 3:
+        return good(i, rows=5), InputError, "image"
+    if kind == 4:
+        return {**req, f"extra{i}": req["ids"]}, InputError, f"extra{i}"
+    return {**req, "ids": np.full((1, 1), 666, np.int64)}, StepError, None  # a step fails for this one only
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_200_concurrent_requests_a_third_malformed_none_lost_or_mixed(mode):
+    requests = []
+    for i in range(200):
+        if i % 3 == 0:
+            req, err_type, tensor = _malformed((i // 3) % 6, i)
+            requests.append((req, err_type, tensor))
+        else:
+            rows = 1 + i % 4
+            requests.append((good(i, rows), None, expected(i, rows)))
+
+    async def main():
+        results = {}
+        async with LocalRuntime(scoring(), mode) as rt:
+            async def one(i):
+                try:
+                    results[i] = await rt.infer(requests[i][0])
+                except Exception as exc:
+                    results[i] = exc
+
+            async with anyio.create_task_group() as tg:
+                for i in range(200):
+                    tg.start_soon(one, i)
+            return results, rt.report()
+
+    results, report = anyio.run(main)
+    assert sorted(results) == list(range(200))
+    for i, (req, err_type, want) in enumerate(requests):
+        got = results[i]
+        if err_type is None:
+            assert isinstance(got, dict), f"request {i}: {got!r}"
+            np.testing.assert_array_equal(got["score"], want)
+        else:
+            assert isinstance(got, err_type), f"request {i}: {got!r}"
+            if err_type is InputError:
+                assert got.tensor == want, f"request {i}: {got}"
+            else:
+                assert got.step == "score" and "666" in str(got)
+    bad = sum(1 for r in requests if r[1] is not None)
+    assert report.errors == bad and report.requests == 200 - bad

@@ -1,0 +1,217 @@
+"""Independent steps overlap in "ensemble" and "bls" (proven with a barrier both
+branches must reach), never in "bls-sync"; instances run at once up to their count;
+initialize and finalize run once per instance; a failing step cancels its siblings."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anyio
+import numpy as np
+import pytest
+
+from pipelines import Pipeline, StepError, TensorSpec, step
+from pipelines.runtime import LocalRuntime
+
+V = TensorSpec("FP32", [2])
+X = np.ones((1, 2), np.float32)
+
+
+class Concurrency:
+    """How many steps run at once, at most."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.now = 0
+        self.peak = 0
+
+    def __enter__(self):
+        with self.lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+
+    def __exit__(self, *exc):
+        with self.lock:
+            self.now -= 1
+
+
+def diamond(branch_a, branch_b, *, name="diamond", **options) -> Pipeline:
+    @step(inputs={"x": V}, outputs={"x": V})
+    def source(x):
+        return {"x": x}
+
+    a = step(branch_a, inputs={"x": V}, outputs={"y": V}, name="a", **options)
+    b = step(branch_b, inputs={"x": V}, outputs={"y": V}, name="b", **options)
+
+    @step(inputs={"a": V, "b": V}, outputs={"y": V})
+    def join(a, b):
+        return {"y": a + b}
+
+    p = Pipeline(name, inputs={"x": V}, max_batch_size=4)
+    s = p.add(source, x=p.input("x"))
+    p.output("y", p.add(join, a=p.add(a, x=s["x"])["y"], b=p.add(b, x=s["x"])["y"])["y"])
+    return p
+
+
+@pytest.mark.parametrize("mode", ["ensemble", "bls"])
+def test_branches_overlap(mode):
+    barrier = threading.Barrier(2, timeout=10)
+
+    def meet(x):
+        barrier.wait()  # breaks (and the step fails) unless the other branch is running too
+        return {"y": x + 1}
+
+    p = diamond(meet, meet)
+    np.testing.assert_array_equal(p.run({"x": X}, mode=mode)["y"], X * 2 + 2)
+
+
+def test_bls_sync_runs_one_step_at_a_time():
+    seen = Concurrency()
+
+    def slow(x):
+        with seen:
+            time.sleep(0.02)  # room for another step to start, if the scheduler let it
+        return {"y": x + 1}
+
+    p = diamond(slow, slow)
+
+    async def main():
+        async with LocalRuntime(p, "bls-sync") as rt:
+            return await rt.infer({"x": X})
+
+    np.testing.assert_array_equal(anyio.run(main)["y"], X * 2 + 2)
+    assert seen.peak == 1
+
+    barrier = threading.Barrier(2, timeout=0.3)
+
+    def meet(x):
+        barrier.wait()
+        return {"y": x}
+
+    with pytest.raises(StepError, match="step 'a'.*BrokenBarrierError"):
+        diamond(meet, meet, name="sync_barrier").run({"x": X}, mode="bls-sync")
+
+
+@pytest.mark.parametrize("count, peak", [(1, 1), (2, 2)])
+def test_instances_run_at_once_up_to_their_count(count, peak):
+    seen = Concurrency()
+    barrier = threading.Barrier(2, timeout=10)
+
+    @step(inputs={"x": V}, outputs={"y": V}, instance_count=count)
+    def work(x):
+        with seen:
+            if count == 2:
+                barrier.wait()  # two requests meet inside two instances
+            else:
+                time.sleep(0.02)
+        return {"y": x * 3}
+
+    p = Pipeline(f"instances{count}", inputs={"x": V}, max_batch_size=4)
+    p.output("y", p.add(work, x=p.input("x"))["y"])
+
+    async def main():
+        async with LocalRuntime(p, "ensemble") as rt:
+            results = {}
+
+            async def one(i):
+                results[i] = await rt.infer({"x": X * i})
+
+            async with anyio.create_task_group() as tg:
+                for i in range(4):
+                    tg.start_soon(one, i)
+        return results
+
+    results = anyio.run(main)
+    assert all(np.array_equal(results[i]["y"], X * i * 3) for i in range(4))
+    assert seen.peak == peak
+
+
+def test_initialize_and_finalize_run_once_per_instance():
+    events = []
+
+    class Counter:
+        def initialize(self, config):
+            self.name = config["model_instance_name"]
+            self.calls = 0
+            events.append(("initialize", self.name, config["model_config"]["max_batch_size"]))
+
+        def execute(self, x):
+            self.calls += 1
+            return {"y": x + self.calls}
+
+        def finalize(self):
+            events.append(("finalize", self.name))
+
+    counter = step(Counter, inputs={"x": V}, outputs={"y": V}, instance_count=3, name="counter")
+    p = Pipeline("lifecycle", inputs={"x": V}, max_batch_size=4)
+    p.output("y", p.add(counter, x=p.input("x"))["y"])
+
+    async def main():
+        async with LocalRuntime(p, "ensemble") as rt:
+            assert sorted(e[0] for e in events) == ["initialize"] * 3
+            for _ in range(5):
+                await rt.infer({"x": X})
+            assert len(events) == 3
+
+    anyio.run(main)
+    names = {f"counter_{i}" for i in range(3)}
+    assert {e[1] for e in events if e[0] == "initialize"} == names
+    assert {e[1] for e in events if e[0] == "finalize"} == names
+    assert all(e[2] == 4 for e in events if e[0] == "initialize")
+
+
+@pytest.mark.parametrize("mode", ["ensemble", "bls"])
+def test_a_failing_step_cancels_its_siblings_and_the_runtime_keeps_serving(mode):
+    cancelled = []
+    fail = [True]
+
+    def broken(x):
+        if fail[0]:
+            raise ValueError("bad weights")
+        return {"y": x}
+
+    async def waits(x):
+        if fail[0]:
+            try:
+                await anyio.sleep(30)
+            except anyio.get_cancelled_exc_class():
+                cancelled.append("b")
+                raise
+        return {"y": x}
+
+    p = diamond(broken, waits, name=f"failing_{mode.replace('-', '_')}")
+
+    async def main():
+        async with LocalRuntime(p, mode) as rt:
+            with pytest.raises(StepError) as info:
+                await rt.infer({"x": X})
+            fail[0] = False
+            out = await rt.infer({"x": X})
+            return info.value, out, rt.report()
+
+    err, out, report = anyio.run(main)
+    assert err.step == "a" and err.pipeline == p.name
+    assert f"pipeline {p.name!r} step 'a' raised ValueError: bad weights" in str(err)
+    assert cancelled == ["b"]
+    np.testing.assert_array_equal(out["y"], X * 2)
+    assert report.errors == 1 and report.requests == 1
+
+
+def test_a_failing_step_does_not_wait_for_a_sibling_stuck_in_a_thread():
+    release = threading.Event()
+
+    def broken(x):
+        raise RuntimeError("boom")
+
+    def stuck(x):
+        release.wait(30)
+        return {"y": x}
+
+    p = diamond(broken, stuck, name="stuck_sibling")
+    try:
+        with pytest.raises(StepError, match="step 'a' raised RuntimeError: boom"):
+            p.run({"x": X}, mode="ensemble")
+        assert not release.is_set()  # answered while the sibling was still running
+    finally:
+        release.set()

@@ -1,0 +1,331 @@
+"""The embedded Triton server: a user starts the real tritonserver on a repository, talks to it
+over HTTP and gRPC, and finds nothing left behind however the server or its owner ends."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import anyio
+import numpy as np
+import pytest
+
+from pipelines.errors import InferenceError, InputError, ServerDiedError, ServerStartError, StepTimeoutError
+from pipelines.runtime.server import SHM_TAG
+from pipelines.runtime.triton import AsyncTritonClient, TritonClient, TritonServer, find_tritonserver
+
+try:  # tests/ may or may not be a package
+    from .server_fixtures import leftovers, wait_for_no_leftovers, write_broken_repository, write_test_repository
+except ImportError:
+    from server_fixtures import leftovers, wait_for_no_leftovers, write_broken_repository, write_test_repository
+
+pytestmark = pytest.mark.server
+
+PROTOCOLS = ["http", "grpc"]
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    return write_test_repository(tmp_path_factory.mktemp("repo"), ("double", "echo", "slow", "fail"))
+
+
+@pytest.fixture(scope="module")
+def server(repository):
+    with TritonServer(repository) as running:
+        yield running
+    assert leftovers(running.shm_prefix, str(repository)) == []
+
+
+@pytest.fixture(scope="module")
+def small_repository(tmp_path_factory):
+    return write_test_repository(tmp_path_factory.mktemp("small"), ("double",))
+
+
+def test_the_bundled_binary_is_found():
+    path = find_tritonserver()
+    assert path.name == "tritonserver" and os.access(path, os.X_OK)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_infer_doubles_over_each_protocol(server, protocol):
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    with server.client(protocol) as client:
+        assert client.ready() and client.ready("double") and not client.ready("no_such_model")
+        assert client.metadata()["name"] == "triton" and client.metadata()["version"]
+        out = client.infer("double", {"x": x})
+        assert set(out) == {"y", "z"}
+        np.testing.assert_array_equal(out["y"], x * 2)
+        assert out["y"].dtype == np.float32 and out["y"].shape == (2, 4)
+        only_z = client.infer("double", {"x": x}, outputs=["z"])
+        assert list(only_z) == ["z"]
+        np.testing.assert_array_equal(only_z["z"], x + 1)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_bytes_bool_and_int64_travel_both_ways(server, protocol):
+    text = np.array([b"a", b"bc", b""], dtype=object)
+    with server.client(protocol) as client:
+        out = client.infer(
+            "echo", {"text": text, "flag": np.array([True, False]), "count": np.array([1, -2, 2**40], np.int64)}
+        )
+    assert list(out["text_out"]) == [b"a!", b"bc!", b"!"]
+    np.testing.assert_array_equal(out["flag_out"], [False, True])
+    assert out["flag_out"].dtype == np.bool_
+    np.testing.assert_array_equal(out["count_out"], [3, -6, 3 * 2**40])
+    assert out["count_out"].dtype == np.int64
+
+
+def test_one_blocking_client_serves_many_threads(server):
+    with server.client("http") as client, ThreadPoolExecutor(4) as pool:
+        answers = list(
+            pool.map(lambda i: client.infer("double", {"x": np.full((1, 4), i, np.float32)})["y"], range(16))
+        )
+    for i, y in enumerate(answers):
+        np.testing.assert_array_equal(y, np.full((1, 4), 2 * i))
+
+
+def test_a_remote_style_client_reaches_the_server_by_url(server):
+    with TritonClient(f"http://{server.http_url}") as client:
+        np.testing.assert_array_equal(client.infer("double", {"x": np.ones((1, 4), np.float32)})["y"], 2)
+    with TritonClient(server.grpc_url, "grpc") as client:
+        assert client.ready("double")
+
+
+def test_statistics_and_config_have_one_shape_for_both_protocols(server):
+    with server.client("http") as http, server.client("grpc") as grpc:
+        http.infer("double", {"x": np.ones((3, 4), np.float32)})
+        stats = {"http": http.statistics("double"), "grpc": grpc.statistics("double")}
+        for answer in stats.values():
+            (model,) = answer["model_stats"]
+            assert model["name"] == "double"
+            assert model["inference_count"] >= 3 and isinstance(model["inference_count"], int)
+            assert model["inference_stats"]["success"]["count"] >= 1
+        assert _shape(stats["http"]) == _shape(stats["grpc"])
+        assert {m["name"] for m in http.statistics()["model_stats"]} >= {"double", "echo", "slow", "fail"}
+        config = {"http": http.model_config("double"), "grpc": grpc.model_config("double")}
+        assert config["http"] == config["grpc"]
+        assert config["grpc"]["max_batch_size"] == 8
+        assert config["grpc"]["input"][0]["dims"] == [4] and config["grpc"]["input"][0]["data_type"] == "TYPE_FP32"
+        assert http.repository_index() == grpc.repository_index()
+        assert {m["state"] for m in grpc.repository_index()} == {"READY"}
+
+
+def _shape(value):
+    """The keys of nested dicts (list items merged), without the values."""
+    if isinstance(value, dict):
+        return {key: _shape(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_shape(value[0])] if value else []
+    return type(value).__name__
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_step_error_keeps_the_servers_words(server, protocol):
+    with server.client(protocol) as client:
+        with pytest.raises(InferenceError, match=r"step 'fail' refused: input x is negative") as caught:
+            client.infer("fail", {"x": np.ones(1, np.float32)})
+        assert caught.value.step == "fail"
+        with pytest.raises(InferenceError, match=r"unexpected shape for input 'x'"):
+            client.infer("double", {"x": np.ones((2, 3), np.float32)})
+        with pytest.raises(InferenceError, match=r"unknown model"):
+            client.infer("no_such_model", {"x": np.ones((1, 4), np.float32)})
+
+
+def test_an_array_without_a_triton_datatype_is_an_input_error(server):
+    with server.client() as client, pytest.raises(InputError, match=r"input 'x'.*complex"):
+        client.infer("double", {"x": np.ones((1, 4), np.complex64)})
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_request_past_its_timeout_fails_fast_and_the_client_still_works(server, protocol):
+    with server.client(protocol) as client:
+        started = time.monotonic()
+        with pytest.raises(StepTimeoutError, match=r"model 'slow' got no answer within 0.3 s") as caught:
+            client.infer("slow", {"seconds": np.array([3.0], np.float32)}, timeout=0.3)
+        assert time.monotonic() - started < 2.5
+        assert caught.value.step == "slow"
+        out = client.infer("slow", {"seconds": np.array([0.0], np.float32)}, timeout=30)
+        np.testing.assert_array_equal(out["done"], [0.0])
+        np.testing.assert_array_equal(client.infer("double", {"x": np.ones((1, 4), np.float32)})["y"], 2)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_async_client_runs_requests_concurrently(server, protocol):
+    async def main():
+        async with server.async_client(protocol) as client:
+            assert await client.ready("double")
+            results = [None] * 8
+
+            async def one(i):
+                results[i] = await client.infer("double", {"x": np.full((1, 4), i, np.float32)})
+
+            async with anyio.create_task_group() as tg:
+                for i in range(8):
+                    tg.start_soon(one, i)
+            for i, out in enumerate(results):
+                np.testing.assert_array_equal(out["y"], np.full((1, 4), 2 * i))
+            assert list(await client.infer("double", {"x": np.ones((1, 4), np.float32)}, outputs=["z"])) == ["z"]
+            with pytest.raises(StepTimeoutError, match="slow"):
+                await client.infer("slow", {"seconds": np.array([3.0], np.float32)}, timeout=0.3)
+            with pytest.raises(InferenceError, match="step 'fail' refused"):
+                await client.infer("fail", {"x": np.ones(1, np.float32)})
+            assert (await client.statistics("double"))["model_stats"][0]["name"] == "double"
+            assert (await client.model_config("double"))["max_batch_size"] == 8
+            assert (await client.metadata())["name"] == "triton"
+
+    anyio.run(main)
+    # A plain client by URL is the same class the load generator uses against a remote server.
+    assert AsyncTritonClient(server.http_url).url == server.http_url
+
+
+def test_two_servers_at_once_get_their_own_ports_and_exit_clean(server, small_repository, monkeypatch):
+    # Replay the race where another process binds the chosen ports first: the first choice
+    # is the running server's ports, so the second server must choose again and still start.
+    from pipelines.runtime import server as server_module
+
+    real_choose, calls = server_module._choose_ports, []
+
+    def taken_first(fixed, host):
+        calls.append(fixed)
+        if len(calls) == 1:
+            return tuple(
+                int(url.rsplit(":", 1)[-1].split("/")[0])
+                for url in (server.http_url, server.grpc_url, server.metrics_url)
+            )
+        return real_choose(fixed, host)
+
+    monkeypatch.setattr(server_module, "_choose_ports", taken_first)
+    with TritonServer(small_repository) as second:
+        assert len(calls) == 2, "the first, taken, ports should have been replaced"
+        urls = {server.http_url, server.grpc_url, server.metrics_url}
+        assert not urls & {second.http_url, second.grpc_url, second.metrics_url}
+        assert len({u.rsplit(":", 1)[-1] for u in (second.http_url, second.grpc_url)}) == 2
+        with second.client() as client, server.client() as first:
+            np.testing.assert_array_equal(client.infer("double", {"x": np.ones((1, 4), np.float32)})["y"], 2)
+            np.testing.assert_array_equal(first.infer("double", {"x": np.ones((1, 4), np.float32)})["y"], 2)
+        assert leftovers(second.shm_prefix), "the stub and its shared memory should be visible while running"
+        prefix = second.shm_prefix
+    assert leftovers(prefix, str(small_repository)) == []
+    assert not second.running
+    with pytest.raises(ServerDiedError, match="stopped"):
+        second.check_alive()
+
+
+def test_a_fixed_port_in_use_fails_start_and_says_so(server, small_repository):
+    taken = int(server.http_url.rsplit(":", 1)[-1])
+    with pytest.raises(
+        ServerStartError, match=rf"exited during start-up \(exit code 1\); port {taken} is already in use"
+    ):
+        TritonServer(small_repository, http_port=taken, grpc_port=None).start()
+
+
+def test_a_killed_server_makes_the_next_call_fail_fast(small_repository):
+    with TritonServer(small_repository) as doomed:
+        client = doomed.client("grpc")
+        http = doomed.client("http")
+        assert client.ready("double")
+        os.kill(doomed.pid, signal.SIGKILL)
+        started = time.monotonic()
+        for each in (client, http):
+            with pytest.raises(ServerDiedError, match=r"died while in use \(killed by SIGKILL\)"):
+                each.infer("double", {"x": np.ones((1, 4), np.float32)})
+        assert time.monotonic() - started < 3
+        assert not each.ready()
+        # Detecting the death already removed what the server left: its stub and shared memory.
+        assert leftovers(doomed.shm_prefix, str(small_repository)) == []
+    assert leftovers(doomed.shm_prefix, str(small_repository)) == []
+
+
+def test_explicit_mode_loads_and_unloads_and_an_exception_stops_the_server(small_repository):
+    with pytest.raises(RuntimeError, match="user code failed"):
+        with TritonServer(small_repository, model_control_mode="explicit", load_models=["double"]) as doomed:
+            client = doomed.client()
+            assert client.ready("double")
+            doomed.unload_model("double")
+            assert not client.ready("double")
+            assert {m["name"]: m["state"] for m in doomed.models()} == {"double": "UNAVAILABLE"}
+            doomed.load_model("double")
+            assert client.ready("double")
+            with pytest.raises(InferenceError, match="no_such_model"):
+                doomed.load_model("no_such_model")
+            prefix = doomed.shm_prefix
+            raise RuntimeError("user code failed")
+    assert leftovers(prefix, str(small_repository)) == []
+
+
+def test_a_broken_repository_fails_start_with_the_log_tail(tmp_path):
+    repository = write_broken_repository(tmp_path / "broken_repo")
+    started = time.monotonic()
+    with pytest.raises(ServerStartError, match=r"broken model cannot be imported") as caught:
+        TritonServer(repository).start()
+    assert "--- log tail ---" in str(caught.value)
+    assert time.monotonic() - started < 60
+    assert leftovers(str(repository)) == []
+
+
+def test_a_bad_argument_fails_start_with_the_log_tail(small_repository):
+    with pytest.raises(ServerStartError, match=r"(?s)exited during start-up.*no-such-flag"):
+        TritonServer(small_repository, extra_args=["--no-such-flag=1"]).start()
+
+
+def test_start_needs_a_repository_directory(tmp_path):
+    with pytest.raises(ServerStartError, match="not a directory"):
+        TritonServer(tmp_path / "missing").start()
+    with pytest.raises(ServerStartError, match="model_control_mode"):
+        TritonServer(tmp_path, model_control_mode="sometimes")
+
+
+_OWNER = """
+import sys, time
+from pipelines.runtime.triton import TritonServer, serve_main
+
+repository, style = sys.argv[1], sys.argv[2]
+if style == "serve":  # what `pipelines serve DIR` runs: a 'with' block waiting for Ctrl-C
+    raise SystemExit(serve_main(repository))
+server = TritonServer(repository).start()  # no 'with': atexit, or the parent-death signal, cleans up
+print("Press Ctrl-C", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize(
+    ("style", "signum"),
+    [("serve", signal.SIGINT), ("bare", signal.SIGINT), ("bare", signal.SIGTERM)],
+    ids=["serve-main-ctrl-c", "sigint-without-with", "sigterm-to-owner"],
+)
+def test_a_signal_to_the_owning_process_leaves_nothing_behind(tmp_path, style, signum):
+    repository = write_test_repository(tmp_path / "owned", ("double",))
+    script = tmp_path / "owner.py"
+    script.write_text(textwrap.dedent(_OWNER))
+    owner = subprocess.Popen(
+        [sys.executable, str(script), str(repository), style], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    ours = (f"{SHM_TAG}-{owner.pid}-", str(repository))
+    try:
+        printed = []
+        for line in owner.stdout:
+            printed.append(line.decode())
+            if line.startswith(b"Press Ctrl-C"):
+                break
+        assert printed and printed[-1].startswith("Press Ctrl-C"), "".join(printed) + owner.stderr.read().decode()
+        assert any("triton_python_backend_stub" in item for item in leftovers(*ours))
+        owner.send_signal(signum)
+        rest = owner.communicate(timeout=60)[0].decode()
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        owner.wait()
+    if style == "serve":
+        text = "".join(printed)
+        assert re.search(r"HTTP +127\.0\.0\.1:\d+", text) and re.search(r"gRPC +127\.0\.0\.1:\d+", text)
+        assert re.search(r"double +1 +READY", text)
+        assert owner.returncode == 0 and "stopped" in rest
+    # SIGTERM kills the owner outright; its server then shuts itself down on its own.
+    assert wait_for_no_leftovers(*ours) == []
