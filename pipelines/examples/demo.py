@@ -1,0 +1,100 @@
+"""``make demo``: the yolov5-style pipeline end to end.
+
+It runs the pipeline in the local runtime in all three modes, compiles it to
+``"both"``, serves the repository on the bundled Triton server, checks every
+answer against the ground truth of the sample images, and sets ensemble
+against BLS side by side, locally and on the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..runtime import compare, run_many
+from . import yolov5
+
+MODES = ("ensemble", "bls", "bls-sync")
+SIZES = ((480, 640), (720, 1280), (640, 480), (333, 500))
+
+
+def _samples(n: int) -> list[dict[str, np.ndarray]]:
+    return [yolov5.make_sample(seed, n_objects=3 + seed % 4, size=SIZES[seed % len(SIZES)]) for seed in range(n)]
+
+
+def _verdict(detections: np.ndarray, sample: dict[str, np.ndarray]) -> str:
+    cmp = yolov5.compare_to_truth(detections, sample["boxes"], sample["classes"])
+    mark = "exact" if cmp.exact else f"MISSED {len(cmp.missed)}, EXTRA {len(cmp.extra)}"
+    return f"{len(cmp.matches)}/{len(sample['boxes'])} true boxes found, min IoU {cmp.min_iou:.3f}, {mark}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=4, help="sample images to run (default 4)")
+    parser.add_argument("--requests", type=int, default=24, help="requests per form for the timing (default 24)")
+    parser.add_argument("--out", default=None, help="where to write the model repository (default: a temp dir)")
+    args = parser.parse_args(argv)
+
+    p = yolov5.pipeline
+    print(f"== the pipeline\n{p!r}")
+    for i, group in enumerate(p.parallel_groups()):
+        print(f"  stage {i}: {', '.join(group)}")
+    samples = _samples(args.images)
+    requests = [{"image": s["image"][None]} for s in samples]
+
+    print("\n== local runtime (no server)")
+    reference = None
+    reports = {}
+    for mode in MODES:
+        outs, _ = run_many(p, requests, mode=mode, concurrency=1)
+        timed, reports[mode] = run_many(p, requests * max(1, args.requests // len(requests)), mode=mode, concurrency=1)
+        if reference is None:
+            reference = [o["detections"][0] for o in outs]
+        for i, (o, s) in enumerate(zip(outs, samples)):
+            print(f"  {mode:9s} image {i} {s['image'].shape[1]}x{s['image'].shape[0]}: {_verdict(o['detections'][0], s)}")
+    print()
+    print(compare(reports["ensemble"], reports["bls"]))
+
+    from ..runtime.triton import TritonServer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(args.out) if args.out else Path(tmp) / "model_repository"
+        repo = p.compile("both")
+        repo.write(out, overwrite=True)
+        print(f"\n== compiled to {out}: {', '.join(sorted(repo.models))}")
+        print("\n== starting the bundled Triton server ...", flush=True)
+        with TritonServer(out) as server:
+            print(f"  ready at http://{server.http_url} and grpc://{server.grpc_url}")
+            client = server.client("http")
+            latencies = {}
+            for form in ("ensemble", "bls", "bls_sync"):
+                model = f"{p.name}_{form}"
+                for i, (req, s) in enumerate(zip(requests, samples)):
+                    det = client.infer(model, req)["detections"][0]
+                    agree = np.allclose(det, reference[i], atol=1e-3)
+                    print(f"  {model:15s} image {i}: {_verdict(det, s)}; "
+                          f"{'equals' if agree else 'DIFFERS FROM'} the local runtime")
+                t0 = time.perf_counter()
+                for k in range(args.requests):
+                    client.infer(model, requests[k % len(requests)])
+                latencies[form] = (time.perf_counter() - t0) / args.requests * 1e3
+            client.close()
+        print("\n== ensemble against BLS, one request at a time (mean latency)")
+        print(f"  {'form':10s} {'local (ms)':>12s} {'server (ms)':>12s}")
+        for mode, form in zip(MODES, ("ensemble", "bls", "bls_sync")):
+            local_ms = reports[mode].latency_us / 1e3
+            print(f"  {form:10s} {local_ms:12.2f} {latencies[form]:12.2f}")
+        ratio = latencies["ensemble"] / latencies["bls"]
+        print(f"  server ensemble / bls latency: {ratio:.2f}"
+              f" ({'ensemble' if ratio < 1 else 'BLS'} is faster for this pipeline at concurrency 1)")
+        print("\nFor throughput and percentiles under load: pipelines bench pipelines.examples.yolov5:pipeline --server")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
