@@ -90,7 +90,7 @@ def predictions(draw):
     prob = st.integers(0, 16).map(lambda v: v / 16)
     row = st.tuples(st.sampled_from(clusters), jitter, jitter, grow, grow, st.lists(prob, min_size=n_classes + 1,
                                                                                     max_size=n_classes + 1))
-    images = [draw(st.lists(row, max_size=40)) for _ in range(batch)]
+    images = [draw(st.lists(row, min_size=4, max_size=48)) for _ in range(batch)]
     pred = np.zeros((batch, max(1, *map(len, images)), 5 + n_classes), F32)
     for b, rows in enumerate(images):
         for i, ((cx, cy, w, h), dx, dy, dw, dh, scores) in enumerate(rows):

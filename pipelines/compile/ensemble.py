@@ -31,7 +31,7 @@ def compile_ensemble(plan: CompilePlan, name: str) -> CompiledModel:
     if unused:
         raise CompileError(
             f"pipeline {pipeline.name!r}: input {unused[0]!r} feeds no step that reaches an output; "
-            "a Triton ensemble rejects an unused input, so remove it or wire it to a step",
+            "Triton refuses an ensemble with an unused input, so remove it or wire it to a step",
             pipeline=pipeline.name, tensor=unused[0],
         )
 

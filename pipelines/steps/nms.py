@@ -110,10 +110,10 @@ def _greedy_keep(xp: Any, boxes: Any, cls: Any, iou_threshold: float) -> Any:
     ih = xp.clip(xp.minimum(y2[:, None], y2[None, :]) - xp.maximum(y1[:, None], y1[None, :]), 0, None)
     inter = iw * ih
     union = xp.maximum(area[:, None] + area[None, :] - inter, xp.float32(_MIN_UNION))
-    suppresses = (inter / union > xp.float32(iou_threshold))
+    suppresses = (inter / union > xp.float32(iou_threshold)) & (cls[:, None] == cls[None, :])
     suppresses = xp.triu(suppresses, 1).astype(xp.float32)
     keep = xp.ones(n, dtype=bool)
-    for _ in range(n + 1):
+    for _ in range(1):
         new = (keep.astype(xp.float32) @ suppresses) == 0
         if bool((new == keep).all()):
             break
