@@ -32,6 +32,26 @@ from .tensor import DATATYPES, TensorSpec
 
 __version__ = "0.1.0"
 
+# Imported on first use: the step models on a Triton server import this package,
+# and need neither the compiler (protobuf, tritonclient) nor the runtime.
+_LAZY = {
+    "compile_pipeline": ("pipelines.compile", "compile_pipeline"),
+    "ModelRepository": ("pipelines.compile", "ModelRepository"),
+    "LocalRuntime": ("pipelines.runtime", "LocalRuntime"),
+    "compare": ("pipelines.runtime", "compare"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pipelines' has no attribute {name!r}")
+
 __all__ = [
     "DATATYPES",
     "BatchingMismatchError",
@@ -45,7 +65,9 @@ __all__ = [
     "InferenceError",
     "InputError",
     "InvalidNameError",
+    "LocalRuntime",
     "ModelOptions",
+    "ModelRepository",
     "Node",
     "Pipeline",
     "PipelinesError",
@@ -64,6 +86,8 @@ __all__ = [
     "UnboundInputError",
     "UnknownTensorError",
     "__version__",
+    "compare",
+    "compile_pipeline",
     "external_model",
     "step",
 ]
