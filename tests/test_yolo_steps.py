@@ -128,6 +128,18 @@ def test_nms_classes_are_independent(pred, iou):
         np.testing.assert_array_equal(together[together[:, 5] == c], mine[mine[:, 5] == c])
 
 
+def test_nms_is_greedy_a_suppressed_box_suppresses_nothing():
+    # A overlaps B, B overlaps C, A hardly overlaps C: greedy NMS drops B and so keeps C
+    # (a one-pass "Fast NMS" would drop C too).
+    pred = np.zeros((3, 6), F32)
+    pred[:, 0] = (5, 8, 11)  # x-centres of 10x10 boxes: IoU(A,B) = IoU(B,C) = 7/13, IoU(A,C) = 1/4
+    pred[:, 1:4] = (5, 10, 10)
+    pred[:, 4] = 1.0
+    pred[:, 5] = (0.9, 0.8, 0.7)
+    out = non_max_suppression(pred)
+    np.testing.assert_array_equal(out[:3, :5], F32([[0, 0, 10, 10, 0.9], [6, 0, 16, 10, 0.7], [0, 0, 0, 0, 0]]))
+
+
 def test_nms_keeps_identical_boxes_of_different_classes_and_pads():
     pred = np.zeros((4, 7), F32)
     pred[:, :4] = (100, 100, 50, 50)
@@ -367,3 +379,30 @@ def test_onnx_detector_errors_name_the_step_and_the_fix(tmp_path, monkeypatch):
 def test_array_namespace_of_numpy_is_numpy():
     assert array_namespace(np.zeros(3)) is np
     assert array_namespace(1.0, np.zeros(3)) is np
+
+
+@pytest.mark.gpu
+def test_steps_give_the_same_answers_on_cupy_arrays_and_stay_on_the_device():
+    cupy = pytest.importorskip("cupy")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA device")
+    except cupy.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no usable CUDA driver")
+    sample = make_sample(seed=11, n_objects=7, size=(600, 900))
+    images = np.stack([sample["image"], sample["image"][::-1].copy()])
+    cpu, gpu = {"image": images}, {"image": cupy.asarray(images)}
+    for step_, names in [(letterbox, None), (detector, {"images": "images"}), (nms, {"candidates": "output0"})]:
+        cpu_out = step_(**{k: cpu[v] for k, v in (names or {"image": "image"}).items()})
+        gpu_out = step_(**{k: gpu[v] for k, v in (names or {"image": "image"}).items()})
+        for name, value in gpu_out.items():
+            assert array_namespace(value) is cupy, f"{step_.name}.{name} left the device"
+            np.testing.assert_allclose(cupy.asnumpy(value), cpu_out[name], rtol=1e-6, atol=1e-5)
+        cpu.update(cpu_out)
+        gpu.update(gpu_out)
+    back = scale_boxes(detections=gpu["detections"], ratio_pad=gpu["ratio_pad"], orig_size=gpu["orig_size"])
+    assert array_namespace(back["detections"]) is cupy
+    result = cupy.asnumpy(back["detections"][0])
+    from pipelines.examples.yolov5 import compare_to_truth
+
+    assert compare_to_truth(result, sample["boxes"], sample["classes"]).exact

@@ -7,7 +7,7 @@ returns the exit status. ``benchmarks/ensemble_vs_bls.py`` uses both as they are
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import PipelinesError
 from .measurement import FORMS

@@ -1,5 +1,6 @@
 """The requests a benchmark sends: the module's own ``sample_inputs(batch)`` when it has
-one, else random tensors built from the pipeline's input specs.
+one, else its ``make_sample(seed=...)`` images (the yolov5 example), else random
+tensors built from the pipeline's input specs.
 
 A few different samples are sent round-robin, so no step can answer from a cache of
 one input; variable dims (-1) take ``size``.
@@ -7,8 +8,9 @@ one input; variable dims (-1) take ``size``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from types import ModuleType
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -82,4 +84,16 @@ def sample_requests(
     maker = getattr(module, "sample_inputs", None) if module is not None else None
     if callable(maker):
         return _as_list(maker(batch), f"{module.__name__}.sample_inputs({batch})")
+    images = getattr(module, "make_sample", None) if module is not None else None
+    if callable(images) and len(pipeline.inputs) == 1:
+        return [_image_request(pipeline, images(seed=i), batch) for i in range(count)]
     return [random_request(pipeline, batch=batch, size=size, seed=i) for i in range(count)]
+
+
+def _image_request(pipeline: Pipeline, sample: Mapping[str, Any], batch: int) -> dict[str, Any]:
+    # An example's make_sample(seed) gives one HWC image (and its true boxes); a batch repeats it,
+    # since the images of one batch must share a size.
+    (name,) = pipeline.inputs
+    image = np.asarray(sample["image"])
+    stacked = np.repeat(image[None], batch, axis=0) if pipeline.batched else image
+    return {name: np.ascontiguousarray(stacked)}

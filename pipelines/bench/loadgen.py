@@ -10,9 +10,10 @@ it is never dropped, and its latency is kept out of the percentiles.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 import anyio
 import numpy as np
@@ -103,8 +104,8 @@ class Window:
             seconds=sum(w.seconds for w in windows),
             latencies=np.concatenate([w.latencies for w in windows]) if windows else np.empty(0),
             errors=sum(w.errors for w in windows),
-            completed_by_sample=tuple(int(sum(c)) for c in zip(*(w.completed_by_sample for w in windows))),
-            errors_by_sample=tuple(int(sum(c)) for c in zip(*(w.errors_by_sample for w in windows))),
+            completed_by_sample=tuple(int(sum(c)) for c in zip(*(w.completed_by_sample for w in windows), strict=True)),
+            errors_by_sample=tuple(int(sum(c)) for c in zip(*(w.errors_by_sample for w in windows), strict=True)),
             error_messages=messages,
         )
 

@@ -4,8 +4,9 @@ against ``LocalRuntime`` in each mode, with the runtime's cost report per measur
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Mapping
+from typing import Any
 
 from ..graph import Pipeline
 

@@ -4,8 +4,9 @@ figures at one concurrency, the rows of the benchmark's table.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import PipelinesError
 from .loadgen import LoadResult

@@ -5,14 +5,16 @@ the way the yolov5 Triton guide draws its BLS-against-ensemble figures.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .measurement import Measurement
 
 __all__ = ["plot_results"]
 
-_STYLES = {"ensemble": "o", "bls": "s", "bls-sync": "^"}
+# One colour and marker per form; the local runtime dashed, the server solid, so each
+# form's prediction sits next to its measurement.
+_STYLES = {"ensemble": ("o", "C0"), "bls": ("s", "C1"), "bls-sync": ("^", "C2")}
 
 
 def plot_results(measurements: Sequence[Measurement], out: str | os.PathLike[str], *, title: str) -> list[Path]:
@@ -43,7 +45,8 @@ def plot_results(measurements: Sequence[Measurement], out: str | os.PathLike[str
                 ax.plot(
                     [p.concurrency for p in points],
                     [value(p) for p in points],
-                    marker=_STYLES.get(form, "o"),
+                    marker=_STYLES.get(form, ("o", None))[0],
+                    color=_STYLES.get(form, ("o", None))[1],
                     linestyle="-" if where == "server" else "--",
                     label=label,
                 )

@@ -10,11 +10,12 @@ import os
 import platform
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from .measurement import Measurement
 from .verdict import RatioComparison

@@ -1,8 +1,9 @@
 """``run_benchmark``: one pipeline measured every way, side by side, in one run.
 
-The local runtime in each mode first, then the Triton server (embedded, or remote
-with ``url``) on each top-level model; each configuration sweeps the concurrency
-levels. Then the table, ``results.json``, the plots and the verdict.
+The local runtime in each mode and the Triton server (embedded, or remote with
+``url``) on each top-level model are all opened first, then measured one after
+another at each concurrency level. Then the tables, ``results.json``, the plots
+and the verdict.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import os
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import AsyncExitStack, ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Mapping, Sequence, TextIO
+from typing import Any, TextIO
 
 import anyio
 
@@ -123,7 +125,7 @@ def run_benchmark(
     size: int = 16,
     out: str | os.PathLike[str] | None = "bench-results",
     progress: bool = True,
-    echo: TextIO | None = sys.stdout,
+    echo: bool | TextIO = True,
 ) -> BenchmarkResult:
     """Benchmark ``target`` (a Pipeline or ``"MODULE:ATTR"``) as ensemble, bls and bls-sync.
 
@@ -135,7 +137,8 @@ def run_benchmark(
     ``sample_inputs(batch)``, else random tensors (variable dims of ``size``).
     With ``out``, writes ``results.json``, ``throughput.png`` and
     ``latency_p95.png`` there (and the model repository it served). The
-    tables and the verdict go to ``echo``; the progress bar to stderr.
+    tables and the verdict go to ``echo`` (True: stdout; False: nowhere; or a
+    stream); the progress bar to stderr.
     """
     if server and url is not None:
         raise PipelinesError(
@@ -164,10 +167,11 @@ def run_benchmark(
     measurements: list[Measurement] = []
     extra_versions: dict[str, str | None] = {}
 
-    if settings.local:
-        measurements += _run_async(_measure_local, pipeline, samples, settings, bar)
-    if settings.on_server:
-        measurements += _measure_server(pipeline, samples, settings, bar, out_dir, extra_versions)
+    with ExitStack() as stack:
+        connect = None
+        if settings.on_server:
+            connect = _server(pipeline, settings, bar, out_dir, stack, extra_versions)
+        measurements = _run_async(_measure, pipeline, samples, settings, bar, connect)
 
     comparisons = compare_ratios(measurements)
     text = verdict(measurements, pipeline=pipeline.name)
@@ -189,9 +193,10 @@ def run_benchmark(
     )
     if out_dir is not None:
         result.write(out_dir / "results.json")
-    if echo is not None:
-        echo.write(render(result))
-        echo.flush()
+    stream = sys.stdout if echo is True else echo or None
+    if stream is not None:
+        stream.write(render(result))
+        stream.flush()
     return result
 
 
@@ -206,7 +211,8 @@ def render(result: BenchmarkResult) -> str:
     ]
     server = [m for m in result.measurements if m.breakdown]
     if server:
-        parts += ["\nserver time per request by model (µs, Triton statistics API, delta over the measured windows)",
+        parts += ["\nserver time per request by model (µs, Triton statistics API, delta over the measured windows;\n"
+                  "an ensemble's queue/in/infer/out are the sums of its composing models', as Triton reports them)",
                   breakdown_table(server)]
     local = [m for m in result.measurements if m.local_report]
     if local:
@@ -259,25 +265,53 @@ def _finish(bar: Progress, label: str, m: Measurement) -> None:
     bar.finish(label, figures + errors + stable)
 
 
-async def _measure_local(
-    pipeline: Pipeline, samples: list[dict[str, Any]], settings: BenchSettings, bar: Progress
+async def _measure(
+    pipeline: Pipeline,
+    samples: list[dict[str, Any]],
+    settings: BenchSettings,
+    bar: Progress,
+    connect: Callable[[], Any] | None,
 ) -> list[Measurement]:
-    out = []
-    for form in settings.forms:
-        config = Configuration("local", form)
-        async with local_target(pipeline, form) as target:
-            for c in settings.concurrency:
-                label = f"{config.label} c={c}"
+    """Measure every configuration at each level in turn.
 
-                async def reset(target=target) -> None:
-                    target.reset()
+    Every target is opened first and the levels are the outer loop, so the forms
+    compared at one level are measured minutes apart at most: on a shared machine
+    the load of other processes drifts, and this keeps the drift out of the ratios.
+    """
+    async with AsyncExitStack() as stack:
+        targets: list[tuple[Configuration, Any]] = []
+        if settings.local:
+            for form in settings.forms:
+                targets.append((Configuration("local", form), await stack.enter_async_context(local_target(pipeline, form))))
+        if connect is not None:
+            client = await stack.enter_async_context(connect())
+            for form in settings.forms:
+                config = Configuration("server", form, model_name(pipeline.name, form))
+                targets.append((config, ServerTarget(client, client, config.model, timeout=settings.timeout)))
+        out = []
+        for c in settings.concurrency:
+            for config, target in targets:
+                out.append(await _measure_one(config, target, samples, settings.plan(c), settings.batch, bar))
+    order = {t[0]: i for i, t in enumerate(targets)}
+    return sorted(out, key=lambda m: (order[m.config], m.concurrency))
 
-                load = await run_load(target.infer, samples, settings.plan(c),
-                                      on_boundary=_first_only(reset), progress=bar, label=label)
-                m = Measurement.from_load(config, load, batch=settings.batch, local_report=target.report())
-                _finish(bar, label, m)
-                out.append(m)
-    return out
+
+async def _measure_one(
+    config: Configuration, target: Any, samples: list[dict[str, Any]], plan: LoadPlan, batch: int, bar: Progress
+) -> Measurement:
+    label = f"{config.label} c={plan.concurrency}"
+    if isinstance(target, ServerTarget):
+        load = await run_load(target.infer, samples, plan, on_boundary=target.snapshot, progress=bar, label=label)
+        m = Measurement.from_load(config, load, batch=batch, breakdown=tuple(_breakdown(load, config.model)))
+    else:
+        async def reset() -> None:
+            target.reset()
+
+        # The cost report starts afresh once the warm-up is over.
+        load = await run_load(target.infer, samples, plan, on_boundary=_first_only(reset), progress=bar, label=label)
+        m = Measurement.from_load(config, load, batch=batch, local_report=target.report())
+    _finish(bar, label, m)
+    return m
 
 
 def _first_only(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -292,50 +326,25 @@ def _first_only(fn: Callable[[], Any]) -> Callable[[], Any]:
     return once
 
 
-def _measure_server(
+def _server(
     pipeline: Pipeline,
-    samples: list[dict[str, Any]],
     settings: BenchSettings,
     bar: Progress,
     out_dir: Path | None,
+    stack: ExitStack,
     versions: dict[str, str | None],
-) -> list[Measurement]:
+) -> Callable[[], Any]:
+    """Start the embedded server (or reach the remote one); return how to make its async client."""
     from ..runtime.triton import AsyncTritonClient
 
-    with ExitStack() as stack:
-        if settings.url is not None:
-            url = settings.url
-            bar.note(f"measuring the Triton server at {url} ({settings.protocol})")
-
-            def make_client() -> AsyncTritonClient:
-                return AsyncTritonClient(url, settings.protocol)
-
-            versions["tritonserver"] = _server_version(url) if settings.protocol == "http" else None
-        else:
-            server = _start_server(pipeline, out_dir, stack, bar)
-
-            def make_client() -> AsyncTritonClient:
-                return server.async_client(settings.protocol)  # fails fast if the server dies
-
-            versions["tritonserver"] = _server_version(server.http_url)
-
-        async def measure() -> list[Measurement]:
-            out = []
-            async with make_client() as client:
-                for form in settings.forms:
-                    config = Configuration("server", form, model_name(pipeline.name, form))
-                    target = ServerTarget(client, client, config.model, timeout=settings.timeout)
-                    for c in settings.concurrency:
-                        label = f"{config.label} c={c}"
-                        load = await run_load(target.infer, samples, settings.plan(c),
-                                              on_boundary=target.snapshot, progress=bar, label=label)
-                        m = Measurement.from_load(config, load, batch=settings.batch,
-                                                  breakdown=tuple(_breakdown(load, config.model)))
-                        _finish(bar, label, m)
-                        out.append(m)
-            return out
-
-        return _run_async(measure)
+    if settings.url is not None:
+        url = settings.url
+        bar.note(f"measuring the Triton server at {url} ({settings.protocol})")
+        versions["tritonserver"] = _server_version(url) if settings.protocol == "http" else None
+        return lambda: AsyncTritonClient(url, settings.protocol)
+    server = _start_server(pipeline, out_dir, stack, bar)
+    versions["tritonserver"] = _server_version(server.http_url)
+    return lambda: server.async_client(settings.protocol)  # fails fast if the server dies
 
 
 def _breakdown(load: LoadResult, model: str | None):

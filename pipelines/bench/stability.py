@@ -7,8 +7,9 @@ After ``max_trials`` windows without agreement the measurement is reported unsta
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from ..errors import PipelinesError
 

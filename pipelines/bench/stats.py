@@ -8,8 +8,9 @@ requests of that measurement, for every model the server ran (composing models t
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

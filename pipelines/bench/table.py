@@ -4,7 +4,7 @@ configuration and concurrency, then the server's per-model time breakdown.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .measurement import Measurement
 from .verdict import RatioComparison
@@ -14,11 +14,11 @@ __all__ = ["breakdown_table", "format_table", "local_table", "ratio_table", "res
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Columns right-aligned except the first, separated by two spaces, under a rule."""
-    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(
-            str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+            str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         ).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])

@@ -5,7 +5,8 @@ server's statistics snapshots that give the per-model breakdown.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..compile.plan import TOP_LEVEL_SUFFIXES
 from .stats import ModelCounters, parse_statistics

@@ -7,8 +7,9 @@ measurement is the same ratio on the server, at the same concurrency.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from .measurement import FORMS, Measurement
 

@@ -8,7 +8,10 @@ with ``async_exec()``; ``"bls-sync"`` calls them one after another with
 model has dynamic batching, so requests that arrive while it is busy reach it
 together and the async executor runs them side by side (the sync one, in
 turn). Raise ``instance_count`` for more executors, e.g. for a non-batching
-pipeline, where Triton hands one request at a time to each instance.
+pipeline, where Triton hands one request at a time to each instance. Triton's
+Python backend finishes one ``execute`` (async or not) before it starts the
+next, so a slow or stuck step holds its BLS instance until it answers; the
+ensemble holds only the step's own instance.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from ..errors import PipelinesError
 from ..graph import Pipeline
 from ..step import Step
 from ..steps import detector as stand_in_detector
-from ..steps import letterbox, letterbox_geometry, nms, nms_step, scale_boxes, scale_boxes_step
+from ..steps import letterbox, letterbox_geometry, nms, nms_step, scale_boxes
 from ..steps.detector import CLASS_NAMES, PALETTE
 from ..steps.nms import NUM_CANDIDATES, NUM_CLASSES
 from ..tensor import TensorSpec
@@ -121,7 +121,7 @@ def make_sample(seed: int = 0, n_objects: int = 5, size: tuple[int, int] = (480,
                 f"apart in a {height}x{width} image; ask for fewer objects or a larger size"
             )
     classes = rng.integers(0, len(PALETTE), size=len(boxes))
-    for (x1, y1, x2, y2), cls in zip(boxes, classes):
+    for (x1, y1, x2, y2), cls in zip(boxes, classes, strict=True):
         image[y1:y2, x1:x2] = PALETTE[cls]
     return {
         "image": image,

@@ -15,6 +15,7 @@ import numpy as np
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from ..errors import InferenceError, InputError, PipelinesError, ServerError, StepTimeoutError
+from .rejections import REJECTED_STATUSES, explain_rejection
 
 __all__ = ["AsyncTritonClient", "Liveness", "TritonClient", "infer_inputs", "message_to_dict"]
 
@@ -131,6 +132,12 @@ def _output_names(result: Any, protocol: str) -> list[str]:
     if protocol == "http":
         return [output["name"] for output in response.get("outputs", [])]
     return [output.name for output in response.outputs]
+
+
+def _rejected(error: InferenceError) -> bool:
+    """Whether Triton refused the request itself (HTTP 400, gRPC INVALID_ARGUMENT)."""
+    cause = error.__cause__
+    return isinstance(cause, InferenceServerException) and (cause.status() or "") in REJECTED_STATUSES
 
 
 def _is_timeout(exc: BaseException) -> bool:
@@ -279,7 +286,16 @@ class TritonClient:
             )
             return {name: result.as_numpy(name) for name in _output_names(result, "grpc")}
 
-        return self._call("infer on", model, timeout, over_http, over_grpc)
+        try:
+            return self._call("infer on", model, timeout, over_http, over_grpc)
+        except InferenceError as error:
+            if not _rejected(error):
+                raise
+            try:
+                config = self.model_config(model)
+            except PipelinesError:
+                raise error from error.__cause__
+            raise explain_rejection(error, model=model, inputs=inputs, config=config) from error.__cause__
 
     def statistics(self, model: str = "") -> dict:
         """Triton's statistics for ``model`` (all models if empty): ``{"model_stats": [...]}``."""
@@ -468,7 +484,16 @@ class AsyncTritonClient:
             )
             return {name: result.as_numpy(name) for name in _output_names(result, "grpc")}
 
-        return await self._call("infer on", model, timeout, over_http, over_grpc)
+        try:
+            return await self._call("infer on", model, timeout, over_http, over_grpc)
+        except InferenceError as error:
+            if not _rejected(error):
+                raise
+            try:
+                config = await self.model_config(model)
+            except PipelinesError:
+                raise error from error.__cause__
+            raise explain_rejection(error, model=model, inputs=inputs, config=config) from error.__cause__
 
     async def statistics(self, model: str = "") -> dict:
         async def over_grpc(c: Any, t: float | None) -> dict:

@@ -9,7 +9,8 @@ accept both, and fall back to their defaults when a parameter is absent.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Mapping, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from ..errors import StepDeclarationError
 

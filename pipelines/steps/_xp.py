@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["array_namespace", "to_numpy"]
+__all__ = ["array_namespace", "stable_argsort", "to_numpy"]
 
 _cupy: ModuleType | None = None
 _cupy_checked = False
@@ -49,3 +49,12 @@ def to_numpy(arr: Any) -> np.ndarray:
     if getter is not None and array_namespace(arr) is not np:
         return getter()
     return np.asarray(arr)
+
+
+def stable_argsort(arr: Any) -> Any:
+    """Indices that sort ``arr`` ascending, ties in their original order.
+
+    CuPy's sort is always stable and takes no ``kind``; numpy's must be asked.
+    """
+    xp = array_namespace(arr)
+    return xp.argsort(arr, kind="stable") if xp is np else xp.argsort(arr)

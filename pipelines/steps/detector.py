@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -100,7 +101,7 @@ _CELL_SHIFTS = ((0, 0), (1, 0), (-1, 0), (0, 1), (0, -1))
 def _template() -> np.ndarray:
     """The noise every image starts from: anchor boxes on the grid, scores below threshold."""
     parts = []
-    for s, g, anchors in zip(STRIDES, _GRIDS, ANCHORS):
+    for s, g, anchors in zip(STRIDES, _GRIDS, ANCHORS, strict=True):
         gy, gx = np.meshgrid(np.arange(g), np.arange(g), indexing="ij")
         for aw, ah in anchors:
             xywh = np.stack(
@@ -161,7 +162,7 @@ def _run_lengths(lab: Any, b: Any, row: Any, col: Any) -> Any:
     n, h, w = lab.shape
     breaks = xp.ones((n, h, w + 1), dtype=bool)
     breaks[:, :, 1:w] = lab[:, :, 1:] != lab[:, :, :-1]
-    count = xp.cumsum(breaks.ravel())
+    count = xp.cumsum(breaks.ravel(), dtype=xp.int64)
     start = (b * h + row) * (w + 1) + col
     return xp.searchsorted(count, count[start] + 1) - start
 

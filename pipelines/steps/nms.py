@@ -10,12 +10,13 @@ last detection are padding: zeros with class ``-1`` (score 0).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..step import step
 from ..tensor import TensorSpec
 from ._config import read_parameter
-from ._xp import array_namespace
+from ._xp import array_namespace, stable_argsort
 
 __all__ = [
     "CONF_THRESHOLD",
@@ -79,7 +80,7 @@ def non_max_suppression(
         rows, cls, conf = rows[passed], cls[passed], conf[passed]
         if rows.shape[0] == 0:
             continue
-        order = xp.argsort(-conf, kind="stable")[:max_nms]
+        order = stable_argsort(-conf)[:max_nms]
         rows, cls, conf = rows[order], cls[order], conf[order]
         half_w, half_h = rows[:, 2] / 2, rows[:, 3] / 2
         boxes = xp.stack(
@@ -113,7 +114,7 @@ def _greedy_keep(xp: Any, boxes: Any, cls: Any, iou_threshold: float) -> Any:
     suppresses = (inter / union > xp.float32(iou_threshold)) & (cls[:, None] == cls[None, :])
     suppresses = xp.triu(suppresses, 1).astype(xp.float32)
     keep = xp.ones(n, dtype=bool)
-    for _ in range(1):
+    for _ in range(n + 1):
         new = (keep.astype(xp.float32) @ suppresses) == 0
         if bool((new == keep).all()):
             break

@@ -158,9 +158,11 @@ class TritonPythonModel:
 
     def _collect(self, node, run, response):
         if response.has_error():
-            raise RequestFailed(
-                f"{self.where}: step {node['name']!r} (model {node['model']!r}) failed: {response.error().message()}"
-            )
+            message = response.error().message()
+            # The step adapter already says "pipeline 'p' step 's' ..."; keep only what went wrong.
+            own = f"pipeline {self.pipeline!r} step {node['step']!r}"
+            detail = message[len(own):].lstrip(": ") if message.startswith(own) else f"failed: {message}"
+            raise RequestFailed(f"{self.where}: step {node['name']!r} (model {node['model']!r}) {detail}")
         for output in run.schedule.requested[node["name"]]:
             tensor = pb_utils.get_output_tensor_by_name(response, output)
             if tensor is None:

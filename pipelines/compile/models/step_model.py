@@ -135,10 +135,15 @@ class TritonPythonModel:
         return outputs
 
     def _message(self, exc):
-        if isinstance(exc, (InputError, StepError)) and self.pipeline in str(exc):
-            return str(exc)
+        """``pipeline 'p' step 's' <what went wrong>``, the words the local runtime uses too."""
         if isinstance(exc, (InputError, StepError)):
-            return f"pipeline {self.pipeline!r}: {exc}"
+            text = str(exc)
+            if text.startswith(self.where):
+                return text
+            own = f"step {self.step_name!r} "
+            if text.startswith(own):  # check_outputs and friends speak of the step alone
+                return f"{self.where} {text[len(own):]}"
+            return f"{self.where}: {text}"
         tail = traceback.format_exception_only(type(exc), exc)[-1].strip()
         return f"{self.where} raised {tail}"
 

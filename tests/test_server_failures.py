@@ -1,0 +1,492 @@
+"""Bad input, failing steps and stuck steps on the real tritonserver: through the compiled
+``_ensemble``, ``_bls`` and ``_bls_sync`` a user gets an error that names the tensor or the
+step, expected against given, and the server goes on answering everyone else."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+
+from pipelines import DynamicBatching, Pipeline, TensorSpec, step
+from pipelines.compile import compile_pipeline
+from pipelines.errors import InferenceError, InputError, StepTimeoutError
+from pipelines.runtime.triton import TritonServer
+
+pytestmark = pytest.mark.server
+
+FORMS = ("ensemble", "bls", "bls_sync")
+PROTOCOLS = ("http", "grpc")
+F4 = TensorSpec("FP32", [4])
+K = TensorSpec("INT32", [1])
+MAX_BATCH = 4
+# A stuck step waits at most this long for the test to release it, so the server never hangs.
+STUCK_S = 10.0
+STUCK_MARKER = 999.0
+TOKENS = itertools.count(1)  # one release file per stuck request
+
+
+# ----------------------------------------------------------------- the steps
+
+
+@step(inputs={"x": F4}, outputs={"y": F4}, dynamic_batching=DynamicBatching(max_queue_delay_us=20_000))
+def guard(x):
+    if (x < 0).any():
+        raise ValueError(f"negative value {x.min():g} in x")
+    return {"y": x + 1}
+
+
+@step(inputs={"y": F4, "k": K}, outputs={"z": F4}, dynamic_batching=DynamicBatching(max_queue_delay_us=20_000))
+def weigh(y, k):
+    return {"z": y * k.astype(np.float32)}
+
+
+@step(inputs={"x": F4}, outputs={"total": TensorSpec("FP64", [1])})
+def total(x):
+    return {"total": x.sum(axis=1, keepdims=True, dtype=np.float64)}
+
+
+# What a row whose first value is the marker makes `misbehave` do, and what the user must read.
+MISDEEDS = {
+    "raises": (101.0, r"raised ValueError: refusing row marked 101"),
+    "wrong_dtype": (102.0, r"output 'y' has dtype float64; it declares FP32 \(float32\); cast it"),
+    "wrong_shape": (103.0, r"output 'y' has shape \[1, 3\]; it declares \[1, 4\]"),
+    "omits_output": (104.0, r"did not return output\(s\) \['y'\]; it returned \['n'\]"),
+    "drops_a_row": (105.0, r"output 'y' has shape \[0, 4\]; expected the batch dimension 1 first"),
+}
+
+
+def culprit(form: str) -> str:
+    """How each form names the failing step: the adapter's words, and the executor's around them."""
+    if form == "ensemble":
+        return re.escape("in ensemble 'wayward_ensemble', pipeline 'wayward' step 'misbehave' ")
+    return re.escape(f"pipeline 'wayward' (model 'wayward_{form}'): step 'misbehave' (model 'wayward__misbehave') ")
+
+
+class Misbehave:
+    """Breaks its contract as the markers say; logs the first value of each row of each call."""
+
+    def initialize(self, config):
+        self.log = Path(config["parameters"]["log_dir"]) / "calls.log"
+
+    def execute(self, x):
+        with open(self.log, "a") as f:
+            f.write(" ".join(f"{v:g}" for v in x[:, 0]) + "\n")
+        return _misbehave(x)
+
+
+def _misbehave(x):
+    marks = set(x[:, 0].tolist())
+    y, n = x * 2, np.full((x.shape[0], 1), x.shape[0], np.int32)
+    if 101.0 in marks:
+        raise ValueError("refusing row marked 101")
+    if 102.0 in marks:
+        return {"y": y.astype(np.float64), "n": n}
+    if 103.0 in marks:
+        return {"y": y[:, :3].copy(), "n": n}
+    if 104.0 in marks:
+        return {"n": n}
+    if 105.0 in marks:
+        return {"y": y[:-1].copy(), "n": n}
+    return {"y": y, "n": n}
+
+
+@step(inputs={"y": F4}, outputs={"z": F4})
+def plus_one(y):
+    return {"z": y + 1}
+
+
+class Hang:
+    """Sleeps while the first value is the marker, until the test drops its release file."""
+
+    def initialize(self, config):
+        self.directory = Path(config["parameters"]["release_dir"])
+
+    def execute(self, x):
+        if x[0, 0] == STUCK_MARKER:
+            token = f"release-{int(x[0, 1])}"
+            deadline = time.monotonic() + STUCK_S
+            while time.monotonic() < deadline:
+                if (self.directory / token).exists() or (self.directory / "release-all").exists():
+                    break
+                time.sleep(0.01)
+        return {"y": x * 3}
+
+
+@step(inputs={"x": TensorSpec("FP32", [2, 3])}, outputs={"y": TensorSpec("FP32", [2, 3])})
+def flip(x):
+    return {"y": x[::-1].copy()}
+
+
+# ------------------------------------------------------------- the pipelines
+
+
+def strict_pipeline():
+    """Two inputs, a chain and a branch; `guard` raises on negative values."""
+    p = Pipeline("strict", inputs={"x": F4, "k": K}, max_batch_size=MAX_BATCH)
+    g = p.add(guard, x=p.input("x"))
+    w = p.add(weigh, y=g["y"], k=p.input("k"))
+    t = p.add(total, x=p.input("x"))
+    p.output("z", w["z"])
+    p.output("total", t["total"])
+    return p
+
+
+def strict_reference(x, k):
+    return {"z": (x + 1) * k.astype(np.float32), "total": x.sum(axis=1, keepdims=True, dtype=np.float64)}
+
+
+def wayward_pipeline(log_dir: Path):
+    misbehave = step(
+        Misbehave, name="misbehave", inputs={"x": F4}, outputs={"y": F4, "n": K},
+        dynamic_batching=DynamicBatching(max_queue_delay_us=100_000), parameters={"log_dir": str(log_dir)},
+    )
+    p = Pipeline("wayward", inputs={"x": F4}, max_batch_size=8)
+    m = p.add(misbehave, x=p.input("x"))
+    o = p.add(plus_one, y=m["y"])
+    p.output("z", o["z"])
+    p.output("n", m["n"])
+    return p
+
+
+def stuck_pipeline(release_dir: Path):
+    hang = step(
+        Hang, name="hang", inputs={"x": F4}, outputs={"y": F4},
+        instance_count=2, parameters={"release_dir": str(release_dir)},
+    )
+    p = Pipeline("stuck", inputs={"x": F4}, max_batch_size=MAX_BATCH)
+    h = p.add(hang, x=p.input("x"))
+    p.output("y", h["y"])
+    return p
+
+
+def flat_pipeline():
+    p = Pipeline("flat", inputs={"x": TensorSpec("FP32", [2, 3])}, max_batch_size=0)
+    f = p.add(flip, x=p.input("x"))
+    p.output("y", f["y"])
+    return p
+
+
+# ------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def release_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("release")
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("calls")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, release_dir, log_dir):
+    repos = [
+        compile_pipeline(strict_pipeline(), "both"),
+        compile_pipeline(wayward_pipeline(log_dir), "both"),
+        # A Python model runs one execute at a time, async or not, so a stuck request holds
+        # its BLS instance: a second instance keeps the BLS forms answering meanwhile.
+        compile_pipeline(stuck_pipeline(release_dir), "both", bls_instance_count=2),
+        # Triton refuses bad requests before any model runs, the same for every form: one form will do.
+        compile_pipeline(flat_pipeline(), "ensemble"),
+    ]
+    root = repos[0].merge(*repos[1:]).write(tmp_path_factory.mktemp("failures") / "repo")
+    # Nothing is in flight at the end; a short exit timeout spares the wait for Triton's unloading.
+    with TritonServer(root, exit_timeout=1) as running:
+        try:
+            yield running
+        finally:
+            (release_dir / "release-all").touch()  # nothing stuck may hold the server's exit
+
+
+@pytest.fixture(scope="module", params=PROTOCOLS)
+def client(request, server):
+    with server.client(request.param, timeout=60) as c:
+        yield c
+
+
+def good_strict(seed: int, batch: int = 2) -> dict:
+    x = (seed * 8 + np.arange(batch * 4, dtype=np.float32).reshape(batch, 4) * 0.125).astype(np.float32)
+    return {"x": x, "k": np.full((batch, 1), seed % 7 + 1, np.int32)}
+
+
+def assert_answer(got: dict, expected: dict) -> None:
+    assert sorted(got) == sorted(expected)
+    for name, value in expected.items():
+        assert got[name].dtype == value.dtype, name
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+# ------------------------------------------------- bad requests, named precisely
+
+GOOD = good_strict(3)
+# name -> (request, what the error must say: the tensor, and expected against given)
+BAD_REQUESTS = {
+    "wrong_dtype": (
+        {"x": GOOD["x"].astype(np.float64), "k": GOOD["k"]},
+        r"input 'x' expects dtype FP32 \(float32\) but was given float64",
+    ),
+    "wrong_rank": (
+        {"x": GOOD["x"][..., None], "k": GOOD["k"]},
+        r"input 'x' expects rank 2 FP32 \[batch, 4\] but was given shape \[2, 4, 1\] \(rank 3\)",
+    ),
+    "batch_dimension_left_out": (
+        {"x": GOOD["x"][0], "k": GOOD["k"][:1]},
+        r"input 'x' expects rank 2 FP32 \[batch, 4\] but was given shape \[4\] \(rank 1\); "
+        r"the batch dimension is missing",
+    ),
+    "wrong_fixed_dimension": (
+        {"x": np.ones((2, 5), np.float32), "k": GOOD["k"]},
+        r"input 'x' expects shape FP32 \[batch, 4\] but was given \[2, 5\]: dimension 1 is 5, expected 4",
+    ),
+    "batch_above_max": (
+        good_strict(4, batch=MAX_BATCH + 1),
+        rf"input 'x' has batch size {MAX_BATCH + 1} \(shape \[{MAX_BATCH + 1}, 4\]\) but max_batch_size is {MAX_BATCH}",
+    ),
+    "batch_sizes_disagree": (
+        {"x": GOOD["x"], "k": np.ones((3, 1), np.int32)},
+        r"inputs 'x' and 'k' have batch sizes 2 and 3",
+    ),
+    "missing_input": (
+        {"x": GOOD["x"]},
+        r"input 'k' \(INT32 \[1\]\) is missing; expected inputs \['x', 'k'\], given \['x'\]",
+    ),
+    "extra_input": (
+        {**GOOD, "w": np.ones((2, 1), np.float32)},
+        r"got input 'w', which is not declared; expected inputs \['x', 'k'\], given \['x', 'k', 'w'\]",
+    ),
+    "empty_batch": (
+        {"x": np.ones((0, 4), np.float32), "k": np.ones((0, 1), np.int32)},
+        r"input 'x' is an empty batch \(shape \[0, 4\]\); send at least one row of FP32 \[batch, 4\]",
+    ),
+    "bytes_for_numbers": (
+        {"x": np.array([[b"1", b"2", b"3", b"4"]] * 2, dtype=object), "k": GOOD["k"]},
+        r"input 'x' expects FP32 numbers \(float32\) but was given a BYTES payload",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+@pytest.mark.parametrize("form", FORMS)
+def test_a_bad_request_names_the_tensor_expected_against_given(client, form, case):
+    model = f"strict_{form}"
+    request, said = BAD_REQUESTS[case]
+    with pytest.raises(InputError) as caught:
+        client.infer(model, request)
+    text = str(caught.value)
+    assert re.search(said, text), text
+    assert text.startswith(f"model {model!r} refused the request: ")
+    assert "[Triton: " in text  # the server's own words are kept too
+    # The server is unharmed: the next good request gets its answer.
+    assert_answer(client.infer(model, GOOD), strict_reference(**GOOD))
+
+
+@pytest.mark.parametrize(
+    ("x", "said"),
+    [
+        (np.ones((1, 2, 3), np.float32), r"input 'x' expects rank 2 FP32 \[2, 3\] but was given shape \[1, 2, 3\]"),
+        (np.ones((2, 4), np.float32), r"expects shape FP32 \[2, 3\] but was given \[2, 4\]: dimension 1 is 4, expected 3"),
+    ],
+    ids=["wrong_rank", "wrong_fixed_dimension"],
+)
+def test_a_pipeline_without_batching_checks_every_dimension(client, x, said):
+    with pytest.raises(InputError, match=said):
+        client.infer("flat", {"x": x})
+    good = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(client.infer("flat", {"x": good})["y"], good[::-1])
+
+
+# ------------------------------------------------------------- failing steps
+
+
+def marked(marker: float, seed: float = 1.0) -> np.ndarray:
+    x = np.full((1, 4), seed, np.float32)
+    x[0, 0] = marker
+    return x
+
+
+@pytest.mark.parametrize("misdeed", list(MISDEEDS))
+@pytest.mark.parametrize("form", FORMS)
+def test_a_failing_step_is_named_with_what_it_did_wrong(client, form, misdeed):
+    marker, said = MISDEEDS[misdeed]
+    with pytest.raises(InferenceError) as caught:
+        client.infer(f"wayward_{form}", {"x": marked(marker)})
+    text = str(caught.value)
+    assert not isinstance(caught.value, InputError), text
+    assert re.match(culprit(form) + said, text), text
+    ok = client.infer(f"wayward_{form}", {"x": marked(7.0)})
+    np.testing.assert_array_equal(ok["z"], marked(7.0) * 2 + 1)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_one_bad_request_does_not_fail_the_others_in_its_batch(server, log_dir, form):
+    """Eight requests at once, one per misdeed among them: the step gets them as batches and
+    falls back to one call per request, so only the culprits fail, each with its own error."""
+    log = log_dir / "calls.log"
+    seen = log.stat().st_size if log.exists() else 0
+    goods = [marked(float(10 + i), seed=float(i)) for i in range(3)]
+    requests = goods + [marked(marker) for marker, _ in MISDEEDS.values()]
+
+    def call(x):
+        with server.client("grpc", timeout=60) as c:
+            try:
+                return c.infer(f"wayward_{form}", {"x": x})
+            except InferenceError as exc:
+                return exc
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        results = list(pool.map(call, requests))
+    for x, result in zip(goods, results, strict=False):
+        assert isinstance(result, dict), result
+        np.testing.assert_array_equal(result["z"], x * 2 + 1)
+    for (_, said), result in zip(MISDEEDS.values(), results[len(goods):], strict=True):
+        assert isinstance(result, InferenceError) and re.match(culprit(form) + said, str(result)), result
+    if form != "bls_sync":  # the sync executor calls the step for one request at a time
+        # The step was called with a batch holding good and bad requests together.
+        with open(log) as f:
+            f.seek(seen)
+            calls = [set(line.split()) for line in f]
+        goods_marks, bad_marks = {"10", "11", "12"}, {f"{m:g}" for m, _ in MISDEEDS.values()}
+        assert any(c & goods_marks and c & bad_marks for c in calls), calls
+
+
+# ------------------------------------------------------------------ timeouts
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_client_timeout_ends_a_stuck_step_and_the_server_answers_others(client, release_dir, form):
+    model = f"stuck_{form}"
+    token = next(TOKENS)
+    stuck = np.array([[STUCK_MARKER, token, 0, 0]], np.float32)
+    started = time.monotonic()
+    try:
+        with pytest.raises(StepTimeoutError) as caught:
+            client.infer(model, {"x": stuck}, timeout=0.5)
+        assert time.monotonic() - started < 3, "the timeout did not end the call"
+        text = str(caught.value)
+        assert f"infer on model {model!r} got no answer within 0.5 s" in text, text
+        assert caught.value.step == model
+        # The step is still stuck on the server, yet the server answers other requests,
+        # to the same model too (the step and the BLS model have a second instance).
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        np.testing.assert_array_equal(client.infer(model, {"x": x}, timeout=5)["y"], x * 3)
+        assert_answer(client.infer("strict_bls_sync", GOOD, timeout=5), strict_reference(**GOOD))
+    finally:
+        (release_dir / f"release-{token}").touch()
+
+
+# ------------------------------------------------------- 200 concurrent requests
+
+CONCURRENCY = 32
+
+
+def mixed_requests(n: int = 200) -> list[tuple[dict, object]]:
+    """``n`` requests with unique data, every third one malformed in a varied way.
+
+    Each comes with its expectation: the reference answer, or a pattern its own error must match.
+    """
+    bad_kinds = ("dtype", "dims", "missing", "raises", "extra", "empty", "batch")
+    out = []
+    for i in range(n):
+        batch = 1 + i % MAX_BATCH
+        request = good_strict(i, batch)
+        if i % 3 != 2:
+            out.append((request, strict_reference(**request)))
+            continue
+        kind = bad_kinds[(i // 3) % len(bad_kinds)]
+        x, k = request["x"], request["k"]
+        if kind == "dtype":
+            dtype = (np.float64, np.int32, np.float16)[i % 3]
+            request = {"x": x.astype(dtype), "k": k}
+            expected = rf"input 'x' expects dtype FP32 \(float32\) but was given {np.dtype(dtype)}"
+        elif kind == "dims":
+            wrong = x[:, :3] if i % 2 else x[..., None]
+            request = {"x": wrong, "k": k}
+            expected = re.escape(f"but was given {'' if i % 2 else 'shape '}{list(wrong.shape)}")
+        elif kind == "missing":
+            dropped = "k" if i % 2 else "x"
+            request = {name: value for name, value in request.items() if name != dropped}
+            expected = rf"input '{dropped}' \((INT32|FP32) \[.*\]\) is missing"
+        elif kind == "raises":
+            value = -(i + 0.5)
+            x = x.copy()
+            x[-1, i % 4] = value
+            request = {"x": x, "k": k}
+            expected = rf"step 'guard' (\(model 'strict__guard'\) )?raised ValueError: negative value {value:g} in x \(infer on"
+        elif kind == "extra":
+            request = {**request, f"extra_{i}": k}
+            expected = rf"got input 'extra_{i}', which is not declared"
+        elif kind == "empty":
+            request = {"x": x[:0], "k": k[:0]}
+            expected = r"input 'x' is an empty batch"
+        else:
+            request = good_strict(i, MAX_BATCH + 1 + i % 3)
+            expected = rf"input 'x' has batch size {MAX_BATCH + 1 + i % 3} "
+        out.append((request, expected))
+    return out
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("form", ["ensemble", "bls"])
+def test_200_concurrent_requests_a_third_malformed_each_get_their_own_answer(server, form, protocol):
+    model = f"strict_{form}"
+    cases = mixed_requests()
+    answers: dict[int, list] = {i: [] for i in range(len(cases))}
+    before = _successes(server, model)
+
+    async def main():
+        limiter = anyio.CapacityLimiter(CONCURRENCY)
+        with anyio.fail_after(120):
+            async with server.async_client(protocol, timeout=60) as client:
+
+                async def one(i, request):
+                    async with limiter:
+                        try:
+                            answers[i].append(await client.infer(model, request))
+                        except InferenceError as exc:
+                            answers[i].append(exc)
+
+                async with anyio.create_task_group() as tg:
+                    for i, (request, _) in enumerate(cases):
+                        tg.start_soon(one, i, request)
+
+    anyio.run(main)
+
+    good = raised = 0
+    for i, (_, expected) in enumerate(cases):
+        assert len(answers[i]) == 1, f"request {i} answered {len(answers[i])} times"
+        (got,) = answers[i]
+        if isinstance(expected, dict):
+            good += 1
+            assert isinstance(got, dict), f"request {i}: {got}"
+            assert_answer(got, expected)
+        else:
+            assert isinstance(got, InferenceError), f"request {i} should have failed: {got}"
+            assert re.search(expected, str(got)), f"request {i}: {got}"
+            raised += "raised ValueError: negative value" in str(got)
+    assert good == 134 and raised == 9
+    # The server counted each request that reached the model once, no more, no less. The
+    # Python backend counts a request it answered with an error (a failed step) as a success.
+    reached = good + (raised if form == "bls" else 0)
+    assert _wait_for(lambda: _successes(server, model) - before == reached), _successes(server, model) - before
+
+
+def _successes(server, model: str) -> int:
+    stats = server.client("grpc").statistics(model)["model_stats"][0]
+    return int(stats["inference_stats"]["success"]["count"])
+
+
+def _wait_for(condition, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
