@@ -140,22 +140,34 @@ class InstancePool:
 
 
 class _ThreadCall:
-    """The hand-over between an execution on a worker thread and the event loop."""
+    """The hand-over of one execution between a worker thread and the event loop.
 
-    __slots__ = ("lock", "finished", "abandoned", "lease", "pool", "token")
+    The awaiting side may be cancelled before the thread starts (then the call
+    never runs and the loop keeps the instance), while it runs (then the call is
+    abandoned and the thread gives the instance back when it ends), or after it
+    ended (then the loop gives it back). A lock makes those three cases exclusive.
+    """
+
+    __slots__ = ("lock", "state", "lease", "pool", "token")
 
     def __init__(self, lease: Lease, pool: InstancePool) -> None:
         self.lock = threading.Lock()
-        self.finished = False
-        self.abandoned = False
+        self.state = "pending"  # -> "running" -> "finished" | "abandoned"; or "pending" -> "dropped"
         self.lease = lease
         self.pool = pool
         self.token = anyio.lowlevel.current_token()
 
-    def finish(self) -> None:  # on the worker thread
+    def begin(self) -> bool:  # on the worker thread: may the call run?
         with self.lock:
-            self.finished = True
-            late = self.abandoned
+            if self.state == "dropped":
+                return False
+            self.state = "running"
+            return True
+
+    def end(self) -> None:  # on the worker thread
+        with self.lock:
+            late = self.state == "abandoned"
+            self.state = "finished"
         if not late:
             return
         try:
@@ -163,10 +175,12 @@ class _ThreadCall:
         except Exception:  # the event loop is gone: nobody can use the instance again
             self.lease.instance.finalize()
 
-    def abandon(self) -> None:  # on the event loop, when the awaiting side was cancelled
+    def cancel(self) -> None:  # on the event loop, when the awaiting side was cancelled
         with self.lock:
-            if not self.finished:
-                self.abandoned = True
+            if self.state == "pending":
+                self.state = "dropped"
+            elif self.state == "running":
+                self.state = "abandoned"
                 self.lease.abandoned = True
 
 
@@ -367,20 +381,24 @@ class StepModel:
         call = _ThreadCall(lease, self.pool)
         execute: Callable[[dict[str, Any]], dict[str, Any]] = lease.instance.execute
 
-        def work() -> tuple[dict[str, Any], float]:
+        def work() -> tuple[dict[str, Any], float] | None:
+            if not call.begin():
+                return None
             try:
                 t = perf_counter()
                 outputs = execute(inputs)
                 return outputs, perf_counter() - t
             finally:
-                call.finish()
+                call.end()
 
         try:
-            return await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=self._limiter)
+            result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=self._limiter)
         except BaseException:
             # A sync function cannot be killed: leave it running and answer now.
-            call.abandon()
+            call.cancel()
             raise
+        assert result is not None  # only a dropped call returns None, and its caller was cancelled
+        return result
 
     def _timeout_error(self, where: str) -> StepTimeoutError:
         return StepTimeoutError(
