@@ -8,7 +8,8 @@ tensor, what was expected and what was given. Pure numpy; arrays are never copie
 from __future__ import annotations
 
 import difflib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -157,7 +158,7 @@ def _check_shape(name: str, spec: TensorSpec, shape: tuple[int, ...], fail: Any,
                 name,
             )
     body = shape[1:] if batched else shape
-    for axis, (d, s) in enumerate(zip(spec.dims, body)):
+    for axis, (d, s) in enumerate(zip(spec.dims, body, strict=True)):
         if d != -1 and d != s:
             axis_no = axis + (1 if batched else 0)
             raise fail(

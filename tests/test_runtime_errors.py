@@ -221,7 +221,7 @@ def test_200_concurrent_requests_a_third_malformed_none_lost_or_mixed(mode):
 
     results, report = anyio.run(main)
     assert sorted(results) == list(range(200))
-    for i, (req, err_type, want) in enumerate(requests):
+    for i, (_, err_type, want) in enumerate(requests):
         got = results[i]
         if err_type is None:
             assert isinstance(got, dict), f"request {i}: {got!r}"

@@ -80,7 +80,7 @@ def build(recipe) -> Pipeline:
     refs = {("in", "a"): p.input("a"), ("in", "b"): p.input("b")}
     for name, op, sources in nodes:
         s = OPS[op][0]
-        node = p.add(s, name=name, **{inp: refs[src] for inp, src in zip(s.inputs, sources)})
+        node = p.add(s, name=name, **{inp: refs[src] for inp, src in zip(s.inputs, sources, strict=True)})
         refs.update({(name, out): node[out] for out in s.outputs})
     for i, key in enumerate(outputs):
         p.output(f"out{i}", refs[key])
@@ -125,7 +125,7 @@ def test_many_concurrent_requests_each_get_their_own_answer(mode):
     rng = np.random.default_rng(1)
     requests = [{"a": rng.normal(size=(1 + i % 4, 3)), "b": rng.normal(size=(1 + i % 4, 3))} for i in range(40)]
     results, report = run_many(p, requests, mode=mode, concurrency=8)
-    for req, got in zip(requests, results):
+    for req, got in zip(requests, results, strict=True):
         want = reference(DIAMOND, req["a"], req["b"])
         for name in want:
             np.testing.assert_array_equal(got[name], want[name])
@@ -160,3 +160,12 @@ def test_unknown_mode_is_refused():
 
     with pytest.raises(InferenceError, match="unknown mode 'fast'.*ensemble, bls, bls-sync"):
         LocalRuntime(build(DIAMOND), mode="fast")
+
+
+@pytest.mark.parametrize("offload", ["always", "never"])
+def test_offload_choices_give_the_same_answers(offload):
+    p = build(DIAMOND)
+    requests = [{"a": np.full((2, 3), float(i)), "b": np.ones((2, 3))} for i in range(10)]
+    results, _ = run_many(p, requests, mode="ensemble", concurrency=4, offload=offload)
+    for req, got in zip(requests, results, strict=True):
+        np.testing.assert_array_equal(got["out0"], reference(DIAMOND, req["a"], req["b"])["out0"])

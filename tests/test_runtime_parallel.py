@@ -215,3 +215,30 @@ def test_a_failing_step_does_not_wait_for_a_sibling_stuck_in_a_thread():
         assert not release.is_set()  # answered while the sibling was still running
     finally:
         release.set()
+
+
+def test_cancelling_a_step_on_its_way_to_a_thread_does_not_lose_the_instance():
+    # b is started first and hops to a thread; a fails at once and cancels it, sometimes
+    # before the thread has picked the call up. Its one instance must come back either way.
+    fail = [True]
+
+    async def broken(x):
+        if fail[0]:
+            raise ValueError("no")
+        return {"y": x}
+
+    def plain(x):
+        return {"y": x}
+
+    p = diamond(plain, broken, name="cancel_race")
+
+    async def main():
+        async with LocalRuntime(p, "ensemble", offload="always") as rt:
+            for _ in range(60):
+                with pytest.raises(StepError):
+                    await rt.infer({"x": X})
+            fail[0] = False
+            with anyio.fail_after(10):
+                return await rt.infer({"x": X})
+
+    np.testing.assert_array_equal(anyio.run(main)["y"], X * 2)

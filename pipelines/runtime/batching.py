@@ -9,8 +9,9 @@ request is rerun alone, so one bad request does not take the others down.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import anyio
 

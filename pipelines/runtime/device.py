@@ -141,10 +141,6 @@ def _share(array: Any, device: str) -> Any:
 
 
 def _copy(array: Any, target: str) -> Any:
-    if target == "cpu":
-        import cupy
+    import cupy  # only reached when a GPU is in play
 
-        return cupy.asnumpy(array)
-    import cupy
-
-    return cupy.asarray(array)
+    return cupy.asnumpy(array) if target == "cpu" else cupy.asarray(array)

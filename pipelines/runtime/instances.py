@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import inspect
 import threading
-from time import perf_counter
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from time import perf_counter
+from typing import Any
 
 import anyio
 import anyio.from_thread
@@ -215,6 +216,7 @@ class StepModel:
         self.is_async = False
         # Inline runs cannot be timed out or overlapped, so only plain sync steps without a timeout qualify.
         self.inline_ok = False
+        self.always_inline = False
         # A step whose typical compute is below one thread hop gains nothing from the hop.
         self.hop_cost = 0.0
         self.cheap = False
@@ -242,8 +244,11 @@ class StepModel:
             ) from exc
         self.pool = InstancePool(leases)
         fn = leases[0].instance._fn  # the bound execute/__call__ or the function itself
-        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+        self.is_async = inspect.iscoroutinefunction(fn) or (
+            not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
+        )
         self.inline_ok = not self.is_async and self.timeout is None and self.offload != "always"
+        self.always_inline = self.inline_ok and self.offload == "never"
         db = self.step.options.dynamic_batching
         if db is not None and self.batched:
             self.batcher = DynamicBatcher(
@@ -333,7 +338,7 @@ class StepModel:
         return outputs, queue, compute, 1
 
     async def _execute_batch(self, lease: Lease, inputs: dict[str, Any], rows: int) -> tuple[dict[str, Any], float]:
-        return await self.execute(lease, inputs, rows, inline=self.offload == "never" and self.inline_ok)
+        return await self.execute(lease, inputs, rows, inline=self.always_inline or (self.inline_ok and self.cheap))
 
     async def execute(
         self, lease: Lease, inputs: dict[str, Any], rows: int, *, inline: bool

@@ -15,12 +15,19 @@ nodes of the same step) with ``instance_count`` instances and a FIFO queue, and
 optional dynamic batching. Parallel work runs in anyio task groups: a failing
 step cancels its siblings and the error names the pipeline and the step.
 
-When a sync step runs on a worker thread: a thread hop costs tens of µs, so a
-step runs inline on the event loop when it could not overlap with anything
-anyway — it is the only step of the only request in flight, it has no timeout
-and ``offload="auto"``. Otherwise it runs on a worker thread (async steps are
-awaited on the loop). ``offload="always"`` always hops; ``"never"`` never does
-except for steps with a timeout, which need a thread to be abandoned.
+When a sync step runs on a worker thread: a hop costs tens of µs (half a
+millisecond on a busy VM), so with ``offload="auto"`` a sync step without a
+timeout runs inline on the event loop when the hop cannot buy overlap:
+
+- it is the only step of the only request in flight (nothing to overlap with), or
+- its typical compute time (an average over its last calls, after 3 of them) is
+  below the cost of a hop, measured once per process (overlap would cost more
+  than it saves).
+
+Otherwise it runs on a worker thread (a batch of a dynamically batched step
+follows the second rule only); async steps are awaited on the loop. ``offload="always"`` always hops;
+``"never"`` never does, except for steps with a timeout, which need a thread
+so that a stuck call can be abandoned.
 """
 
 from __future__ import annotations
@@ -29,10 +36,11 @@ import asyncio
 import concurrent.futures
 import graphlib
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from time import perf_counter
 from types import TracebackType
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -349,7 +357,9 @@ class LocalRuntime:
             remaining[key] = left
             if not left:  # no remaining consumer: drop our reference now (the step holds its own)
                 del values[key]
-        inline = model.inline_ok and ((self._active == 1 and req.inflight == 1) or model.cheap)
+        inline = model.always_inline or (
+            model.inline_ok and (model.cheap or (self._active == 1 and req.inflight == 1))
+        )
         outputs, queue, compute, batch = await model.run(inputs, req.rows, inline=inline)
         del inputs
         for out in model.kept_outputs:
