@@ -262,23 +262,43 @@ def instance_config(
     instance_index: int = 0,
     device: str = "cpu",
     max_batch_size: int | None = None,
+    parameters: Mapping[str, str] | None = None,
+    model_config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The dict a class step's ``initialize(config)`` receives, in every runtime.
 
-    It mirrors the useful part of the ``args`` Triton gives a Python model:
-    ``parameters`` (str -> str, from the step's options), the model and instance
-    it runs as, and the device. The local runtime and the step adapter on the
-    server both build it here, so a step sees the same keys everywhere.
+    It holds the keys of the ``args`` Triton gives a Python model (``model_name``,
+    ``model_instance_name``, ``model_instance_kind``, ``model_config`` as a
+    dict…) plus plain ones: ``parameters`` (str -> str), ``pipeline``, ``step``,
+    ``node``, ``instance_index``, ``device`` and ``max_batch_size``. The local
+    runtime and the step adapter on the server both build it here, so a step
+    reads the same keys everywhere.
     """
+    name = model_name or node or step.name
+    params = dict(step.options.parameters if parameters is None else parameters)
+    mbs = step.options.max_batch_size if max_batch_size is None else max_batch_size
+    if model_config is None:
+        model_config = {
+            "name": name,
+            "max_batch_size": mbs or 0,
+            "input": [{"name": n, "data_type": s.config_dtype, "dims": list(s.dims)} for n, s in step.inputs.items()],
+            "output": [{"name": n, "data_type": s.config_dtype, "dims": list(s.dims)} for n, s in step.outputs.items()],
+            "parameters": {k: {"string_value": v} for k, v in params.items()},
+        }
     return {
+        "model_name": name,
+        "model_version": "1",
+        "model_instance_name": f"{name}_{instance_index}",
+        "model_instance_kind": "GPU" if device == "gpu" else "CPU",
+        "model_instance_device_id": "0",
+        "model_config": dict(model_config),
         "pipeline": pipeline,
         "node": node or step.name,
         "step": step.name,
-        "model_name": model_name or node or step.name,
         "instance_index": instance_index,
         "device": device,
-        "max_batch_size": step.options.max_batch_size if max_batch_size is None else max_batch_size,
-        "parameters": dict(step.options.parameters),
+        "max_batch_size": mbs,
+        "parameters": params,
     }
 
 

@@ -22,7 +22,7 @@ import anyio.to_thread
 
 from ..errors import PipelinesError, StepError, StepTimeoutError
 from ..graph import Node
-from ..step import StepInstance, check_outputs, normalise_outputs
+from ..step import StepInstance, check_outputs, instance_config, normalise_outputs
 from .batching import DynamicBatcher
 from .device import CopyCounter, Placement
 
@@ -271,28 +271,16 @@ class StepModel:
                 pass
 
     def _config(self, index: int) -> dict[str, Any]:
-        # The keys of the ``args`` dict Triton's Python backend passes to initialize(),
-        # with model_config as a dict, so a class step reads the same thing in both places.
-        opts = self.step.options
-        kind = "GPU" if self.placement.device == "gpu" else "CPU"
-        return {
-            "model_name": self.name,
-            "model_version": "1",
-            "model_instance_name": f"{self.name}_{index}",
-            "model_instance_kind": kind,
-            "model_instance_device_id": "0",
-            "model_config": {
-                "name": self.name,
-                "max_batch_size": self.max_batch_size,
-                "input": [
-                    {"name": n, "data_type": s.config_dtype, "dims": list(s.dims)} for n, s in self.step.inputs.items()
-                ],
-                "output": [
-                    {"name": n, "data_type": s.config_dtype, "dims": list(s.dims)} for n, s in self.step.outputs.items()
-                ],
-                "parameters": {k: {"string_value": v} for k, v in opts.parameters.items()},
-            },
-        }
+        # The same keys the step adapter gives initialize() on a Triton server.
+        return instance_config(
+            self.step,
+            pipeline=self.pipeline,
+            node=self.name,
+            model_name=self.name,
+            instance_index=index,
+            device=self.placement.device,
+            max_batch_size=self.max_batch_size,
+        )
 
     # ------------------------------------------------------------------ running
 

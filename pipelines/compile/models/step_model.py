@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover - the module is also imported by tests a
     pb_utils = None
 
 from pipelines.errors import InputError, StepError
-from pipelines.step import Step, check_outputs
+from pipelines.step import Step, check_outputs, instance_config
 from pipelines.tensor import TensorSpec
 
 
@@ -48,19 +48,20 @@ class TritonPythonModel:
         )
         instance_name = args.get("model_instance_name", "")
         match = re.search(r"_(\d+)$", instance_name)
-        config = {
-            "model_name": args.get("model_name"),
-            "model_version": args.get("model_version"),
-            "model_instance_name": instance_name,
-            "instance_index": int(match.group(1)) if match else 0,
-            "instance_kind": args.get("model_instance_kind"),
-            "device_id": int(args.get("model_instance_device_id") or 0),
-            "parameters": dict(plan.get("parameters") or {}),
-            "pipeline": self.pipeline,
-            "step": self.step_name,
-            "max_batch_size": self.max_batch_size,
-            "model_config": json.loads(args["model_config"]) if "model_config" in args else {},
-        }
+        config = instance_config(
+            self.step,
+            pipeline=self.pipeline,
+            node=plan["nodes"][0] if len(plan.get("nodes", ())) == 1 else None,
+            model_name=args.get("model_name"),
+            instance_index=int(match.group(1)) if match else 0,
+            device="gpu" if args.get("model_instance_kind") == "GPU" else "cpu",
+            max_batch_size=self.max_batch_size,
+            parameters=plan.get("parameters") or {},
+            model_config=json.loads(args["model_config"]) if "model_config" in args else None,
+        )
+        # Triton's own values for the keys it gives, exactly as it gave them.
+        config.update({k: args[k] for k in ("model_version", "model_instance_name", "model_instance_kind",
+                                            "model_instance_device_id") if k in args})
         self.instance = self.step.instantiate(config)
 
     def execute(self, requests):
