@@ -9,8 +9,9 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .errors import PipelinesError
 
@@ -190,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "a real Triton server, side by side: throughput, latency percentiles, per-model breakdown, "
                        "plots and a verdict.")
     try:
-        from .bench.cli import add_arguments, main as bench_main
+        from .bench.cli import add_arguments
+        from .bench.cli import main as bench_main
     except ImportError:  # pragma: no cover - the bench package ships with the library
         add_arguments = bench_main = None
     if add_arguments is not None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -350,7 +351,7 @@ def normalise_outputs(step: Step, result: Any) -> dict[str, Any]:
     if isinstance(result, Mapping):
         outputs = dict(result)
     elif isinstance(result, tuple) and len(result) == len(names):
-        outputs = dict(zip(names, result))
+        outputs = dict(zip(names, result, strict=False))
     elif len(names) == 1 and hasattr(result, "shape"):
         outputs = {names[0]: result}
     else:

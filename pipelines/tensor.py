@@ -7,8 +7,9 @@ map each Triton datatype name to its numpy dtype and to the config's ``TYPE_*``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -147,11 +148,11 @@ class TensorSpec:
         """
         if self.rank != other.rank:
             return False
-        return all(a == b or a == -1 or b == -1 for a, b in zip(self.dims, other.dims))
+        return all(a == b or a == -1 or b == -1 for a, b in zip(self.dims, other.dims, strict=False))
 
     def shape_matches(self, shape: tuple[int, ...]) -> bool:
         """Whether a concrete shape (without batch dimension) fits these dims."""
-        return len(shape) == self.rank and all(d == -1 or d == s for d, s in zip(self.dims, shape))
+        return len(shape) == self.rank and all(d == -1 or d == s for d, s in zip(self.dims, shape, strict=False))
 
     def to_dict(self) -> dict[str, Any]:
         return {"dtype": self.dtype, "dims": list(self.dims)}

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         timed, reports[mode] = run_many(p, requests * max(1, args.requests // len(requests)), mode=mode, concurrency=1)
         if reference is None:
             reference = [o["detections"][0] for o in outs]
-        for i, (o, s) in enumerate(zip(outs, samples)):
+        for i, (o, s) in enumerate(zip(outs, samples, strict=False)):
             print(f"  {mode:9s} image {i} {s['image'].shape[1]}x{s['image'].shape[0]}: {_verdict(o['detections'][0], s)}")
     print()
     print(compare(reports["ensemble"], reports["bls"]))
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             latencies = {}
             for form in ("ensemble", "bls", "bls_sync"):
                 model = f"{p.name}_{form}"
-                for i, (req, s) in enumerate(zip(requests, samples)):
+                for i, (req, s) in enumerate(zip(requests, samples, strict=False)):
                     det = client.infer(model, req)["detections"][0]
                     agree = np.allclose(det, reference[i], atol=1e-3)
                     print(f"  {model:15s} image {i}: {_verdict(det, s)}; "
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             client.close()
         print("\n== ensemble against BLS, one request at a time (mean latency)")
         print(f"  {'form':10s} {'local (ms)':>12s} {'server (ms)':>12s}")
-        for mode, form in zip(MODES, ("ensemble", "bls", "bls_sync")):
+        for mode, form in zip(MODES, ("ensemble", "bls", "bls_sync"), strict=False):
             local_ms = reports[mode].latency_us / 1e3
             print(f"  {form:10s} {local_ms:12.2f} {latencies[form]:12.2f}")
         ratio = latencies["ensemble"] / latencies["bls"]
