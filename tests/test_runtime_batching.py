@@ -59,7 +59,9 @@ def test_64_concurrent_requests_get_their_own_rows(mode):
     requests = [{"x": np.stack([[i, r] for r in range(i % 3 + 1)]).astype(np.float64)} for i in range(64)]
 
     async def main():
-        async with LocalRuntime(p, mode) as rt:
+        # Several BLS instances, as on a server: one instance runs one execute() at a time,
+        # and a lone bls-sync instance would never let two requests reach the step together.
+        async with LocalRuntime(p, mode, bls_instance_count=8) as rt:
             results = await fire(rt, requests)
             return results, rt.report()
 

@@ -48,6 +48,7 @@ import anyio.lowlevel
 from ..errors import InferenceError, InputError, PipelinesError, StepError
 from ..graph import Pipeline
 from ..requests import check_request
+from .bls_model import BlsGate
 from .device import CopyCounter, Placement, gpu_available, resolve_device
 from .instances import StepModel, thread_hop_cost
 from .report import CostRecorder, Report
@@ -144,6 +145,9 @@ class LocalRuntime:
     hands every step its inputs on CPU unless the model sets the parameter
     ``FORCE_CPU_ONLY_INPUT_TENSORS`` to ``"no"``; each such copy is counted.
     ``offload`` is when sync steps hop to a worker thread (see the module docstring).
+    ``bls_instance_count`` is the BLS model's instance count in the two BLS modes:
+    like Triton, each instance runs one ``execute()`` call at a time (see
+    :mod:`pipelines.runtime.bls_model`).
     """
 
     def __init__(
@@ -155,6 +159,7 @@ class LocalRuntime:
         force_cpu_only_input_tensors: bool = False,
         offload: str = "auto",
         threads: int | None = None,
+        bls_instance_count: int = 1,
     ) -> None:
         if not isinstance(pipeline, Pipeline):
             raise InferenceError(f"LocalRuntime needs a Pipeline; got {type(pipeline).__name__}")
@@ -207,6 +212,17 @@ class LocalRuntime:
         self._open = False
         self._active = 0
         self._schedule = {"ensemble": self._run_ensemble, "bls": self._run_bls, "bls-sync": self._run_bls_sync}[mode]
+        if isinstance(bls_instance_count, bool) or not isinstance(bls_instance_count, int) or bls_instance_count < 1:
+            raise InferenceError(
+                f"pipeline {name!r}: bls_instance_count must be an int >= 1; got {bls_instance_count!r}", pipeline=name
+            )
+        self._bls_gate = None
+        if mode != "ensemble":
+            self._bls_gate = BlsGate(
+                instances=bls_instance_count,
+                concurrent=mode == "bls",
+                max_rows=pipeline.max_batch_size or 1,
+            )
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -241,6 +257,8 @@ class LocalRuntime:
             for model in self._models.values():
                 if model.batcher is not None:
                     self._service.start_soon(model.batcher.serve, model.step.options.instance_count)
+            if self._bls_gate is not None:
+                self._service.start_soon(self._bls_gate.serve)
         except BaseException:
             self._close_models()
             raise
@@ -323,7 +341,11 @@ class LocalRuntime:
             # Let requests submitted together all register before the first step decides to run inline.
             await anyio.lowlevel.checkpoint()
             try:
-                await self._schedule(req)
+                if self._bls_gate is None:
+                    await self._schedule(req)
+                else:
+                    async with self._bls_gate.slot(req.rows if p.max_batch_size > 0 else 1):
+                        await self._schedule(req)
             except PipelinesError:
                 self._recorder.error()
                 raise

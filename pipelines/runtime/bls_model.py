@@ -1,0 +1,105 @@
+"""The BLS model itself, as Triton runs it: one ``execute()`` per instance at a time.
+
+Triton's Python backend finishes one ``execute()`` call of an instance before it
+starts the next, ``async def execute`` included. Requests that arrive meanwhile
+wait, and the BLS model's dynamic batcher hands them to the next call together:
+
+- ``"bls"`` (async): the requests of one call run side by side, and the call
+  ends when the last of them is answered;
+- ``"bls-sync"``: the requests of one call run one after another.
+
+Without this gate the local runtime would overlap requests that the server
+serialises, and predict throughput that the server never reaches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+import anyio
+
+__all__ = ["BlsGate"]
+
+
+class _Waiter:
+    __slots__ = ("rows", "start", "finished", "gone")
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.start = anyio.Event()
+        self.finished = anyio.Event()
+        self.gone = False  # cancelled while queued: it never joins a round
+
+
+class BlsGate:
+    """Admits requests into rounds, as ``instances`` BLS instances would.
+
+    ``concurrent=True`` lets the requests of one round run at once (async
+    execute); ``max_rows`` caps one round (the pipeline's ``max_batch_size``, or
+    one request when it does not batch).
+    """
+
+    def __init__(self, *, instances: int, concurrent: bool, max_rows: int) -> None:
+        self.instances = max(1, int(instances))
+        self.concurrent = concurrent
+        self.max_rows = max(1, int(max_rows))
+        self._send, self._receive = anyio.create_memory_object_stream[_Waiter](math.inf)
+        self._held: deque[_Waiter] = deque()  # taken off the stream, but did not fit in a round
+
+    @asynccontextmanager
+    async def slot(self, rows: int) -> AsyncIterator[None]:
+        """Hold one request's place in a round of the BLS model."""
+        waiter = _Waiter(rows)
+        self._send.send_nowait(waiter)
+        try:
+            await waiter.start.wait()
+            yield
+        finally:
+            waiter.gone = True
+            waiter.finished.set()
+
+    async def serve(self) -> None:
+        """Run the instances' rounds until cancelled (in the runtime's service task group)."""
+        async with anyio.create_task_group() as tg:
+            for _ in range(self.instances):
+                tg.start_soon(self._instance)
+
+    def _next(self) -> _Waiter | None:
+        while self._held:
+            waiter = self._held.popleft()
+            if not waiter.gone:
+                return waiter
+        while True:
+            try:
+                waiter = self._receive.receive_nowait()
+            except anyio.WouldBlock:
+                return None
+            if not waiter.gone:
+                return waiter
+
+    async def _instance(self) -> None:
+        while True:
+            first = self._next()
+            if first is None:
+                first = await self._receive.receive()
+                if first.gone:
+                    continue
+            round_, rows = [first], first.rows
+            while rows < self.max_rows:
+                waiter = self._next()
+                if waiter is None:
+                    break
+                if rows + waiter.rows > self.max_rows:
+                    self._held.appendleft(waiter)
+                    break
+                round_.append(waiter)
+                rows += waiter.rows
+            for waiter in round_:
+                waiter.start.set()
+                if not self.concurrent:
+                    await waiter.finished.wait()
+            for waiter in round_:
+                await waiter.finished.wait()
