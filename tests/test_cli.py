@@ -44,3 +44,35 @@ def test_help_lists_every_command_with_examples():
     for cmd in ("graph", "compile", "run", "serve", "bench"):
         assert cmd in out
     assert "examples:" in out and "MODULE:ATTR" in out
+
+
+def test_compile_writes_a_repository_and_refuses_a_foreign_directory(tmp_path, capsys):
+    out = tmp_path / "repo"
+    assert main(["compile", "pipelines.examples.basic:diamond", "--target", "both", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "diamond_ensemble" in printed and "diamond_bls_sync" in printed
+    assert (out / "diamond_ensemble" / "config.pbtxt").is_file()
+    assert (out / "diamond__add" / "1" / "model.py").is_file()
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "todo.txt").write_text("mine")
+    assert main(["compile", "pipelines.examples.basic:chain", "--out", str(foreign)]) == 2
+    assert "overwrite" in capsys.readouterr().err
+    assert (foreign / "todo.txt").read_text() == "mine"
+
+
+def test_run_reads_npy_inputs_and_writes_npy_outputs(tmp_path, capsys):
+    import numpy as np
+
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.save(tmp_path / "x.npy", x)
+    for mode in ("ensemble", "bls", "bls-sync"):
+        out = tmp_path / mode
+        args = ["run", "pipelines.examples.basic:chain", "--mode", mode, "--input", f"x={tmp_path / 'x.npy'}",
+                "--out", str(out), "--report"]
+        assert main(args) == 0
+        np.testing.assert_array_equal(np.load(out / "y.npy"), x * 8)  # three steps that double
+        assert "y: float32 [2, 3]" in capsys.readouterr().out
+    assert main(["run", "pipelines.examples.basic:chain", "--input", f"y={tmp_path / 'x.npy'}"]) == 2
+    err = capsys.readouterr().err
+    assert "'x'" in err and "'y'" in err  # the missing input and the unknown one are both named
