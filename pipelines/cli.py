@@ -103,7 +103,7 @@ def _parse_inputs(pairs: Sequence[str]) -> dict[str, Any]:
             raise PipelinesError(f"--input {pair!r} is not NAME=FILE.npy")
         try:
             inputs[name] = np.load(file, allow_pickle=False)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, EOFError) as exc:
             raise PipelinesError(f"--input {name}: cannot load {file!r} as a .npy array ({exc})") from None
     return inputs
 
