@@ -8,6 +8,8 @@ that outlives its timeout is abandoned and gives its instance back when it ends.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import inspect
 import threading
 from collections import deque
@@ -140,6 +142,14 @@ class InstancePool:
         return errors
 
 
+def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    """The running asyncio loop, or None under another backend (trio)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 class _ThreadCall:
     """The hand-over of one execution between a worker thread and the event loop.
 
@@ -198,6 +208,7 @@ class StepModel:
         placement: Placement,
         offload: str,
         limiter: anyio.CapacityLimiter,
+        executor: concurrent.futures.Executor | None = None,
     ) -> None:
         step = node.step
         self.name = node.name
@@ -211,6 +222,7 @@ class StepModel:
         self.timeout = step.options.timeout
         self.offload = offload
         self._limiter = limiter
+        self._executor = executor
         self.pool: InstancePool | None = None
         self.batcher: DynamicBatcher | None = None
         self.is_async = False
@@ -385,7 +397,14 @@ class StepModel:
                 call.end()
 
         try:
-            result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=self._limiter)
+            loop = _asyncio_loop() if self._executor is not None else None
+            if loop is not None:
+                # The thread starts now: anyio's to_thread yields to the event loop first, and
+                # the loop may then run for a millisecond (e.g. the callers of the last batch)
+                # while the instance sits idle.
+                result = await loop.run_in_executor(self._executor, work)
+            else:
+                result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=self._limiter)
         except BaseException:
             # A sync function cannot be killed: leave it running and answer now.
             call.cancel()

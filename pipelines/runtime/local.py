@@ -209,6 +209,7 @@ class LocalRuntime:
             critical_path=lambda costs: pipeline.critical_path(costs),
         )
         self._service: Any = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._open = False
         self._active = 0
         self._schedule = {"ensemble": self._run_ensemble, "bls": self._run_bls, "bls-sync": self._run_bls_sync}[mode]
@@ -232,6 +233,7 @@ class LocalRuntime:
                 f"pipeline {self.pipeline.name!r}: this LocalRuntime is already open", pipeline=self.pipeline.name
             )
         limiter = anyio.CapacityLimiter(self._threads)
+        self._executor = concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="pipelines-step")
         plan = self._plan
         try:
             for name in plan.order:
@@ -244,6 +246,7 @@ class LocalRuntime:
                     placement=Placement(node.step.options.device, self.force_cpu_only_input_tensors),
                     offload=self.offload,
                     limiter=limiter,
+                    executor=self._executor,
                 )
                 # initialize() may load weights for seconds: keep the event loop free meanwhile
                 await anyio.to_thread.run_sync(model.start)
@@ -288,6 +291,10 @@ class LocalRuntime:
         for model in self._models.values():
             errors.extend(model.close())
         self._models = {}
+        if self._executor is not None:
+            # An abandoned (timed-out) call may still run: do not wait for it.
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
         return errors
 
     # ------------------------------------------------------------------ serving
