@@ -59,6 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
     parser.add_argument("--local", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure the local runtime (default: on)")
+    parser.add_argument("--server-copies", action=argparse.BooleanOptionalAction, default=True,
+                        help="let the local runtime copy tensors where a Triton server moves them between "
+                        "processes (one copy per step boundary in an ensemble, two in BLS), so that it "
+                        "predicts the server (default: on)")
     parser.add_argument("--forms", type=_forms, default=FORMS, metavar="ensemble,bls,bls-sync",
                         help="which forms to measure (default: all three)")
     parser.add_argument("--batch", type=int, default=1, help="batch size of each request (default: 1)")
@@ -89,6 +93,7 @@ def main(args: argparse.Namespace) -> int:
         args.pipeline,
         concurrency=args.concurrency,
         local=args.local,
+        server_copies=args.server_copies,
         server=args.server,
         url=args.url,
         protocol=args.protocol,

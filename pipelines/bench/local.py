@@ -33,9 +33,9 @@ class LocalTarget:
 
 
 @asynccontextmanager
-async def local_target(pipeline: Pipeline, mode: str) -> AsyncIterator[LocalTarget]:
+async def local_target(pipeline: Pipeline, mode: str, *, server_copies: bool = True) -> AsyncIterator[LocalTarget]:
     """Start the local runtime in ``mode`` (``"ensemble"``, ``"bls"`` or ``"bls-sync"``)."""
     from ..runtime.local import LocalRuntime
 
-    async with LocalRuntime(pipeline, mode=mode) as runtime:
+    async with LocalRuntime(pipeline, mode=mode, server_copies=server_copies) as runtime:
         yield LocalTarget(runtime)

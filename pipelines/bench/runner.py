@@ -51,6 +51,7 @@ class BenchSettings:
 
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
     local: bool = True
+    server_copies: bool = True
     server: bool = True
     url: str | None = None
     protocol: str = "http"
@@ -110,6 +111,7 @@ def run_benchmark(
     *,
     concurrency: Sequence[int] = (1, 2, 4, 8, 16),
     local: bool = True,
+    server_copies: bool = True,
     server: bool | None = None,
     url: str | None = None,
     protocol: str = "http",
@@ -132,7 +134,9 @@ def run_benchmark(
     ``server`` (default: on unless ``url`` is given) starts the embedded Triton
     server on the compiled repository; ``url`` (``HOST:PORT`` of ``protocol``)
     measures a remote server where the repository compiled with ``"both"`` is
-    already deployed. Windows last ``duration`` seconds, or ``requests``
+    already deployed. ``server_copies`` makes the local runtime copy tensors where
+    a server moves them between processes, so its figures predict the server's
+    (see ``LocalRuntime``). Windows last ``duration`` seconds, or ``requests``
     answers. Requests are ``inputs`` if given, else the pipeline module's
     ``sample_inputs(batch)``, else random tensors (variable dims of ``size``).
     With ``out``, writes ``results.json``, ``throughput.png`` and
@@ -147,6 +151,7 @@ def run_benchmark(
     settings = BenchSettings(
         concurrency=tuple(concurrency),
         local=local,
+        server_copies=server_copies,
         server=url is None if server is None else bool(server),
         url=url,
         protocol=protocol,
@@ -282,7 +287,8 @@ async def _measure(
         targets: list[tuple[Configuration, Any]] = []
         if settings.local:
             for form in settings.forms:
-                targets.append((Configuration("local", form), await stack.enter_async_context(local_target(pipeline, form))))
+                runtime = local_target(pipeline, form, server_copies=settings.server_copies)
+                targets.append((Configuration("local", form), await stack.enter_async_context(runtime)))
         if connect is not None:
             client = await stack.enter_async_context(connect())
             for form in settings.forms:

@@ -144,6 +144,11 @@ class LocalRuntime:
     ``force_cpu_only_input_tensors=True`` mimics Triton's Python backend, which
     hands every step its inputs on CPU unless the model sets the parameter
     ``FORCE_CPU_ONLY_INPUT_TENSORS`` to ``"no"``; each such copy is counted.
+    ``server_copies=True`` copies each tensor where a Triton server moves it
+    between processes, so that the local figures predict the server's: each
+    Python-backend step runs in a stub process of its own, so a step's inputs
+    and outputs cross one process boundary each in an ensemble, and two in BLS,
+    where they also pass through the BLS model's stub. Each copy is counted.
     ``offload`` is when sync steps hop to a worker thread (see the module docstring).
     ``bls_instance_count`` is the BLS model's instance count in the two BLS modes:
     like Triton, each instance runs one ``execute()`` call at a time (see
@@ -157,6 +162,7 @@ class LocalRuntime:
         *,
         device: str | None = None,
         force_cpu_only_input_tensors: bool = False,
+        server_copies: bool = False,
         offload: str = "auto",
         threads: int | None = None,
         bls_instance_count: int = 1,
@@ -181,6 +187,8 @@ class LocalRuntime:
         self.mode = mode
         self.offload = offload
         self.force_cpu_only_input_tensors = bool(force_cpu_only_input_tensors)
+        # Process boundaries a step's tensors cross on a server, each one a copy (see above).
+        self._crossings = 0 if not server_copies else (1 if mode == "ensemble" else 2)
         self._plan = _Plan.of(pipeline)
         for node in pipeline.nodes.values():
             if not node.step.runnable:
@@ -380,8 +388,11 @@ class LocalRuntime:
         model = self._models[name]
         values, remaining = req.values, req.remaining
         inputs = {}
+        crossings = self._crossings
         for input_name, key in model.bindings:
             inputs[input_name] = model.place(values[key], req.copies, input_name)
+            if crossings:
+                inputs[input_name] = _cross(inputs[input_name], crossings, req.copies)
             left = remaining[key] - 1
             remaining[key] = left
             if not left:  # no remaining consumer: drop our reference now (the step holds its own)
@@ -392,7 +403,7 @@ class LocalRuntime:
         outputs, queue, compute, batch = await model.run(inputs, req.rows, inline=inline)
         del inputs
         for out in model.kept_outputs:
-            values[(name, out)] = outputs[out]
+            values[(name, out)] = _cross(outputs[out], crossings, req.copies) if crossings else outputs[out]
         req.trace.append((name, queue, compute, perf_counter() - t_ready - queue - compute, batch))
 
     async def _run_ensemble(self, req: _Request) -> None:
@@ -478,6 +489,14 @@ class LocalRuntime:
         req.inflight = 1
         for name in self._plan.order:
             await self._run_node(req, name, perf_counter())
+
+
+def _cross(array: Any, times: int, copies: Any) -> Any:
+    """Copy ``array`` as a server does when it passes between processes, ``times`` times."""
+    for _ in range(times):
+        array = array.copy()  # numpy and CuPy alike; the copy stays on the array's device
+        copies.add(getattr(array, "nbytes", 0))
+    return array
 
 
 # ---------------------------------------------------------------------- blocking helpers
