@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 import anyio
 
