@@ -9,11 +9,9 @@ and the verdict.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 import tempfile
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, ExitStack
@@ -346,10 +344,10 @@ def _server(
     if settings.url is not None:
         url = settings.url
         bar.note(f"measuring the Triton server at {url} ({settings.protocol})")
-        versions["tritonserver"] = _server_version(url) if settings.protocol == "http" else None
+        versions["tritonserver"] = _server_version(url, settings.protocol)
         return lambda: AsyncTritonClient(url, settings.protocol)
     server = _start_server(pipeline, out_dir, stack, bar)
-    versions["tritonserver"] = _server_version(server.http_url)
+    versions["tritonserver"] = _server_version(server.http_url, "http")
     return lambda: server.async_client(settings.protocol)  # fails fast if the server dies
 
 
@@ -374,10 +372,12 @@ def _start_server(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack, ba
     return server
 
 
-def _server_version(http_url: str) -> str | None:
-    """Triton's version from its HTTP metadata endpoint (``GET /v2``), or None if it will not say."""
+def _server_version(url: str, protocol: str) -> str | None:
+    """Triton's version from its metadata, over either protocol, or None if it will not say."""
+    from ..runtime.triton import TritonClient
+
     try:
-        with urllib.request.urlopen(f"http://{http_url.removeprefix('http://')}/v2", timeout=5) as answer:
-            return json.load(answer).get("version")
-    except (OSError, ValueError):  # the version is a nicety of results.json, never a reason to stop
+        with TritonClient(url, protocol, timeout=5) as client:
+            return client.metadata().get("version")
+    except PipelinesError:  # the version is a nicety of results.json, never a reason to stop
         return None
