@@ -321,6 +321,7 @@ def test_a_failing_step_is_named_with_what_it_did_wrong(client, form, misdeed):
     text = str(caught.value)
     assert not isinstance(caught.value, InputError), text
     assert re.match(culprit(form) + said, text), text
+    assert (caught.value.pipeline, caught.value.step) == ("wayward", "misbehave")  # the step, not the model
     ok = client.infer(f"wayward_{form}", {"x": marked(7.0)})
     np.testing.assert_array_equal(ok["z"], marked(7.0) * 2 + 1)
 

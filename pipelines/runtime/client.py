@@ -6,6 +6,8 @@ Both speak HTTP (binary tensor data both ways) or gRPC, and return the same dict
 
 from __future__ import annotations
 
+import re
+
 import socket
 import threading
 from collections.abc import Mapping, Sequence
@@ -145,6 +147,19 @@ def _is_timeout(exc: BaseException) -> bool:
     return isinstance(exc, (socket.timeout, TimeoutError)) or type(exc).__name__ in ("Timeout", "ServerTimeoutError")
 
 
+# The step models and the BLS executor name the failing step as "pipeline 'p' step 's'"
+# (a BLS adds "(model 'm')" between them); Triton puts that text in the error it returns.
+_STEP_NAMED = re.compile(r"pipeline '([^']+)'(?: \(model '[^']+'\))?:? step '([^']+)'")
+
+
+def _named_in(text: str, *, default_step: str | None) -> dict[str, str | None]:
+    """The pipeline and step an error from the server names, so ``err.step`` is the step, not the model."""
+    found = _STEP_NAMED.search(text)
+    if found is None:
+        return {"step": default_step}
+    return {"pipeline": found.group(1), "step": found.group(2)}
+
+
 class _Errors:
     """Turns what tritonclient raises into the library's errors, in one place for both clients."""
 
@@ -167,7 +182,11 @@ class _Errors:
             if _UNAVAILABLE not in status:
                 # The server's text stays first and intact: it names the failing step.
                 status_note = f"status {status}, " if status else ""
-                return InferenceError(f"{exc.message()} ({what} {subject}, {status_note}{where})", step=model)
+                text = exc.message() or ""
+                return InferenceError(
+                    f"{text} ({what} {subject}, {status_note}{where})",
+                    **_named_in(text, default_step=model),
+                )
         elif _is_timeout(exc):
             return self._timeout(what, subject, model, timeout, where)
         if self.liveness is not None:
