@@ -242,3 +242,44 @@ def test_cancelling_a_step_on_its_way_to_a_thread_does_not_lose_the_instance():
                 return await rt.infer({"x": X})
 
     np.testing.assert_array_equal(anyio.run(main)["y"], X * 2)
+
+
+def test_a_step_used_by_two_nodes_is_one_step_model_as_on_the_server():
+    """Two parallel uses of one step share its instances, as they share one composing
+    model in a compiled repository: with one instance they take turns, with two they overlap."""
+    v = TensorSpec("FP32", [-1])
+    state = {"active": 0, "peak": 0, "inits": 0}
+    lock = threading.Lock()
+
+    class Slow:
+        def initialize(self, config):
+            with lock:
+                state["inits"] += 1
+
+        def execute(self, x):
+            with lock:
+                state["active"] += 1
+                state["peak"] = max(state["peak"], state["active"])
+            time.sleep(0.03)
+            with lock:
+                state["active"] -= 1
+            return {"y": x + 1}
+
+    for count in (1, 2):
+        state.update(active=0, peak=0, inits=0)
+        slow = step(Slow, name="slow", inputs={"x": v}, outputs={"y": v}, instance_count=count)
+        p = Pipeline(f"twice{count}", inputs={"x": v}, max_batch_size=4)
+        a = p.add(slow, name="left", x=p.input("x"))
+        b = p.add(slow, name="right", x=p.input("x"))
+        p.output("a", a["y"])
+        p.output("b", b["y"])
+
+        async def main():
+            async with LocalRuntime(p, "ensemble", offload="always") as rt:
+                return await rt.infer({"x": np.zeros((1, 2), np.float32)})
+
+        out = anyio.run(main)
+        np.testing.assert_array_equal(out["a"], np.ones((1, 2), np.float32))
+        np.testing.assert_array_equal(out["b"], np.ones((1, 2), np.float32))
+        assert state["inits"] == count  # instances of the step, not of each node
+        assert state["peak"] == count

@@ -226,6 +226,7 @@ class StepModel:
         self.pool: InstancePool | None = None
         self.batcher: DynamicBatcher | None = None
         self.is_async = False
+        self.shared = False
         # Inline runs cannot be timed out or overlapped, so only plain sync steps without a timeout qualify.
         self.inline_ok = False
         self.always_inline = False
@@ -272,7 +273,22 @@ class StepModel:
                 preferred_batch_sizes=db.preferred_batch_sizes,
             )
 
+    def share(self, owner: StepModel) -> None:
+        """Serve this node with ``owner``'s instances and batcher.
+
+        Nodes of one step share one step model, as they share one composing model
+        in a compiled repository: the same instances, queue and dynamic batcher.
+        """
+        self.pool = owner.pool
+        self.batcher = owner.batcher
+        self.is_async = owner.is_async
+        self.inline_ok = owner.inline_ok
+        self.always_inline = owner.always_inline
+        self.shared = True
+
     def close(self) -> list[BaseException]:
+        if self.shared:  # the owner finalizes the instances
+            return []
         return self.pool.close() if self.pool is not None else []
 
     def _finalize(self, leases: list[Lease]) -> None:

@@ -10,9 +10,9 @@ Three modes give the same answers and differ in how steps are scheduled:
 - ``"bls-sync"``: one orchestrator calls the steps one after another in
   topological order (a BLS model using ``exec()``).
 
-In every mode each node is its own step model (one per node, not shared between
-nodes of the same step) with ``instance_count`` instances and a FIFO queue, and
-optional dynamic batching. Parallel work runs in anyio task groups: a failing
+In every mode each step is one step model with ``instance_count`` instances, a
+FIFO queue and optional dynamic batching; the nodes of a step used twice share
+it, as they share one composing model in a compiled repository. Parallel work runs in anyio task groups: a failing
 step cancels its siblings and the error names the pipeline and the step.
 
 When a sync step runs on a worker thread: a hop costs tens of µs (half a
@@ -243,6 +243,7 @@ class LocalRuntime:
         limiter = anyio.CapacityLimiter(self._threads)
         self._executor = concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="pipelines-step")
         plan = self._plan
+        owners: dict[int, StepModel] = {}  # one step model per step, shared by its nodes
         try:
             for name in plan.order:
                 node = self.pipeline.nodes[name]
@@ -256,8 +257,13 @@ class LocalRuntime:
                     limiter=limiter,
                     executor=self._executor,
                 )
-                # initialize() may load weights for seconds: keep the event loop free meanwhile
-                await anyio.to_thread.run_sync(model.start)
+                owner = owners.get(id(node.step))
+                if owner is None:
+                    # initialize() may load weights for seconds: keep the event loop free meanwhile
+                    await anyio.to_thread.run_sync(model.start)
+                    owners[id(node.step)] = model
+                else:
+                    model.share(owner)
                 self._models[name] = model
             if self.offload == "auto":
                 hop = await thread_hop_cost()
@@ -266,7 +272,7 @@ class LocalRuntime:
             self._service = anyio.create_task_group()
             await self._service.__aenter__()
             for model in self._models.values():
-                if model.batcher is not None:
+                if model.batcher is not None and not model.shared:
                     self._service.start_soon(model.batcher.serve, model.step.options.instance_count)
             if self._bls_gate is not None:
                 self._service.start_soon(self._bls_gate.serve)
