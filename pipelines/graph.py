@@ -371,12 +371,15 @@ class Pipeline:
 
     # ------------------------------------------------------------------- running
 
-    def compile(self, target: str = "both") -> ModelRepository:
-        """Compile to an in-memory Triton model repository: ``"ensemble"``, ``"bls"``, ``"bls-sync"`` or ``"both"``."""
+    def compile(self, target: str = "both", **options: Any) -> ModelRepository:
+        """Compile to an in-memory Triton model repository: ``"ensemble"``, ``"bls"``, ``"bls-sync"`` or ``"both"``.
+
+        ``options`` go to :func:`pipelines.compile.compile_pipeline` (e.g. ``bls_instance_count``).
+        """
         self.validate()
         from .compile import compile_pipeline
 
-        return compile_pipeline(self, target)
+        return compile_pipeline(self, target, **options)
 
     def run(self, inputs: Mapping[str, Any], *, mode: str = "ensemble", **options: Any) -> dict[str, Any]:
         """Run once in the local runtime (blocking; works inside Jupyter's running loop too)."""
