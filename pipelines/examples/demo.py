@@ -52,12 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     reports = {}
     for mode in MODES:
         outs, _ = run_many(p, requests, mode=mode, concurrency=1)
-        timed, reports[mode] = run_many(p, requests * max(1, args.requests // len(requests)), mode=mode, concurrency=1)
+        # server_copies: copy tensors where a Triton server moves them between processes,
+        # so the report shows the bytes each form moves, and the local figures predict the server's.
+        timed, reports[mode] = run_many(
+            p, requests * max(1, args.requests // len(requests)), mode=mode, concurrency=1, server_copies=True
+        )
         if reference is None:
             reference = [o["detections"][0] for o in outs]
         for i, (o, s) in enumerate(zip(outs, samples, strict=False)):
             print(f"  {mode:9s} image {i} {s['image'].shape[1]}x{s['image'].shape[0]}: {_verdict(o['detections'][0], s)}")
-    print()
+    print("\n== ensemble against BLS in the local runtime, copying tensors where a server would")
     print(compare(reports["ensemble"], reports["bls"]))
 
     from ..runtime.triton import TritonServer

@@ -7,7 +7,6 @@ Both speak HTTP (binary tensor data both ways) or gRPC, and return the same dict
 from __future__ import annotations
 
 import re
-
 import socket
 import threading
 from collections.abc import Mapping, Sequence

@@ -47,6 +47,8 @@ class Report:
     Times are means per successful request, in microseconds. ``parallelism`` is
     the sum of step compute divided by the wall time; ``latency_over_critical_path``
     near 1 means independent steps overlapped as well as the graph allows.
+    ``copies`` and ``copy_bytes`` are totals over the ``requests`` (divide for
+    one request's share).
     """
 
     pipeline: str
