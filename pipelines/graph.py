@@ -279,15 +279,6 @@ class Pipeline:
             f"outputs {list(self._outputs)}, max_batch_size={self.max_batch_size}>"
         )
 
-    def consumers(self, ref: TensorRef) -> list[tuple[str, str]]:
-        """The ``(node, input)`` pairs that ``ref`` feeds, in declaration order."""
-        out = []
-        for node_name in self._nodes:
-            for input_name, bound in self._bindings[node_name].items():
-                if bound == ref:
-                    out.append((node_name, input_name))
-        return out
-
     def validate(self) -> Pipeline:
         """Check that the pipeline is complete: every input bound, at least one output."""
         self._check_bound(self._nodes, why="this pipeline to compile or run")

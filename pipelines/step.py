@@ -211,9 +211,6 @@ class Step:
         """A copy of this step with some model options changed."""
         return replace(self, options=replace(self.options, **options))
 
-    def renamed(self, name: str) -> Step:
-        return replace(self, name=name)
-
     def instantiate(self, config: Mapping[str, Any] | None = None) -> StepInstance:
         """Create one instance, running ``initialize(config)`` for class steps.
 
@@ -334,10 +331,22 @@ class StepInstance:
             self._obj = None
             self._fn = step.impl
 
+    @property
+    def is_async(self) -> bool:
+        """Whether the step is an ``async def`` (then use :meth:`execute_async`)."""
+        fn = self._fn
+        return inspect.iscoroutinefunction(fn) or (
+            not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
+        )
+
     def execute(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Call the step with its inputs as keyword arguments; return a dict of outputs."""
         result = self._fn(**inputs)
         return normalise_outputs(self.step, result)
+
+    async def execute_async(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Await an ``async def`` step with its inputs as keyword arguments; return a dict of outputs."""
+        return normalise_outputs(self.step, await self._fn(**inputs))
 
     def finalize(self) -> None:
         fin = getattr(self._obj, "finalize", None)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -24,7 +23,7 @@ import anyio.to_thread
 
 from ..errors import PipelinesError, StepError, StepTimeoutError
 from ..graph import Node
-from ..step import StepInstance, check_outputs, instance_config, normalise_outputs
+from ..step import StepInstance, check_outputs, instance_config
 from .batching import DynamicBatcher
 from .device import CopyCounter, Placement
 
@@ -256,10 +255,7 @@ class StepModel:
                 step=self.name,
             ) from exc
         self.pool = InstancePool(leases)
-        fn = leases[0].instance._fn  # the bound execute/__call__ or the function itself
-        self.is_async = inspect.iscoroutinefunction(fn) or (
-            not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
-        )
+        self.is_async = leases[0].instance.is_async
         self.inline_ok = not self.is_async and self.timeout is None and self.offload != "always"
         self.always_inline = self.inline_ok and self.offload == "never"
         db = self.step.options.dynamic_batching
@@ -364,7 +360,7 @@ class StepModel:
         try:
             if self.is_async:
                 t = perf_counter()
-                outputs = normalise_outputs(self.step, await instance._fn(**inputs))
+                outputs = await instance.execute_async(inputs)
                 compute = perf_counter() - t
             elif inline:
                 t = perf_counter()
