@@ -14,35 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines import Pipeline, TensorSpec, step
+from pipelines.examples.basic import make_diamond
 from pipelines.runtime.triton import TritonServer
-
-SPEC = TensorSpec("FP32", [4])
-
-
-@step(inputs={"x": SPEC}, outputs={"y": SPEC})
-def left(x):
-    time.sleep(0.05)
-    return {"y": x * 2}
-
-
-@step(inputs={"x": SPEC}, outputs={"y": SPEC})
-def right(x):
-    time.sleep(0.05)
-    return {"y": x + 1}
-
-
-@step(inputs={"a": SPEC, "b": SPEC}, outputs={"y": SPEC})
-def join(a, b):
-    return {"y": a + b}
-
-
-def diamond() -> Pipeline:
-    p = Pipeline("diamond", inputs={"x": SPEC}, max_batch_size=8)
-    a = p.add(left, x=p.input("x"))
-    b = p.add(right, x=p.input("x"))
-    p.output("y", p.add(join, a=a["y"], b=b["y"])["y"])
-    return p
 
 
 def main() -> None:
@@ -53,7 +26,7 @@ def main() -> None:
 
     x = np.ones((2, 4), np.float32)
     with tempfile.TemporaryDirectory() as tmp:
-        repo = diamond().compile("both").write(Path(tmp) / "repo")
+        repo = make_diamond(ms=50, branches=2).compile("both").write(Path(tmp) / "repo")
         with TritonServer(repo) as server, server.client(args.protocol, timeout=60) as client:
             print(f"diamond, two 50 ms branches, batch [2, 4] FP32, {args.protocol}, {args.requests} requests each")
             print(f"{'model':<20} {'median ms':>10} {'mean ms':>10} {'p90 ms':>10}")

@@ -51,6 +51,20 @@ def _strip_scheme(url: str) -> str:
     return url.rstrip("/")
 
 
+def requested_outputs(module: Any, outputs: Sequence[str] | None, *, binary: bool) -> list[Any] | None:
+    """tritonclient's requested outputs for ``outputs`` (None: all of them)."""
+    if not outputs:
+        return None
+    if binary:  # only HTTP takes binary_data; gRPC is always binary
+        return [module.InferRequestedOutput(n, binary_data=True) for n in outputs]
+    return [module.InferRequestedOutput(n) for n in outputs]
+
+
+def result_arrays(result: Any, protocol: str) -> dict[str, np.ndarray]:
+    """Every output of an infer result, as numpy arrays by name."""
+    return {name: result.as_numpy(name) for name in _output_names(result, protocol)}
+
+
 def infer_inputs(module: Any, inputs: Mapping[str, Any], *, binary: bool) -> list[Any]:
     """``InferInput`` objects of tritonclient ``module`` (http or grpc) for numpy ``inputs``."""
     built = []
@@ -291,18 +305,18 @@ class TritonClient:
         def over_http(client: Any) -> dict[str, np.ndarray]:
             import tritonclient.http as httpclient
 
-            requested = [httpclient.InferRequestedOutput(n, binary_data=True) for n in outputs] if outputs else None
+            requested = requested_outputs(httpclient, outputs, binary=True)
             result = client.infer(model, infer_inputs(httpclient, inputs, binary=True), outputs=requested)
-            return {name: result.as_numpy(name) for name in _output_names(result, "http")}
+            return result_arrays(result, "http")
 
         def over_grpc(client: Any, limit: float | None) -> dict[str, np.ndarray]:
             import tritonclient.grpc as grpcclient
 
-            requested = [grpcclient.InferRequestedOutput(n) for n in outputs] if outputs else None
+            requested = requested_outputs(grpcclient, outputs, binary=False)
             result = client.infer(
                 model, infer_inputs(grpcclient, inputs, binary=False), outputs=requested, client_timeout=limit
             )
-            return {name: result.as_numpy(name) for name in _output_names(result, "grpc")}
+            return result_arrays(result, "grpc")
 
         try:
             return self._call("infer on", model, timeout, over_http, over_grpc)
@@ -489,18 +503,18 @@ class AsyncTritonClient:
         async def over_http(client: Any) -> dict[str, np.ndarray]:
             import tritonclient.http as httpclient
 
-            requested = [httpclient.InferRequestedOutput(n, binary_data=True) for n in outputs] if outputs else None
+            requested = requested_outputs(httpclient, outputs, binary=True)
             result = await client.infer(model, infer_inputs(httpclient, inputs, binary=True), outputs=requested)
-            return {name: result.as_numpy(name) for name in _output_names(result, "http")}
+            return result_arrays(result, "http")
 
         async def over_grpc(client: Any, limit: float | None) -> dict[str, np.ndarray]:
             import tritonclient.grpc as grpcclient
 
-            requested = [grpcclient.InferRequestedOutput(n) for n in outputs] if outputs else None
+            requested = requested_outputs(grpcclient, outputs, binary=False)
             result = await client.infer(
                 model, infer_inputs(grpcclient, inputs, binary=False), outputs=requested, client_timeout=limit
             )
-            return {name: result.as_numpy(name) for name in _output_names(result, "grpc")}
+            return result_arrays(result, "grpc")
 
         try:
             return await self._call("infer on", model, timeout, over_http, over_grpc)
