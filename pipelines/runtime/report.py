@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ..tables import format_table
+
 __all__ = ["Comparison", "CostRecorder", "Report", "StepCost", "compare"]
 
 
@@ -319,9 +321,4 @@ def _bytes(value: float) -> str:
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
-    line = lambda cells: "  ".join(  # noqa: E731 - a one-line formatter reads best inline
-        str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-    )
-    sep = "  ".join("-" * w for w in widths)
-    return "\n".join([line(header), sep, *(line(r) for r in rows)]) + "\n"
+    return format_table(header, rows) + "\n"
