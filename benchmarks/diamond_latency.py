@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.examples.basic import make_diamond
-from pipelines.runtime.triton import TritonServer
+from pipelines.triton import TritonServer
 
 
 def main() -> None:

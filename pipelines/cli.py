@@ -137,7 +137,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .runtime.triton import serve_main
+    from .triton import serve_main
 
     return serve_main(args.repository, http_port=args.http_port, grpc_port=args.grpc_port) or 0
 

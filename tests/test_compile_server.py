@@ -17,7 +17,7 @@ import pytest
 
 from pipelines import DynamicBatching, InferenceError, Pipeline, TensorSpec, step
 from pipelines.compile import compile_pipeline
-from pipelines.runtime.triton import TritonServer
+from pipelines.triton import TritonServer
 
 pytestmark = pytest.mark.server
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from pipelines.errors import InferenceError, InputError, ServerDiedError, ServerStartError, StepTimeoutError
-from pipelines.runtime.server import SHM_TAG
-from pipelines.runtime.triton import AsyncTritonClient, TritonClient, TritonServer, find_tritonserver
+from pipelines.triton import AsyncTritonClient, Ports, TritonClient, TritonServer, find_tritonserver
+from pipelines.triton.cleanup import SHM_TAG
 
 try:  # tests/ may or may not be a package
     from .server_fixtures import leftovers, wait_for_no_leftovers, write_broken_repository, write_test_repository
@@ -187,20 +187,22 @@ def test_the_async_client_runs_requests_concurrently(server, protocol):
 def test_two_servers_at_once_get_their_own_ports_and_exit_clean(server, small_repository, monkeypatch):
     # Replay the race where another process binds the chosen ports first: the first choice
     # is the running server's ports, so the second server must choose again and still start.
-    from pipelines.runtime import server as server_module
+    from pipelines.triton import server as server_module
 
-    real_choose, calls = server_module._choose_ports, []
+    real_choose, calls = server_module.choose_ports, []
 
     def taken_first(fixed, host):
         calls.append(fixed)
         if len(calls) == 1:
-            return tuple(
-                int(url.rsplit(":", 1)[-1].split("/")[0])
-                for url in (server.http_url, server.grpc_url, server.metrics_url)
+            return Ports(
+                *(
+                    int(url.rsplit(":", 1)[-1].split("/")[0])
+                    for url in (server.http_url, server.grpc_url, server.metrics_url)
+                )
             )
         return real_choose(fixed, host)
 
-    monkeypatch.setattr(server_module, "_choose_ports", taken_first)
+    monkeypatch.setattr(server_module, "choose_ports", taken_first)
     with TritonServer(small_repository) as second:
         assert len(calls) == 2, "the first, taken, ports should have been replaced"
         urls = {server.http_url, server.grpc_url, server.metrics_url}
@@ -283,7 +285,7 @@ def test_start_needs_a_repository_directory(tmp_path):
 
 _OWNER = """
 import sys, time
-from pipelines.runtime.triton import TritonServer, serve_main
+from pipelines.triton import TritonServer, serve_main
 
 repository, style = sys.argv[1], sys.argv[2]
 if style == "serve":  # what `pipelines serve DIR` runs: a 'with' block waiting for Ctrl-C

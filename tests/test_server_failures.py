@@ -17,7 +17,7 @@ import pytest
 from pipelines import DynamicBatching, Pipeline, TensorSpec, step
 from pipelines.compile import compile_pipeline
 from pipelines.errors import InferenceError, InputError, StepTimeoutError
-from pipelines.runtime.triton import TritonServer
+from pipelines.triton import TritonServer
 
 pytestmark = pytest.mark.server
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipelines.examples import yolov5
-from pipelines.runtime.triton import TritonServer
+from pipelines.triton import TritonServer
 
 SIZES = [(480, 640), (720, 1280), (640, 480), (333, 500), (1000, 300)]
 FORMS = ("ensemble", "bls", "bls_sync")

@@ -339,7 +339,7 @@ def _server(
     versions: dict[str, str | None],
 ) -> Callable[[], Any]:
     """Start the embedded server (or reach the remote one); return how to make its async client."""
-    from ..runtime.triton import AsyncTritonClient
+    from ..triton import AsyncTritonClient
 
     if settings.url is not None:
         url = settings.url
@@ -359,7 +359,7 @@ def _breakdown(load: LoadResult, model: str | None):
 
 
 def _start_server(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack, bar: Progress):
-    from ..runtime.triton import TritonServer
+    from ..triton import TritonServer
 
     if out_dir is not None:
         repo_dir = out_dir / "model_repository"
@@ -374,7 +374,7 @@ def _start_server(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack, ba
 
 def _server_version(url: str, protocol: str) -> str | None:
     """Triton's version from its metadata, over either protocol, or None if it will not say."""
-    from ..runtime.triton import TritonClient
+    from ..triton import TritonClient
 
     try:
         with TritonClient(url, protocol, timeout=5) as client:

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n== ensemble against BLS in the local runtime, copying tensors where a server would")
     print(compare(reports["ensemble"], reports["bls"]))
 
-    from ..runtime.triton import TritonServer
+    from ..triton import TritonServer
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.out) if args.out else Path(tmp) / "model_repository"

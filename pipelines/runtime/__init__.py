@@ -1,7 +1,7 @@
 """Running pipelines: the local runtime (no server) and its cost report.
 
-``pipelines.runtime.triton`` (the embedded Triton server and its clients) is
-imported on demand, not here, so the local runtime needs no server pieces.
+The embedded Triton server and its clients are a separate package, ``pipelines.triton``;
+the two share no code, so the local runtime needs no server pieces.
 """
 
 from __future__ import annotations

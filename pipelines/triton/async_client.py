@@ -1,0 +1,164 @@
+"""An asyncio client of a Triton server (``tritonclient.http.aio`` / ``tritonclient.grpc.aio``),
+with the same calls, answers and errors as :class:`~pipelines.triton.client.TritonClient`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import InferenceError, PipelinesError, ServerError
+from .connection import ErrorTranslator, Liveness, check_protocol, rejected, strip_scheme
+from .payloads import infer_inputs, message_to_dict, requested_outputs, result_arrays
+from .rejections import explain_rejection
+
+__all__ = ["AsyncTritonClient"]
+
+
+class AsyncTritonClient:
+    """An asyncio client of one Triton server (``tritonclient.http.aio`` / ``tritonclient.grpc.aio``).
+
+    Made anywhere, it connects on first use inside the running event loop. Use it from one
+    loop; many concurrent ``infer`` calls share its connections (no limit on their number).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        protocol: str = "http",
+        *,
+        timeout: float | None = None,
+        liveness: Liveness | None = None,
+    ) -> None:
+        self.url = strip_scheme(url)
+        self.protocol = check_protocol(protocol)
+        self.timeout = timeout
+        self._errors = ErrorTranslator(self.url, self.protocol, liveness)
+        self._client: Any = None
+        self._closed = False
+
+    def _get(self) -> Any:
+        if self._closed:
+            raise ServerError(f"this AsyncTritonClient of {self.url} is closed; make a new one")
+        if self._client is None:
+            if self.protocol == "http":
+                import tritonclient.http.aio as aiohttpclient
+
+                # conn_timeout caps every request in aiohttp; per-call limits come from anyio instead.
+                self._client = aiohttpclient.InferenceServerClient(self.url, conn_limit=0, conn_timeout=None)
+            else:
+                import tritonclient.grpc.aio as aiogrpcclient
+
+                self._client = aiogrpcclient.InferenceServerClient(self.url)
+        return self._client
+
+    async def _call(self, what: str, model: str | None, timeout: float | None, http_call, grpc_call) -> Any:
+        import anyio
+
+        self._errors.check()
+        try:
+            client = self._get()
+            if self.protocol == "http":
+                if timeout is None:
+                    return await http_call(client)
+                with anyio.fail_after(timeout):
+                    return await http_call(client)
+            return await grpc_call(client, timeout)
+        except PipelinesError:
+            raise
+        except Exception as exc:
+            raise self._errors.translate(exc, what=what, model=model, timeout=timeout) from exc
+
+    async def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        *,
+        outputs: Sequence[str] | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run ``model`` on numpy ``inputs``; return its outputs (all of them, or those named)."""
+        timeout = self.timeout if timeout is None else timeout
+
+        async def over_http(client: Any) -> dict[str, np.ndarray]:
+            import tritonclient.http as httpclient
+
+            requested = requested_outputs(httpclient, outputs, binary=True)
+            result = await client.infer(model, infer_inputs(httpclient, inputs, binary=True), outputs=requested)
+            return result_arrays(result, "http")
+
+        async def over_grpc(client: Any, limit: float | None) -> dict[str, np.ndarray]:
+            import tritonclient.grpc as grpcclient
+
+            requested = requested_outputs(grpcclient, outputs, binary=False)
+            result = await client.infer(
+                model, infer_inputs(grpcclient, inputs, binary=False), outputs=requested, client_timeout=limit
+            )
+            return result_arrays(result, "grpc")
+
+        try:
+            return await self._call("infer on", model, timeout, over_http, over_grpc)
+        except InferenceError as error:
+            if not rejected(error):
+                raise
+            try:
+                config = await self.model_config(model)
+            except PipelinesError:
+                raise error from error.__cause__
+            raise explain_rejection(error, model=model, inputs=inputs, config=config) from error.__cause__
+
+    async def statistics(self, model: str = "") -> dict:
+        async def over_grpc(c: Any, t: float | None) -> dict:
+            return message_to_dict(await c.get_inference_statistics(model_name=model, client_timeout=t))
+
+        return await self._call(
+            "statistics of",
+            model or None,
+            self.timeout,
+            lambda c: c.get_inference_statistics(model_name=model),
+            over_grpc,
+        )
+
+    async def ready(self, model: str | None = None) -> bool:
+        try:
+            return bool(
+                await self._call(
+                    "readiness of",
+                    model,
+                    self.timeout,
+                    lambda c: c.is_model_ready(model) if model else c.is_server_ready(),
+                    lambda c, t: (
+                        c.is_model_ready(model, client_timeout=t) if model else c.is_server_ready(client_timeout=t)
+                    ),
+                )
+            )
+        except (ServerError, InferenceError):
+            return False
+
+    async def metadata(self) -> dict:
+        async def over_grpc(c: Any, t: float | None) -> dict:
+            return message_to_dict(await c.get_server_metadata(client_timeout=t))
+
+        return await self._call("metadata of", None, self.timeout, lambda c: c.get_server_metadata(), over_grpc)
+
+    async def model_config(self, model: str) -> dict:
+        async def over_grpc(c: Any, t: float | None) -> dict:
+            return message_to_dict((await c.get_model_config(model, client_timeout=t)).config, skip_unset_messages=True)
+
+        return await self._call("config of", model, self.timeout, lambda c: c.get_model_config(model), over_grpc)
+
+    async def close(self) -> None:
+        self._closed = True
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    async def __aenter__(self) -> AsyncTritonClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncTritonClient({self.url!r}, {self.protocol!r})"

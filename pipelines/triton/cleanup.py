@@ -1,0 +1,166 @@
+"""Finding and removing what a server leaves: its process group, stubs, shared memory, and servers
+whose owner forgot them (stopped at interpreter exit)."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from typing import Protocol
+
+__all__ = [
+    "SHM_TAG",
+    "REGISTRY",
+    "kill_server",
+    "live_processes",
+    "remove_shm",
+    "sigint_deferred",
+    "signal_group",
+    "sweep_orphaned_shm",
+]
+
+#: Every shared-memory region and process of ours carries this tag in its name, so
+#: cleanup can find exactly ours, and leftovers of an owner that was killed can be told apart.
+SHM_TAG = "pipelines-triton"
+
+
+def signal_group(pgid: int | None, sig: int) -> None:
+    if pgid is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def kill_server(proc: subprocess.Popen[bytes] | None, pgid: int | None, shm_prefix: str) -> None:
+    """SIGKILL whatever of a server still runs, wait for it, and remove its shared memory."""
+    if proc is not None and proc.poll() is None:
+        signal_group(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+    marker = shm_prefix.encode()
+    deadline = time.monotonic() + 10
+    while True:
+        # Stubs stay in the server's group; a stub that left it still names our prefix.
+        left = [pid for pid in live_processes(pgid=pgid, marker=marker) if pid != os.getpid()]
+        if not left or time.monotonic() > deadline:
+            break
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
+    remove_shm(shm_prefix)
+
+
+def live_processes(*, pgid: int | None, marker: bytes) -> list[int]:
+    """Running (not zombie) processes in group ``pgid`` or whose command line holds ``marker``."""
+    found: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            # The command name may hold spaces or parentheses; the fields after the last ')' do not.
+            fields = stat[stat.rindex(b")") + 2 :].split()
+            state, group = fields[0], int(fields[2])
+            if state in (b"Z", b"X"):
+                continue
+            if group == pgid:
+                found.append(int(entry))
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if marker in f.read():
+                    found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue  # the process went away while we looked
+    return found
+
+
+def remove_shm(prefix: str) -> None:
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/dev/shm"):
+            if name.startswith(prefix):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join("/dev/shm", name))
+
+
+def sweep_orphaned_shm() -> None:
+    """Remove regions left by a server whose owning process was killed outright (SIGKILL)."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/dev/shm"):
+            if not name.startswith(SHM_TAG + "-"):
+                continue
+            owner = name[len(SHM_TAG) + 1 :].split("-", 1)[0]
+            if owner.isdigit() and int(owner) != os.getpid() and not _pid_exists(int(owner)):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join("/dev/shm", name))
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C that arrives during cleanup until cleanup is done, then deliver it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    except ValueError:  # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received and callable(previous):
+            previous(signal.SIGINT, None)
+
+
+class _Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+class _Registry:
+    """Servers still running, stopped at interpreter exit if their owner did not stop them."""
+
+    def __init__(self) -> None:
+        self._servers: dict[int, _Stoppable] = {}
+        self._lock = threading.Lock()
+        atexit.register(self.stop_all)
+
+    def add(self, server: _Stoppable) -> None:
+        with self._lock:
+            self._servers[id(server)] = server
+
+    def discard(self, server: _Stoppable) -> None:
+        with self._lock:
+            self._servers.pop(id(server), None)
+
+    def stop_all(self) -> None:
+        with self._lock:
+            servers = list(self._servers.values())
+        for server in servers:
+            with contextlib.suppress(Exception):
+                server.stop()
+
+
+REGISTRY = _Registry()

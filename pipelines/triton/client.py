@@ -1,0 +1,233 @@
+"""A blocking client of a Triton server, local or remote: numpy in, numpy out, errors from
+``pipelines.errors``. It speaks HTTP (binary tensor data both ways) or gRPC, with the same dict
+shapes for both."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import InferenceError, PipelinesError, ServerError
+from .connection import ErrorTranslator, Liveness, check_protocol, rejected, strip_scheme
+from .payloads import infer_inputs, message_to_dict, requested_outputs, result_arrays
+from .rejections import explain_rejection
+
+__all__ = ["TritonClient"]
+
+
+class TritonClient:
+    """A blocking client of one Triton server.
+
+    ``timeout`` (seconds) is the default client-side limit for each call; ``None`` waits as
+    long as the server takes. Safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        protocol: str = "http",
+        *,
+        timeout: float | None = None,
+        liveness: Liveness | None = None,
+    ) -> None:
+        self.url = strip_scheme(url)
+        self.protocol = check_protocol(protocol)
+        self.timeout = timeout
+        self._errors = ErrorTranslator(self.url, self.protocol, liveness)
+        self._lock = threading.Lock()
+        self._closed = False
+        # tritonclient's HTTP client is gevent-based and neither thread-safe nor able to change
+        # its network timeout per call: keep one per (thread, timeout). gRPC channels are shared.
+        self._local = threading.local()
+        self._http_clients: list[Any] = []
+        self._grpc: Any = None
+
+    # ---------------------------------------------------------------- plumbing
+
+    def _http(self, timeout: float | None) -> Any:
+        clients = getattr(self._local, "clients", None)
+        if clients is None:
+            clients = self._local.clients = {}
+        client = clients.get(timeout)
+        if client is None:
+            import tritonclient.http as httpclient
+
+            self._ensure_open()
+            client = httpclient.InferenceServerClient(self.url, network_timeout=timeout, connection_timeout=60.0)
+            clients[timeout] = client
+            with self._lock:
+                self._http_clients.append(client)
+        return client
+
+    def _grpc_client(self) -> Any:
+        if self._grpc is None:
+            import tritonclient.grpc as grpcclient
+
+            with self._lock:
+                self._ensure_open()
+                if self._grpc is None:
+                    self._grpc = grpcclient.InferenceServerClient(self.url)
+        return self._grpc
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise ServerError(f"this TritonClient of {self.url} is closed; make a new one")
+
+    def _call(self, what: str, model: str | None, timeout: float | None, http_call, grpc_call) -> Any:
+        self._errors.check()
+        try:
+            if self.protocol == "http":
+                return http_call(self._http(timeout))
+            return grpc_call(self._grpc_client(), timeout)
+        except PipelinesError:
+            raise
+        except Exception as exc:
+            raise self._errors.translate(exc, what=what, model=model, timeout=timeout) from exc
+
+    # ---------------------------------------------------------------- API
+
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        *,
+        outputs: Sequence[str] | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run ``model`` on numpy ``inputs``; return its outputs (all of them, or those named)."""
+        timeout = self.timeout if timeout is None else timeout
+
+        def over_http(client: Any) -> dict[str, np.ndarray]:
+            import tritonclient.http as httpclient
+
+            requested = requested_outputs(httpclient, outputs, binary=True)
+            result = client.infer(model, infer_inputs(httpclient, inputs, binary=True), outputs=requested)
+            return result_arrays(result, "http")
+
+        def over_grpc(client: Any, limit: float | None) -> dict[str, np.ndarray]:
+            import tritonclient.grpc as grpcclient
+
+            requested = requested_outputs(grpcclient, outputs, binary=False)
+            result = client.infer(
+                model, infer_inputs(grpcclient, inputs, binary=False), outputs=requested, client_timeout=limit
+            )
+            return result_arrays(result, "grpc")
+
+        try:
+            return self._call("infer on", model, timeout, over_http, over_grpc)
+        except InferenceError as error:
+            if not rejected(error):
+                raise
+            try:
+                config = self.model_config(model)
+            except PipelinesError:
+                raise error from error.__cause__
+            raise explain_rejection(error, model=model, inputs=inputs, config=config) from error.__cause__
+
+    def statistics(self, model: str = "") -> dict:
+        """Triton's statistics for ``model`` (all models if empty): ``{"model_stats": [...]}``."""
+        return self._call(
+            "statistics of",
+            model or None,
+            self.timeout,
+            lambda c: c.get_inference_statistics(model_name=model),
+            lambda c, t: message_to_dict(c.get_inference_statistics(model_name=model, client_timeout=t)),
+        )
+
+    def ready(self, model: str | None = None) -> bool:
+        """Whether the server (or ``model`` on it) is ready; ``False`` when it cannot be reached."""
+        try:
+            return bool(
+                self._call(
+                    "readiness of",
+                    model,
+                    self.timeout,
+                    lambda c: c.is_model_ready(model) if model else c.is_server_ready(),
+                    lambda c, t: (
+                        c.is_model_ready(model, client_timeout=t) if model else c.is_server_ready(client_timeout=t)
+                    ),
+                )
+            )
+        except (ServerError, InferenceError):
+            return False
+
+    def metadata(self) -> dict:
+        """The server's name, version and protocol extensions."""
+        return self._call(
+            "metadata of",
+            None,
+            self.timeout,
+            lambda c: c.get_server_metadata(),
+            lambda c, t: message_to_dict(c.get_server_metadata(client_timeout=t)),
+        )
+
+    def model_config(self, model: str) -> dict:
+        """The configuration Triton runs ``model`` with, as a dict (auto-completed fields included)."""
+        return self._call(
+            "config of",
+            model,
+            self.timeout,
+            lambda c: c.get_model_config(model),
+            lambda c, t: message_to_dict(c.get_model_config(model, client_timeout=t).config, skip_unset_messages=True),
+        )
+
+    def repository_index(self) -> list[dict]:
+        """Every model in the repository, loaded or not: name, version, state, reason."""
+        index = self._call(
+            "repository index of",
+            None,
+            self.timeout,
+            lambda c: list(c.get_model_repository_index()),
+            lambda c, t: message_to_dict(c.get_model_repository_index(client_timeout=t))["models"],
+        )
+        # HTTP leaves out empty fields; give both protocols every key.
+        return [
+            {
+                "name": m.get("name", ""),
+                "version": m.get("version", ""),
+                "state": m.get("state", ""),
+                "reason": m.get("reason", ""),
+            }
+            for m in index
+        ]
+
+    def load_model(self, model: str) -> None:
+        """Load or reload ``model`` (the server must run with model_control_mode='explicit')."""
+        self._call(
+            "load of",
+            model,
+            self.timeout,
+            lambda c: c.load_model(model),
+            lambda c, t: c.load_model(model, client_timeout=t),
+        )
+
+    def unload_model(self, model: str) -> None:
+        self._call(
+            "unload of",
+            model,
+            self.timeout,
+            lambda c: c.unload_model(model),
+            lambda c, t: c.unload_model(model, client_timeout=t),
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            clients, self._http_clients = self._http_clients, []
+            grpc, self._grpc = self._grpc, None
+        for client in clients:
+            client.close()
+        if grpc is not None:
+            grpc.close()
+
+    def __enter__(self) -> TritonClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TritonClient({self.url!r}, {self.protocol!r})"

@@ -1,0 +1,79 @@
+"""``pipelines serve DIR``: a server in the foreground until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+from .server import TritonServer, describe_exit
+
+__all__ = ["serve_main"]
+
+
+def serve_main(
+    repository: str | os.PathLike[str],
+    *,
+    host: str = "127.0.0.1",
+    http_port: int | None = None,
+    grpc_port: int | None = None,
+    metrics_port: int | None = None,
+    model_control_mode: str = "none",
+    log_verbose: int = 0,
+    startup_timeout: float = 120.0,
+    extra_args: Sequence[str] = (),
+    out=None,
+) -> int:
+    """Serve ``repository`` in the foreground until Ctrl-C (or SIGTERM); return the exit status.
+
+    Prints the URLs and the loaded models once the server is ready. A server that dies
+    on its own returns 1 after printing its log's tail.
+    """
+    out = out or sys.stdout
+    server = TritonServer(
+        repository,
+        host=host,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        model_control_mode=model_control_mode,
+        log_verbose=log_verbose,
+        startup_timeout=startup_timeout,
+        extra_args=extra_args,
+    )
+    previous_term = None
+    if threading.current_thread() is threading.main_thread():
+        previous_term = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        with server:
+            print(f"Triton server ready (pid {server.pid}) serving {server.repository}", file=out)
+            print(f"  HTTP     {server.http_url}", file=out)
+            print(f"  gRPC     {server.grpc_url}", file=out)
+            print(f"  metrics  {server.metrics_url}", file=out)
+            models = server.models()
+            print(f"models ({len(models)}):", file=out)
+            for model in models:
+                reason = f"  {model['reason']}" if model.get("reason") else ""
+                print(
+                    f"  {model['name']:<32} {model.get('version', '') or '-':<4} {model.get('state', '')}{reason}",
+                    file=out,
+                )
+            print("Press Ctrl-C to stop.", file=out, flush=True)
+            code = server.wait()
+            print(
+                f"the Triton server exited on its own ({describe_exit(code)})\n--- log tail ---\n{server.log_tail()}",
+                file=sys.stderr,
+            )
+            return 1
+    except KeyboardInterrupt:
+        print("stopped", file=out, flush=True)
+        return 0
+    finally:
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
+
+
+def _raise_keyboard_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,405 @@
+"""The embedded Triton server's lifecycle: start on free ports, wait until ready, stop.
+
+:class:`TritonServer` runs the real ``tritonserver`` binary of the ``nvidia-pytriton`` wheel in its
+own process group; on stop it leaves no process, shared-memory region or temporary directory behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import ServerDiedError, ServerError, ServerStartError
+from .arguments import Ports, ServerArguments
+from .cleanup import REGISTRY, SHM_TAG, kill_server, sigint_deferred, signal_group, sweep_orphaned_shm
+from .installation import TritonInstallation, backend_directory, find_installation
+from .ports import choose_ports, health_ready, listens, taken_port
+
+if TYPE_CHECKING:
+    from .async_client import AsyncTritonClient
+    from .client import TritonClient
+
+__all__ = ["TritonServer", "describe_exit"]
+
+_PORT_ATTEMPTS = 4
+_ERROR_LINE = re.compile(r"E\d{4} |error:", re.IGNORECASE)
+_UNLOAD_GRACE = 2.0  # the server polls its shutdown once a second; give it that long past its exit timeout
+
+
+class TritonServer:
+    """A ``tritonserver`` process serving ``repository``; a context manager.
+
+    Ports left as ``None`` are chosen free (and chosen again if another process takes
+    one first). ``env`` adds variables to the server's environment. ``exit_timeout`` is
+    how long the server may wait for in-flight requests when stopped; past it, and a short
+    grace to unload models, its whole process group is killed.
+    """
+
+    def __init__(
+        self,
+        repository: str | os.PathLike[str],
+        *,
+        model_control_mode: str = "none",
+        load_models: Sequence[str] = (),
+        startup_timeout: float = 120.0,
+        exit_timeout: int = 5,
+        log_verbose: int = 0,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        host: str = "127.0.0.1",
+        http_port: int | None = None,
+        grpc_port: int | None = None,
+        metrics_port: int | None = None,
+        allow_grpc: bool = True,
+        allow_metrics: bool = True,
+        installation: TritonInstallation | None = None,
+    ) -> None:
+        # Unique per server: the python backend names its regions <prefix><uuid>.
+        self.shm_prefix = f"{SHM_TAG}-{os.getpid()}-{uuid.uuid4().hex[:12]}-"
+        self.arguments = ServerArguments(
+            repository=Path(repository).resolve(),
+            model_control_mode=model_control_mode,
+            load_models=tuple(load_models),
+            host=host,
+            exit_timeout=int(exit_timeout),
+            log_verbose=int(log_verbose),
+            allow_grpc=allow_grpc,
+            allow_metrics=allow_metrics,
+            shm_region_prefix=self.shm_prefix,
+            extra=tuple(str(a) for a in extra_args),
+        )
+        self.startup_timeout = float(startup_timeout)
+        self.env = dict(env or {})
+        self._fixed_ports = (http_port, grpc_port, metrics_port)
+        self._installation = installation
+        self._ports: Ports | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pgid: int | None = None
+        self._workdir: Path | None = None
+        self._log_path: Path | None = None
+        self._stopped = False
+        self._reaped = False
+        self._lock = threading.RLock()
+
+    # ---------------------------------------------------------------- arguments
+
+    @property
+    def repository(self) -> Path:
+        return self.arguments.repository
+
+    @property
+    def host(self) -> str:
+        return self.arguments.host
+
+    @property
+    def exit_timeout(self) -> int:
+        return self.arguments.exit_timeout
+
+    @property
+    def model_control_mode(self) -> str:
+        return self.arguments.model_control_mode
+
+    # ---------------------------------------------------------------- addresses
+
+    @property
+    def http_url(self) -> str:
+        return f"{self._client_host}:{self._require_ports().http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self._client_host}:{self._require_ports().grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self._client_host}:{self._require_ports().metrics}/metrics"
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise ServerError(f"the Triton server for {self.repository} is not started; call start() or use 'with'")
+        return self._proc.pid
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._log_path
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and not self._stopped and self._proc.poll() is None
+
+    @property
+    def _client_host(self) -> str:
+        # A server bound to every interface is reached locally through loopback.
+        return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+
+    def _require_ports(self) -> Ports:
+        if self._ports is None:
+            raise ServerError(f"the Triton server for {self.repository} is not started; call start() or use 'with'")
+        return self._ports
+
+    def log_tail(self, n_lines: int = 50) -> str:
+        """The last ``n_lines`` lines of the server's log ('' before it starts)."""
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        with open(self._log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 256 * max(n_lines, 1)))  # enough for typical lines, without reading a large log
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        return "\n".join(lines[-n_lines:])
+
+    def _failure_log(self, n_lines: int = 50) -> str:
+        """The part of the log that says why start-up failed: error lines first, then the tail."""
+        if self._log_path is None or not self._log_path.exists():
+            return "--- log tail ---\n(no log)"
+        lines = self._log_path.read_text("utf-8", "replace").splitlines()
+        usage = next((i for i, line in enumerate(lines) if line.startswith("Usage: tritonserver")), None)
+        if usage is not None:  # a bad argument: the reason precedes a long usage text that says nothing more
+            return "--- log ---\n" + "\n".join(lines[:usage])
+        tail = lines[-n_lines:]
+        errors = [line for line in lines[:-n_lines] if _ERROR_LINE.match(line)][-10:]
+        head = "--- errors in the log ---\n" + "\n".join(errors) + "\n" if errors else ""
+        return head + "--- log tail ---\n" + "\n".join(tail)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def start(self) -> TritonServer:
+        """Start the server and return once it answers ready; raise :class:`ServerStartError` otherwise."""
+        with self._lock:
+            if self._proc is not None and not self._stopped:
+                raise ServerError(f"the Triton server for {self.repository} is already started (pid {self._proc.pid})")
+            self._stopped = self._reaped = False
+            if not self.repository.is_dir():
+                raise ServerStartError(f"model repository {self.repository} is not a directory; write one first")
+            installation = self._installation or find_installation()
+            sweep_orphaned_shm()
+            self._workdir = Path(tempfile.mkdtemp(prefix=f"{SHM_TAG}-"))
+            REGISTRY.add(self)
+            try:
+                backends = backend_directory(installation, self._workdir / "backends")
+                deadline = time.monotonic() + self.startup_timeout
+                for attempt in range(1, _PORT_ATTEMPTS + 1):
+                    self._launch(installation, backends, attempt)
+                    try:
+                        self._wait_ready(deadline)
+                        return self
+                    except _PortTaken:
+                        kill_server(self._proc, self._pgid, self.shm_prefix)
+                        if attempt == _PORT_ATTEMPTS:
+                            raise ServerStartError(
+                                f"the Triton server for {self.repository} could not bind its ports after "
+                                f"{attempt} attempts ({self._ports}); pass free ports or leave them None\n"
+                                f"--- log tail ---\n{self.log_tail()}"
+                            ) from None
+                raise AssertionError("unreachable")
+            except BaseException:
+                self.stop()
+                raise
+
+    def _launch(self, installation: TritonInstallation, backends: Path, attempt: int) -> None:
+        assert self._workdir is not None
+        self._ports = choose_ports(self._fixed_ports, self.host)
+        args = self.arguments.command(binary=installation.binary, backend_directory=backends, ports=self._ports)
+        env = {**os.environ, **self.env}
+        # The stub's embedded interpreter finds its site-packages through the python on PATH;
+        # the stub (unlike the server binary) has no RPATH to the wheel's libraries.
+        env["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.prefix) / "bin"), env.get("PATH")]))
+        if installation.libs is not None:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(installation.libs), env.get("LD_LIBRARY_PATH")]))
+        self._log_path = self._workdir / f"tritonserver.{attempt}.log"
+        with open(self._log_path, "wb") as log:  # a file, never a pipe that fills up and stalls the server
+            self._proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self._workdir,
+                start_new_session=True,
+                preexec_fn=_parent_death_signal() if threading.current_thread() is threading.main_thread() else None,
+            )
+        self._pgid = self._proc.pid  # start_new_session makes it the leader of its own group
+
+    def _wait_ready(self, deadline: float) -> None:
+        assert self._proc is not None
+        ports = self._require_ports()
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                taken = taken_port(self.log_tail(200))
+                if taken is not None and taken not in self._fixed_ports:
+                    raise _PortTaken
+                why = f"port {taken} is already in use; pass another port or leave it None" if taken else ""
+                raise ServerStartError(
+                    f"the Triton server for {self.repository} exited during start-up ({describe_exit(code)}); "
+                    f"{why or 'its log says why (fix the model or argument it names)'}\n{self._failure_log()}"
+                )
+            # Another server may answer on our ports until ours fails to bind them (it logs
+            # "Started" before it binds), so ready means: healthy, and the ports are its own.
+            if health_ready(self._client_host, ports.http) and all(
+                listens(self._proc.pid, port) for port in self.arguments.listening_ports(ports)
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise ServerStartError(
+                    f"the Triton server for {self.repository} was not ready after {self.startup_timeout:g} s; "
+                    f"raise startup_timeout if its models are slow to load\n--- log tail ---\n{self.log_tail()}"
+                )
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=0.05)
+
+    def stop(self) -> None:
+        """Stop the server (gracefully, then by force) and remove everything it left. Safe to call twice."""
+        with sigint_deferred(), self._lock:
+            proc = self._proc
+            try:
+                if proc is not None and proc.poll() is None:
+                    signal_group(self._pgid, signal.SIGTERM)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=self.exit_timeout + _UNLOAD_GRACE)
+            finally:
+                kill_server(self._proc, self._pgid, self.shm_prefix)
+                if self._workdir is not None:
+                    shutil.rmtree(self._workdir, ignore_errors=True)
+                self._stopped = True
+                REGISTRY.discard(self)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for the server process to exit on its own; its exit code, or None past ``timeout``."""
+        if self._proc is None:
+            raise ServerError(f"the Triton server for {self.repository} is not started; call start() or use 'with'")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return self._proc.wait(timeout=timeout)
+        return None
+
+    # ---------------------------------------------------------------- use
+
+    def check_alive(self) -> None:
+        """Raise :class:`ServerDiedError` unless the server process is running."""
+        proc = self._proc
+        if proc is None or self._stopped:
+            raise ServerDiedError(
+                f"the Triton server for {self.repository} is "
+                f"{'stopped' if self._stopped else 'not started'}; start it again (start() or 'with')"
+            )
+        code = proc.poll()
+        if code is not None:
+            with self._lock:
+                if not self._reaped:
+                    kill_server(self._proc, self._pgid, self.shm_prefix)  # its stubs and shared memory must go too
+                    self._reaped = True
+            raise ServerDiedError(
+                f"the Triton server for {self.repository} (pid {proc.pid}) died while in use "
+                f"({describe_exit(code)}); start a new TritonServer\n--- log tail ---\n{self.log_tail(20)}"
+            )
+
+    def _wait_dead(self, timeout: float) -> bool:
+        """Whether the process has exited, waiting up to ``timeout`` for a dying one to finish."""
+        if self._proc is None:
+            return True
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=timeout)
+        return self._proc.poll() is not None
+
+    def client(self, protocol: str = "http", *, timeout: float | None = None) -> TritonClient:
+        """A blocking client of this server whose calls fail fast with :class:`ServerDiedError` if it dies."""
+        from .client import TritonClient
+
+        url = self.http_url if protocol == "http" else self.grpc_url
+        return TritonClient(url, protocol, timeout=timeout, liveness=_Liveness(self))
+
+    def async_client(self, protocol: str = "http", *, timeout: float | None = None) -> AsyncTritonClient:
+        """An asyncio client of this server, failing fast like :meth:`client`."""
+        from .async_client import AsyncTritonClient
+
+        url = self.http_url if protocol == "http" else self.grpc_url
+        return AsyncTritonClient(url, protocol, timeout=timeout, liveness=_Liveness(self))
+
+    def load_model(self, name: str) -> None:
+        """Load (or reload) model ``name``; needs ``model_control_mode='explicit'``."""
+        with self.client() as client:
+            client.load_model(name)
+
+    def unload_model(self, name: str, *, wait: float = 30.0) -> None:
+        """Unload model ``name``; Triton answers at once, so wait up to ``wait`` s until it has."""
+        with self.client() as client:
+            client.unload_model(name)
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                states = {m["state"] for m in client.repository_index() if m["name"] == name}
+                if "UNLOADING" not in states:
+                    return
+                time.sleep(0.05)
+
+    def models(self) -> list[dict]:
+        """The repository index: each model's name, version, state and reason."""
+        with self.client() as client:
+            return client.repository_index()
+
+    def __repr__(self) -> str:
+        state = f"pid {self._proc.pid}, http {self.http_url}" if self.running else "not running"
+        return f"TritonServer({str(self.repository)!r}, {state})"
+
+
+class _Liveness:
+    """What a client of an owned server calls to tell a dead server from a slow one."""
+
+    def __init__(self, server: TritonServer) -> None:
+        self._server = server
+
+    def check(self) -> None:
+        self._server.check_alive()
+
+    def check_after_failure(self) -> None:
+        # A connection error while the process is being killed comes just before its exit.
+        self._server._wait_dead(0.5)
+        self._server.check_alive()
+
+
+class _PortTaken(Exception):
+    """Another process bound one of the chosen ports first; choose again."""
+
+
+def _parent_death_signal():
+    """A pre-exec hook that SIGTERMs the server if its owner dies without cleaning up (Linux only)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def hook() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+    return hook
+
+
+def describe_exit(code: int | None) -> str:
+    """How a process ended, in words: its exit code or the signal that killed it."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
