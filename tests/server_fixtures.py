@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -80,6 +82,21 @@ class TritonPythonModel:
         ]
 """
 
+_WHERE = """
+import importlib.util
+import sys
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        has_pipelines = importlib.util.find_spec("pipelines") is not None
+        where = np.array([sys.prefix.encode(), np.__version__.encode(), str(has_pipelines).encode()], dtype=object)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("where", where)]) for _ in requests]
+"""
+
 _CONFIGS = {
     "double": """
         backend: "python"
@@ -115,11 +132,20 @@ _CONFIGS = {
         output [{ name: "y", data_type: TYPE_FP32, dims: [1] }]
     """,
 }
-_MODELS = {"double": _DOUBLE, "echo": _ECHO, "slow": _SLOW, "fail": _FAIL}
+_CONFIGS["where"] = """
+    backend: "python"
+    max_batch_size: 0
+    input [{ name: "x", data_type: TYPE_FP32, dims: [1] }]
+    output [{ name: "where", data_type: TYPE_STRING, dims: [3] }]
+"""
+_MODELS = {"double": _DOUBLE, "echo": _ECHO, "slow": _SLOW, "fail": _FAIL, "where": _WHERE}
 
 
 def write_test_repository(root: Path, models: tuple[str, ...] = ("double",)) -> Path:
-    """Write the named test models (double, echo, slow, fail) into a repository at ``root``."""
+    """Write the named test models (double, echo, slow, fail, where) into a repository at ``root``.
+
+    ``where`` answers the stub's ``sys.prefix``, its numpy version and whether ``pipelines`` imports.
+    """
     for name in models:
         version = root / name / "1"
         version.mkdir(parents=True)
@@ -168,3 +194,19 @@ def wait_for_no_leftovers(*markers: str, timeout: float = 15.0) -> list[str]:
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.1)
+
+
+def make_python_env(root: Path, *requirements: str) -> Path:
+    """A fresh virtual environment at ``root`` holding only ``requirements`` (no ``pipelines``).
+
+    It is made without pip, and this interpreter's pip installs into it (``pip --python``),
+    which is several seconds faster than bootstrapping pip in the new environment.
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    if requirements:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "--python", str(root / "bin" / "python"), "install", "-q", *requirements],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    return root

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import anyio
 import numpy as np
@@ -21,9 +22,21 @@ from pipelines.triton import AsyncTritonClient, Ports, TritonClient, TritonServe
 from pipelines.triton.cleanup import SHM_TAG
 
 try:  # tests/ may or may not be a package
-    from .server_fixtures import leftovers, wait_for_no_leftovers, write_broken_repository, write_test_repository
+    from .server_fixtures import (
+        leftovers,
+        make_python_env,
+        wait_for_no_leftovers,
+        write_broken_repository,
+        write_test_repository,
+    )
 except ImportError:
-    from server_fixtures import leftovers, wait_for_no_leftovers, write_broken_repository, write_test_repository
+    from server_fixtures import (
+        leftovers,
+        make_python_env,
+        wait_for_no_leftovers,
+        write_broken_repository,
+        write_test_repository,
+    )
 
 pytestmark = pytest.mark.server
 
@@ -281,6 +294,24 @@ def test_start_needs_a_repository_directory(tmp_path):
         TritonServer(tmp_path / "missing").start()
     with pytest.raises(ServerStartError, match="model_control_mode"):
         TritonServer(tmp_path, model_control_mode="sometimes")
+
+
+def test_models_run_in_another_python_environment(tmp_path, small_repository):
+    # A fresh venv with numpy<2 only: the stub must find its packages there, not in ours.
+    env = make_python_env(tmp_path / "env", "numpy<2")
+    repository = write_test_repository(tmp_path / "repo", ("where", "double"))
+    with TritonServer(repository, python_env=env) as server, server.client() as client:
+        prefix, numpy_version, has_pipelines = client.infer("where", {"x": np.zeros(1, np.float32)})["where"]
+        np.testing.assert_array_equal(client.infer("double", {"x": np.ones((1, 4), np.float32)})["y"], 2)
+    assert (Path(prefix.decode()), numpy_version.startswith(b"1."), has_pipelines) == (env, True, b"False")
+
+
+def test_a_python_environment_that_cannot_serve_is_refused_before_start(tmp_path):
+    with pytest.raises(ServerStartError, match=r"has no bin/python; pass the root of a virtual environment"):
+        TritonServer(tmp_path, python_env=tmp_path / "nowhere")
+    bare = make_python_env(tmp_path / "bare")
+    with pytest.raises(ServerStartError, match=r"has no numpy.*pip install 'numpy<2'"):
+        TritonServer(tmp_path, python_env=bare)
 
 
 _OWNER = """

@@ -23,8 +23,11 @@ class TritonInstallation:
     libs: Path | None
 
 
-def find_installation() -> TritonInstallation:
-    """Locate the ``tritonserver`` shipped in the ``nvidia-pytriton`` wheel of the running Python."""
+def find_installation(python_version: str | None = None) -> TritonInstallation:
+    """Locate the ``tritonserver`` shipped in the ``nvidia-pytriton`` wheel of the running Python.
+
+    ``python_version`` ("3.10") picks the stub for the Python the models run in; the running one by default.
+    """
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
         raise ServerStartError(
@@ -33,7 +36,7 @@ def find_installation() -> TritonInstallation:
         )
     package = Path(next(iter(spec.submodule_search_locations)))
     root = package / "tritonserver"
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    version = python_version or f"{sys.version_info.major}.{sys.version_info.minor}"
     installation = TritonInstallation(
         binary=root / "bin" / "tritonserver",
         python_backend=root / "backends" / "python",
@@ -48,7 +51,7 @@ def find_installation() -> TritonInstallation:
         if not path.exists():
             raise ServerStartError(
                 f"the {what} is missing from the nvidia-pytriton install: expected {path}; "
-                "reinstall nvidia-pytriton (0.5 or newer) for this Python"
+                "reinstall nvidia-pytriton (0.5 or newer) for this Python, or run the models in a Python it has a stub for"
             )
     return installation
 

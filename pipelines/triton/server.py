@@ -13,7 +13,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -27,6 +26,7 @@ from .arguments import Ports, ServerArguments
 from .cleanup import REGISTRY, SHM_TAG, kill_server, sigint_deferred, signal_group, sweep_orphaned_shm
 from .installation import TritonInstallation, backend_directory, find_installation
 from .ports import choose_ports, health_ready, listens, taken_port
+from .python_env import current_environment, probe_environment
 
 if TYPE_CHECKING:
     from .async_client import AsyncTritonClient
@@ -45,7 +45,9 @@ class TritonServer:
     Ports left as ``None`` are chosen free (and chosen again if another process takes
     one first). ``env`` adds variables to the server's environment. ``exit_timeout`` is
     how long the server may wait for in-flight requests when stopped; past it, and a short
-    grace to unload models, its whole process group is killed.
+    grace to unload models, its whole process group is killed. ``python_env`` is the root
+    of a virtual (or conda) environment the Python models run in instead of this one's; it
+    needs ``numpy<2`` and whatever the models import, not ``pipelines``.
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class TritonServer:
         metrics_port: int | None = None,
         allow_grpc: bool = True,
         allow_metrics: bool = True,
+        python_env: str | os.PathLike[str] | None = None,
         installation: TritonInstallation | None = None,
     ) -> None:
         # Unique per server: the python backend names its regions <prefix><uuid>.
@@ -83,6 +86,7 @@ class TritonServer:
         )
         self.startup_timeout = float(startup_timeout)
         self.env = dict(env or {})
+        self.python_env = current_environment() if python_env is None else probe_environment(python_env)
         self._fixed_ports = (http_port, grpc_port, metrics_port)
         self._installation = installation
         self._ports: Ports | None = None
@@ -189,7 +193,7 @@ class TritonServer:
             self._stopped = self._reaped = False
             if not self.repository.is_dir():
                 raise ServerStartError(f"model repository {self.repository} is not a directory; write one first")
-            installation = self._installation or find_installation()
+            installation = self._installation or find_installation(self.python_env.python_version)
             sweep_orphaned_shm()
             self._workdir = Path(tempfile.mkdtemp(prefix=f"{SHM_TAG}-"))
             REGISTRY.add(self)
@@ -221,7 +225,7 @@ class TritonServer:
         env = {**os.environ, **self.env}
         # The stub's embedded interpreter finds its site-packages through the python on PATH;
         # the stub (unlike the server binary) has no RPATH to the wheel's libraries.
-        env["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.prefix) / "bin"), env.get("PATH")]))
+        env["PATH"] = os.pathsep.join(filter(None, [str(self.python_env.bin), env.get("PATH")]))
         if installation.libs is not None:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(installation.libs), env.get("LD_LIBRARY_PATH")]))
         self._log_path = self._workdir / f"tritonserver.{attempt}.log"
