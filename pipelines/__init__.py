@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .errors import (
     BatchingMismatchError,
+    ClientTimeoutError,
     CompileError,
     CycleError,
     DeclarationError,
@@ -55,6 +56,7 @@ def __getattr__(name: str):
 __all__ = [
     "DATATYPES",
     "BatchingMismatchError",
+    "ClientTimeoutError",
     "CompileError",
     "CycleError",
     "DeclarationError",

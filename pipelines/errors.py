@@ -20,7 +20,8 @@ message that says what is wrong, what was expected, and the fix::
     ├── InferenceError              a request could not be answered
     │   ├── InputError              the request's tensors do not match the pipeline's inputs
     │   ├── StepError               a step raised or returned something wrong
-    │   └── StepTimeoutError        a step ran past its timeout
+    │   │   └── StepTimeoutError    a step ran past its timeout
+    │   └── ClientTimeoutError      a client gave up waiting for the server's answer
     └── ServerError                 the embedded Triton server misbehaved
         ├── ServerStartError        it did not become ready (holds the log's tail)
         └── ServerDiedError         it exited while in use
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 __all__ = [
     "BatchingMismatchError",
+    "ClientTimeoutError",
     "CompileError",
     "CycleError",
     "DeclarationError",
@@ -148,6 +150,13 @@ class StepError(InferenceError):
 
 class StepTimeoutError(StepError):
     """A step ran past its timeout."""
+
+
+class ClientTimeoutError(InferenceError):
+    """A client stopped waiting for the server's answer (its ``timeout=``); nothing says a step hung.
+
+    ``step`` names the model that was asked. The request may still run on the server.
+    """
 
 
 class ServerError(PipelinesError):

@@ -17,7 +17,14 @@ import anyio
 import numpy as np
 import pytest
 
-from pipelines.errors import InferenceError, InputError, ServerDiedError, ServerStartError, StepTimeoutError
+from pipelines.errors import (
+    ClientTimeoutError,
+    InferenceError,
+    InputError,
+    ServerDiedError,
+    ServerStartError,
+    StepTimeoutError,
+)
 from pipelines.triton import AsyncTritonClient, Ports, TritonClient, TritonServer, find_tritonserver
 from pipelines.triton.cleanup import SHM_TAG
 
@@ -159,10 +166,10 @@ def test_an_array_without_a_triton_datatype_is_an_input_error(server):
 def test_a_request_past_its_timeout_fails_fast_and_the_client_still_works(server, protocol):
     with server.client(protocol) as client:
         started = time.monotonic()
-        with pytest.raises(StepTimeoutError, match=r"model 'slow' got no answer within 0.3 s") as caught:
+        with pytest.raises(ClientTimeoutError, match=r"model 'slow' got no answer within 0.3 s") as caught:
             client.infer("slow", {"seconds": np.array([3.0], np.float32)}, timeout=0.3)
         assert time.monotonic() - started < 2.5
-        assert caught.value.step == "slow"
+        assert caught.value.step == "slow" and not isinstance(caught.value, StepTimeoutError)
         out = client.infer("slow", {"seconds": np.array([0.0], np.float32)}, timeout=30)
         np.testing.assert_array_equal(out["done"], [0.0])
         np.testing.assert_array_equal(client.infer("double", {"x": np.ones((1, 4), np.float32)})["y"], 2)
@@ -184,7 +191,7 @@ def test_the_async_client_runs_requests_concurrently(server, protocol):
             for i, out in enumerate(results):
                 np.testing.assert_array_equal(out["y"], np.full((1, 4), 2 * i))
             assert list(await client.infer("double", {"x": np.ones((1, 4), np.float32)}, outputs=["z"])) == ["z"]
-            with pytest.raises(StepTimeoutError, match="slow"):
+            with pytest.raises(ClientTimeoutError, match="slow"):
                 await client.infer("slow", {"seconds": np.array([3.0], np.float32)}, timeout=0.3)
             with pytest.raises(InferenceError, match="step 'fail' refused"):
                 await client.infer("fail", {"x": np.ones(1, np.float32)})

@@ -16,7 +16,7 @@ import pytest
 
 from pipelines import DynamicBatching, Pipeline, TensorSpec, step
 from pipelines.compile import compile_pipeline
-from pipelines.errors import InferenceError, InputError, StepTimeoutError
+from pipelines.errors import ClientTimeoutError, InferenceError, InputError
 from pipelines.triton import TritonServer
 
 pytestmark = pytest.mark.server
@@ -368,7 +368,7 @@ def test_a_client_timeout_ends_a_stuck_step_and_the_server_answers_others(client
     stuck = np.array([[STUCK_MARKER, token, 0, 0]], np.float32)
     started = time.monotonic()
     try:
-        with pytest.raises(StepTimeoutError) as caught:
+        with pytest.raises(ClientTimeoutError) as caught:
             client.infer(model, {"x": stuck}, timeout=0.5)
         assert time.monotonic() - started < 3, "the timeout did not end the call"
         text = str(caught.value)

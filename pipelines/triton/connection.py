@@ -9,7 +9,7 @@ from typing import Protocol
 
 from tritonclient.utils import InferenceServerException
 
-from ..errors import InferenceError, PipelinesError, ServerError, StepTimeoutError
+from ..errors import ClientTimeoutError, InferenceError, PipelinesError, ServerError
 from .rejections import REJECTED_STATUSES
 
 __all__ = ["PROTOCOLS", "ErrorTranslator", "Liveness", "check_protocol", "rejected", "strip_scheme"]
@@ -107,9 +107,9 @@ class ErrorTranslator:
         )
 
     @staticmethod
-    def _timeout(what: str, subject: str, model: str | None, timeout: float | None, where: str) -> StepTimeoutError:
+    def _timeout(what: str, subject: str, model: str | None, timeout: float | None, where: str) -> ClientTimeoutError:
         limit = f"within {timeout:g} s" if timeout is not None else "in time"
-        return StepTimeoutError(
+        return ClientTimeoutError(
             f"{what} {subject} got no answer {limit} (client-side timeout, {where}); "
             "pass a larger timeout= if the model is slow, or check the server log",
             step=model,
