@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from pipelines.bench.cli import run
+from pipelines.bench.command import run
 
 if __name__ == "__main__":
     sys.exit(run())

@@ -5,15 +5,13 @@ holding a :class:`~pipelines.Pipeline`)."""
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .errors import PipelinesError
+from .loading import load_pipeline
 
 __all__ = ["load_pipeline", "main"]
 
@@ -29,43 +27,6 @@ MODULE:ATTR names a pipeline: an importable module (pkg.mod) or a file
 (path/to/file.py), then the attribute that holds the Pipeline, or a function
 that takes no arguments and returns one.
 """
-
-
-def load_pipeline(spec: str) -> Any:
-    """Import ``MODULE:ATTR`` and return the :class:`Pipeline` it names."""
-    from .graph import Pipeline
-
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise PipelinesError(f"{spec!r} is not MODULE:ATTR; expected e.g. pipelines.examples.yolov5:pipeline")
-    if module_name.endswith(".py") or os.sep in module_name:
-        path = Path(module_name)
-        if not path.is_file():
-            raise PipelinesError(f"{spec!r}: file {str(path)!r} does not exist")
-        mod_spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(mod_spec)
-        sys.modules[path.stem] = module
-        mod_spec.loader.exec_module(module)
-    else:
-        sys.path.insert(0, os.getcwd())
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            raise PipelinesError(f"{spec!r}: cannot import module {module_name!r} ({exc})") from None
-        finally:
-            sys.path.remove(os.getcwd())
-    try:
-        obj = getattr(module, attr)
-    except AttributeError:
-        names = [n for n, v in vars(module).items() if isinstance(v, Pipeline)]
-        raise PipelinesError(
-            f"{spec!r}: module {module_name!r} has no attribute {attr!r}; pipelines there: {names or 'none'}"
-        ) from None
-    if callable(obj) and not isinstance(obj, Pipeline):
-        obj = obj()
-    if not isinstance(obj, Pipeline):
-        raise PipelinesError(f"{spec!r} is a {type(obj).__name__}, not a Pipeline")
-    return obj
 
 
 def _cmd_graph(args: argparse.Namespace) -> int:
@@ -190,14 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Measure the pipeline as ensemble, bls and bls-sync, in the local runtime and on "
                        "a real Triton server, side by side: throughput, latency percentiles, per-model breakdown, "
                        "plots and a verdict.")
-    try:
-        from .bench.cli import add_arguments
-        from .bench.cli import main as bench_main
-    except ImportError:  # pragma: no cover - the bench package ships with the library
-        add_arguments = bench_main = None
-    if add_arguments is not None:
-        add_arguments(b)
-        b.set_defaults(func=bench_main)
+    from .bench.command import add_arguments
+    from .bench.command import main as bench_main
+
+    add_arguments(b)
+    b.set_defaults(func=bench_main)
     return parser
 
 

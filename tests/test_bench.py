@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import io
 import json
+import signal
+import subprocess
+import sys
 import time
 
 import anyio
@@ -19,6 +22,7 @@ from hypothesis import strategies as st
 
 from pipelines import Pipeline, TensorSpec, step
 from pipelines.bench import (
+    BenchSettings,
     Configuration,
     LatencySummary,
     LoadPlan,
@@ -27,10 +31,12 @@ from pipelines.bench import (
     run_benchmark,
     run_load,
 )
-from pipelines.bench.cli import parse_levels
-from pipelines.bench.stats import breakdown, parse_statistics, percentile
+from pipelines.bench.command import parse_levels
+from pipelines.bench.stats import breakdown, parse_statistics
 from pipelines.bench.verdict import compare_ratios, verdict
 from pipelines.errors import PipelinesError
+from pipelines.percentiles import percentiles
+from pipelines.runtime.report import CostRecorder
 
 VECTOR = TensorSpec("FP32", [-1])
 
@@ -50,10 +56,38 @@ def test_percentiles_are_observed_latencies_in_order(seconds):
         assert round(p, 9) in observed
 
 
-def test_nearest_rank_percentile_and_no_latency_at_all():
-    values = np.arange(1, 101, dtype=float)
-    assert [percentile(values, p) for p in (50, 90, 95, 99, 100)] == [50, 90, 95, 99, 100]
-    assert percentile([7.0], 99) == 7.0
+def _perf_analyzer_percentile(sorted_values, p):
+    # inference_profiler.cc: size_t index = (percentile / 100.0) * (latencies.size() - 1) + 0.5;
+    return sorted_values[int((p / 100.0) * (len(sorted_values) - 1) + 0.5)]
+
+
+def test_one_percentile_definition_picks_perf_analyzers_observation():
+    ties = 0
+    for n in range(1, 300):
+        values = np.sort(np.random.default_rng(n).random(n))
+        ours = percentiles(values, (50, 90, 95, 99))
+        for p, got in zip((50, 90, 95, 99), ours, strict=True):
+            expected = _perf_analyzer_percentile(values, p)
+            if got != expected:
+                # Only at an exact tie, where numpy rounds to the even index: one neighbour apart.
+                ties += 1
+                index = (p / 100.0) * (n - 1)
+                assert abs(index % 1 - 0.5) < 1e-9, (n, p)
+                assert abs(int(np.searchsorted(values, got)) - int(np.searchsorted(values, expected))) == 1
+    assert ties < 0.1 * 299 * 4
+    # The local cost report uses the same definition as the benchmark.
+    recorder = CostRecorder(pipeline="p", mode="ensemble", steps=[], critical_path=lambda costs: ([], 0.0))
+    latencies = np.random.default_rng(0).random(101)
+    for t in latencies:
+        recorder.record((), start=0.0, end=float(t), copies=0, copy_bytes=0)
+    report = recorder.report()
+    assert (report.latency_p50_us / 1e6, report.latency_p99_us / 1e6) == pytest.approx(percentiles(latencies, (50, 99)))
+    assert LatencySummary.of(latencies).p50_ms == pytest.approx(report.latency_p50_us / 1e3)
+
+
+def test_no_latency_at_all():
+    with pytest.raises(ValueError):
+        percentiles([], (50,))
     empty = LatencySummary.of([])
     assert empty.count == 0 and empty.p50_ms is None and empty.avg_ms is None
 
@@ -278,10 +312,8 @@ LEVELS = (1, 2)
 def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     echo = io.StringIO()
-    result = run_benchmark(
-        faulty_diamond(), inputs=SAMPLES, concurrency=LEVELS, duration=0.4, warmup=0.2, max_trials=3,
-        timeout=5.0, out=out, progress=False, echo=echo,
-    )
+    settings = BenchSettings(concurrency=LEVELS, duration=0.4, warmup=0.2, max_trials=3, timeout=5.0)
+    result = run_benchmark(faulty_diamond(), settings, inputs=SAMPLES, out=out, progress=False, echo=echo)
     return result, out, echo.getvalue()
 
 
@@ -384,3 +416,59 @@ def test_the_command_line_runs_a_local_benchmark(tmp_path, capsys):
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["pipeline"] == "pipelines.examples.basic:chain"
     assert len(data["measurements"]) == 6
+
+
+# ---------------------------------------------------------------- results are never lost
+
+
+def test_results_are_written_and_plots_only_noted_without_matplotlib(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError, as when absent
+    echo = io.StringIO()
+    settings = BenchSettings(concurrency=(1, 2), server=False, forms=("ensemble",), duration=0.05, warmup=0,
+                             max_trials=3)
+    result = run_benchmark("pipelines.examples.basic:chain", settings, out=tmp_path, progress=False, echo=echo)
+    printed = echo.getvalue()
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["status"] == "complete" and len(data["measurements"]) == 2
+    assert data["notes"] == ["no plots: matplotlib is not installed (pip install 'pipelines[plot]')"]
+    assert data["files"] == [str(tmp_path / "results.json")]
+    assert not list(tmp_path.glob("*.png"))
+    assert "verdict:" in printed and "\nnote: no plots: matplotlib is not installed (pip install 'pipelines[plot]')" in printed
+    assert printed.count("note:") == 1
+    assert result.notes == tuple(data["notes"])
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_bench_keeps_finished_levels_and_leaves_no_server(tmp_path, sig):
+    try:
+        from .server_fixtures import leftovers, wait_for_no_leftovers
+    except ImportError:
+        from server_fixtures import leftovers, wait_for_no_leftovers
+    out = tmp_path / "bench"
+    results = out / "results.json"
+    cmd = [sys.executable, "-m", "pipelines", "bench", "pipelines.examples.basic:chain", "--server", "--no-local",
+           "--forms", "ensemble", "--concurrency", "1,2,3,4,5,6,7,8", "--duration", "0.3", "--warmup", "0",
+           "--max-trials", "3", "--out", str(out), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not results.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert results.exists(), proc.communicate(timeout=30)
+        assert leftovers(str(out)), "the embedded server should be running mid-benchmark"
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    data = json.loads(results.read_text())
+    assert data["status"] == "interrupted"
+    levels = [m["concurrency"] for m in data["measurements"]]
+    assert levels and levels == sorted(levels) and levels[0] == 1 and len(levels) < 8
+    assert all(m["requests"] > 0 for m in data["measurements"])
+    assert "interrupted" in stderr and "finished measurements kept" in stderr
+    assert "server ensemble" in stdout  # the finished levels are printed too
+    assert wait_for_no_leftovers(str(out)) == []

@@ -1,13 +1,15 @@
 """Benchmark a pipeline as ensemble, bls and bls-sync, in the local runtime and on a
-Triton server, side by side: ``run_benchmark(...)`` or ``pipelines bench MODULE:ATTR``.
+Triton server, side by side: ``run_benchmark(target, BenchSettings(...))`` or ``pipelines bench MODULE:ATTR``.
 """
 
 from __future__ import annotations
 
 from .loadgen import LoadPlan, LoadResult, Window, run_load
 from .measurement import FORMS, Configuration, Measurement
+from .report_tables import render
 from .results import BenchmarkResult
-from .runner import DEFAULT_PIPELINE, BenchSettings, render, run_benchmark
+from .runner import run_benchmark
+from .settings import DEFAULT_PIPELINE, BenchSettings
 from .stability import StabilityRule
 from .stats import LatencySummary, ModelTimes
 from .verdict import RatioComparison

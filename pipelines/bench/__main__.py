@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from .cli import run
+from .command import run
 
 sys.exit(run())

@@ -10,7 +10,10 @@ from pathlib import Path
 
 from .measurement import Measurement
 
-__all__ = ["plot_results"]
+__all__ = ["PLOT_EXTRA", "plot_results"]
+
+#: The extra that installs matplotlib: ``pip install 'pipelines[plot]'``.
+PLOT_EXTRA = "plot"
 
 # One colour and marker per form; the local runtime dashed, the server solid, so each
 # form's prediction sits next to its measurement.
@@ -18,7 +21,11 @@ _STYLES = {"ensemble": ("o", "C0"), "bls": ("s", "C1"), "bls-sync": ("^", "C2")}
 
 
 def plot_results(measurements: Sequence[Measurement], out: str | os.PathLike[str], *, title: str) -> list[Path]:
-    """Write ``throughput.png`` and ``latency_p95.png`` into ``out``; return their paths."""
+    """Write ``throughput.png`` and ``latency_p95.png`` into ``out``; return their paths.
+
+    Raises ImportError without matplotlib (the ``plot`` extra); the benchmark then
+    says so in one line, its results already written.
+    """
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display here, nor wanted

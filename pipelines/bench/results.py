@@ -90,6 +90,11 @@ class BenchmarkResult:
     started: str = ""
     finished: str = ""
     files: tuple[str, ...] = ()
+    #: ``"complete"``, or why the run stopped early (``"interrupted"``, ``"failed: ..."``),
+    #: or ``"running: ..."`` in the copy written after each concurrency level.
+    status: str = "complete"
+    #: One-line remarks for the reader, such as plots that could not be drawn.
+    notes: tuple[str, ...] = ()
 
     def find(self, label: str, concurrency: int) -> Measurement:
         """The measurement of configuration ``label`` (e.g. ``"server bls"``) at ``concurrency``."""
@@ -101,6 +106,7 @@ class BenchmarkResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "pipeline": self.pipeline,
+            "status": self.status,
             "started": self.started,
             "finished": self.finished,
             "machine": dict(self.machine),
@@ -110,13 +116,24 @@ class BenchmarkResult:
             "prediction_vs_measurement": [c.to_dict() for c in self.comparisons],
             "verdict": self.verdict,
             "files": list(self.files),
+            "notes": list(self.notes),
         }
 
     def write(self, path: str | os.PathLike[str]) -> Path:
-        """Write ``results.json`` (strict JSON: missing figures are ``null``)."""
+        """Write ``results.json`` (strict JSON: missing figures are ``null``).
+
+        The text goes to a temporary file that then replaces ``path``, so an
+        interruption mid-write leaves the previous copy whole, never half a file.
+        """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2, allow_nan=False, default=_jsonable) + "\n")
+        text = json.dumps(self.to_dict(), indent=2, allow_nan=False, default=_jsonable) + "\n"
+        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            partial.write_text(text)
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
         return path
 
 

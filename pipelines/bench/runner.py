@@ -2,8 +2,10 @@
 
 The local runtime in each mode and the Triton server (embedded, or remote with
 ``url``) on each top-level model are all opened first, then measured one after
-another at each concurrency level. Then the tables, ``results.json``, the plots
-and the verdict.
+another at each concurrency level. ``results.json`` is rewritten after every
+level, so a run that is interrupted (Ctrl-C, SIGTERM, a server that dies) keeps
+every level it finished; then the tables and the verdict are printed, and the
+plots are drawn last, only if matplotlib is there.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, ExitStack
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
@@ -24,212 +25,136 @@ import anyio
 
 from ..errors import PipelinesError
 from ..graph import Pipeline
+from ..loading import load_pipeline_and_module
 from .inputs import sample_requests
 from .loadgen import LoadPlan, LoadResult, run_load
-from .local import local_target
+from .local_target import local_target
 from .measurement import FORMS, Configuration, Measurement
-from .plots import plot_results
+from .plots import PLOT_EXTRA, plot_results
 from .progress import Progress
+from .report_tables import render
 from .results import BenchmarkResult, machine_info, now, package_versions
-from .stability import StabilityRule
+from .server_target import ServerTarget, model_name
+from .settings import DEFAULT_PIPELINE, BenchSettings
 from .stats import breakdown
-from .table import breakdown_table, local_table, ratio_table, results_table
-from .triton import ServerTarget, model_name
 from .verdict import compare_ratios, verdict
 
 __all__ = ["DEFAULT_PIPELINE", "BenchSettings", "render", "run_benchmark"]
 
-DEFAULT_PIPELINE = "pipelines.examples.yolov5:pipeline"
-PROTOCOLS = ("http", "grpc")
-
-
-@dataclass(frozen=True)
-class BenchSettings:
-    """Every option that shapes a benchmark run; recorded in ``results.json``."""
-
-    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
-    local: bool = True
-    server_copies: bool = True
-    server: bool = True
-    url: str | None = None
-    protocol: str = "http"
-    batch: int = 1
-    duration: float | None = 2.0
-    requests: int | None = None
-    warmup: float = 1.0
-    stability: float = 0.1
-    max_trials: int = 10
-    forms: tuple[str, ...] = FORMS
-    timeout: float = 60.0
-
-    def __post_init__(self) -> None:
-        levels = tuple(sorted({int(c) for c in self.concurrency}))
-        if not levels or levels[0] < 1:
-            raise PipelinesError(f"concurrency levels must be integers >= 1, such as 1,2,4; got {self.concurrency!r}")
-        object.__setattr__(self, "concurrency", levels)
-        if self.protocol not in PROTOCOLS:
-            raise PipelinesError(f"--protocol must be 'http' or 'grpc'; got {self.protocol!r}")
-        forms = tuple(self.forms)
-        unknown = [f for f in forms if f not in FORMS]
-        if unknown or not forms:
-            raise PipelinesError(f"forms must be some of {list(FORMS)}; got {list(forms)}")
-        object.__setattr__(self, "forms", forms)
-        if self.requests is not None:
-            object.__setattr__(self, "duration", None)
-        if not (self.local or self.on_server):
-            raise PipelinesError(
-                "nothing to measure: the local runtime and the server are both off; "
-                "drop --no-local, or give --server or --url HOST:PORT"
-            )
-        self.plan(levels[0])  # window, warm-up and stability options fail here, before any server starts
-
-    @property
-    def on_server(self) -> bool:
-        return self.server or self.url is not None
-
-    def plan(self, concurrency: int) -> LoadPlan:
-        return LoadPlan(
-            concurrency=concurrency,
-            duration=self.duration,
-            requests=self.requests,
-            warmup=self.warmup,
-            rule=StabilityRule(tolerance=self.stability, max_trials=self.max_trials),
-            timeout=self.timeout,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["concurrency"] = list(self.concurrency)
-        data["forms"] = list(self.forms)
-        return data
+RESULTS_FILE = "results.json"
 
 
 def run_benchmark(
     target: Pipeline | str = DEFAULT_PIPELINE,
+    settings: BenchSettings | None = None,
     *,
-    concurrency: Sequence[int] = (1, 2, 4, 8, 16),
-    local: bool = True,
-    server_copies: bool = True,
-    server: bool | None = None,
-    url: str | None = None,
-    protocol: str = "http",
-    batch: int = 1,
-    duration: float | None = 2.0,
-    requests: int | None = None,
-    warmup: float = 1.0,
-    stability: float = 0.1,
-    max_trials: int = 10,
-    forms: Sequence[str] = FORMS,
-    timeout: float = 60.0,
     inputs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-    size: int = 16,
     out: str | os.PathLike[str] | None = "bench-results",
     progress: bool = True,
     echo: bool | TextIO = True,
 ) -> BenchmarkResult:
     """Benchmark ``target`` (a Pipeline or ``"MODULE:ATTR"``) as ensemble, bls and bls-sync.
 
-    ``server`` (default: on unless ``url`` is given) starts the embedded Triton
-    server on the compiled repository; ``url`` (``HOST:PORT`` of ``protocol``)
-    measures a remote server where the repository compiled with ``"both"`` is
-    already deployed. ``server_copies`` makes the local runtime copy tensors where
-    a server moves them between processes, so its figures predict the server's
-    (see ``LocalRuntime``). Windows last ``duration`` seconds, or ``requests``
-    answers. Requests are ``inputs`` if given, else the pipeline module's
-    ``sample_inputs(batch)``, else random tensors (variable dims of ``size``).
-    With ``out``, writes ``results.json``, ``throughput.png`` and
-    ``latency_p95.png`` there (and the model repository it served). The
-    tables and the verdict go to ``echo`` (True: stdout; False: nowhere; or a
-    stream); the progress bar to stderr.
+    ``settings`` (default: ``BenchSettings()``) says where and how to measure.
+    Requests are ``inputs`` if given, else the pipeline module's
+    ``sample_inputs(batch)``, else random tensors. With ``out``, writes
+    ``results.json`` there after every concurrency level, the model repository it
+    served, and ``throughput.png`` and ``latency_p95.png`` when matplotlib is
+    installed. The tables and the verdict go to ``echo`` (True: stdout; False:
+    nowhere; or a stream); the progress bar to stderr.
+
+    Interrupted (KeyboardInterrupt) or failing part-way, it writes the levels it
+    finished to ``results.json`` (``status`` says why it stopped), stops the
+    server it started, and raises again.
     """
-    if server and url is not None:
-        raise PipelinesError(
-            f"choose the embedded server (--server) or a remote one (--url {url}), not both"
-        )
-    settings = BenchSettings(
-        concurrency=tuple(concurrency),
-        local=local,
-        server_copies=server_copies,
-        server=url is None if server is None else bool(server),
-        url=url,
-        protocol=protocol,
-        batch=batch,
-        duration=duration,
-        requests=requests,
-        warmup=warmup,
-        stability=stability,
-        max_trials=max_trials,
-        forms=tuple(forms),
-        timeout=timeout,
-    )
+    settings = BenchSettings() if settings is None else settings
+    if not isinstance(settings, BenchSettings):
+        raise PipelinesError(f"run_benchmark takes a BenchSettings as settings; got {type(settings).__name__}")
     pipeline, module, spec = _resolve(target)
-    samples = sample_requests(pipeline, module=module, inputs=inputs, batch=batch, size=size)
+    samples = sample_requests(pipeline, module=module, inputs=inputs, batch=settings.batch, size=settings.size)
     bar = Progress(enabled=progress)
     out_dir = Path(out) if out is not None else None
+    stream = sys.stdout if echo is True else echo or None
     started = now()
     measurements: list[Measurement] = []
-    extra_versions: dict[str, str | None] = {}
+    versions: dict[str, str | None] = {}
 
-    with ExitStack() as stack:
-        connect = None
-        if settings.on_server:
-            connect = _server(pipeline, settings, bar, out_dir, stack, extra_versions)
-        measurements = _run_async(_measure, pipeline, samples, settings, bar, connect)
+    def result(status: str, files: Sequence[str] = (), notes: Sequence[str] = ()) -> BenchmarkResult:
+        ordered = sorted(measurements, key=_order)
+        return BenchmarkResult(
+            pipeline=spec or pipeline.name,
+            settings={**settings.to_dict(), "samples": len(samples), "out": None if out is None else str(out)},
+            measurements=tuple(ordered),
+            comparisons=tuple(compare_ratios(ordered)),
+            verdict=verdict(ordered, pipeline=pipeline.name) if ordered else "nothing was measured",
+            machine=machine_info(),
+            versions=package_versions(versions),
+            started=started,
+            finished=now(),
+            files=tuple(files),
+            status=status,
+            notes=tuple(notes),
+        )
 
-    comparisons = compare_ratios(measurements)
-    text = verdict(measurements, pipeline=pipeline.name)
-    files: list[str] = []
-    if out_dir is not None:
-        files += [str(p) for p in plot_results(measurements, out_dir, title=f"pipeline {pipeline.name!r}")]
-        files.append(str(out_dir / "results.json"))
-    result = BenchmarkResult(
-        pipeline=spec or pipeline.name,
-        settings={**settings.to_dict(), "samples": len(samples), "out": None if out is None else str(out)},
-        measurements=tuple(measurements),
-        comparisons=tuple(comparisons),
-        verdict=text,
-        machine=machine_info(),
-        versions=package_versions(extra_versions),
-        started=started,
-        finished=now(),
-        files=tuple(files),
-    )
-    if out_dir is not None:
-        result.write(out_dir / "results.json")
-    stream = sys.stdout if echo is True else echo or None
+    results_path = out_dir / RESULTS_FILE if out_dir is not None else None
+
+    def save(status: str, files: Sequence[str] = (), notes: Sequence[str] = ()) -> BenchmarkResult:
+        r = result(status, [*files, *([str(results_path)] if results_path else [])], notes)
+        if results_path is not None:
+            r.write(results_path)
+        return r
+
+    def level_done(concurrency: int, last: bool) -> None:
+        save("complete" if last else f"running: levels up to concurrency {concurrency} done")
+
+    try:
+        with ExitStack() as stack:
+            connect = None
+            if settings.on_server:
+                connect = _server(pipeline, settings, bar, out_dir, stack, versions)
+            _run_async(_measure, pipeline, samples, settings, bar, connect, measurements, level_done)
+    except BaseException as exc:
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"failed: {type(exc).__name__}: {exc}"
+        partial = save(why)
+        # Said even with the progress bar off: the reader must know the figures are partial.
+        print(
+            f"{why}; {len(measurements)} finished measurements kept"
+            + (f" in {results_path}" if results_path is not None else ""),
+            file=sys.stderr,
+            flush=True,
+        )
+        if stream is not None and measurements:
+            stream.write(render(partial))
+            stream.flush()
+        raise
+
+    # The figures are safe on disk before anything optional (plots) can fail.
+    final = save("complete")
     if stream is not None:
-        stream.write(render(result))
+        stream.write(render(final, files=False))
         stream.flush()
-    return result
-
-
-def render(result: BenchmarkResult) -> str:
-    """The terminal report: results table, server breakdown, local costs, prediction, verdict."""
-    s = result.settings
-    window = f"{s['requests']} requests" if s.get("requests") else f"{s.get('duration')} s"
-    parts = [
-        f"\npipeline {result.pipeline}: ensemble vs BLS, batch {s.get('batch')}, "
-        f"windows of {window}, stability ±{s.get('stability', 0):.0%}\n",
-        results_table(result.measurements),
-    ]
-    server = [m for m in result.measurements if m.breakdown]
-    if server:
-        parts += ["\nserver time per request by model (µs, Triton statistics API, delta over the measured windows;\n"
-                  "an ensemble's queue/in/infer/out are the sums of its composing models', as Triton reports them)",
-                  breakdown_table(server)]
-    local = [m for m in result.measurements if m.local_report]
-    if local:
-        parts += ["\nlocal runtime cost report (per request)", local_table(local)]
-    if result.comparisons:
-        parts += ["\nensemble/BLS p50 latency ratio: predicted by the local runtime vs measured on the server",
-                  ratio_table(result.comparisons)]
-    parts += ["\nverdict: " + result.verdict]
-    if result.files:
-        parts += [f"\nwrote {', '.join(result.files)}"]
-    return "\n".join(parts) + "\n"
+    files: list[str] = []
+    notes: list[str] = []
+    if out_dir is not None:
+        try:
+            files = [str(p) for p in plot_results(final.measurements, out_dir, title=f"pipeline {pipeline.name!r}")]
+        except ImportError:
+            notes.append(f"no plots: matplotlib is not installed (pip install 'pipelines[{PLOT_EXTRA}]')")
+        except Exception as exc:  # a plot is a view of results.json, never a reason to lose it
+            notes.append(f"no plots: {type(exc).__name__}: {exc}")
+        final = save("complete", files, notes)
+    if stream is not None:
+        stream.write(render(final, tables=False))
+        stream.flush()
+    return final
 
 
 # ---------------------------------------------------------------------------- internal
+
+
+def _order(m: Measurement) -> tuple[int, int, int]:
+    where = 0 if m.config.where == "local" else 1
+    return where, FORMS.index(m.config.form), m.concurrency
 
 
 def _resolve(target: Pipeline | str) -> tuple[Pipeline, ModuleType | None, str | None]:
@@ -238,23 +163,38 @@ def _resolve(target: Pipeline | str) -> tuple[Pipeline, ModuleType | None, str |
         return target, sys.modules.get(getattr(target, "__module__", "") or ""), None
     if not isinstance(target, str):
         raise PipelinesError(f"benchmark a Pipeline or 'MODULE:ATTR'; got {type(target).__name__}")
-    from ..cli import load_pipeline
-
-    pipeline = load_pipeline(target)
-    module_name = target.rpartition(":")[0]
-    if module_name.endswith(".py") or os.sep in module_name:
-        module_name = Path(module_name).stem  # load_pipeline registers a file under its stem
-    return pipeline, sys.modules.get(module_name), target
+    pipeline, module = load_pipeline_and_module(target)
+    return pipeline, module, target
 
 
 def _run_async(fn: Callable[..., Any], *args: Any) -> Any:
-    """``anyio.run``, from a worker thread when this thread already runs a loop (Jupyter)."""
+    """``anyio.run``, from a worker thread when this thread already runs a loop (Jupyter).
+
+    There, Ctrl-C reaches this thread, not the worker: it cancels the worker's run,
+    waits for it to close what it opened, and raises here.
+    """
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return anyio.run(fn, *args)
+    handle: dict[str, Any] = {}
+
+    async def cancellable() -> Any:
+        with anyio.CancelScope() as scope:
+            handle["cancel"] = (asyncio.get_running_loop(), scope.cancel)
+            return await fn(*args)
+        raise KeyboardInterrupt  # only reached when the scope was cancelled from outside
+
     with ThreadPoolExecutor(1) as pool:
-        return pool.submit(anyio.run, fn, *args).result()
+        future = pool.submit(anyio.run, cancellable)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            if "cancel" in handle:
+                loop, cancel = handle["cancel"]
+                loop.call_soon_threadsafe(cancel)
+            future.exception()  # wait until it has unwound
+            raise
 
 
 def _finish(bar: Progress, label: str, m: Measurement) -> None:
@@ -274,12 +214,15 @@ async def _measure(
     settings: BenchSettings,
     bar: Progress,
     connect: Callable[[], Any] | None,
-) -> list[Measurement]:
-    """Measure every configuration at each level in turn.
+    measurements: list[Measurement],
+    level_done: Callable[[int, bool], None],
+) -> None:
+    """Measure every configuration at each level in turn, into ``measurements``.
 
     Every target is opened first and the levels are the outer loop, so the forms
     compared at one level are measured minutes apart at most: on a shared machine
     the load of other processes drifts, and this keeps the drift out of the ratios.
+    ``level_done`` is called after each level (it saves what is finished).
     """
     async with AsyncExitStack() as stack:
         targets: list[tuple[Configuration, Any]] = []
@@ -292,12 +235,12 @@ async def _measure(
             for form in settings.forms:
                 config = Configuration("server", form, model_name(pipeline.name, form))
                 targets.append((config, ServerTarget(client, client, config.model, timeout=settings.timeout)))
-        out = []
-        for c in settings.concurrency:
+        for i, c in enumerate(settings.concurrency):
             for config, target in targets:
-                out.append(await _measure_one(config, target, samples, settings.plan(c), settings.batch, bar))
-    order = {t[0]: i for i, t in enumerate(targets)}
-    return sorted(out, key=lambda m: (order[m.config], m.concurrency))
+                measurements.append(
+                    await _measure_one(config, target, samples, settings.plan(c), settings.batch, bar)
+                )
+            level_done(c, i == len(settings.concurrency) - 1)
 
 
 async def _measure_one(

@@ -1,4 +1,4 @@
-"""Latency percentiles, and the per-model time breakdown read from Triton's statistics API.
+"""Latency summaries (percentiles as :mod:`pipelines.percentiles` defines them), and the per-model time breakdown read from Triton's statistics API.
 
 Triton's statistics are cumulative counters; a breakdown is the difference of two
 snapshots taken around a measurement, divided per request, so it covers exactly the
@@ -7,12 +7,13 @@ requests of that measurement, for every model the server ran (composing models t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+from ..percentiles import percentiles
 
 __all__ = [
     "LatencySummary",
@@ -20,25 +21,9 @@ __all__ = [
     "ModelTimes",
     "breakdown",
     "parse_statistics",
-    "percentile",
 ]
 
 PERCENTILES = (50, 90, 95, 99)
-
-
-def percentile(sorted_values: Sequence[float] | np.ndarray, p: float) -> float:
-    """The nearest-rank percentile: the smallest observed value with ``p``% of values at or below it.
-
-    Nearest rank (as perf_analyzer reports) always names a latency that was really
-    observed, and is monotone in ``p``, so p50 <= p95 <= p99 holds by construction.
-    """
-    n = len(sorted_values)
-    if n == 0:
-        raise ValueError("percentile of no values")
-    if not 0 < p <= 100:
-        raise ValueError(f"percentile must be in (0, 100]; got {p}")
-    rank = max(1, math.ceil(p / 100.0 * n))
-    return float(sorted_values[rank - 1])
 
 
 @dataclass(frozen=True)
@@ -62,7 +47,7 @@ class LatencySummary:
         values = np.sort(np.asarray(seconds, dtype=np.float64)) * 1000.0
         if values.size == 0:
             return cls(0, None, None, None, None, None, None, None)
-        p50, p90, p95, p99 = (percentile(values, p) for p in PERCENTILES)
+        p50, p90, p95, p99 = percentiles(values, PERCENTILES)
         return cls(
             count=int(values.size),
             avg_ms=float(values.mean()),

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..percentiles import percentiles
 from ..tables import format_table
 
 __all__ = ["Comparison", "CostRecorder", "Report", "StepCost", "compare"]
@@ -270,7 +271,7 @@ class CostRecorder:
         compute_per_request = {name: row[3] * per for name, row in self._sums.items()}
         path, path_us = self._critical_path(compute_per_request) if n else ([], 0.0)
         latency_us = self._latency * per
-        ordered = np.sort(self._latencies[: min(n, self.WINDOW)])
+        p50, p99 = percentiles(self._latencies[: min(n, self.WINDOW)], (50, 99)) if n else (0.0, 0.0)
         span = self._last - (self._first or 0.0)
         return Report(
             pipeline=self._pipeline,
@@ -278,8 +279,8 @@ class CostRecorder:
             requests=n,
             errors=self._errors,
             latency_us=latency_us,
-            latency_p50_us=_percentile(ordered, 0.50) * 1e6,
-            latency_p99_us=_percentile(ordered, 0.99) * 1e6,
+            latency_p50_us=p50 * 1e6,
+            latency_p99_us=p99 * 1e6,
             throughput_rps=n / span if n and span > 0 else 0.0,
             steps=steps,
             copies=self._copies,
@@ -288,12 +289,6 @@ class CostRecorder:
             critical_path_us=float(path_us),
             parallelism=sum(compute_per_request.values()) / latency_us if latency_us else 0.0,
         )
-
-
-def _percentile(ordered: np.ndarray, q: float) -> float:
-    if not len(ordered):
-        return 0.0
-    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
 def _finite(value: Any) -> Any:

@@ -7,13 +7,17 @@ returns the exit status. ``benchmarks/ensemble_vs_bls.py`` uses both as they are
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from ..errors import PipelinesError
 from .measurement import FORMS
-from .runner import DEFAULT_PIPELINE, run_benchmark
+from .runner import run_benchmark
+from .settings import DEFAULT_PIPELINE, BenchSettings
 
-__all__ = ["add_arguments", "main", "parse_levels"]
+__all__ = ["add_arguments", "main", "parse_levels", "run", "settings_from"]
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -85,12 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the benchmark the parsed ``args`` describe; 0 when it ran (errors are in its report)."""
-    if args.batch < 1:
-        raise PipelinesError(f"--batch must be >= 1; got {args.batch}")
-    run_benchmark(
-        args.pipeline,
+def settings_from(args: argparse.Namespace) -> BenchSettings:
+    """The :class:`BenchSettings` that parsed ``args`` describe (checked: bad values raise PipelinesError)."""
+    return BenchSettings(
         concurrency=args.concurrency,
         local=args.local,
         server_copies=args.server_copies,
@@ -106,10 +107,37 @@ def main(args: argparse.Namespace) -> int:
         forms=args.forms,
         timeout=args.timeout,
         size=args.size,
-        out=args.out,
-        progress=not args.quiet,
     )
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the benchmark the parsed ``args`` describe; 0 when it ran (errors are in its report).
+
+    SIGTERM stops it as Ctrl-C does: the finished levels stay in results.json and
+    the embedded server is stopped.
+    """
+    settings = settings_from(args)
+    with _sigterm_as_interrupt():
+        run_benchmark(args.pipeline, settings, out=args.out, progress=not args.quiet)
     return 0
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        # Re-sent as SIGINT, so the event loop's own Ctrl-C handling unwinds the run
+        # (it cancels the measurement and closes clients before the server stops).
+        signal.raise_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run(argv: Sequence[str] | None = None) -> int:

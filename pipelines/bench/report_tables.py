@@ -1,5 +1,6 @@
-"""The benchmark's tables as text, the way perf_analyzer users read them: one row per
-configuration and concurrency, then the server's per-model time breakdown.
+"""The benchmark's report as text, the way perf_analyzer users read it: one row per
+configuration and concurrency, the server's per-model time breakdown, the local
+cost report, the prediction against the measurement, and the verdict.
 """
 
 from __future__ import annotations
@@ -8,9 +9,42 @@ from collections.abc import Sequence
 
 from ..tables import format_table
 from .measurement import Measurement
+from .results import BenchmarkResult
 from .verdict import RatioComparison
 
-__all__ = ["breakdown_table", "format_table", "local_table", "ratio_table", "results_table"]
+__all__ = ["breakdown_table", "local_table", "ratio_table", "render", "results_table"]
+
+
+def render(result: BenchmarkResult, *, tables: bool = True, files: bool = True) -> str:
+    """The terminal report: the tables and the verdict, then notes and the files written."""
+    parts = []
+    if tables:
+        s = result.settings
+        window = f"{s['requests']} requests" if s.get("requests") else f"{s.get('duration')} s"
+        parts += [
+            f"\npipeline {result.pipeline}: ensemble vs BLS, batch {s.get('batch')}, "
+            f"windows of {window}, stability ±{s.get('stability', 0):.0%}\n",
+            results_table(result.measurements),
+        ]
+        server = [m for m in result.measurements if m.breakdown]
+        if server:
+            parts += ["\nserver time per request by model (µs, Triton statistics API, delta over the measured "
+                      "windows;\nan ensemble's queue/in/infer/out are the sums of its composing models', as Triton "
+                      "reports them)", breakdown_table(server)]
+        local = [m for m in result.measurements if m.local_report]
+        if local:
+            parts += ["\nlocal runtime cost report (per request)", local_table(local)]
+        if result.comparisons:
+            parts += ["\nensemble/BLS p50 latency ratio: predicted by the local runtime vs measured on the server",
+                      ratio_table(result.comparisons)]
+        parts += ["\nverdict: " + result.verdict]
+        if result.status != "complete":
+            parts += [f"\nstatus: {result.status} (these are the levels it finished)"]
+    if files:
+        parts += [f"\nnote: {note}" for note in result.notes]
+        if result.files:
+            parts += [f"\nwrote {', '.join(result.files)}"]
+    return "\n".join(parts) + "\n" if parts else ""
 
 
 def _ms(value: float | None) -> str:

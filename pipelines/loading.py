@@ -1,0 +1,76 @@
+"""``MODULE:ATTR`` -> the :class:`~pipelines.Pipeline` it names: how the command line and
+the benchmark find a user's pipeline (a module path or a ``.py`` file, then an attribute).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from .errors import PipelinesError
+from .graph import Pipeline
+from .step import Step
+
+__all__ = ["load_pipeline", "load_pipeline_and_module"]
+
+
+def load_pipeline(spec: str) -> Pipeline:
+    """Import ``MODULE:ATTR`` and return the :class:`Pipeline` it names.
+
+    ``ATTR`` is a Pipeline or a function that takes no arguments and returns one.
+    """
+    return load_pipeline_and_module(spec)[0]
+
+
+def load_pipeline_and_module(spec: str) -> tuple[Pipeline, ModuleType]:
+    """The pipeline ``spec`` names and the module it came from (the benchmark reads its samples)."""
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise PipelinesError(f"{spec!r} is not MODULE:ATTR; expected e.g. pipelines.examples.yolov5:pipeline")
+    module = _import(spec, module_name)
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise PipelinesError(
+            f"{spec!r}: module {module_name!r} has no attribute {attr!r}; pipelines there: {_pipelines_in(module)}"
+        ) from None
+    if isinstance(obj, Step):
+        # A Step is callable too: calling it would run the step, not build a pipeline.
+        raise PipelinesError(
+            f"{spec!r} is the step {obj.name!r}, not a Pipeline; name the Pipeline that uses it "
+            f"(pipelines in {module_name!r}: {_pipelines_in(module)})"
+        )
+    if callable(obj) and not isinstance(obj, Pipeline):
+        obj = obj()
+    if not isinstance(obj, Pipeline):
+        raise PipelinesError(
+            f"{spec!r} is a {type(obj).__name__}, not a Pipeline (pipelines in {module_name!r}: {_pipelines_in(module)})"
+        )
+    return obj, module
+
+
+def _pipelines_in(module: ModuleType) -> list[str] | str:
+    return [n for n, v in vars(module).items() if isinstance(v, Pipeline)] or "none"
+
+
+def _import(spec: str, module_name: str) -> ModuleType:
+    if module_name.endswith(".py") or os.sep in module_name:
+        path = Path(module_name)
+        if not path.is_file():
+            raise PipelinesError(f"{spec!r}: file {str(path)!r} does not exist")
+        mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[path.stem] = module  # so its steps pickle by reference to this module while it runs
+        mod_spec.loader.exec_module(module)
+        return module
+    sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise PipelinesError(f"{spec!r}: cannot import module {module_name!r} ({exc})") from None
+    finally:
+        sys.path.remove(os.getcwd())
