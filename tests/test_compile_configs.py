@@ -143,14 +143,15 @@ def test_max_batch_size_zero_is_written_out():
 def test_both_holds_three_top_level_models_over_shared_step_models(tmp_path):
     repo = golden_pipeline(tmp_path).compile("both")
     assert repo.top_level == ("golden_ensemble", "golden_bls", "golden_bls_sync")
+    # The ensemble's branches run at once, so it gets a gate that answers for them (see test_ensemble_gate).
     assert repo.names == sorted(
         ["golden__pre", "golden__detector", "golden__sort", "golden__combine",
-         "golden_ensemble", "golden_bls", "golden_bls_sync"]
+         "golden_ensemble", "golden_ensemble__gate", "golden_bls", "golden_bls_sync"]
     )
-    for target in ("ensemble", "bls", "bls-sync"):
+    for target, count in (("ensemble", 6), ("bls", 5), ("bls-sync", 5)):
         single = golden_pipeline(tmp_path).compile(target)
         assert single.top_level == ("golden",)
-        assert "golden" in single and len(single) == 5
+        assert "golden" in single and len(single) == count
 
 
 def test_ensemble_wires_every_edge_through_unique_tensors(tmp_path):
@@ -162,10 +163,22 @@ def test_ensemble_wires_every_edge_through_unique_tensors(tmp_path):
     steps = {s.model_name: s for s in config.ensemble_scheduling.step}
     assert dict(steps["golden__pre"].input_map) == {"x": "x"}
     assert dict(steps["golden__detector"].input_map) == {"images": dict(steps["golden__pre"].output_map)["y"]}
-    assert dict(steps["golden__combine"].input_map) == {
-        "a": steps["golden__detector"].output_map["scores"], "b": "sorted",
+    combine, sort = steps["golden__combine"], steps["golden__sort"]
+    assert combine.input_map["a"] == steps["golden__detector"].output_map["scores"]
+    assert combine.input_map["b"] == sort.output_map["sorted"]
+    # The outputs leave through the gate, which reads the steps' tensors and their failures.
+    gate = steps["golden__gate"] if "golden__gate" in steps else steps["golden_ensemble__gate"]
+    assert dict(gate.output_map) == {"sum": "sum", "diff": "diff", "sorted": "sorted"}
+    assert set(gate.input_map.values()) == {
+        combine.output_map["sum"], combine.output_map["diff"], sort.output_map["sorted"],
+        combine.output_map["__err__"], sort.output_map["__err__"], steps["golden__pre"].output_map["__err__"],
     }
-    assert dict(steps["golden__combine"].output_map) == {"sum": "sum", "diff": "diff"}
+    # The external detector carries no failure; combine looks through it to `pre`.
+    assert "__err__" not in steps["golden__detector"].output_map
+    assert {combine.input_map["__err_in_0"], combine.input_map["__err_in_1"]} == {
+        steps["golden__pre"].output_map["__err__"], sort.output_map["__err__"],
+    }
+    assert config.ensemble_scheduling.step[-1].model_name.endswith("__gate")
     _assert_ensemble_is_well_formed(config)
 
 
@@ -275,9 +288,10 @@ def test_pipelines_that_cannot_compile_say_why():
     with pytest.raises(CompileError, match="unknown target 'tensorrt'"):
         p.compile("tensorrt")
     p.output("y_again", n["y"])
-    with pytest.raises(CompileError, match="same tensor"):
-        p.compile("ensemble")
-    assert p.compile("bls")["p"].config.output[1].name == "y_again"  # BLS can expose it twice
+    # One tensor exposed twice: the ensemble takes the second from a copy the step returns.
+    ensemble = p.compile("ensemble")["p"].config
+    assert dict(ensemble.ensemble_scheduling.step[0].output_map) == {"y": "y", "y__copy": "y_again"}
+    assert p.compile("bls")["p"].config.output[1].name == "y_again"
 
     scalar = step(lambda x: {"y": x}, name="scalar", inputs={"x": TensorSpec("FP32", [])},
                   outputs={"y": TensorSpec("FP32", [])})

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..errors import CompileError
 from ..graph import Pipeline
 from .bls import compile_bls
-from .ensemble import compile_ensemble
+from .ensemble import compile_ensemble, layout_ensemble
 from .plan import CompilePlan, plan_pipeline, top_level_name
 from .repository import CompiledModel, FileCopy, ModelRepository
 from .step_models import compile_step_model
@@ -42,14 +42,17 @@ def compile_pipeline(pipeline: Pipeline, target: str = "both", *, bls_instance_c
     both = target == "both"
     forms = ("ensemble", "bls", "bls-sync") if both else (target,)
 
+    layout = layout_ensemble(plan) if "ensemble" in forms else None
     models: dict[str, CompiledModel] = {}
     for model in plan.models:
-        models[model.name] = compile_step_model(plan, model)
+        extras = layout.extras.get(model.name) if layout is not None else None
+        models[model.name] = compile_step_model(plan, model, extras)
     top = []
     for form in forms:
         name = top_level_name(pipeline, form, both=both)
         if form == "ensemble":
-            models[name] = compile_ensemble(plan, name)
+            for compiled in compile_ensemble(plan, name, layout):
+                models[compiled.name] = compiled
         else:
             models[name] = compile_bls(plan, name, target=form, instance_count=bls_instance_count)
         top.append(name)

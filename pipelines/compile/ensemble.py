@@ -1,31 +1,128 @@
 """The ensemble form: ``platform: "ensemble"`` with one ``ensemble_scheduling``
 step per live node, wired by ``input_map``/``output_map`` over the tensor names
-the plan chose. Triton's scheduler then runs each step as soon as its inputs
-are ready; each composing model keeps its own instances and batching.
+the plan chose, plus two constructions that work around Triton's ensemble
+scheduler (facts and sources in ``docs/triton_ensemble.md``):
+
+- **Output copies.** Triton prunes the steps of an ensemble that a request's
+  outputs do not need, and the pruning miscounts a tensor that is both an
+  ensemble output and another step's input: asking for a subset of outputs
+  then fails with "unexpected deadlock". Where a pipeline output is also read
+  by a step, or exposed under a second name, the producing model declares one
+  more output holding the same data, and that copy is the ensemble's output.
+- **Failures as data, raised by one gate.** Triton 2.51 crashes (HTTP) or
+  hangs (gRPC) when a composing model answers with an error while a sibling
+  step of the same request is still running. Where two live nodes can run at
+  the same time, every Python step returns its outputs plus a BYTES ``__err__``
+  tensor instead of an error response; a step whose upstream failed skips its
+  work and passes the failure on; and a final gate model, which runs after
+  every other step, answers the request: the outputs, or one error that names
+  the node as the user named it. Chains keep plain error responses: a chain
+  has no sibling running, and pays nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import CompileError
+from ..graph import TensorRef
+from ..tensor import TensorSpec
 from .configs import add_io
-from .plan import CompilePlan
+from .plan import CompilePlan, NodePlan
 from .repository import CompiledModel
+from .step_models import PLAN_FORMAT, model_source, plan_json
 
-__all__ = ["compile_ensemble"]
+__all__ = [
+    "ERR_INPUT",
+    "ERR_OUTPUT",
+    "GATE_PLAN",
+    "EnsembleLayout",
+    "ModelExtras",
+    "compile_ensemble",
+    "layout_ensemble",
+]
+
+#: The BYTES output a step returns its failure in (empty when it succeeded).
+ERR_OUTPUT = "__err__"
+#: Prefix of the optional BYTES inputs that carry the failures of the steps upstream.
+ERR_INPUT = "__err_in_"
+GATE_PLAN = "gate.json"
+_ERR_SPEC = TensorSpec("BYTES", [1])
 
 
-def compile_ensemble(plan: CompilePlan, name: str) -> CompiledModel:
-    """The ensemble model ``name`` over the composing models of ``plan``."""
+@dataclass(frozen=True)
+class ModelExtras:
+    """What a composing model declares beyond its step's own tensors, for the ensemble.
+
+    ``copies`` maps each extra output to the step output whose data it repeats.
+    ``err_inputs`` are the optional inputs carrying upstream failures, ``err_output``
+    the output carrying the step's own (``None`` when failures stay error responses).
+    ``placeholders`` gives, for each output, the dims of the stand-in value a failed
+    step returns so that the ensemble can go on to the gate: every ``-1`` replaced
+    by a size its readers accept.
+    """
+
+    copies: Mapping[str, str] = field(default_factory=dict)
+    err_inputs: tuple[str, ...] = ()
+    err_output: str | None = None
+    placeholders: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def add_to(self, config: mc.ModelConfig, step_outputs: Mapping[str, TensorSpec]) -> None:
+        """Declare the extra tensors in the composing model's config."""
+        for alias, original in self.copies.items():
+            spec = step_outputs[original]
+            config.output.add(name=alias, data_type=mc.DataType.Value(spec.config_dtype), dims=list(spec.dims))
+        for name in self.err_inputs:
+            config.input.add(name=name, data_type=mc.TYPE_STRING, dims=[1], optional=True)
+        if self.err_output:
+            config.output.add(name=self.err_output, data_type=mc.TYPE_STRING, dims=[1])
+
+    def to_dict(self) -> dict:
+        """The adapter's part of ``step.json``."""
+        return {
+            "copies": dict(self.copies),
+            "err_inputs": list(self.err_inputs),
+            "err_output": self.err_output,
+            "placeholders": {name: list(dims) for name, dims in self.placeholders.items()},
+        }
+
+
+@dataclass(frozen=True)
+class _NodeWiring:
+    node: NodePlan
+    inputs: Mapping[str, str]
+    outputs: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class EnsembleLayout:
+    """How one pipeline's ensemble is wired, decided before any model is compiled.
+
+    ``gated`` says whether failures travel as data to the gate; ``extras`` holds
+    what each composing model must declare for that (and for output copies).
+    """
+
+    plan: CompilePlan
+    gated: bool
+    extras: Mapping[str, ModelExtras]
+    wiring: tuple[_NodeWiring, ...]
+    # gate input -> ensemble tensor; pipeline output -> gate input
+    gate_inputs: Mapping[str, str]
+    gate_outputs: Mapping[str, str]
+    # gate err input -> (node, model), in topological order
+    gate_errors: Mapping[str, tuple[str, str]]
+
+    def gate_name(self, ensemble: str) -> str:
+        return f"{ensemble}__gate"
+
+
+def layout_ensemble(plan: CompilePlan) -> EnsembleLayout:
+    """Decide the ensemble's wiring, output copies and failure gate for ``plan``."""
     pipeline = plan.pipeline
-    for output, earlier in plan.repeated_outputs:
-        raise CompileError(
-            f"pipeline {pipeline.name!r}: outputs {earlier!r} and {output!r} are the same tensor "
-            f"{pipeline.outputs[output].qualname!r}; a Triton ensemble produces each tensor once, so "
-            "expose it once, or compile with target='bls'",
-            pipeline=pipeline.name, step=pipeline.outputs[output].node, tensor=output,
-        )
     used_inputs = {ref.name for node in plan.nodes for ref in node.sources.values() if ref.is_input}
     unused = [i for i in pipeline.inputs if i not in used_inputs]
     if unused:
@@ -34,13 +131,280 @@ def compile_ensemble(plan: CompilePlan, name: str) -> CompiledModel:
             "Triton refuses an ensemble with an unused input, so remove it or wire it to a step",
             pipeline=pipeline.name, tensor=unused[0],
         )
+    names = _TensorNames(plan)
+    if _has_concurrent_nodes(plan):
+        return _gated_layout(plan, names)
+    return _plain_layout(plan, names)
 
+
+def compile_ensemble(plan: CompilePlan, name: str, layout: EnsembleLayout | None = None) -> list[CompiledModel]:
+    """The ensemble model ``name`` over the composing models of ``plan``, and its gate if it has one."""
+    layout = layout or layout_ensemble(plan)
+    pipeline = plan.pipeline
     config = mc.ModelConfig(name=name, platform="ensemble", max_batch_size=pipeline.max_batch_size)
     add_io(config, pipeline.inputs, pipeline.output_specs)
-    for node in plan.nodes:
-        step = config.ensemble_scheduling.step.add(model_name=node.model, model_version=-1)
-        for key, value in node.inputs.items():
+    for wiring in layout.wiring:
+        step = config.ensemble_scheduling.step.add(model_name=wiring.node.model, model_version=-1)
+        for key, value in wiring.inputs.items():
             step.input_map[key] = value
-        for key, value in node.outputs.items():
+        for key, value in wiring.outputs.items():
             step.output_map[key] = value
-    return CompiledModel(name, config, {})
+    models = [CompiledModel(name, config, {})]
+    if layout.gated:
+        gate = _compile_gate(layout, layout.gate_name(name), ensemble=name)
+        step = config.ensemble_scheduling.step.add(model_name=gate.name, model_version=-1)
+        for key, value in layout.gate_inputs.items():
+            step.input_map[key] = value
+        for output in pipeline.outputs:
+            step.output_map[output] = output
+        models.append(gate)
+    return models
+
+
+# ------------------------------------------------------------------ shapes
+
+
+def _has_concurrent_nodes(plan: CompilePlan) -> bool:
+    """Whether two live nodes may run at once: neither one is upstream of the other."""
+    upstream: dict[str, set[str]] = {}
+    for node in plan.nodes:  # topological order
+        above = set()
+        for ref in node.sources.values():
+            if not ref.is_input:
+                above |= upstream[ref.node] | {ref.node}
+        upstream[node.name] = above
+    names = [n.name for n in plan.nodes]
+    return any(
+        a not in upstream[b] and b not in upstream[a] for i, a in enumerate(names) for b in names[i + 1:]
+    )
+
+
+class _TensorNames:
+    """Fresh ensemble tensor names that collide with none the plan already uses."""
+
+    def __init__(self, plan: CompilePlan) -> None:
+        self.used = set(plan.pipeline.inputs) | set(plan.pipeline.outputs)
+        for node in plan.nodes:
+            self.used |= set(node.inputs.values()) | set(node.outputs.values())
+
+    def fresh(self, base: str) -> str:
+        candidate, i = base, 1
+        while candidate in self.used:
+            candidate = f"{base}_{i}"
+            i += 1
+        self.used.add(candidate)
+        return candidate
+
+
+def _readers(plan: CompilePlan) -> dict[tuple[str, str], list[tuple[NodePlan, str]]]:
+    """(node, output) -> the live (node, input) pairs that read it."""
+    readers: dict[tuple[str, str], list[tuple[NodePlan, str]]] = {}
+    for node in plan.nodes:
+        for input_name, ref in node.sources.items():
+            if not ref.is_input:
+                readers.setdefault((ref.node, ref.name), []).append((node, input_name))
+    return readers
+
+
+def _exposures(plan: CompilePlan) -> dict[tuple[str, str], list[str]]:
+    """(node, output) -> the pipeline outputs that expose it, in declaration order."""
+    exposed: dict[tuple[str, str], list[str]] = {}
+    for output, ref in plan.pipeline.outputs.items():
+        exposed.setdefault((ref.node, ref.name), []).append(output)
+    return exposed
+
+
+def _fresh_output(taken: set[str], base: str) -> str:
+    candidate, i = base, 1
+    while candidate in taken:
+        candidate = f"{base}{i}"
+        i += 1
+    taken.add(candidate)
+    return candidate
+
+
+# ------------------------------------------------------------------ plain ensembles
+
+
+def _plain_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
+    """A chain: each step answers its own failures; copies only where an output is also read."""
+    readers, exposed = _readers(plan), _exposures(plan)
+    copies: dict[str, dict[str, str]] = {m.name: {} for m in plan.models}
+    # Copies a node needs, by (node, output): one per exposure, except that an output no step
+    # reads keeps its first exposure on the original tensor.
+    wiring = []
+    internal: dict[str, str] = {}  # plan tensor name -> the internal name its readers use now
+    for node in plan.nodes:
+        taken = set(node.step.outputs) | set(copies[node.model].values()) | set(copies[node.model])
+        outputs = dict(node.outputs)
+        for output in node.step.outputs:
+            outs = exposed.get((node.name, output), [])
+            read = bool(readers.get((node.name, output)))
+            if not outs or (len(outs) == 1 and not read):
+                continue
+            if read:
+                fresh = names.fresh(f"{node.name}.{output}")
+                internal[outputs[output]] = fresh
+                outputs[output] = fresh
+            else:
+                outputs[output], outs = outs[0], outs[1:]
+            # A shared model declares the copies its busiest node needs; other nodes map fewer.
+            mine = [alias for alias, original in copies[node.model].items() if original == output]
+            for i, exposure in enumerate(outs):
+                if i < len(mine):
+                    alias = mine[i]
+                else:
+                    alias = _fresh_output(taken, f"{output}__copy")
+                    copies[node.model][alias] = output
+                outputs[alias] = exposure
+        wiring.append((node, outputs))
+    final = tuple(
+        _NodeWiring(
+            node,
+            MappingProxyType({k: internal.get(v, v) for k, v in node.inputs.items()}),
+            MappingProxyType(outputs),
+        )
+        for node, outputs in wiring
+    )
+    extras = {model: ModelExtras(copies=MappingProxyType(c)) for model, c in copies.items() if c}
+    empty = MappingProxyType({})
+    return EnsembleLayout(plan, False, MappingProxyType(extras), final, empty, empty, empty)
+
+
+# ------------------------------------------------------------------ gated ensembles
+
+
+def _gated_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
+    pipeline = plan.pipeline
+    python_nodes = {n.name for n in plan.nodes if not n.step.is_external}
+    by_name = {n.name: n for n in plan.nodes}
+
+    # Every pipeline output now comes out of the gate; the steps write internal tensors.
+    renamed = {}
+    for node in plan.nodes:
+        for output, tensor in node.outputs.items():
+            if tensor in pipeline.outputs:
+                renamed[tensor] = names.fresh(f"{node.name}.{output}")
+    err_tensor = {n: names.fresh(f"{n}.{ERR_OUTPUT}") for n in sorted(python_nodes)}
+
+    # The failures a node must look at: its nearest Python producers (an external model
+    # cannot carry a failure, so one upstream of it is looked through).
+    sources: dict[str, list[str]] = {}
+    for node in plan.nodes:
+        found: list[str] = []
+        for ref in node.sources.values():
+            if ref.is_input:
+                continue
+            for source in ([ref.node] if ref.node in python_nodes else sources[ref.node]):
+                if source not in found:
+                    found.append(source)
+        sources[node.name] = found
+
+    err_counts: dict[str, int] = {}
+    for node in plan.nodes:
+        if node.name in python_nodes:
+            err_counts[node.model] = max(err_counts.get(node.model, 0), len(sources[node.name]))
+
+    extras = {}
+    for model in plan.models:
+        if model.step.is_external:
+            continue
+        taken = set(model.step.inputs) | set(model.step.outputs)
+        if ERR_OUTPUT in taken or any(t.startswith(ERR_INPUT) for t in taken):
+            raise CompileError(
+                f"pipeline {pipeline.name!r}: step {model.nodes[0]!r} has a tensor named {ERR_OUTPUT!r} or "
+                f"starting with {ERR_INPUT!r}; the ensemble uses those names to carry failures, so rename it",
+                pipeline=pipeline.name, step=model.nodes[0],
+            )
+        extras[model.name] = ModelExtras(
+            err_inputs=tuple(f"{ERR_INPUT}{i}" for i in range(err_counts.get(model.name, 0))),
+            err_output=ERR_OUTPUT,
+            placeholders=MappingProxyType(_placeholders(plan, model.name, by_name)),
+        )
+
+    wiring = []
+    for node in plan.nodes:
+        inputs = {k: renamed.get(v, v) for k, v in node.inputs.items()}
+        outputs = {k: renamed.get(v, v) for k, v in node.outputs.items()}
+        if node.name in python_nodes:
+            for i, source in enumerate(sources[node.name]):
+                inputs[f"{ERR_INPUT}{i}"] = err_tensor[source]
+            outputs[ERR_OUTPUT] = err_tensor[node.name]
+        wiring.append(_NodeWiring(node, MappingProxyType(inputs), MappingProxyType(outputs)))
+
+    gate_inputs: dict[str, str] = {}
+    gate_outputs: dict[str, str] = {}
+    by_tensor: dict[str, str] = {}
+    for output, ref in pipeline.outputs.items():
+        tensor = _tensor_of(plan, ref, renamed)
+        if tensor not in by_tensor:
+            by_tensor[tensor] = f"value__{len(by_tensor)}"
+            gate_inputs[by_tensor[tensor]] = tensor
+        gate_outputs[output] = by_tensor[tensor]
+    gate_errors = {}
+    for node in plan.nodes:
+        if node.name in python_nodes:
+            key = f"err__{len(gate_errors)}"
+            gate_inputs[key] = err_tensor[node.name]
+            gate_errors[key] = (node.name, node.model)
+    return EnsembleLayout(
+        plan, True, MappingProxyType(extras), tuple(wiring),
+        MappingProxyType(gate_inputs), MappingProxyType(gate_outputs), MappingProxyType(gate_errors),
+    )
+
+
+def _tensor_of(plan: CompilePlan, ref: TensorRef, renamed: Mapping[str, str]) -> str:
+    node = next(n for n in plan.nodes if n.name == ref.node)
+    tensor = node.outputs[ref.name]
+    return renamed.get(tensor, tensor)
+
+
+def _placeholders(plan: CompilePlan, model: str, by_name: Mapping[str, NodePlan]) -> dict[str, tuple[int, ...]]:
+    """Dims a failed step's stand-in outputs take: each ``-1`` becomes what a reader fixes, else 1."""
+    readers = _readers(plan)
+    spec_outputs = next(m.step.outputs for m in plan.models if m.name == model)
+    dims = {}
+    for output, spec in spec_outputs.items():
+        shape = list(spec.dims)
+        for node_name in next(m.nodes for m in plan.models if m.name == model):
+            for reader, input_name in readers.get((node_name, output), []):
+                wanted = by_name[reader.name].step.inputs[input_name].dims
+                for i, d in enumerate(shape):
+                    if d == -1 and i < len(wanted) and wanted[i] != -1:
+                        shape[i] = wanted[i]
+        dims[output] = tuple(1 if d == -1 else d for d in shape)
+    return dims
+
+
+def _compile_gate(layout: EnsembleLayout, name: str, *, ensemble: str) -> CompiledModel:
+    """The Python model that answers a gated ensemble: its outputs, or the first failure."""
+    plan = layout.plan
+    pipeline = plan.pipeline
+    taken = {m.name for m in plan.models}
+    if name in taken:
+        raise CompileError(
+            f"pipeline {pipeline.name!r}: the ensemble's gate model would be named {name!r}, "
+            "which a step model already has; rename that step",
+            pipeline=pipeline.name,
+        )
+    specs = {}
+    for output, ref in pipeline.outputs.items():
+        specs.setdefault(layout.gate_outputs[output], ref.spec)
+    inputs = {key: specs[key] for key in layout.gate_inputs if key in specs}
+    inputs.update({key: _ERR_SPEC for key in layout.gate_errors})
+    config = mc.ModelConfig(name=name, backend="python", max_batch_size=pipeline.max_batch_size)
+    add_io(config, inputs, pipeline.output_specs)
+    config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+    if pipeline.max_batch_size > 0:
+        # Requests that arrive while it is busy are handed over together (it only forwards them).
+        config.dynamic_batching.SetInParent()
+    data = {
+        "format": PLAN_FORMAT,
+        "pipeline": pipeline.name,
+        "ensemble": ensemble,
+        "outputs": {output: {"input": key, "dtype": pipeline.outputs[output].spec.dtype}
+                    for output, key in layout.gate_outputs.items()},
+        "errors": [{"input": key, "node": node, "model": model} for key, (node, model) in layout.gate_errors.items()],
+    }
+    files = {"1/model.py": model_source("gate_model.py"), f"1/{GATE_PLAN}": plan_json(data)}
+    return CompiledModel(name, config, files)

@@ -47,11 +47,18 @@ def plan_json(data: dict[str, Any]) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True, ensure_ascii=True) + "\n").encode()
 
 
-def compile_step_model(plan: CompilePlan, model: ModelPlan) -> CompiledModel:
-    """The composing model that serves ``model.step`` for the nodes in ``model.nodes``."""
+def compile_step_model(plan: CompilePlan, model: ModelPlan, extras: Any = None) -> CompiledModel:
+    """The composing model that serves ``model.step`` for the nodes in ``model.nodes``.
+
+    ``extras`` (an ``ensemble.ModelExtras``) adds what the ensemble form needs: output
+    copies and the tensors that carry failures.
+    """
     if model.step.is_external:
         return _external_model(plan, model)
-    return _python_model(plan, model)
+    compiled = _python_model(plan, model, extras)
+    if extras is not None:
+        extras.add_to(compiled.config, model.step.outputs)
+    return compiled
 
 
 def _base_config(model: ModelPlan) -> mc.ModelConfig:
@@ -67,7 +74,7 @@ def _base_config(model: ModelPlan) -> mc.ModelConfig:
     return config
 
 
-def _python_model(plan: CompilePlan, model: ModelPlan) -> CompiledModel:
+def _python_model(plan: CompilePlan, model: ModelPlan, extras: Any = None) -> CompiledModel:
     step = model.step
     config = _base_config(model)
     config.backend = "python"
@@ -98,6 +105,8 @@ def _python_model(plan: CompilePlan, model: ModelPlan) -> CompiledModel:
         "device": step.options.device,
         "parameters": dict(step.options.parameters),
     }
+    if extras is not None:
+        data["ensemble"] = extras.to_dict()
     files[f"1/{STEP_PLAN}"] = plan_json(data)
     return CompiledModel(model.name, config, files)
 

@@ -14,6 +14,7 @@ import asyncio
 import graphlib
 import json
 import os
+import re
 
 import numpy as np
 
@@ -28,6 +29,10 @@ _NUMPY_NAMES = {
     np.dtype(np.int16): "INT16", np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64",
     np.dtype(np.float16): "FP16", np.dtype(np.float32): "FP32", np.dtype(np.float64): "FP64",
 }
+
+
+# How the step adapter starts its errors: pipeline, step or node, and the model where that says more.
+_ADAPTER_WHERE = re.compile(r"^pipeline '[^']*' step '[^']*'(?: \(model '[^']*'(?:, serving nodes [^)]*)?\))?")
 
 
 class RequestFailed(Exception):
@@ -159,9 +164,9 @@ class TritonPythonModel:
     def _collect(self, node, run, response):
         if response.has_error():
             message = response.error().message()
-            # The step adapter already says "pipeline 'p' step 's' ..."; keep only what went wrong.
-            own = f"pipeline {self.pipeline!r} step {node['step']!r}"
-            detail = message[len(own):].lstrip(": ") if message.startswith(own) else f"failed: {message}"
+            # The step adapter already says "pipeline 'p' step 's' (model ...) ..."; keep only what went wrong.
+            own = _ADAPTER_WHERE.match(message)
+            detail = message[own.end():].lstrip(": ") if own else f"failed: {message}"
             raise RequestFailed(f"{self.where}: step {node['name']!r} (model {node['model']!r}) {detail}")
         for output in run.schedule.requested[node["name"]]:
             tensor = pb_utils.get_output_tensor_by_name(response, output)

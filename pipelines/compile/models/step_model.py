@@ -35,9 +35,7 @@ class TritonPythonModel:
             plan = json.load(f)
         self.pipeline = plan["pipeline"]
         self.step_name = plan["step"]
-        self.where = f"pipeline {self.pipeline!r} step {self.step_name!r}"
-        if len(plan.get("nodes", ())) > 1:
-            self.where += f" (nodes {', '.join(plan['nodes'])})"
+        self.where = _where(self.pipeline, self.step_name, plan.get("model"), plan.get("nodes") or [self.step_name])
         self.max_batch_size = int(plan["max_batch_size"])
         self.gpu = plan.get("device") == "gpu"
         self.step = Step(
@@ -63,11 +61,16 @@ class TritonPythonModel:
         config.update({k: args[k] for k in ("model_version", "model_instance_name", "model_instance_kind",
                                             "model_instance_device_id") if k in args})
         self.instance = self.step.instantiate(config)
+        self.ensemble = _EnsembleExtras(plan.get("ensemble") or {}, self.where)
 
     def execute(self, requests):
         inputs, errors = [], []
         for request in requests:
             try:
+                if self.ensemble.upstream_failed(request):
+                    inputs.append(None)  # a step upstream failed: running on its stand-ins would be garbage
+                    errors.append(UPSTREAM_FAILED)
+                    continue
                 inputs.append(self._read(request))
                 errors.append(None)
             except Exception as exc:  # a bad request is answered alone; the others go on
@@ -76,11 +79,15 @@ class TritonPythonModel:
         results = self._run(inputs, errors)
         responses = []
         for request, result, error in zip(requests, results, errors, strict=True):
+            wanted = set(request.requested_output_names() or ())
             if error is not None:
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(error)))
-                continue
-            wanted = set(request.requested_output_names() or ()) or set(result)
+                if self.ensemble.err_output not in wanted:
+                    responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(error)))
+                    continue
+                result = self.ensemble.placeholders(request, self.step, self.max_batch_size)
+            wanted = wanted or set(result)
             tensors = [_to_tensor(name, value) for name, value in result.items() if name in wanted]
+            tensors += self.ensemble.extra_tensors(request, result, wanted, error, self.max_batch_size)
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
 
@@ -147,6 +154,69 @@ class TritonPythonModel:
             return f"{self.where}: {text}"
         tail = traceback.format_exception_only(type(exc), exc)[-1].strip()
         return f"{self.where} raised {tail}"
+
+
+# What a step writes in its __err__ when it did not run because a step upstream failed.
+UPSTREAM_FAILED = b"\x00upstream"
+
+
+def _where(pipeline, step, model, nodes):
+    """How the step's errors start: the node as the user named it, and the model where that differs."""
+    if len(nodes) > 1:  # a shared model cannot tell which node called it; the ensemble's gate can
+        named = ", ".join(repr(n) for n in nodes)
+        return f"pipeline {pipeline!r} step {step!r} (model {model!r}, serving nodes {named})"
+    if nodes[0] != step:
+        return f"pipeline {pipeline!r} step {nodes[0]!r} (model {model!r})"
+    return f"pipeline {pipeline!r} step {step!r}"
+
+
+class _EnsembleExtras:
+    """What an ensemble adds to a step model: output copies, and failures carried as data.
+
+    Triton's ensemble asks a step for every output its ``output_map`` names, so a copy
+    is paid on each call of a node that has one. A failure is written in the
+    ``__err__`` output only when the caller asked for it (the ensemble does; the BLS
+    forms do not and get error responses, which they handle safely).
+    """
+
+    def __init__(self, data, where):
+        self.copies = data.get("copies") or {}
+        self.err_inputs = data.get("err_inputs") or []
+        self.err_output = data.get("err_output")
+        self.dims = data.get("placeholders") or {}
+        self.where = where
+
+    def upstream_failed(self, request):
+        for name in self.err_inputs:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None and any(tensor.as_numpy().reshape(-1)):
+                return True
+        return False
+
+    def placeholders(self, request, step, max_batch_size):
+        """Stand-in outputs of the declared dtypes, for the steps downstream to skip and the gate to drop."""
+        lead = []
+        if max_batch_size > 0:
+            given = request.inputs()
+            lead = [int(given[0].shape()[0])] if given and len(given[0].shape()) else [1]
+        out = {}
+        for name, spec in step.outputs.items():
+            shape = lead + list(self.dims.get(name, [1 if d == -1 else d for d in spec.dims]))
+            out[name] = np.full(shape, b"", dtype=np.object_) if spec.dtype == "BYTES" else np.zeros(
+                shape, spec.numpy_dtype
+            )
+        return out
+
+    def extra_tensors(self, request, result, wanted, error, max_batch_size):
+        tensors = [_to_tensor(alias, result[original]) for alias, original in self.copies.items() if alias in wanted]
+        if self.err_output in wanted:
+            text = b""
+            if error is not None:  # only what went wrong: the gate knows which node this was
+                text = error if isinstance(error, bytes) else error[len(self.where):].encode("utf-8")
+            rows = len(next(iter(result.values()))) if max_batch_size > 0 and result else None
+            shape = [rows, 1] if rows is not None else [1]
+            tensors.append(pb_utils.Tensor(self.err_output, np.full(shape, text, dtype=np.object_)))
+        return tensors
 
 
 def check_inputs(step, arrays, *, max_batch_size, where):

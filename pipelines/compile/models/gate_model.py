@@ -1,0 +1,69 @@
+"""Triton Python-backend gate: the last step of an ensemble whose steps carry failures as data.
+
+Copied verbatim as ``<ensemble>__gate/1/model.py``. It reads ``gate.json`` beside it. Each
+request brings the pipeline's outputs and one BYTES ``__err__`` tensor per Python step. The
+gate runs after every other step of the request, so it is the one place where an error
+response cannot race a sibling step (Triton 2.51 crashes when one does). It answers with
+the outputs, or with the first failure in topological order, naming the node as the user
+named it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+try:  # present only inside Triton's Python backend stub
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # pragma: no cover - the module is also imported by tests and linters
+    pb_utils = None
+
+# What a step writes in its __err__ when it did not run because a step upstream failed.
+UPSTREAM_FAILED = b"\x00upstream"
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        version_dir = os.path.join(args["model_repository"], str(args["model_version"]))
+        if not os.path.isfile(os.path.join(version_dir, "gate.json")):
+            version_dir = os.path.dirname(os.path.abspath(__file__))
+        with open(os.path.join(version_dir, "gate.json"), encoding="utf-8") as f:
+            plan = json.load(f)
+        self.pipeline = plan["pipeline"]
+        self.outputs = plan["outputs"]
+        self.errors = plan["errors"]
+
+    def execute(self, requests):
+        return [self._answer(request) for request in requests]
+
+    def _answer(self, request):
+        for entry in self.errors:
+            tensor = pb_utils.get_input_tensor_by_name(request, entry["input"])
+            if tensor is None:
+                continue
+            text = _first(tensor.as_numpy())
+            if text and text != UPSTREAM_FAILED:
+                # The step wrote only what went wrong; the gate knows which node that was.
+                where = f"pipeline {self.pipeline!r} step {entry['node']!r} (model {entry['model']!r})"
+                detail = text.decode("utf-8", errors="replace")
+                return pb_utils.InferenceResponse(
+                    output_tensors=[], error=pb_utils.TritonError(f"{where}{detail}")
+                )
+        wanted = list(request.requested_output_names() or ()) or list(self.outputs)
+        tensors = []
+        for name in wanted:
+            out = self.outputs[name]
+            tensor = pb_utils.get_input_tensor_by_name(request, out["input"])
+            if out["dtype"] == "BYTES":  # DLPack has no string tensors
+                tensors.append(pb_utils.Tensor(name, tensor.as_numpy()))
+            else:
+                tensors.append(pb_utils.Tensor.from_dlpack(name, tensor.to_dlpack()))
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def _first(array):
+    """The failure text of a request: every row carries the same, so the first will do."""
+    if array.size == 0:
+        return b""
+    value = array.reshape(-1)[0]
+    return value if isinstance(value, bytes) else str(value).encode()
