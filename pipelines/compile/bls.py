@@ -60,6 +60,8 @@ def compile_bls(plan: CompilePlan, name: str, *, target: str, instance_count: in
                     for i, ref in node.sources.items()
                 },
                 "outputs": {o: node.step.outputs[o].dtype for o in node.step.outputs},
+                # The step's `timeout` option, for its BLS call (0: none).
+                "timeout_us": round(node.step.options.timeout * 1e6) if node.step.options.timeout else 0,
             }
             for node in plan.nodes
         ],

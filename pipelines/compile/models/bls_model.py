@@ -159,6 +159,7 @@ class TritonPythonModel:
             model_name=node["model"],
             requested_output_names=run.schedule.requested[node["name"]],
             inputs=inputs,
+            timeout=int(node.get("timeout_us", 0)),
         )
 
     def _collect(self, node, run, response):
