@@ -20,6 +20,7 @@ examples:
   pipelines graph pipelines.examples.yolov5:pipeline
   pipelines compile pipelines.examples.yolov5:pipeline --target both --out model_repository
   pipelines serve model_repository
+  pipelines serve --local pipelines.examples.yolov5:pipeline --http-port 8000
   pipelines run pipelines.examples.basic:diamond --mode bls --input x=x.npy
   pipelines bench pipelines.examples.basic:diamond --server --concurrency 1,4,16
 
@@ -98,9 +99,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    if args.local:
+        return _cmd_serve_local(args)
     from .triton import serve_main
 
     return serve_main(args.repository, http_port=args.http_port, grpc_port=args.grpc_port) or 0
+
+
+def _cmd_serve_local(args: argparse.Namespace) -> int:
+    from .endpoint import serve_local
+
+    p = load_pipeline(args.repository)
+    return serve_local(p, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,11 +150,18 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--report", action="store_true", help="print the cost report (per-step time, copies)")
     r.set_defaults(func=_cmd_run)
 
-    s = sub.add_parser("serve", help="serve a model repository on the embedded Triton server",
-                       description="Start the bundled tritonserver (from nvidia-pytriton) on DIR; Ctrl-C stops it.")
-    s.add_argument("repository", metavar="DIR")
-    s.add_argument("--http-port", type=int, default=None)
-    s.add_argument("--grpc-port", type=int, default=None)
+    s = sub.add_parser("serve", help="serve a model repository on the embedded Triton server, or a pipeline locally",
+                       description="Start the bundled tritonserver (from nvidia-pytriton) on DIR; Ctrl-C stops it. "
+                       "With --local, serve the pipeline MODULE:ATTR from the local runtime over Triton's own "
+                       "protocol (HTTP and gRPC), one model per mode named as compiled (<name>_ensemble, <name>_bls, "
+                       "<name>_bls_sync), so tritonclient code runs unchanged against it; no server binary needed.")
+    s.add_argument("repository", metavar="DIR | MODULE:ATTR",
+                   help="the model repository to serve, or with --local the pipeline")
+    s.add_argument("--local", action="store_true",
+                   help="serve the pipeline MODULE:ATTR from the local runtime (KServe v2 over HTTP and gRPC)")
+    s.add_argument("--host", default="127.0.0.1", help="with --local: the address to listen on (default: 127.0.0.1)")
+    s.add_argument("--http-port", type=int, default=None, help="default: a free port")
+    s.add_argument("--grpc-port", type=int, default=None, help="default: a free port")
     s.set_defaults(func=_cmd_serve)
 
     b = sub.add_parser("bench", help="benchmark ensemble against BLS",

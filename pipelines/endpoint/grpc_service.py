@@ -1,0 +1,114 @@
+"""The gRPC front end: Triton's ``GRPCInferenceService`` on ``grpc.aio``.
+
+The service definition is the one tritonclient ships (``service_pb2_grpc``), so
+a ``tritonclient.grpc`` client cannot tell this endpoint from a server by its
+messages. Outputs always travel as ``raw_output_contents``, as Triton sends them.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter_ns
+from typing import Any
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from ..errors import PipelinesError
+from .service import InferenceService, Timing, batch_rows
+from .status import INVALID, Refusal, status_of
+from .wire import array_from_bytes, array_from_contents, array_to_bytes
+
+__all__ = ["GRPC_OPTIONS", "add_service"]
+
+#: Triton takes messages of any size (its images and tensors pass 4 MiB easily); so do we.
+GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+
+
+def add_service(server: grpc.aio.Server, service: InferenceService) -> None:
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(service), server)
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    message = exc.message if isinstance(exc, PipelinesError) else f"{type(exc).__name__}: {exc}"
+    await context.abort(status_of(exc).grpc, message)
+
+
+class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, service: InferenceService) -> None:
+        self.service = service
+
+    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.service.ready)
+
+    async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self.service.model_ready(request.name, request.version))
+
+    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
+        return self.service.server_metadata()
+
+    async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
+        try:
+            return self.service.model(request.name, request.version).metadata()
+        except Refusal as exc:
+            await _abort(context, exc)
+
+    async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
+        try:
+            return pb.ModelConfigResponse(config=self.service.model(request.name, request.version).config)
+        except Refusal as exc:
+            await _abort(context, exc)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
+        try:
+            return self.service.statistics(request.name, request.version)
+        except Refusal as exc:
+            await _abort(context, exc)
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(name=n, version="1", state="READY")
+                    for n in sorted(self.service.models)]
+        )
+
+    async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
+        started = perf_counter_ns()
+        try:
+            model = self.service.model(request.model_name, request.model_version)
+            inputs = _decode(request, model.name)
+            requested = [o.name for o in request.outputs]
+            timing = Timing(started, perf_counter_ns())
+            outputs, infer_ns = await self.service.infer(model, inputs, requested, timing)
+            response = pb.ModelInferResponse(model_name=model.name, model_version="1", id=request.id)
+            specs = model.pipeline.output_specs
+            for name, array in outputs.items():
+                datatype = specs[name].dtype
+                response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+                response.raw_output_contents.append(array_to_bytes(array, datatype))
+            self.service.finished(model, timing, rows=batch_rows(model, inputs), infer_ns=infer_ns)
+            return response
+        except Exception as exc:  # every failure is this request's answer; the endpoint keeps serving
+            self.service.failed(request.model_name, Timing(started, started))
+            await _abort(context, exc)
+
+
+def _decode(request: Any, model: str) -> dict[str, Any]:
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise Refusal(
+            INVALID,
+            f"expected {len(request.inputs)} raw_input_contents (one per input) but got {len(raw)} "
+            f"for model '{model}'",
+        )
+    inputs = {}
+    for i, tensor in enumerate(request.inputs):
+        if raw:
+            inputs[tensor.name] = array_from_bytes(tensor.name, tensor.datatype, list(tensor.shape), raw[i], model=model)
+        else:
+            inputs[tensor.name] = array_from_contents(
+                tensor.name, tensor.datatype, list(tensor.shape), tensor.contents, model=model
+            )
+    return inputs

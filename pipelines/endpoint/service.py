@@ -1,0 +1,125 @@
+"""What the endpoint answers, whichever protocol asked: the protocol-free core.
+
+The HTTP and gRPC front ends decode a request into numpy arrays, hand them to
+:meth:`InferenceService.infer`, and encode what comes back; readiness,
+metadata, config and statistics come from here as Triton's protobuf messages.
+Everything runs on the endpoint's one event loop, so the counters need no lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from time import perf_counter_ns
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from ..runtime.local import LocalRuntime
+from ..runtime.report import Report
+from .models import ModelStatistics, ServedModel, statistics_response
+from .status import INVALID, NOT_FOUND, Refusal
+
+__all__ = ["EXTENSIONS", "InferenceService", "Timing"]
+
+SERVER_NAME = "pipelines-local"
+#: The protocol extensions this endpoint implements (Triton lists its own in the same field).
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """When a request arrived and when its inputs were decoded (``perf_counter_ns``)."""
+
+    started: int
+    decoded: int
+
+
+class InferenceService:
+    """The served models, their open runtimes and their statistics."""
+
+    def __init__(self, models: Mapping[str, ServedModel], runtimes: Mapping[str, LocalRuntime], version: str) -> None:
+        self.models = dict(models)
+        self.runtimes = dict(runtimes)
+        self.version = version
+        self.stats = {name: ModelStatistics(name) for name in self.models}
+        self.ready = False
+
+    # ------------------------------------------------------------ look-ups
+
+    def model(self, name: str, version: str = "") -> ServedModel:
+        model = self.models.get(name)
+        if model is None or version not in ("", "1"):
+            known = ", ".join(self.models)
+            raise Refusal(NOT_FOUND, f"Request for unknown model: '{name}' is not found (this endpoint serves {known})")
+        return model
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return self.ready and name in self.models and version in ("", "1")
+
+    def server_metadata(self) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=self.version, extensions=list(EXTENSIONS))
+
+    def statistics(self, name: str = "", version: str = "") -> pb.ModelStatisticsResponse:
+        names = [self.model(name, version).name] if name else sorted(self.models)
+        return statistics_response(self.stats, names)
+
+    def report(self, name: str) -> Report:
+        """The local runtime's cost report for model ``name``: per-step queue and compute, copies."""
+        return self.runtimes[self.model(name).name].report()
+
+    # ------------------------------------------------------------ inference
+
+    def check_outputs(self, model: ServedModel, requested: Sequence[str]) -> None:
+        for name in requested:
+            if name not in model.pipeline.outputs:
+                raise Refusal(
+                    INVALID,
+                    f"unexpected inference output '{name}' for model '{model.name}'; "
+                    f"its outputs are {list(model.output_names)}",
+                    pipeline=model.pipeline.name,
+                    tensor=name,
+                )
+
+    async def infer(
+        self,
+        model: ServedModel,
+        inputs: Mapping[str, Any],
+        requested: Sequence[str],
+        timing: Timing,
+    ) -> tuple[dict[str, np.ndarray], int]:
+        """The requested outputs in the order asked (all, in the model's order, when none are named).
+
+        Returns the outputs and the time the runtime took (ns); call
+        :meth:`finished` or :meth:`failed` once the answer is encoded.
+        """
+        self.check_outputs(model, requested)
+        outputs = await self.runtimes[model.name].infer(inputs)
+        infer_ns = perf_counter_ns() - timing.decoded
+        wanted = dict.fromkeys(requested or model.output_names)
+        return {name: np.asarray(outputs[name]) for name in wanted}, infer_ns
+
+    def finished(self, model: ServedModel, timing: Timing, *, rows: int, infer_ns: int) -> None:
+        now = perf_counter_ns()
+        decode_ns = timing.decoded - timing.started
+        self.stats[model.name].succeeded(
+            rows=rows,
+            decode_ns=decode_ns,
+            infer_ns=infer_ns,
+            encode_ns=max(0, now - timing.decoded - infer_ns),
+            total_ns=now - timing.started,
+        )
+
+    def failed(self, model_name: str, timing: Timing) -> None:
+        stats = self.stats.get(model_name)
+        if stats is not None:
+            stats.failed(perf_counter_ns() - timing.started)
+
+
+def batch_rows(model: ServedModel, inputs: Mapping[str, Any]) -> int:
+    """The request's batch size as Triton counts it: rows of a batching model, else 1."""
+    if not model.pipeline.batched or not inputs:
+        return 1
+    first = next(iter(inputs.values()))
+    return int(first.shape[0]) if getattr(first, "ndim", 0) else 1

@@ -1,0 +1,62 @@
+"""How the endpoint refuses a request: the HTTP status and gRPC code a Triton server uses.
+
+Observed on the bundled tritonserver 2.51 (``tests/test_endpoint_errors.py`` checks
+each against it; ``docs/triton-endpoint-statuses.md`` lists them):
+
+- an unknown model: HTTP 404, gRPC ``NOT_FOUND``;
+- a request that does not match the model (inputs missing or extra, dtype, shape,
+  batch size, binary sizes, unknown outputs): HTTP 400, gRPC ``INVALID_ARGUMENT``;
+- a body that is not the protocol's JSON, or ``data`` that does not fit its shape:
+  HTTP 500 (Triton answers those as internal errors), gRPC ``INVALID_ARGUMENT``;
+- a step that fails: HTTP 500, gRPC ``INTERNAL``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from ..errors import InferenceError, InputError, PipelinesError
+
+__all__ = ["INTERNAL", "INVALID", "NOT_FOUND", "PARSE", "Refusal", "Status", "status_of"]
+
+
+@dataclass(frozen=True)
+class Status:
+    """One kind of refusal, as each protocol says it."""
+
+    http: int
+    grpc: grpc.StatusCode
+
+
+NOT_FOUND = Status(404, grpc.StatusCode.NOT_FOUND)
+INVALID = Status(400, grpc.StatusCode.INVALID_ARGUMENT)
+PARSE = Status(500, grpc.StatusCode.INVALID_ARGUMENT)
+INTERNAL = Status(500, grpc.StatusCode.INTERNAL)
+
+
+class Refusal(InferenceError):
+    """A request the endpoint refused before the pipeline ran, with the status to answer it with."""
+
+    def __init__(self, status: Status, message: str, **context: str | None) -> None:
+        super().__init__(message, **context)
+        self.status = status
+
+    def __reduce__(self):
+        return _rebuild, (self.status, self.message, self.pipeline, self.step, self.tensor)
+
+
+def _rebuild(status, message, pipeline, step, tensor):
+    return Refusal(status, message, pipeline=pipeline, step=step, tensor=tensor)
+
+
+def status_of(error: BaseException) -> Status:
+    """The status of any error answering a request: the request's fault, or the server's."""
+    if isinstance(error, Refusal):
+        return error.status
+    if isinstance(error, InputError):
+        return INVALID
+    if isinstance(error, PipelinesError):
+        return INTERNAL
+    return INTERNAL
