@@ -19,6 +19,7 @@ _EPILOG = """\
 examples:
   pipelines graph pipelines.examples.yolov5:pipeline
   pipelines compile pipelines.examples.yolov5:pipeline --target both --out model_repository
+  pipelines remove model_repository yolov5
   pipelines serve model_repository
   pipelines serve --local pipelines.examples.yolov5:pipeline --http-port 8000
   pipelines run pipelines.examples.basic:diamond --mode bls --input x=x.npy
@@ -46,11 +47,26 @@ def _cmd_graph(args: argparse.Namespace) -> int:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
+    from .compile.repository import _write_model
+    from .compile.repository_disk import write_repository
+
     p = load_pipeline(args.pipeline)
     repo = p.compile(args.target)
-    path = repo.write(args.out, overwrite=args.overwrite)
-    print(f"wrote {len(repo.models)} models to {path or args.out}:")
+    path = write_repository(repo, args.out, overwrite=args.overwrite, overwrite_hint="--overwrite",
+                            write_model=_write_model)
+    print(f"wrote {len(repo.models)} models of pipeline {p.name!r} to {path}:")
     for name in sorted(repo.models):
+        print(f"  {name}")
+    print(f"the server's Python needs: {path / 'requirements.txt'} (pip install -r)")
+    return 0
+
+
+def _cmd_remove(args: argparse.Namespace) -> int:
+    from .compile import remove_pipelines
+
+    names = remove_pipelines(args.repository, args.pipelines)
+    print(f"removed {len(names)} models of {', '.join(map(repr, args.pipelines))} from {args.repository}:")
+    for name in names:
         print(f"  {name}")
     return 0
 
@@ -130,15 +146,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mermaid renders in GitHub and Jupyter; dot feeds Graphviz (default: mermaid)")
     g.set_defaults(func=_cmd_graph)
 
-    c = sub.add_parser("compile", help="write a Triton model repository",
-                       description="Compile the pipeline into a Triton model repository that any Triton server "
-                       "loads as it is. 'both' writes <name>_ensemble, <name>_bls and <name>_bls_sync side by side.")
+    c = sub.add_parser("compile", help="write a pipeline's models into a Triton model repository",
+                       description="Compile the pipeline and write its models into a Triton model repository. "
+                       "'both' writes <name>_ensemble, <name>_bls and <name>_bls_sync side by side. Only this "
+                       "pipeline's models are replaced; other models in DIR are left as they are. The server's "
+                       "Python needs DIR/requirements.txt (see the README's deployment section).")
     c.add_argument("pipeline", metavar="MODULE:ATTR")
     c.add_argument("--target", choices=["ensemble", "bls", "bls-sync", "both"], default="both")
-    c.add_argument("--out", required=True, metavar="DIR", help="the model repository directory to write")
+    c.add_argument("--out", required=True, metavar="DIR", help="the model repository directory to write into")
     c.add_argument("--overwrite", action="store_true",
-                   help="allow replacing a directory that is not a model repository")
+                   help="replace models of the same name that this pipeline does not own, or write into a "
+                   "directory that is not a model repository (its other files stay)")
     c.set_defaults(func=_cmd_compile)
+
+    rm = sub.add_parser("remove", help="remove a pipeline's models from a model repository",
+                        description="Remove every model that the named pipelines own from DIR; other models "
+                        "are left as they are.")
+    rm.add_argument("repository", metavar="DIR")
+    rm.add_argument("pipelines", metavar="PIPELINE", nargs="+")
+    rm.set_defaults(func=_cmd_remove)
 
     r = sub.add_parser("run", help="run the pipeline once in the local runtime",
                        description="Run the pipeline once, without a server, with the semantics of one Triton form.")

@@ -4,6 +4,7 @@ composing-model naming, external models, and how each step will be found."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -26,7 +27,7 @@ from pipelines import (
 )
 from pipelines.compile import compile_pipeline
 from pipelines.compile.configs import parse_config
-from pipelines.compile.step_models import model_source, step_reference
+from pipelines.compile.step_models import model_source, plan_json, step_reference
 
 GOLDEN = Path(__file__).parent / "golden"
 F4 = TensorSpec("FP32", [4])
@@ -87,8 +88,16 @@ def golden_files(tmp: Path) -> dict[str, bytes]:
             files[f"{name}/config.pbtxt"] = model.config_text.encode()
             for rel, data in model.files.items():
                 if rel.endswith(".json"):
-                    files[f"{name}/{rel}"] = data
+                    files[f"{name}/{rel}"] = _stable(data)
     return files
+
+
+def _stable(plan: bytes) -> bytes:
+    """A plan with the digest and Python of a by-value step file masked: pickled code holds its file's path."""
+    data = json.loads(plan)
+    if "pickle" in data.get("impl", {}):
+        data["impl"].update(sha256="<sha256 of step.pkl>", python="<major.minor>")
+    return plan_json(data)
 
 
 # ----------------------------------------------------------------------- tests
@@ -238,7 +247,12 @@ def test_step_model_carries_options_and_the_adapter(tmp_path):
     assert {k: v.string_value for k, v in config.parameters.items()} == {"scale": "2", "alpha": "x"}
     assert model.files["1/model.py"] == model_source("step_model.py")
     plan = json.loads(model.files["1/step.json"])
-    assert plan["impl"] == {"pickle": "step.pkl"}  # a test module is not installed: exported by value
+    # A test module is not installed: exported by value, with the file's digest and the Python that wrote it.
+    assert plan["impl"] == {
+        "pickle": "step.pkl",
+        "sha256": hashlib.sha256(model.files["1/step.pkl"]).hexdigest(),
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+    }
     assert plan["inputs"] == {"x": {"dtype": "FP32", "dims": [4]}}
 
 

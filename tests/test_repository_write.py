@@ -1,10 +1,18 @@
-"""``repo.write(path)``: atomic, all-or-nothing, careful with what is already
-there, and never writing outside ``path``, whatever names it is given."""
+"""``repo.write(path)``: only the models a pipeline owns are replaced, every other
+model is left byte for byte, each model is whole at every instant (even across
+SIGKILL), writers are serialised, and nothing is written outside ``path``,
+whatever names it is given. Also ``remove_pipelines`` and requirements.txt."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import signal
+import subprocess
+import sys
 import tempfile
+import textwrap
 import threading
 from pathlib import Path
 
@@ -20,6 +28,12 @@ from pipelines import (
     external_model,
     step,
 )
+from pipelines.cli import main as cli_main
+from pipelines.compile import remove_pipelines, repository_pipelines
+from pipelines.compile import repository_disk as disk
+from pipelines.compile.step_models import step_reference
+
+HERE = Path(__file__).resolve().parent
 
 F4 = TensorSpec("FP32", [4])
 _LOCK = threading.Lock()  # cloudpickle cannot export a lock
@@ -54,24 +68,72 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
     return out
 
 
+def models_in(root: Path) -> list[str]:
+    """The model directories of a repository (not our lock file or requirements.txt)."""
+    return sorted(e for e in os.listdir(root) if not e.startswith(".") and e != "requirements.txt")
+
+
+def hand_made(root: Path, name: str = "resnet50") -> Path:
+    """A model written by hand, with weights: nothing of ours may touch it."""
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n')
+    (root / name / "1" / "model.onnx").write_bytes(os.urandom(4096))
+    return root / name
+
+
 def test_write_lays_out_a_model_repository(tmp_path):
     repo = pipeline().compile("both")
     target = repo.write(tmp_path / "models")
     assert target == tmp_path / "models"
-    assert sorted(os.listdir(target)) == repo.names
+    assert models_in(target) == repo.names
     for name, model in repo.models.items():
         assert (target / name / "config.pbtxt").read_text() == repo.config_text(name)
         assert (target / name / "1").is_dir()
         for rel, data in model.files.items():
             assert (target / name / rel).read_bytes() == data
+        assert json.loads((target / name / disk.MARKER_FILE).read_text())["pipeline"] == "demo"
     assert os.listdir(tmp_path) == ["models"]  # no staging directory left beside it
+    assert repository_pipelines(target) == {"demo": repo.names}
 
 
-def test_an_existing_model_repository_is_replaced_whole(tmp_path):
-    target = pipeline("first").compile("ensemble").write(tmp_path / "models")
+def test_pipelines_share_a_repository_and_a_rewrite_replaces_only_its_own_models(tmp_path):
+    target = tmp_path / "models"
+    target.mkdir()
+    resnet = hand_made(target)
+    before = snapshot(resnet)
+    pipeline("first").compile("ensemble").write(target)
+    pipeline("second").compile("both").write(target)
+    second = snapshot(target / "second_bls")
+    assert models_in(target) == ["first", "first__double", "resnet50", "second__double", "second_bls",
+                                 "second_bls_sync", "second_ensemble"]
+    # Rewritten as one form only: its other forms are its own, so they go; nobody else's do.
+    pipeline("first").compile("bls").write(target)
     pipeline("second").compile("ensemble").write(target)
-    assert sorted(os.listdir(target)) == ["second", "second__double"]
+    assert models_in(target) == ["first", "first__double", "resnet50", "second", "second__double"]
+    assert snapshot(resnet) == before
+    assert second != snapshot(target / "second")
     assert sorted(os.listdir(tmp_path)) == ["models"]
+
+
+def test_a_name_collision_with_a_model_not_ours_is_refused_unless_asked(tmp_path):
+    target = tmp_path / "models"
+    target.mkdir()
+    theirs = hand_made(target, "demo")
+    other = pipeline("other").compile("ensemble").write(target)
+    before = snapshot(target)
+    with pytest.raises(RepositoryWriteError, match="'demo' \\(not written by pipelines\\).*overwrite=True"):
+        pipeline("demo").compile("ensemble").write(target)
+    assert snapshot(target) == before
+    # A model named like another pipeline's is that pipeline's, not ours.
+    from pipelines.compile import CompiledModel, ModelRepository
+
+    impostor = ModelRepository({"other": CompiledModel("other", pipeline().compile("ensemble")["demo"].config,
+                                                       pipeline="impostor")})
+    with pytest.raises(RepositoryWriteError, match="owned by pipeline 'other'"):
+        impostor.write(other)
+    pipeline("demo").compile("ensemble").write(target, overwrite=True)
+    assert json.loads((theirs / disk.MARKER_FILE).read_text())["pipeline"] == "demo"
+    assert not (theirs / "1" / "model.onnx").exists()
 
 
 def test_a_directory_that_is_not_a_repository_needs_overwrite(tmp_path):
@@ -82,7 +144,20 @@ def test_a_directory_that_is_not_a_repository_needs_overwrite(tmp_path):
         pipeline().compile("bls").write(target)
     assert snapshot(target) == {"todo.txt": b"keep me"}
     pipeline().compile("bls").write(target, overwrite=True)
-    assert sorted(os.listdir(target)) == ["demo", "demo__double"]
+    assert models_in(target) == ["demo", "demo__double", "todo.txt"]  # written into; what was there stays
+    assert (target / "todo.txt").read_text() == "keep me"
+
+
+def test_the_cli_says_overwrite_as_a_command_line_option(tmp_path, capsys):
+    target = tmp_path / "notes"
+    target.mkdir()
+    (target / "todo.txt").write_text("keep me")
+    assert cli_main(["compile", "pipelines.examples.basic:diamond", "--target", "ensemble", "--out", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert "--overwrite" in err and "overwrite=True" not in err
+    assert cli_main(["compile", "pipelines.examples.basic:diamond", "--target", "ensemble", "--out", str(target),
+                     "--overwrite"]) == 0
+    assert (target / "todo.txt").read_text() == "keep me"
 
 
 def test_a_file_in_the_way_needs_overwrite(tmp_path):
@@ -92,7 +167,7 @@ def test_a_file_in_the_way_needs_overwrite(tmp_path):
         pipeline().compile("bls").write(target)
     assert target.read_text() == "a file"
     pipeline().compile("bls").write(target, overwrite=True)
-    assert target.is_dir()
+    assert target.is_dir() and models_in(target) == ["demo", "demo__double"]
 
 
 def test_an_empty_directory_is_written_into(tmp_path):
@@ -179,4 +254,221 @@ def test_hostile_names_are_refused_or_written_inside_the_target(tmp_path, slot, 
         for f in filenames:
             full = os.path.realpath(os.path.join(dirpath, f))
             assert full.startswith(str(target.resolve()) + os.sep)
-    assert sorted(os.listdir(target)) == repo.names
+    assert models_in(target) == repo.names
+
+
+# ------------------------------------------------------------------ crashes and concurrent writers
+
+# A child process that writes pipeline "demo" with a given scale; with KILL_AFTER_SWAPS=n it
+# SIGKILLs itself right after the n-th model swap, as a crash in the middle of a write would.
+_WRITER = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {tests!r})
+    from pipelines.compile import repository_disk as disk
+    from test_repository_write import scaled_pipeline
+
+    kill_after = int(os.environ.get("KILL_AFTER_SWAPS", "0"))
+    if kill_after:
+        real, done = disk._exchange, []
+        def exchange(new, dest, *, aside):
+            real(new, dest, aside=aside)
+            done.append(dest)
+            if len(done) == kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+        disk._exchange = exchange
+    name, scale, rounds = sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+    for _ in range(rounds):
+        scaled_pipeline(name, scale).compile("both").write(sys.argv[1])
+""")
+
+
+def scaled_pipeline(name: str, scale: float) -> Pipeline:
+    """A pipeline whose every model's config depends on ``scale`` (through a parameter)."""
+    s = step(lambda x: {"y": x * scale}, name="scale", inputs={"x": F4}, outputs={"y": F4},
+             parameters={"scale": scale})
+    p = Pipeline(name, inputs={"x": F4}, max_batch_size=4)
+    p.output("y", p.add(s, x=p.input("x"))["y"])
+    return p
+
+
+def run_writer(target: Path, name: str, scale: float, rounds: int = 1, **env: str) -> subprocess.Popen:
+    script = _WRITER.format(tests=str(HERE))
+    return subprocess.Popen([sys.executable, "-c", script, str(target), name, str(scale), str(rounds)],
+                            env={**os.environ, **env}, stderr=subprocess.PIPE, text=True)
+
+
+def scales(target: Path) -> dict[str, str]:
+    """Each model of ours -> the write it came from (the id in its ownership marker)."""
+    out = {}
+    for name in models_in(target):
+        if (target / name / disk.MARKER_FILE).exists():
+            out[name] = json.loads((target / name / disk.MARKER_FILE).read_text())["write"]
+    return out
+
+
+def test_a_write_killed_between_two_swaps_leaves_whole_models_and_the_next_write_finishes_it(tmp_path):
+    target = tmp_path / "models"
+    scaled_pipeline("demo", 1.0).compile("both").write(target)
+    hand_made(target)
+    before = snapshot(target / "resnet50")
+    old = scales(target)
+    writer = run_writer(target, "demo", 2.0, KILL_AFTER_SWAPS="2")
+    assert writer.wait(timeout=60) == -signal.SIGKILL
+    now = scales(target)
+    assert set(now) == set(old)  # every model is there, whole: 2 new, the others old
+    assert sum(now[n] != old[n] for n in now) == 2
+    leftover = [e for e in os.listdir(tmp_path) if e != "models"]
+    assert leftover and leftover[0].startswith(".models.pipelines-write-")  # beside, never inside
+    # Another pipeline's write finishes the interrupted one, then cleans up.
+    scaled_pipeline("other", 3.0).compile("ensemble").write(target)
+    done = scales(target)
+    assert len({done[n] for n in done if n.startswith("demo")}) == 1 and done["demo_bls"] != old["demo_bls"]
+    assert os.listdir(tmp_path) == ["models"]
+    assert snapshot(target / "resnet50") == before
+
+
+def test_a_reader_never_sees_a_model_missing_while_writes_are_killed_at_random(tmp_path):
+    target = tmp_path / "models"
+    scaled_pipeline("demo", 1.0).compile("both").write(target)
+    names = models_in(target)
+    missing = []
+    stop = threading.Event()
+
+    def read():
+        while not stop.is_set():
+            for name in names:
+                if not (target / name / "config.pbtxt").is_file():
+                    missing.append(name)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i, after in enumerate((1, 4, 0)):
+            writer = run_writer(target, "demo", 2.0 + i, rounds=2, **({"KILL_AFTER_SWAPS": str(after)} if after else {}))
+            writer.wait(timeout=60)
+    finally:
+        stop.set()
+        reader.join()
+    assert missing == []
+    assert models_in(target) == names and os.listdir(tmp_path) == ["models"]
+
+
+def test_concurrent_writers_are_serialised(tmp_path):
+    target = tmp_path / "models"
+    writers = [run_writer(target, name, 1.0, rounds=4) for name in ("alpha", "beta", "gamma")]
+    errors = [w.communicate(timeout=120)[1] for w in writers]
+    assert [w.returncode for w in writers] == [0, 0, 0], errors
+    assert sorted(repository_pipelines(target)) == ["alpha", "beta", "gamma"]
+    assert os.listdir(tmp_path) == ["models"]
+
+
+def test_a_writer_that_cannot_get_the_lock_says_who_holds_it(tmp_path, monkeypatch):
+    target = pipeline().compile("ensemble").write(tmp_path / "models")
+    monkeypatch.setattr(disk, "LOCK_TIMEOUT_S", 0.3)
+    with open(target / disk.LOCK_FILE, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(RepositoryWriteError, match="another process is writing"):
+            pipeline().compile("ensemble").write(target)
+    pipeline().compile("ensemble").write(target)
+
+
+# ------------------------------------------------------------------ removing a pipeline
+
+
+def test_remove_pipelines_removes_only_their_models(tmp_path, capsys):
+    target = tmp_path / "models"
+    target.mkdir()
+    resnet = hand_made(target)
+    before = snapshot(resnet)
+    pipeline("first").compile("both").write(target)
+    pipeline("second", locked_free_step()).compile("ensemble").write(target)
+    assert "cloudpickle" in (target / "requirements.txt").read_text()
+    assert remove_pipelines(target, ["first"]) == ["first__double", "first_bls", "first_bls_sync", "first_ensemble"]
+    assert models_in(target) == ["resnet50", "second", "second__plus"]
+    with pytest.raises(RepositoryWriteError, match="no model of pipeline 'first'.*'second'"):
+        remove_pipelines(target, ["first"])
+    assert cli_main(["remove", str(target), "second"]) == 0
+    assert "second__plus" in capsys.readouterr().out
+    assert models_in(target) == ["resnet50"]
+    assert snapshot(resnet) == before
+    assert not (target / "requirements.txt").exists()  # nothing of ours left to need anything
+    assert os.listdir(tmp_path) == ["models"]
+
+
+def locked_free_step():
+    return step(lambda x: {"y": x + 1}, name="plus", inputs={"x": F4}, outputs={"y": F4})
+
+
+# ------------------------------------------------------------------ what the server needs
+
+
+def test_requirements_txt_states_what_the_server_needs_and_keeps_the_users_lines(tmp_path):
+    target = tmp_path / "models"
+    target.mkdir()
+    (target / "requirements.txt").write_text("tritonclient==2.51.0\n")
+    pipeline().compile("both").write(target)  # a step from this test module: by value
+    text = (target / "requirements.txt").read_text()
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    import cloudpickle
+
+    major_minor = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert text.startswith("tritonclient==2.51.0\n")
+    assert "numpy<2" in lines and f"cloudpickle~={cloudpickle.__version__}" in lines
+    assert f"# Python {major_minor} exactly" in text
+    assert not any(line.split("=")[0].split("<")[0].split("~")[0].strip() == "pipelines" for line in lines)
+
+
+def test_a_step_imported_from_an_installed_package_requires_its_distribution(tmp_path):
+    import importlib.metadata
+
+    import numpy as np
+
+    sort = step(np.sort, name="sort", inputs={"a": F4}, outputs={"sorted": F4})
+    p = Pipeline("ref", inputs={"x": F4}, max_batch_size=4)
+    p.output("y", p.add(sort, a=p.input("x"))["sorted"])
+    target = p.compile("ensemble").write(tmp_path / "models")
+    text = (target / "requirements.txt").read_text()
+    assert f"numpy=={importlib.metadata.version('numpy')}" in text.splitlines()
+    assert "cloudpickle" not in text and "any version" in text
+
+
+def test_a_module_beside_the_script_named_like_the_standard_library_travels_by_value(tmp_path, monkeypatch):
+    import importlib.util
+
+    source = tmp_path / "pipes.py"
+    source.write_text("def shout(x):\n    return {'y': x * 10}\n")
+    spec = importlib.util.spec_from_file_location("pipes", source)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "pipes", module)
+    spec.loader.exec_module(module)
+    s = step(module.shout, name="shout", inputs={"x": F4}, outputs={"y": F4})
+    assert step_reference(s) is None
+    p = Pipeline("local", inputs={"x": F4}, max_batch_size=4)
+    p.output("y", p.add(s, x=p.input("x"))["y"])
+    plan = json.loads(p.compile("ensemble")["local__shout"].files["1/step.json"])
+    assert plan["impl"]["pickle"] == "step.pkl"
+
+
+def test_bench_out_writes_beside_the_users_models_and_deletes_nothing_it_did_not_write(tmp_path):
+    from contextlib import ExitStack
+
+    from pipelines.bench.runner import write_bench_repository
+
+    repo_dir = tmp_path / "model_repository"
+    repo_dir.mkdir()
+    resnet = hand_made(repo_dir)
+    (repo_dir / "NOTES.md").write_text("my weights, do not delete")
+    before = snapshot(repo_dir)
+    with ExitStack() as stack:
+        for _ in range(2):  # a second bench run into the same --out replaces only its own models
+            assert write_bench_repository(pipeline(), tmp_path, stack) == repo_dir
+    after = snapshot(repo_dir)
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert models_in(repo_dir) == ["NOTES.md", "demo__double", "demo_bls", "demo_bls_sync", "demo_ensemble", "resnet50"]
+    assert resnet.is_dir()
+    # A user's model named like one of the bench's is refused, never replaced.
+    theirs = hand_made(tmp_path / "other" / "model_repository", "demo_bls")
+    before = snapshot(theirs)
+    with ExitStack() as stack, pytest.raises(RepositoryWriteError, match="'demo_bls' \\(not written by pipelines\\)"):
+        write_bench_repository(pipeline(), tmp_path / "other", stack)
+    assert snapshot(theirs) == before

@@ -301,14 +301,20 @@ def _breakdown(load: LoadResult, model: str | None):
     return breakdown(*bracket, first=[model] if model else [])
 
 
-def _start_server(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack, bar: Progress):
-    from ..triton import TritonServer
-
+def write_bench_repository(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack) -> Path:
+    """Write the pipeline's three forms for the server: into ``out_dir/model_repository`` beside
+    whatever else is there (only this pipeline's own models are replaced), or a temporary directory."""
     if out_dir is not None:
         repo_dir = out_dir / "model_repository"
     else:
         repo_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pipelines-bench-"))) / "repo"
-    pipeline.compile("both").write(repo_dir, overwrite=True)
+    return pipeline.compile("both").write(repo_dir)
+
+
+def _start_server(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack, bar: Progress):
+    from ..triton import TritonServer
+
+    repo_dir = write_bench_repository(pipeline, out_dir, stack)
     bar.note(f"starting the embedded Triton server on {repo_dir}")
     server = stack.enter_context(TritonServer(repo_dir))
     bar.note(f"Triton server ready at {server.http_url} (http), {server.grpc_url} (grpc)")

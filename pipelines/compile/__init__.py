@@ -4,15 +4,28 @@ an ensemble, a BLS model (async or sync), or all three over shared composing mod
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..errors import CompileError
 from ..graph import Pipeline
 from .bls import compile_bls
 from .ensemble import compile_ensemble, layout_ensemble
 from .plan import CompilePlan, plan_pipeline, top_level_name
-from .repository import CompiledModel, FileCopy, ModelRepository
+from .repository import CompiledModel, FileCopy, ModelRepository, remove_pipelines, repository_pipelines
+from .requirements import NUMPY_REQUIREMENT, ServerNeeds
 from .step_models import compile_step_model
 
-__all__ = ["TARGETS", "CompilePlan", "CompiledModel", "FileCopy", "ModelRepository", "compile_pipeline", "plan_pipeline"]
+__all__ = [
+    "TARGETS",
+    "CompilePlan",
+    "CompiledModel",
+    "FileCopy",
+    "ModelRepository",
+    "compile_pipeline",
+    "plan_pipeline",
+    "remove_pipelines",
+    "repository_pipelines",
+]
 
 #: What ``compile_pipeline`` accepts; ``"both"`` means the ensemble and both BLS forms.
 TARGETS = ("ensemble", "bls", "bls-sync", "both")
@@ -56,4 +69,13 @@ def compile_pipeline(pipeline: Pipeline, target: str = "both", *, bls_instance_c
         else:
             models[name] = compile_bls(plan, name, target=form, instance_count=bls_instance_count)
         top.append(name)
-    return ModelRepository(models, top_level=tuple(top))
+    return ModelRepository({name: _owned(model, pipeline.name) for name, model in models.items()},
+                           top_level=tuple(top))
+
+
+def _owned(model: CompiledModel, pipeline: str) -> CompiledModel:
+    """``model`` owned by ``pipeline``, with numpy required wherever it runs Python on the server."""
+    needs = model.needs
+    if needs == ServerNeeds() and model.config.backend == "python":
+        needs = ServerNeeds((NUMPY_REQUIREMENT,))
+    return dataclasses.replace(model, pipeline=pipeline, needs=needs)

@@ -1,17 +1,14 @@
-"""``ModelRepository``: compiled models held in memory, and their atomic write to disk.
+"""``ModelRepository``: compiled models held in memory, and their write to disk.
 
-``repo.write(path)`` builds the whole tree in a temporary directory beside
-``path`` and swaps it in with renames, so a failure part-way leaves the
-previous repository exactly as it was, and nothing outside ``path`` changes.
+``repo.write(path)`` writes this repository's models into the model repository
+at ``path`` and leaves every other model there as it was: see
+:mod:`pipelines.compile.repository_disk` for ownership, atomicity and locking.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import stat
-import tempfile
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +18,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import CompileError, RepositoryWriteError
 from .configs import config_text
+from .repository_disk import remove_pipelines, repository_pipelines, write_repository
+from .requirements import ServerNeeds
 
-__all__ = ["CompiledModel", "FileCopy", "ModelRepository"]
+__all__ = ["CompiledModel", "FileCopy", "ModelRepository", "remove_pipelines", "repository_pipelines"]
 
 
 @dataclass(frozen=True)
@@ -80,11 +79,21 @@ def _read(copy: FileCopy) -> bytes:
 
 @dataclass(frozen=True, eq=False)
 class CompiledModel:
-    """One model of a repository: its ``ModelConfig`` and its files (paths relative to the model dir)."""
+    """One model of a repository: its ``ModelConfig`` and its files (paths relative to the model dir).
+
+    ``pipeline`` owns the model on disk (``None``: the model owns itself); ``needs``
+    says what the server's Python needs for it, or computes that when the files
+    are written (a step exported by value is known only then).
+    """
 
     name: str
     config: mc.ModelConfig
     files: Mapping[str, bytes] = field(default_factory=dict)
+    pipeline: str | None = None
+    needs: ServerNeeds | Callable[[], ServerNeeds] = field(default_factory=ServerNeeds)
+
+    def server_needs(self) -> ServerNeeds:
+        return self.needs() if callable(self.needs) else self.needs
 
     def __post_init__(self) -> None:
         if not isinstance(self.files, _Files):
@@ -135,10 +144,17 @@ class ModelRepository:
             raise KeyError(f"no model {name!r} in this repository; it holds {self.names}")
         return self._models[name].config_text
 
+    @property
+    def pipelines(self) -> list[str]:
+        """The pipelines that own this repository's models."""
+        return sorted({m.pipeline or m.name for m in self._models.values()})
+
     def merge(self, *others: ModelRepository) -> ModelRepository:
         """One repository holding the models of this one and ``others`` (to serve several pipelines).
 
-        A name held by two repositories must hold the same model in both.
+        A name held by two repositories must hold the same model in both. Each
+        model keeps its owner, so writing the merged repository replaces the
+        models of each pipeline in it, as writing them one by one would.
         """
         models = dict(self._models)
         top = list(self.top_level)
@@ -158,66 +174,21 @@ class ModelRepository:
         return ModelRepository(models, top_level=tuple(top))
 
     def write(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
-        """Write the repository to ``path`` atomically; return the path.
+        """Write this repository's models into the model repository at ``path``; return the path.
 
-        An existing model repository at ``path`` is replaced; any other
-        non-empty directory, or a file, is replaced only with ``overwrite=True``.
-        On failure the previous content of ``path`` is left as it was.
+        Only the models of the pipelines written here are replaced (and those
+        models of theirs that no longer exist are removed); every other model is
+        left byte for byte. A model of the same name that this write does not
+        own, or a ``path`` that is a file or a non-repository directory, is
+        refused unless ``overwrite=True``. Each model is swapped in atomically; a
+        write that fails or is killed leaves every model old or new, and the next
+        write finishes or discards what was left.
         """
-        target = Path(os.path.abspath(os.fspath(path)))
-        _check_target(target, overwrite=overwrite)
-        parent = target.parent
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=".pipelines-staging-", dir=parent))
-        except OSError as exc:
-            raise RepositoryWriteError(f"cannot create a staging directory beside {str(target)!r}: {exc}") from exc
-        try:
-            os.chmod(staging, _mode_for(target))
-            for name in sorted(self._models):
-                _write_model(staging, self._models[name])
-        except Exception as exc:
-            shutil.rmtree(staging, ignore_errors=True)
-            if isinstance(exc, RepositoryWriteError):
-                raise
-            raise RepositoryWriteError(
-                f"writing the model repository {str(target)!r} failed, and it was left as it was: {exc}",
-                pipeline=getattr(exc, "pipeline", None), step=getattr(exc, "step", None),
-            ) from exc
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        _swap_in(staging, target)
-        return target
-
-
-def _check_target(target: Path, *, overwrite: bool) -> None:
-    if not os.path.lexists(target) or overwrite:
-        return
-    if target.is_symlink() or not target.is_dir():
-        what = "a symbolic link" if target.is_symlink() else "not a directory"
-        raise RepositoryWriteError(
-            f"{str(target)!r} exists and is {what}; pass overwrite=True to replace it "
-            "(a link is replaced, never followed)"
-        )
-    entries = list(target.iterdir())
-    if entries and not any((e / "config.pbtxt").is_file() for e in entries if e.is_dir()):
-        raise RepositoryWriteError(
-            f"{str(target)!r} is a non-empty directory that is not a model repository "
-            "(no <model>/config.pbtxt in it); pass overwrite=True to replace it"
-        )
-
-
-def _mode_for(target: Path) -> int:
-    try:
-        if target.is_dir() and not target.is_symlink():
-            return stat.S_IMODE(target.stat().st_mode)
-    except OSError:
-        pass
-    return 0o755
+        return write_repository(self, path, overwrite=overwrite, write_model=_write_model)
 
 
 def _write_model(root: Path, model: CompiledModel) -> None:
+    """Lay out ``model`` as ``root/<name>/``."""
     model_dir = _inside(root, model.name)
     model_dir.mkdir()
     (model_dir / "config.pbtxt").write_text(model.config_text, encoding="utf-8")
@@ -249,26 +220,3 @@ def _inside(root: Path, rel: str) -> Path:
     if os.path.commonpath([os.path.abspath(dest), os.path.abspath(root)]) != os.path.abspath(root):
         raise RepositoryWriteError(f"refusing to write {rel!r}: it would leave the repository")
     return dest
-
-
-def _swap_in(staging: Path, target: Path) -> None:
-    old = None
-    if os.path.lexists(target):
-        old = target.parent / f".pipelines-old-{uuid.uuid4().hex}"
-        try:
-            os.rename(target, old)
-        except OSError as exc:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise RepositoryWriteError(f"cannot move the previous {str(target)!r} aside: {exc}; it was left as it was") from exc
-    try:
-        os.rename(staging, target)
-    except OSError as exc:
-        if old is not None:
-            os.rename(old, target)
-        shutil.rmtree(staging, ignore_errors=True)
-        raise RepositoryWriteError(f"cannot move the new repository into {str(target)!r}: {exc}; it was left as it was") from exc
-    if old is not None:
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink()

@@ -3,19 +3,27 @@ generic adapter ``models/step_model.py``; an external step becomes a config for
 its backend or platform with its model file in ``1/``.
 
 The adapter finds the step from the repository itself. A step whose code lives
-in an installed package is referenced by ``module:qualname`` in ``1/step.json``;
-anything else (a script's ``__main__``, a notebook, a test file, a function in
-a local scope) is exported by value with cloudpickle into ``1/step.pkl``, so the
-repository serves after that source is gone.
+in an installed distribution (or the standard library) is referenced by
+``module:qualname`` in ``1/step.json``, and that distribution goes into the
+repository's ``requirements.txt``. Anything else (a script's ``__main__``, a
+notebook, a test file, a module beside the script even if it is named like a
+standard-library one, a function in a local scope, and ``pipelines``' own
+steps, since a server need not have ``pipelines``) is exported by value with
+cloudpickle into ``1/step.pkl``, so the repository serves after that source is
+gone. ``step.json`` then records the file's sha256 and the Python that wrote it,
+and the adapter refuses a file that does not match either.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
-import importlib.metadata
+import io
 import json
 import sys
+import types
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -28,6 +36,14 @@ from ..step import Step
 from .configs import add_io, set_parameters
 from .plan import CompilePlan, ModelPlan
 from .repository import CompiledModel, FileCopy
+from .requirements import (
+    NUMPY_REQUIREMENT,
+    ServerNeeds,
+    cloudpickle_requirement,
+    distributions_of,
+    is_installed_module,
+    python_version,
+)
 
 __all__ = ["PLAN_FORMAT", "STEP_PICKLE", "STEP_PLAN", "compile_step_model", "model_source", "step_reference"]
 
@@ -86,19 +102,13 @@ def _python_model(plan: CompilePlan, model: ModelPlan, extras: Any = None) -> Co
 
     files: dict[str, Any] = {"1/model.py": model_source("step_model.py")}
     reference = step_reference(step)
-    if reference is None:
-        files[f"1/{STEP_PICKLE}"] = functools.partial(_export_by_value, plan.name, model.nodes[0], step)
-        impl = {"pickle": STEP_PICKLE}
-    else:
-        impl = {"module": reference[0], "qualname": reference[1]}
-    data = {
+    base = {
         "format": PLAN_FORMAT,
         "pipeline": plan.name,
         "model": model.name,
         "step": step.name,
         "nodes": list(model.nodes),
         "class": step.is_class,
-        "impl": impl,
         "inputs": {n: s.to_dict() for n, s in step.inputs.items()},
         "outputs": {n: s.to_dict() for n, s in step.outputs.items()},
         "max_batch_size": model.max_batch_size,
@@ -106,9 +116,17 @@ def _python_model(plan: CompilePlan, model: ModelPlan, extras: Any = None) -> Co
         "parameters": dict(step.options.parameters),
     }
     if extras is not None:
-        data["ensemble"] = extras.to_dict()
-    files[f"1/{STEP_PLAN}"] = plan_json(data)
-    return CompiledModel(model.name, config, files)
+        base["ensemble"] = extras.to_dict()
+    if reference is None:
+        export = _Export(plan.name, model.nodes[0], step)
+        files[f"1/{STEP_PICKLE}"] = export.data
+        # The plan holds the file's digest, so it too is produced when the repository is written.
+        files[f"1/{STEP_PLAN}"] = lambda: plan_json({**base, "impl": export.impl()})
+        needs: Any = export.needs
+    else:
+        files[f"1/{STEP_PLAN}"] = plan_json({**base, "impl": {"module": reference[0], "qualname": reference[1]}})
+        needs = ServerNeeds((NUMPY_REQUIREMENT, *distributions_of([reference[0]])))
+    return CompiledModel(model.name, config, files, pipeline=plan.name, needs=needs)
 
 
 def _external_model(plan: CompilePlan, model: ModelPlan) -> CompiledModel:
@@ -135,15 +153,10 @@ def _external_model(plan: CompilePlan, model: ModelPlan) -> CompiledModel:
 # ------------------------------------------------------------------ finding the step
 
 
-@functools.lru_cache(maxsize=1)
-def _distributions() -> frozenset[str]:
-    return frozenset(importlib.metadata.packages_distributions())
-
-
 def _installed(module_name: str) -> bool:
-    """Whether ``module_name`` comes from an installed package, so a server's Python can import it too."""
-    top = module_name.partition(".")[0]
-    return top in _distributions() or top in getattr(sys, "stdlib_module_names", ())
+    """Whether ``module_name`` (imported here) comes from the standard library or an installed distribution."""
+    module = sys.modules.get(module_name)
+    return module is not None and is_installed_module(module)
 
 
 def step_reference(step: Step) -> tuple[str, str] | None:
@@ -153,7 +166,7 @@ def step_reference(step: Step) -> tuple[str, str] | None:
     qualname = getattr(impl, "__qualname__", None)
     if not module_name or not qualname or module_name == "__main__" or "<locals>" in qualname:
         return None
-    if not _installed(module_name):
+    if not _installed(module_name) or _imports_pipelines(sys.modules[module_name]):
         return None
     try:
         obj: Any = importlib.import_module(module_name)
@@ -166,19 +179,78 @@ def step_reference(step: Step) -> tuple[str, str] | None:
     return None
 
 
-def _export_by_value(pipeline: str, node: str, step: Step) -> bytes:
+def _is_ours(name: object) -> bool:
+    return isinstance(name, str) and (name == "pipelines" or name.startswith("pipelines."))
+
+
+def _imports_pipelines(module: types.ModuleType) -> bool:
+    """Whether importing ``module`` imports ``pipelines`` (a ``@step`` at module level does), which a server lacks."""
+    for value in vars(module).values():
+        name = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+        if _is_ours(name):
+            return True
+    return False
+
+
+@dataclass
+class _Export:
+    """A step exported by value, once: the bytes, their digest, and the modules it refers to by name."""
+
+    pipeline: str
+    node: str
+    step: Step
+
+    @functools.cached_property
+    def _result(self) -> tuple[bytes, frozenset[str]]:
+        return _export_by_value(self.pipeline, self.node, self.step)
+
+    def data(self) -> bytes:
+        return self._result[0]
+
+    def impl(self) -> dict[str, str]:
+        return {"pickle": STEP_PICKLE, "sha256": hashlib.sha256(self.data()).hexdigest(), "python": python_version()}
+
+    def needs(self) -> ServerNeeds:
+        requirements = (NUMPY_REQUIREMENT, cloudpickle_requirement(), *distributions_of(self._result[1]))
+        return ServerNeeds(tuple(dict.fromkeys(requirements)), python=python_version())
+
+
+class _RecordingPickler(cloudpickle.Pickler):
+    """A cloudpickle pickler that notes the module of everything it pickles, to list what the server must import."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file)
+        self.modules: set[str] = set()
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.ModuleType):
+            self.modules.add(obj.__name__)
+        else:
+            module = getattr(obj, "__module__", None) if isinstance(obj, (type, types.FunctionType,
+                                                                          types.BuiltinFunctionType)) else None
+            self.modules.add(module if isinstance(module, str) else type(obj).__module__)
+        return super().reducer_override(obj)
+
+
+def _export_by_value(pipeline: str, node: str, step: Step) -> tuple[bytes, frozenset[str]]:
     impl = step.impl
     module = sys.modules.get(getattr(impl, "__module__", "") or "")
-    register = (
-        module is not None
-        and module.__name__ != "__main__"
-        and not _installed(module.__name__)
-        and module.__name__ not in cloudpickle.list_registry_pickle_by_value()
-    )
-    if register:
-        cloudpickle.register_pickle_by_value(module)
+    # By value: our own package (a server need not have it), and the step's module. A module
+    # that is not installed goes with its whole top-level package, so the helpers the step
+    # calls in sibling modules travel with it; an installed one that imports ``pipelines``
+    # goes alone, its package being in the requirements.
+    chosen = [sys.modules["pipelines"]]
+    if module is not None and module.__name__ != "__main__":
+        top = sys.modules.get(module.__name__.partition(".")[0], module)
+        chosen.append(module if is_installed_module(module) else top)
+    registered = [m for m in dict.fromkeys(chosen) if m.__name__ not in cloudpickle.list_registry_pickle_by_value()]
+    for m in registered:
+        cloudpickle.register_pickle_by_value(m)
     try:
-        return cloudpickle.dumps(impl)
+        buffer = io.BytesIO()
+        pickler = _RecordingPickler(buffer)
+        pickler.dump(impl)
+        return buffer.getvalue(), frozenset(pickler.modules)
     except Exception as exc:
         raise CompileError(
             f"pipeline {pipeline!r}: step {node!r} ({step.name!r}) cannot be exported by value with "
@@ -187,5 +259,5 @@ def _export_by_value(pipeline: str, node: str, step: Step) -> bytes:
             pipeline=pipeline, step=node,
         ) from exc
     finally:
-        if register:
-            cloudpickle.unregister_pickle_by_value(module)
+        for m in registered:
+            cloudpickle.unregister_pickle_by_value(m)

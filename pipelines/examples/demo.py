@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.out) if args.out else Path(tmp) / "model_repository"
         repo = p.compile("both")
-        repo.write(out, overwrite=True)
+        repo.write(out)
         print(f"\n== compiled to {out}: {', '.join(sorted(repo.models))}")
         print("\n== starting the bundled Triton server ...", flush=True)
         with TritonServer(out) as server:

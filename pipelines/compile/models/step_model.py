@@ -245,16 +245,33 @@ def check_inputs(step, arrays, *, max_batch_size, where):
 
 
 def _load_impl(plan, version_dir):
-    impl = plan["impl"]
-    if "pickle" in impl:
-        with open(os.path.join(version_dir, impl["pickle"]), "rb") as f:
-            return pickle.load(f)
+    """The step's function or class: imported by name, or unpickled from step.pkl after two checks."""
+    import hashlib
     import importlib
+    import sys
 
-    obj = importlib.import_module(impl["module"])
-    for part in impl["qualname"].split("."):
-        obj = getattr(obj, part)
-    return obj.impl if isinstance(obj, Step) else obj
+    impl = plan["impl"]
+    if "pickle" not in impl:
+        obj = importlib.import_module(impl["module"])
+        for part in impl["qualname"].split("."):
+            obj = getattr(obj, part)
+        return getattr(obj, "impl", obj) if type(obj).__name__ == "Step" else obj
+    path = os.path.join(version_dir, impl["pickle"])
+    with open(path, "rb") as f:
+        data = f.read()
+    # Unpickling runs code: refuse a file that is not the one compiled with this plan.
+    if hashlib.sha256(data).hexdigest() != impl.get("sha256"):
+        raise RuntimeError(
+            f"{path} does not match the sha256 recorded in step.json; it was changed or replaced "
+            "after compilation: compile the pipeline again"
+        )
+    wrote, runs = impl.get("python"), f"{sys.version_info.major}.{sys.version_info.minor}"
+    if wrote != runs:
+        raise RuntimeError(
+            f"{impl['pickle']} was written by Python {wrote}; this server runs {runs}: "
+            f"compile with Python {runs} or serve with {wrote}"
+        )
+    return pickle.loads(data)
 
 
 def _to_array(tensor, *, gpu):

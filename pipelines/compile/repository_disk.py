@@ -1,0 +1,441 @@
+"""A model repository on disk that several pipelines and hand-made models share.
+
+**Ownership.** Every model directory written here holds a small marker file,
+``<model>/.pipelines-model.json``, naming the pipeline that owns it. A marker
+inside the model directory, rather than one manifest per pipeline at the root,
+moves with the model in the very rename that installs it: after a crash the
+owner recorded and the content on disk can never disagree. A model without a
+marker (hand-made, or written by another tool) belongs to nobody here and is
+never replaced unless the caller asks for it (``overwrite=True``).
+
+**Atomicity.** A write builds the new models in a staging directory, then
+swaps each one in with ``renameat2(RENAME_EXCHANGE)``, so at every instant
+each model directory is the old one or the new one. Before the swaps start, a
+journal is written into the staging directory; a write killed part-way (even by
+SIGKILL) is finished by the next write or removal into the same repository,
+which also deletes whatever staging directory was left. Triton 2.51 tries to
+load *every* subdirectory of the repository, dot-directories included (a
+leftover ``.pipelines-staging-x/`` made it fail to start; verified with the
+bundled server, see ``docs/triton_facts.md``), so staging lives *beside* the
+repository, in its parent directory. Only when the parent is on another file
+system (the repository is a mount point) or not writable does it live inside.
+
+**Concurrency.** Writers of one repository are serialised by ``flock`` on
+``<repository>/.pipelines.lock``, a file (Triton ignores files at the root).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import platform
+import shutil
+import stat
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import RepositoryWriteError
+from .requirements import render_requirements
+
+if TYPE_CHECKING:
+    from .repository import ModelRepository
+
+__all__ = ["LOCK_FILE", "MARKER_FILE", "REQUIREMENTS_FILE", "remove_pipelines", "repository_pipelines", "write_repository"]
+
+MARKER_FILE = ".pipelines-model.json"
+LOCK_FILE = ".pipelines.lock"
+REQUIREMENTS_FILE = "requirements.txt"
+_STAGING = ".pipelines-write-"
+_MARKER_FORMAT = 1
+#: How long a writer waits for another writer of the same repository before giving up.
+LOCK_TIMEOUT_S = 300.0
+
+
+# ------------------------------------------------------------------ public operations
+
+
+def write_repository(
+    repo: ModelRepository,
+    path: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    overwrite_hint: str = "overwrite=True",
+    write_model: Callable[[Path, Any], None],
+) -> Path:
+    """Write ``repo``'s models into the repository at ``path``; see the module docstring.
+
+    ``overwrite_hint`` is how the refusal tells the user to ask for replacement
+    (the CLI says ``--overwrite``). ``write_model(root, model)`` lays out one model.
+    """
+    target = Path(os.path.abspath(os.fspath(path)))
+    _prepare_target(target, overwrite=overwrite, hint=overwrite_hint)
+    with _locked(target):
+        _recover(target)
+        existing = _scan(target)
+        owners = {name: owner_of(repo[name]) for name in repo.names}
+        collisions = [
+            f"{name!r} ({_describe_owner(existing[name])})"
+            for name in repo.names
+            if name in existing and existing[name] != owners[name]
+        ]
+        if collisions and not overwrite:
+            raise RepositoryWriteError(
+                f"{str(target)!r} already holds models that this write does not own: {', '.join(collisions)}; "
+                "they were left as they were. Rename the pipeline, or pass "
+                f"{overwrite_hint} to replace them"
+            )
+        stale = sorted(n for n, o in existing.items() if o in set(owners.values()) and n not in owners)
+        write_id = uuid.uuid4().hex
+        stage = _make_staging(target)
+        try:
+            models_dir = stage / "models"
+            models_dir.mkdir()
+            for name in repo.names:
+                write_model(models_dir, repo[name])
+                _write_marker(models_dir / name, repo[name], owner=owners[name], write_id=write_id)
+        except BaseException as exc:
+            shutil.rmtree(stage, ignore_errors=True)
+            if isinstance(exc, RepositoryWriteError) or not isinstance(exc, Exception):
+                raise
+            raise RepositoryWriteError(
+                f"writing the models into {str(target)!r} failed, and the repository was left as it was: {exc}",
+                pipeline=getattr(exc, "pipeline", None), step=getattr(exc, "step", None),
+            ) from exc
+        journal = {
+            "target": str(target),
+            "write": write_id,
+            "owners": sorted(set(owners.values())),
+            "install": repo.names,
+            "remove": stale,
+        }
+        _transact(target, stage, journal)
+    return target
+
+
+def remove_pipelines(path: str | os.PathLike[str], pipelines: Sequence[str]) -> list[str]:
+    """Remove the models owned by ``pipelines`` from the repository at ``path``; return their names.
+
+    Every other model is left as it was. The removal is atomic per model and
+    finished by the next write if it is killed part-way.
+    """
+    target = Path(os.path.abspath(os.fspath(path)))
+    if not target.is_dir():
+        raise RepositoryWriteError(f"{str(target)!r} is not a model repository directory")
+    wanted = list(dict.fromkeys(pipelines))
+    if not wanted:
+        raise RepositoryWriteError("name at least one pipeline whose models to remove")
+    with _locked(target):
+        _recover(target)
+        existing = _scan(target)
+        present = {o for o in existing.values() if o is not None}
+        missing = [p for p in wanted if p not in present]
+        if missing:
+            raise RepositoryWriteError(
+                f"{str(target)!r} holds no model of pipeline {', '.join(map(repr, missing))}; nothing was removed. "
+                f"Pipelines there: {', '.join(map(repr, sorted(present))) or 'none'}"
+            )
+        names = sorted(n for n, o in existing.items() if o in wanted)
+        stage = _make_staging(target)
+        journal = {"target": str(target), "write": uuid.uuid4().hex, "owners": wanted, "install": [], "remove": names}
+        _transact(target, stage, journal)
+    return names
+
+
+def repository_pipelines(path: str | os.PathLike[str]) -> dict[str, list[str]]:
+    """The pipelines whose models the repository at ``path`` holds: pipeline -> model names."""
+    found: dict[str, list[str]] = {}
+    for name, owner in sorted(_scan(Path(path)).items()):
+        if owner is not None:
+            found.setdefault(owner, []).append(name)
+    return found
+
+
+def owner_of(model: Any) -> str:
+    """The pipeline that owns an in-memory model (a model built by hand owns itself)."""
+    return model.pipeline or model.name
+
+
+# ------------------------------------------------------------------ the target and its lock
+
+
+def _prepare_target(target: Path, *, overwrite: bool, hint: str) -> None:
+    if os.path.lexists(target) and (target.is_symlink() or not target.is_dir()):
+        what = "a symbolic link" if target.is_symlink() else "not a directory"
+        if not overwrite:
+            raise RepositoryWriteError(
+                f"{str(target)!r} exists and is {what}; pass {hint} to replace it (a link is replaced, never followed)"
+            )
+        try:
+            target.unlink()
+        except OSError as exc:
+            raise RepositoryWriteError(f"cannot replace {str(target)!r}: {exc}") from exc
+    if not target.exists():
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RepositoryWriteError(f"cannot create the model repository {str(target)!r}: {exc}") from exc
+        return
+    if overwrite:
+        return
+    try:
+        entries = [e for e in os.scandir(target) if not e.name.startswith(".") and e.name != REQUIREMENTS_FILE]
+    except OSError as exc:
+        raise RepositoryWriteError(f"cannot read the model repository {str(target)!r}: {exc}") from exc
+    if entries and not any(e.is_dir() and os.path.isfile(os.path.join(e.path, "config.pbtxt")) for e in entries):
+        raise RepositoryWriteError(
+            f"{str(target)!r} is a non-empty directory that is not a model repository "
+            f"(no <model>/config.pbtxt in it); pass {hint} to write the models into it anyway "
+            "(what is there stays)"
+        )
+
+
+@contextlib.contextmanager
+def _locked(target: Path, timeout: float | None = None) -> Iterator[None]:
+    """Hold the repository's write lock; wait for another writer, or give up with a clear error."""
+    timeout = LOCK_TIMEOUT_S if timeout is None else timeout
+    lock_path = target / LOCK_FILE
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise RepositoryWriteError(f"cannot open the lock file {str(lock_path)!r}: {exc}") from exc
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RepositoryWriteError(
+                        f"another process is writing the model repository {str(target)!r} (it holds "
+                        f"{str(lock_path)!r}); gave up after {timeout:g} s. Wait for it, then write again"
+                    ) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _scan(target: Path) -> dict[str, str | None]:
+    """Each model-like entry of the repository -> the pipeline that owns it (``None``: not ours)."""
+    found: dict[str, str | None] = {}
+    try:
+        entries = list(os.scandir(target))
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        if entry.is_symlink() or not entry.is_dir():
+            if entry.is_symlink() or entry.name != REQUIREMENTS_FILE:
+                found[entry.name] = None  # a link or a file in a model's place is not ours either
+            continue
+        marker = _read_marker(Path(entry.path))
+        found[entry.name] = marker.get("pipeline") if marker else None
+    return found
+
+
+def _read_marker(model_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((model_dir / MARKER_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("pipeline"), str) else None
+
+
+def _describe_owner(owner: str | None) -> str:
+    return f"owned by pipeline {owner!r}" if owner else "not written by pipelines"
+
+
+def _write_marker(model_dir: Path, model: Any, *, owner: str, write_id: str) -> None:
+    needs = model.server_needs()
+    data = {
+        "format": _MARKER_FORMAT,
+        "pipeline": owner,
+        "write": write_id,
+        "requirements": list(needs.requirements),
+        "python": needs.python,
+    }
+    (model_dir / MARKER_FILE).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+# ------------------------------------------------------------------ staging, journal, swaps
+
+
+def _staging_home(target: Path) -> tuple[Path, str]:
+    """Where staging directories live, and their name prefix: beside the repository if possible."""
+    parent = target.parent
+    try:
+        same_fs = os.stat(parent).st_dev == os.stat(target).st_dev
+    except OSError:
+        same_fs = False
+    if same_fs and os.access(parent, os.W_OK | os.X_OK):
+        return parent, f".{target.name}{_STAGING}"
+    # A mount point: only the repository itself is on its file system. Triton would try
+    # to load a directory left here by a killed write; the next write removes it.
+    return target, _STAGING
+
+
+def _make_staging(target: Path) -> Path:
+    home, prefix = _staging_home(target)
+    try:
+        stage = Path(tempfile.mkdtemp(prefix=prefix, dir=home))
+        (stage / "target").write_text(str(target), encoding="utf-8")
+        os.chmod(stage, _mode_for(target))
+    except OSError as exc:
+        raise RepositoryWriteError(f"cannot create a staging directory in {str(home)!r}: {exc}") from exc
+    return stage
+
+
+def _mode_for(target: Path) -> int:
+    try:
+        return stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        return 0o755
+
+
+def _transact(target: Path, stage: Path, journal: Mapping[str, Any]) -> None:
+    """Record the journal, apply it, refresh requirements.txt, and drop the staging directory."""
+    tmp = stage / "journal.json.tmp"
+    tmp.write_text(json.dumps(journal, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, stage / "journal.json")  # from here on, a killed write is finished by the next one
+    try:
+        _apply(target, stage, journal)
+    except OSError as exc:
+        raise RepositoryWriteError(
+            f"swapping the new models into {str(target)!r} failed part-way: {exc}. Each model is whole "
+            "(old or new); the next write into this repository finishes this one"
+        ) from exc
+    _refresh_requirements(target)
+    shutil.rmtree(stage, ignore_errors=True)
+
+
+def _apply(target: Path, stage: Path, journal: Mapping[str, Any]) -> None:
+    """Carry out a journal; safe to run again after it was interrupted at any point."""
+    write_id = journal["write"]
+    for name in journal["install"]:
+        dest, new = target / name, stage / "models" / name
+        current = _read_marker(dest) if not dest.is_symlink() else None
+        if current is not None and current.get("write") == write_id:
+            continue  # swapped in before an interruption
+        if os.path.lexists(dest):
+            _exchange(new, dest, aside=stage / "aside" / name)
+        else:
+            os.rename(new, dest)
+    owners = set(journal["owners"])
+    for name in journal["remove"]:
+        dest = target / name
+        marker = _read_marker(dest) if not dest.is_symlink() else None
+        if marker is not None and marker.get("pipeline") in owners and marker.get("write") != write_id:
+            (stage / "removed").mkdir(exist_ok=True)
+            os.rename(dest, stage / "removed" / name)
+
+
+def _recover(target: Path) -> None:
+    """Finish (journal present) or discard (no journal) what killed writers left behind."""
+    recovered = False
+    for home, prefix in {_staging_home(target), (target, _STAGING)}:
+        try:
+            leftovers = [Path(e.path) for e in os.scandir(home) if e.name.startswith(prefix) and e.is_dir()]
+        except OSError:
+            continue
+        for stage in leftovers:
+            try:
+                recorded = (stage / "target").read_text(encoding="utf-8")
+            except OSError:
+                recorded = None
+            if recorded is not None and recorded != str(target):
+                continue  # another repository's
+            journal_path = stage / "journal.json"
+            if journal_path.is_file():
+                journal = json.loads(journal_path.read_text(encoding="utf-8"))
+                try:
+                    _apply(target, stage, journal)
+                except OSError as exc:
+                    raise RepositoryWriteError(
+                        f"cannot finish an interrupted write into {str(target)!r} (left in {str(stage)!r}): {exc}"
+                    ) from exc
+                recovered = True
+            shutil.rmtree(stage, ignore_errors=True)
+    for entry in os.scandir(target):
+        if entry.name.startswith(f".{REQUIREMENTS_FILE}.") and entry.is_file():
+            os.unlink(entry.path)
+    if recovered:
+        _refresh_requirements(target)
+
+
+# Linux renameat2(2); glibc >= 2.28 exports it, older ones need the raw syscall.
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_SYSCALL_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "ppc64le": 357, "s390x": 347}
+
+
+def _renameat2() -> Callable[..., int] | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    fn = getattr(libc, "renameat2", None)
+    if fn is not None:
+        return fn
+    number = _SYSCALL_RENAMEAT2.get(platform.machine())
+    if number is None or not hasattr(libc, "syscall"):
+        return None
+    return lambda *args: libc.syscall(number, *args)
+
+
+_RENAMEAT2 = _renameat2()
+
+
+def _exchange(new: Path, dest: Path, *, aside: Path) -> None:
+    """Swap ``new`` into ``dest`` atomically; the old content ends where ``new`` was.
+
+    Where the file system cannot exchange (not Linux, or it says EINVAL), two
+    renames are used: for an instant ``dest`` is missing, and a crash in that
+    instant is repaired by the next write, which renames ``new`` in.
+    """
+    if _RENAMEAT2 is not None:
+        rc = _RENAMEAT2(_AT_FDCWD, os.fsencode(new), _AT_FDCWD, os.fsencode(dest), _RENAME_EXCHANGE)
+        if rc == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), str(dest))
+    aside.parent.mkdir(exist_ok=True)
+    os.rename(dest, aside)
+    os.rename(new, dest)
+
+
+# ------------------------------------------------------------------ requirements.txt
+
+
+def _refresh_requirements(target: Path) -> None:
+    """Rewrite the repository's requirements.txt from the markers of every model in it."""
+    markers = []
+    for name, owner in sorted(_scan(target).items()):
+        if owner is not None:
+            marker = _read_marker(target / name)
+            if marker is not None:
+                markers.append(marker)
+    path = target / REQUIREMENTS_FILE
+    try:
+        previous = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        previous = None
+    text = render_requirements(markers, previous)
+    if text == previous:
+        return
+    tmp = target / f".{REQUIREMENTS_FILE}.{uuid.uuid4().hex}"
+    if text is None:
+        path.unlink(missing_ok=True)
+        return
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
