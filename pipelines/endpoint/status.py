@@ -1,7 +1,7 @@
 """How the endpoint refuses a request: the HTTP status and gRPC code a Triton server uses.
 
-Observed on the bundled tritonserver 2.51 (``tests/test_endpoint_errors.py`` checks
-each against it; ``docs/triton-endpoint-statuses.md`` lists them):
+Observed on the bundled tritonserver 2.51 (``tests/test_endpoint_vs_triton.py`` checks
+each against it; ``docs/triton_statuses.md`` lists them):
 
 - an unknown model: HTTP 404, gRPC ``NOT_FOUND``;
 - a request that does not match the model (inputs missing or extra, dtype, shape,

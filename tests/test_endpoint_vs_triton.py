@@ -1,0 +1,203 @@
+"""The local endpoint against the bundled real tritonserver: one client, two servers, equal answers;
+every bad request refused with the same status over HTTP and gRPC."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tg
+import tritonclient.http as th
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from pipelines.endpoint import LocalServer
+from pipelines.examples import text
+from pipelines.triton import TritonServer
+
+pytestmark = pytest.mark.server
+
+P = text.pipeline
+MODELS = ("text_ensemble", "text_bls", "text_bls_sync")
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("endpoint") / "model_repository"
+    P.compile("both").write(repo)
+    with TritonServer(repo) as real, LocalServer(P) as local:
+        yield {"triton": real, "local": local}
+
+
+def ask(url, protocol, model, inputs, outputs=None):
+    """Client code as a user writes it: tritonclient only, nothing from this library."""
+    module = th if protocol == "http" else tg
+    client = module.InferenceServerClient(url)
+    try:
+        tensors = []
+        for name, array in inputs.items():
+            tensor = module.InferInput(name, list(array.shape), "BYTES" if array.dtype == object
+                                       else np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        wanted = None if outputs is None else [module.InferRequestedOutput(n) for n in outputs]
+        result = client.infer(model, tensors, outputs=wanted)
+        response = result.get_response()
+        names = [o["name"] for o in response["outputs"]] if protocol == "http" else [o.name for o in response.outputs]
+        return {name: result.as_numpy(name) for name in names}
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_one_client_two_servers_equal_answers(servers, protocol):
+    for batch in (1, 8):
+        inputs = text.sample_inputs(batch)
+        for model in MODELS:
+            for outputs in (None, ["long", "loud"]):
+                answers = {}
+                for which, server in servers.items():
+                    url = server.http_url if protocol == "http" else server.grpc_url
+                    answers[which] = ask(url, protocol, model, inputs, outputs)
+                real, local = answers["triton"], answers["local"]
+                assert set(real) == set(local) == set(outputs or P.outputs)
+                for name in real:
+                    assert real[name].dtype == local[name].dtype and real[name].shape == local[name].shape
+                    assert real[name].tolist() == local[name].tolist(), (model, name)
+
+
+# ------------------------------------------------------------------ bad requests, raw HTTP
+
+
+def _good_json():
+    return [
+        {"name": "text", "shape": [1, 2], "datatype": "BYTES", "data": ["ab", "cdefgh"]},
+        {"name": "count", "shape": [1, 1], "datatype": "INT64", "data": [2]},
+    ]
+
+
+def _count(**overrides):
+    return [_good_json()[0], {**_good_json()[1], **overrides}]
+
+
+def _binary_count(extra: bytes):
+    header = {"inputs": [_good_json()[0], {"name": "count", "shape": [1, 1], "datatype": "INT64",
+                                           "parameters": {"binary_data_size": 8}}]}
+    return json.dumps(header).encode(), extra
+
+
+# (what is wrong, method, path, body or header dict, binary tail, the tensor the local text must name)
+HTTP_CASES = [
+    ("unknown model", "POST", "/v2/models/nope/infer", {"inputs": _good_json()}, b"", None),
+    ("metadata of unknown model", "GET", "/v2/models/nope", None, b"", None),
+    ("config of unknown model", "GET", "/v2/models/nope/config", None, b"", None),
+    ("ready of unknown model", "GET", "/v2/models/nope/ready", None, b"", None),
+    ("unknown version", "GET", "/v2/models/text_bls/versions/2/ready", None, b"", None),
+    ("missing input", "POST", "/v2/models/text_ensemble/infer", {"inputs": _good_json()[:1]}, b"", "count"),
+    ("extra input", "POST", "/v2/models/text_bls/infer",
+     {"inputs": _good_json() + [{"name": "extra", "shape": [1, 1], "datatype": "INT64", "data": [1]}]}, b"", "extra"),
+    ("wrong datatype", "POST", "/v2/models/text_ensemble/infer", {"inputs": _count(datatype="FP32")}, b"", "count"),
+    ("unknown datatype", "POST", "/v2/models/text_ensemble/infer", {"inputs": _count(datatype="WAT")}, b"", "count"),
+    ("wrong dims", "POST", "/v2/models/text_bls_sync/infer", {"inputs": _count(shape=[1, 2], data=[1, 2])}, b"",
+     "count"),
+    ("batch too large", "POST", "/v2/models/text_ensemble/infer",
+     {"inputs": [{"name": "text", "shape": [9, 1], "datatype": "BYTES", "data": ["a"] * 9},
+                 {"name": "count", "shape": [9, 1], "datatype": "INT64", "data": [1] * 9}]}, b"", "text"),
+    ("unknown output", "POST", "/v2/models/text_ensemble/infer",
+     {"inputs": _good_json(), "outputs": [{"name": "nope"}]}, b"", "nope"),
+    ("binary data too short", "POST", "/v2/models/text_ensemble/infer", *_binary_count(b"\x01" * 7), "count"),
+    ("binary data left over", "POST", "/v2/models/text_ensemble/infer", *_binary_count(b"\x01" * 10), None),
+    ("not JSON", "POST", "/v2/models/text_ensemble/infer", b"{not json", b"", None),
+    ("JSON that is not a request", "POST", "/v2/models/text_ensemble/infer", b"[1, 2]", b"", None),
+    ("data that does not fit its shape", "POST", "/v2/models/text_ensemble/infer",
+     {"inputs": _count(data=[1, 2])}, b"", "count"),
+    ("a step fails (ensemble)", "POST", "/v2/models/text_ensemble/infer", {"inputs": _count(data=[-1])}, b"", None),
+    ("a step fails (bls)", "POST", "/v2/models/text_bls/infer", {"inputs": _count(data=[-1])}, b"", None),
+    ("a step fails (bls_sync)", "POST", "/v2/models/text_bls_sync/infer", {"inputs": _count(data=[-1])}, b"", None),
+]
+
+
+def _http(url, method, path, body, tail):
+    data = None
+    headers = {"Content-Type": "application/json"}
+    if body is not None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        if tail:
+            headers["Inference-Header-Content-Length"] = str(len(data))
+        data += tail
+    request = urllib.request.Request(f"http://{url}{path}", data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@pytest.mark.parametrize("case", HTTP_CASES, ids=[c[0] for c in HTTP_CASES])
+def test_a_bad_http_request_gets_the_real_servers_status(servers, case):
+    what, method, path, body, tail, tensor = case
+    real_status, _ = _http(servers["triton"].http_url, method, path, body, tail)
+    local_status, local_body = _http(servers["local"].http_url, method, path, body, tail)
+    assert local_status == real_status, what
+    assert real_status >= 400
+    error = json.loads(local_body)
+    assert list(error) == ["error"] and error["error"]
+    if tensor is not None:
+        assert f"'{tensor}'" in error["error"] or f" {tensor}" in error["error"], error
+    if what.startswith("a step fails"):
+        assert "step 'measure'" in error["error"] and "count -1 is negative" in error["error"]
+
+
+# ------------------------------------------------------------------ bad requests, gRPC
+
+
+def _grpc_case(kind):
+    good = text.sample_inputs(1)
+    model, outputs = "text_ensemble", None
+    if kind == "unknown model":
+        model = "nope"
+    elif kind == "missing input":
+        good = {"text": good["text"]}
+    elif kind == "wrong datatype":
+        good["count"] = good["count"].astype(np.float32)
+    elif kind == "wrong dims":
+        good["count"] = np.zeros((1, 2), np.int64)
+    elif kind == "batch too large":
+        good = text.sample_inputs(9)
+    elif kind == "unknown output":
+        outputs = ["nope"]
+    elif kind.startswith("a step fails"):
+        good["count"] = -good["count"]
+        model = kind.split("(")[1].rstrip(")")
+    return model, good, outputs
+
+
+GRPC_CASES = ["unknown model", "missing input", "wrong datatype", "wrong dims", "batch too large", "unknown output",
+              "a step fails (text_ensemble)", "a step fails (text_bls)"]
+
+
+@pytest.mark.parametrize("kind", GRPC_CASES)
+def test_a_bad_grpc_request_gets_the_real_servers_status(servers, kind):
+    model, inputs, outputs = _grpc_case(kind)
+    errors = {}
+    for which, server in servers.items():
+        with pytest.raises(InferenceServerException) as err:
+            ask(server.grpc_url, "grpc", model, inputs, outputs)
+        errors[which] = err.value
+    assert errors["local"].status() == errors["triton"].status(), (kind, errors)
+    if kind.startswith("a step fails"):
+        assert "step 'measure'" in errors["local"].message()
+
+
+def test_model_metadata_matches_the_real_server(servers):
+    for protocol in ("http", "grpc"):
+        answers = {}
+        for which, server in servers.items():
+            module = th if protocol == "http" else tg
+            client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+            answers[which] = [client.get_model_metadata(m, as_json=True) if protocol == "grpc"
+                              else client.get_model_metadata(m) for m in MODELS]
+            client.close()
+        assert answers["local"] == answers["triton"]
