@@ -7,7 +7,7 @@ compilers and the local runtime read; neither reaches back into the other.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -372,12 +372,22 @@ class Pipeline:
 
         return compile_pipeline(self, target, **options)
 
-    def run(self, inputs: Mapping[str, Any], *, mode: str = "ensemble", **options: Any) -> dict[str, Any]:
-        """Run once in the local runtime (blocking; works inside Jupyter's running loop too)."""
+    def run(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        mode: str = "ensemble",
+        outputs: Iterable[str] | None = None,
+        **options: Any,
+    ) -> dict[str, Any]:
+        """Run once in the local runtime (blocking; works inside Jupyter's running loop too).
+
+        ``outputs``: answer only these, running only the steps they need (as tritonclient asks).
+        """
         self.validate()
         from .runtime.local import run_pipeline
 
-        return run_pipeline(self, inputs, mode=mode, **options)
+        return run_pipeline(self, inputs, mode=mode, outputs=outputs, **options)
 
     # ------------------------------------------------------------------ internal
 

@@ -28,6 +28,7 @@ from pipelines import (
 from pipelines.compile import compile_pipeline
 from pipelines.compile.configs import parse_config
 from pipelines.compile.step_models import model_source, plan_json, step_reference
+from pipelines.plan import DeadNodeWarning
 
 GOLDEN = Path(__file__).parent / "golden"
 F4 = TensorSpec("FP32", [4])
@@ -266,12 +267,16 @@ def test_bls_models_are_python_models_with_their_plan(tmp_path):
         assert model.files["1/model.py"] == model_source("bls_model.py")
         plan = json.loads(model.files["1/bls.json"])
         assert plan["mode"] == mode
-        assert [n["name"] for n in plan["nodes"]] == ["pre", "detector", "sort", "combine"]
-        assert plan["nodes"][3]["inputs"] == {
-            "a": {"node": "detector", "tensor": "scores", "dtype": "FP32"},
-            "b": {"node": "sort", "tensor": "sorted", "dtype": "FP32"},
-        }
-        assert plan["outputs"]["sorted"] == {"node": "sort", "tensor": "sorted", "dtype": "FP32", "dims": [4]}
+        nodes = plan["plan"]["nodes"]
+        assert [n["name"] for n in nodes] == ["pre", "detector", "sort", "combine"]
+        assert nodes[3]["inputs"] == [
+            {"input": "a", "node": "detector", "tensor": "scores", "dtype": "FP32"},
+            {"input": "b", "node": "sort", "tensor": "sorted", "dtype": "FP32"},
+        ]
+        assert plan["outputs"]["sorted"] == {"dtype": "FP32", "dims": [4]}
+        assert {"name": "sorted", "node": "sort", "tensor": "sorted", "dtype": "FP32", "needs": ["sort"]} in plan[
+            "plan"
+        ]["outputs"]
     wide = compile_pipeline(golden_pipeline(tmp_path), "bls", bls_instance_count=3)
     assert wide["golden"].config.instance_group[0].count == 3
 
@@ -328,6 +333,8 @@ def test_nodes_that_feed_no_output_are_left_out():
     dead = step(lambda x: {"y": x}, name="dead", inputs={"x": F4}, outputs={"y": F4})
     p.output("y", p.add(used, x=p.input("x"))["y"])
     p.add(dead, x=p.input("x"))
-    repo = p.compile("both")
+    with pytest.warns(DeadNodeWarning, match="step 'dead' feeds no pipeline output"):
+        repo = p.compile("both")
     assert "p__dead" not in repo
-    assert [n["name"] for n in json.loads(repo["p_bls"].files["1/bls.json"])["nodes"]] == ["used"]
+    plan = json.loads(repo["p_bls"].files["1/bls.json"])["plan"]
+    assert [n["name"] for n in plan["nodes"]] == ["used"] and plan["dropped"] == ["dead"]

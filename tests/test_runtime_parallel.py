@@ -274,7 +274,7 @@ def test_a_step_used_by_two_nodes_is_one_step_model_as_on_the_server():
         p.output("a", a["y"])
         p.output("b", b["y"])
 
-        async def main():
+        async def main(p=p):
             async with LocalRuntime(p, "ensemble", offload="always") as rt:
                 return await rt.infer({"x": np.zeros((1, 2), np.float32)})
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..compile.plan import TOP_LEVEL_SUFFIXES
+from ..compile import TOP_LEVEL_SUFFIXES
 from .stats import ModelCounters, parse_statistics
 
 __all__ = ["ServerTarget", "model_name"]

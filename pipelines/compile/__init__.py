@@ -9,23 +9,27 @@ import dataclasses
 from ..errors import CompileError
 from ..graph import Pipeline
 from .bls import compile_bls
+from .bound_plan import CompilePlan, bind_plan
+from .checks import check_compilable
 from .ensemble import compile_ensemble, layout_ensemble
-from .plan import CompilePlan, plan_pipeline, top_level_name
 from .repository import CompiledModel, FileCopy, ModelRepository, remove_pipelines, repository_pipelines
 from .requirements import NUMPY_REQUIREMENT, ServerNeeds
 from .step_models import compile_step_model
 
 __all__ = [
     "TARGETS",
+    "TOP_LEVEL_SUFFIXES",
     "CompilePlan",
     "CompiledModel",
     "FileCopy",
     "ModelRepository",
     "compile_pipeline",
-    "plan_pipeline",
     "remove_pipelines",
     "repository_pipelines",
 ]
+
+#: The suffix of each top-level model in a ``"both"`` repository.
+TOP_LEVEL_SUFFIXES = {"ensemble": "_ensemble", "bls": "_bls", "bls-sync": "_bls_sync"}
 
 #: What ``compile_pipeline`` accepts; ``"both"`` means the ensemble and both BLS forms.
 TARGETS = ("ensemble", "bls", "bls-sync", "both")
@@ -51,7 +55,8 @@ def compile_pipeline(pipeline: Pipeline, target: str = "both", *, bls_instance_c
             f"pipeline {pipeline.name!r}: bls_instance_count must be an int >= 1; got {bls_instance_count!r}",
             pipeline=pipeline.name,
         )
-    plan = plan_pipeline(pipeline)
+    plan = bind_plan(pipeline)
+    check_compilable(pipeline, plan.plan)
     both = target == "both"
     forms = ("ensemble", "bls", "bls-sync") if both else (target,)
 
@@ -62,7 +67,7 @@ def compile_pipeline(pipeline: Pipeline, target: str = "both", *, bls_instance_c
         models[model.name] = compile_step_model(plan, model, extras)
     top = []
     for form in forms:
-        name = top_level_name(pipeline, form, both=both)
+        name = pipeline.name + TOP_LEVEL_SUFFIXES[form] if both else pipeline.name
         if form == "ensemble":
             for compiled in compile_ensemble(plan, name, layout):
                 models[compiled.name] = compiled

@@ -1,6 +1,7 @@
 """The BLS form: a Python-backend model running the generic executor
-``models/bls_model.py``, which reads ``1/bls.json`` (nodes in order, the model
-each calls, its bindings, the output mapping, and the mode).
+``models/bls_model.py``, which reads ``1/bls.json``: the mode, the pipeline's
+input and output specs, each step's timeout, and the execution plan
+(:mod:`pipelines.plan`) as JSON.
 
 ``"bls"`` (mode ``"async"``) runs every node as soon as its inputs are ready
 with ``async_exec()``; ``"bls-sync"`` calls them one after another with
@@ -18,10 +19,11 @@ from __future__ import annotations
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ..plan import PLAN_FORMAT
+from .bound_plan import CompilePlan
 from .configs import add_io, set_parameters
-from .plan import CompilePlan
 from .repository import CompiledModel
-from .step_models import PLAN_FORMAT, model_source, plan_json
+from .step_models import model_source, plan_json
 
 __all__ = ["BLS_PLAN", "compile_bls"]
 
@@ -47,24 +49,13 @@ def compile_bls(plan: CompilePlan, name: str, *, target: str, instance_count: in
         "mode": _MODES[target],
         "max_batch_size": pipeline.max_batch_size,
         "inputs": {n: s.to_dict() for n, s in pipeline.inputs.items()},
-        "outputs": {
-            n: {"node": ref.node, "tensor": ref.name, **ref.spec.to_dict()} for n, ref in pipeline.outputs.items()
-        },
-        "nodes": [
-            {
-                "name": node.name,
-                "step": node.step.name,
-                "model": node.model,
-                "inputs": {
-                    i: {"node": ref.node, "tensor": ref.name, "dtype": ref.spec.dtype}
-                    for i, ref in node.sources.items()
-                },
-                "outputs": {o: node.step.outputs[o].dtype for o in node.step.outputs},
-                # The step's `timeout` option, for its BLS call (0: none).
-                "timeout_us": round(node.step.options.timeout * 1e6) if node.step.options.timeout else 0,
-            }
+        "outputs": {n: ref.spec.to_dict() for n, ref in pipeline.outputs.items()},
+        "plan": plan.plan.to_json(),
+        # Each step's `timeout` option, for its BLS call (0: none).
+        "timeouts_us": {
+            node.name: round(node.step.options.timeout * 1e6) if node.step.options.timeout else 0
             for node in plan.nodes
-        ],
+        },
     }
     files = {"1/model.py": model_source("bls_model.py"), f"1/{BLS_PLAN}": plan_json(data)}
     return CompiledModel(name, config, files)

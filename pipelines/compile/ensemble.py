@@ -31,8 +31,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..errors import CompileError
 from ..graph import TensorRef
 from ..tensor import TensorSpec
+from .bound_plan import BoundNode, CompilePlan
 from .configs import add_io
-from .plan import CompilePlan, NodePlan
 from .repository import CompiledModel
 from .step_models import PLAN_FORMAT, model_source, plan_json
 
@@ -93,7 +93,7 @@ class ModelExtras:
 
 @dataclass(frozen=True)
 class _NodeWiring:
-    node: NodePlan
+    node: BoundNode
     inputs: Mapping[str, str]
     outputs: Mapping[str, str]
 
@@ -196,9 +196,9 @@ class _TensorNames:
         return candidate
 
 
-def _readers(plan: CompilePlan) -> dict[tuple[str, str], list[tuple[NodePlan, str]]]:
+def _readers(plan: CompilePlan) -> dict[tuple[str, str], list[tuple[BoundNode, str]]]:
     """(node, output) -> the live (node, input) pairs that read it."""
-    readers: dict[tuple[str, str], list[tuple[NodePlan, str]]] = {}
+    readers: dict[tuple[str, str], list[tuple[BoundNode, str]]] = {}
     for node in plan.nodes:
         for input_name, ref in node.sources.items():
             if not ref.is_input:
@@ -359,7 +359,7 @@ def _tensor_of(plan: CompilePlan, ref: TensorRef, renamed: Mapping[str, str]) ->
     return renamed.get(tensor, tensor)
 
 
-def _placeholders(plan: CompilePlan, model: str, by_name: Mapping[str, NodePlan]) -> dict[str, tuple[int, ...]]:
+def _placeholders(plan: CompilePlan, model: str, by_name: Mapping[str, BoundNode]) -> dict[str, tuple[int, ...]]:
     """Dims a failed step's stand-in outputs take: each ``-1`` becomes what a reader fixes, else 1."""
     readers = _readers(plan)
     spec_outputs = next(m.step.outputs for m in plan.models if m.name == model)

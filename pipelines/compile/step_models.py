@@ -33,8 +33,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..errors import CompileError
 from ..names import check_name
 from ..step import Step
+from .bound_plan import BoundModel, CompilePlan
 from .configs import add_io, set_parameters
-from .plan import CompilePlan, ModelPlan
 from .repository import CompiledModel, FileCopy
 from .requirements import (
     NUMPY_REQUIREMENT,
@@ -63,7 +63,7 @@ def plan_json(data: dict[str, Any]) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True, ensure_ascii=True) + "\n").encode()
 
 
-def compile_step_model(plan: CompilePlan, model: ModelPlan, extras: Any = None) -> CompiledModel:
+def compile_step_model(plan: CompilePlan, model: BoundModel, extras: Any = None) -> CompiledModel:
     """The composing model that serves ``model.step`` for the nodes in ``model.nodes``.
 
     ``extras`` (an ``ensemble.ModelExtras``) adds what the ensemble form needs: output
@@ -77,7 +77,7 @@ def compile_step_model(plan: CompilePlan, model: ModelPlan, extras: Any = None) 
     return compiled
 
 
-def _base_config(model: ModelPlan) -> mc.ModelConfig:
+def _base_config(model: BoundModel) -> mc.ModelConfig:
     step, options = model.step, model.step.options
     config = mc.ModelConfig(name=model.name, max_batch_size=model.max_batch_size)
     add_io(config, step.inputs, step.outputs)
@@ -90,7 +90,7 @@ def _base_config(model: ModelPlan) -> mc.ModelConfig:
     return config
 
 
-def _python_model(plan: CompilePlan, model: ModelPlan, extras: Any = None) -> CompiledModel:
+def _python_model(plan: CompilePlan, model: BoundModel, extras: Any = None) -> CompiledModel:
     step = model.step
     config = _base_config(model)
     config.backend = "python"
@@ -129,7 +129,7 @@ def _python_model(plan: CompilePlan, model: ModelPlan, extras: Any = None) -> Co
     return CompiledModel(model.name, config, files, pipeline=plan.name, needs=needs)
 
 
-def _external_model(plan: CompilePlan, model: ModelPlan) -> CompiledModel:
+def _external_model(plan: CompilePlan, model: BoundModel) -> CompiledModel:
     ext = model.step.external
     config = _base_config(model)
     if ext.backend:

@@ -47,6 +47,7 @@ import anyio.lowlevel
 
 from ..errors import InferenceError, InputError, PipelinesError, StepError
 from ..graph import Pipeline
+from ..plan import ExecutionPlan, plan_of
 from ..requests import check_request
 from .bls_model import BlsGate
 from .device import CopyCounter, Placement, gpu_available, resolve_device
@@ -62,60 +63,48 @@ Key = tuple["str | None", str]  # (producing node or None for a pipeline input, 
 
 
 @dataclass(frozen=True)
-class _Plan:
-    """What every request of one pipeline shares: order, dependencies, consumer counts."""
+class _Routes:
+    """The execution plan indexed for the scheduler's hot path (dicts by node name)."""
 
+    plan: ExecutionPlan
     order: tuple[str, ...]
     predecessors: Mapping[str, tuple[str, ...]]
     dependents: Mapping[str, tuple[str, ...]]
     dep_counts: Mapping[str, int]
     roots: tuple[str, ...]
     bindings: Mapping[str, tuple[tuple[str, Key], ...]]
-    kept_outputs: Mapping[str, tuple[str, ...]]
-    consumers: Mapping[Key, int]
+    returns: Mapping[str, tuple[str, ...]]
+    reads: Mapping[Key, int]
     inputs_used: tuple[str, ...]
     outputs: tuple[tuple[str, Key], ...]
 
     @classmethod
-    def of(cls, p: Pipeline) -> _Plan:
-        order = tuple(p.topological_order())
-        graph = p.graph
-        predecessors = {n: tuple(sorted(graph.predecessors(n), key=order.index)) for n in order}
-        dependents = {n: tuple(sorted(graph.successors(n), key=order.index)) for n in order}
-        bindings = {
-            n: tuple((input_name, (ref.node, ref.name)) for input_name, ref in p.nodes[n].bindings.items())
-            for n in order
-        }
-        consumers: dict[Key, int] = {}
-        for node_bindings in bindings.values():
-            for _, key in node_bindings:
-                consumers[key] = consumers.get(key, 0) + 1
-        outputs = tuple((name, (ref.node, ref.name)) for name, ref in p.outputs.items())
-        for _, key in outputs:  # held until the answer is returned
-            consumers[key] = consumers.get(key, 0) + 1
-        kept = {n: tuple(o for o in p.nodes[n].step.outputs if (n, o) in consumers) for n in order}
+    def of(cls, plan: ExecutionPlan) -> _Routes:
+        nodes = plan.nodes
         return cls(
-            order=order,
-            predecessors=predecessors,
-            dependents=dependents,
-            dep_counts={n: len(predecessors[n]) for n in order},
-            roots=tuple(n for n in order if not predecessors[n]),
-            bindings=bindings,
-            kept_outputs=kept,
-            consumers=consumers,
-            inputs_used=tuple(name for name in p.inputs if (None, name) in consumers),
-            outputs=outputs,
+            plan=plan,
+            order=plan.order,
+            predecessors={n.name: n.after for n in nodes},
+            dependents={n.name: n.before for n in nodes},
+            dep_counts={n.name: len(n.after) for n in nodes},
+            roots=tuple(n.name for n in nodes if not n.after),
+            bindings={n.name: tuple((s.input, s.key) for s in n.inputs) for n in nodes},
+            returns={n.name: n.returns for n in nodes},
+            reads=plan.reads,
+            inputs_used=plan.inputs_used,
+            outputs=tuple((o.name, o.key) for o in plan.outputs),
         )
 
 
 class _Request:
     """The state of one request in flight: live tensors, their remaining consumers, costs."""
 
-    __slots__ = ("values", "remaining", "pending", "copies", "trace", "rows", "inflight", "error", "tg")
+    __slots__ = ("routes", "values", "remaining", "pending", "copies", "trace", "rows", "inflight", "error", "tg")
 
-    def __init__(self, plan: _Plan, values: dict[Key, Any], rows: int) -> None:
+    def __init__(self, routes: _Routes, values: dict[Key, Any], rows: int) -> None:
+        self.routes = routes
         self.values = values
-        self.remaining = dict(plan.consumers)
+        self.remaining = dict(routes.reads)
         self.pending: dict[str, int] | None = None
         self.copies = CopyCounter()
         self.trace: list[tuple[str, float, float, float, int]] = []
@@ -189,8 +178,10 @@ class LocalRuntime:
         self.force_cpu_only_input_tensors = bool(force_cpu_only_input_tensors)
         # Process boundaries a step's tensors cross on a server, each one a copy (see above).
         self._crossings = 0 if not server_copies else (1 if mode == "ensemble" else 2)
-        self._plan = _Plan.of(pipeline)
-        for node in pipeline.nodes.values():
+        self.plan = plan_of(pipeline)
+        self._routes = {None: _Routes.of(self.plan)}  # by requested outputs (None: all)
+        live = [pipeline.nodes[n] for n in self.plan.order]
+        for node in live:
             if not node.step.runnable:
                 raise StepError(
                     f"pipeline {name!r} step {node.name!r} is an external model with no Python stand-in; "
@@ -207,14 +198,14 @@ class LocalRuntime:
                     pipeline=name,
                     step=node.name if wants == "gpu" else None,
                 )
-        instances = sum(n.step.options.instance_count for n in pipeline.nodes.values())
+        instances = sum(n.step.options.instance_count for n in live)
         self._threads = max(2, threads if threads is not None else instances)
         self._models: dict[str, StepModel] = {}
         self._recorder = CostRecorder(
             pipeline=name,
             mode=mode,
-            steps=self._plan.order,
-            critical_path=lambda costs: pipeline.critical_path(costs),
+            steps=self.plan.order,
+            critical_path=self.plan.critical_path,
         )
         self._service: Any = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -242,16 +233,16 @@ class LocalRuntime:
             )
         limiter = anyio.CapacityLimiter(self._threads)
         self._executor = concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="pipelines-step")
-        plan = self._plan
+        routes = self._routes[None]
         owners: dict[int, StepModel] = {}  # one step model per step, shared by its nodes
         try:
-            for name in plan.order:
+            for name in routes.order:
                 node = self.pipeline.nodes[name]
                 model = StepModel(
                     node,
                     pipeline=self.pipeline.name,
-                    bindings=plan.bindings[name],
-                    kept_outputs=plan.kept_outputs[name],
+                    bindings=routes.bindings[name],
+                    kept_outputs=routes.returns[name],
                     placement=Placement(node.step.options.device, self.force_cpu_only_input_tensors),
                     offload=self.offload,
                     limiter=limiter,
@@ -313,20 +304,39 @@ class LocalRuntime:
 
     # ------------------------------------------------------------------ serving
 
-    async def infer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        """Answer one request: a dict of the pipeline's outputs.
+    async def infer(self, inputs: Mapping[str, Any], outputs: Iterable[str] | None = None) -> dict[str, Any]:
+        """Answer one request: a dict of the pipeline's outputs (``outputs``: only these, as tritonclient asks).
 
-        Raises :class:`InputError` before any step runs when the request does not
-        match the pipeline's inputs, and :class:`StepError` naming the step that failed.
+        Only the nodes the requested outputs need run. Raises :class:`InputError`
+        before any step runs when the request does not match the pipeline's inputs
+        or names an output the pipeline does not have, and :class:`StepError`
+        naming the step that failed.
         """
-        outputs, _ = await self._infer(inputs, keep_trace=False)
-        return outputs
+        answer, _ = await self._infer(inputs, outputs, keep_trace=False)
+        return answer
 
-    async def infer_with_report(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], Report]:
+    async def infer_with_report(
+        self, inputs: Mapping[str, Any], outputs: Iterable[str] | None = None
+    ) -> tuple[dict[str, Any], Report]:
         """Like :meth:`infer`, plus the cost report of this one request."""
-        outputs, report = await self._infer(inputs, keep_trace=True)
+        answer, report = await self._infer(inputs, outputs, keep_trace=True)
         assert report is not None
-        return outputs, report
+        return answer, report
+
+    def _routes_for(self, outputs: Iterable[str] | None) -> _Routes:
+        if outputs is None:
+            return self._routes[None]
+        names = [outputs] if isinstance(outputs, str) else list(outputs)
+        key = frozenset(names)
+        routes = self._routes.get(key)
+        if routes is None:
+            try:
+                plan = self.plan.for_outputs(names)
+            except ValueError as exc:
+                unknown = next((n for n in names if n not in self.plan.output_names), None)
+                raise InputError(str(exc), pipeline=self.pipeline.name, tensor=unknown) from None
+            routes = self._routes[key] = _Routes.of(plan)
+        return routes
 
     def report(self) -> Report:
         """Costs aggregated over every request served since the start (or :meth:`reset_report`)."""
@@ -336,7 +346,9 @@ class LocalRuntime:
         """Forget the costs gathered so far (e.g. after a warm-up)."""
         self._recorder.reset()
 
-    async def _infer(self, inputs: Mapping[str, Any], *, keep_trace: bool) -> tuple[dict[str, Any], Report | None]:
+    async def _infer(
+        self, inputs: Mapping[str, Any], wanted: Iterable[str] | None, *, keep_trace: bool
+    ) -> tuple[dict[str, Any], Report | None]:
         p = self.pipeline
         if not self._open:
             raise InferenceError(
@@ -347,14 +359,15 @@ class LocalRuntime:
         self._active += 1
         try:
             try:
+                routes = self._routes_for(wanted)
                 arrays = check_request(inputs, p.inputs, pipeline=p.name, max_batch_size=p.max_batch_size)
             except InputError:
                 self._recorder.error()
                 raise
             rows = int(arrays[next(iter(arrays))].shape[0]) if p.max_batch_size > 0 else 1
-            req = _Request(self._plan, {}, rows)
+            req = _Request(routes, {}, rows)
             entry = Placement(self.device)
-            for name in self._plan.inputs_used:
+            for name in routes.inputs_used:
                 req.values[(None, name)] = entry.place(
                     arrays[name], req.copies, pipeline=p.name, step="(request)", tensor=name
                 )
@@ -371,7 +384,7 @@ class LocalRuntime:
                 self._recorder.error()
                 raise
             values = req.values
-            outputs = {name: values[key] for name, key in self._plan.outputs}
+            outputs = {name: values[key] for name, key in routes.outputs}
             end = perf_counter()
             self._recorder.record(req.trace, start=start, end=end, copies=req.copies.count, copy_bytes=req.copies.bytes)
             if not keep_trace:
@@ -379,8 +392,8 @@ class LocalRuntime:
             single = CostRecorder(
                 pipeline=p.name,
                 mode=self.mode,
-                steps=self._plan.order,
-                critical_path=lambda costs: p.critical_path(costs),
+                steps=routes.order,
+                critical_path=routes.plan.critical_path,
             )
             single.record(req.trace, start=start, end=end, copies=req.copies.count, copy_bytes=req.copies.bytes)
             return outputs, single.report()
@@ -395,7 +408,7 @@ class LocalRuntime:
         values, remaining = req.values, req.remaining
         inputs = {}
         crossings = self._crossings
-        for input_name, key in model.bindings:
+        for input_name, key in req.routes.bindings[name]:
             inputs[input_name] = model.place(values[key], req.copies, input_name)
             if crossings:
                 inputs[input_name] = _cross(inputs[input_name], crossings, req.copies)
@@ -408,14 +421,14 @@ class LocalRuntime:
         )
         outputs, queue, compute, batch = await model.run(inputs, req.rows, inline=inline)
         del inputs
-        for out in model.kept_outputs:
+        for out in req.routes.returns[name]:
             values[(name, out)] = _cross(outputs[out], crossings, req.copies) if crossings else outputs[out]
         req.trace.append((name, queue, compute, perf_counter() - t_ready - queue - compute, batch))
 
     async def _run_ensemble(self, req: _Request) -> None:
-        plan = self._plan
-        req.pending = dict(plan.dep_counts)
-        roots = plan.roots
+        routes = req.routes
+        req.pending = dict(routes.dep_counts)
+        roots = routes.roots
         req.inflight = len(roots)
         now = perf_counter()
         async with anyio.create_task_group() as tg:
@@ -428,7 +441,7 @@ class LocalRuntime:
 
     async def _ensemble_chain(self, req: _Request, name: str, t_ready: float) -> None:
         """Run a node, then start each dependent it made ready; continue with one of them in this task."""
-        dependents = self._plan.dependents
+        dependents = req.routes.dependents
         pending = req.pending
         assert pending is not None
         while True:
@@ -454,8 +467,7 @@ class LocalRuntime:
             name = follow
 
     async def _run_bls(self, req: _Request) -> None:
-        plan = self._plan
-        sorter = graphlib.TopologicalSorter(plan.predecessors)
+        sorter = graphlib.TopologicalSorter(req.routes.predecessors)
         sorter.prepare()
         send, receive = anyio.create_memory_object_stream[str](math.inf)
         with send, receive:
@@ -493,7 +505,7 @@ class LocalRuntime:
 
     async def _run_bls_sync(self, req: _Request) -> None:
         req.inflight = 1
-        for name in self._plan.order:
+        for name in req.routes.order:
             await self._run_node(req, name, perf_counter())
 
 
@@ -509,16 +521,24 @@ def _cross(array: Any, times: int, copies: Any) -> Any:
 
 
 def run_pipeline(
-    pipeline: Pipeline, inputs: Mapping[str, Any], *, mode: str = "ensemble", **options: Any
+    pipeline: Pipeline,
+    inputs: Mapping[str, Any],
+    *,
+    mode: str = "ensemble",
+    outputs: Iterable[str] | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
     """Run one request in a fresh :class:`LocalRuntime` and return its outputs (blocking).
 
-    Inside a running event loop (Jupyter), it runs on a worker thread with its own loop.
+    ``outputs``: answer only these (only the steps they need run). Inside a
+    running event loop (Jupyter), it runs on a worker thread with its own loop.
     """
 
+    runtime = LocalRuntime(pipeline, mode, **options)  # here, so a warning points at the caller
+
     async def main() -> dict[str, Any]:
-        async with LocalRuntime(pipeline, mode, **options) as rt:
-            return await rt.infer(inputs)
+        async with runtime as rt:
+            return await rt.infer(inputs, outputs)
 
     return _blocking(main)
 
@@ -530,29 +550,34 @@ def run_many(
     mode: str = "ensemble",
     concurrency: int = 8,
     return_exceptions: bool = False,
+    outputs: Iterable[str] | None = None,
     **options: Any,
 ) -> tuple[list[Any], Report]:
     """Answer many requests, ``concurrency`` at a time, in one runtime (blocking).
 
     Returns the outputs in request order and the aggregated report. With
     ``return_exceptions=True`` a failed request's slot holds its error instead of raising.
+    ``outputs``: every request asks for only these.
     """
+    wanted = None if outputs is None else ([outputs] if isinstance(outputs, str) else list(outputs))
     requests = list(requests)
     if concurrency < 1:
         raise InferenceError(
             f"pipeline {pipeline.name!r}: concurrency must be >= 1; got {concurrency}", pipeline=pipeline.name
         )
 
+    runtime = LocalRuntime(pipeline, mode, **options)  # here, so a warning points at the caller
+
     async def main() -> tuple[list[Any], Report]:
         results: list[Any] = [None] * len(requests)
         errors: list[BaseException] = []
-        async with LocalRuntime(pipeline, mode, **options) as rt:
+        async with runtime as rt:
             limit = anyio.Semaphore(concurrency)
 
             async def one(i: int) -> None:
                 async with limit:
                     try:
-                        results[i] = await rt.infer(requests[i])
+                        results[i] = await rt.infer(requests[i], wanted)
                     except PipelinesError as exc:
                         results[i] = exc
                         errors.append(exc)

@@ -51,9 +51,11 @@ class TritonPythonModel:
         self.mode = plan["mode"]
         self.max_batch_size = int(plan["max_batch_size"])
         self.inputs = plan["inputs"]
-        self.outputs = plan["outputs"]
-        self.nodes = {node["name"]: node for node in plan["nodes"]}
-        self.order = [node["name"] for node in plan["nodes"]]
+        # The execution plan (pipelines.plan.ExecutionPlan.to_json): nodes, tensors, outputs.
+        self.plan = plan["plan"]
+        self.timeouts_us = {name: int(us) for name, us in plan.get("timeouts_us", {}).items()}
+        self.outputs = {out["name"]: out for out in self.plan["outputs"]}
+        self.nodes = {node["name"]: node for node in self.plan["nodes"]}
         self.where = f"pipeline {self.pipeline!r} (model {self.model!r})"
         self._schedules = {}
 
@@ -81,7 +83,7 @@ class TritonPythonModel:
     async def _answer_async(self, request):
         try:
             run = self._start(request)
-            sorter = graphlib.TopologicalSorter(run.schedule.deps)
+            sorter = graphlib.TopologicalSorter(run.schedule.after)
             sorter.prepare()
             running = {}
             try:
@@ -109,10 +111,10 @@ class TritonPythonModel:
             raise RequestFailed(
                 f"{self.where}: output {unknown[0]!r} was requested but the pipeline has outputs {list(self.outputs)}"
             )
-        key = tuple(sorted(wanted)) or tuple(self.outputs)
+        key = frozenset(wanted or self.outputs)
         schedule = self._schedules.get(key)
         if schedule is None:
-            schedule = self._schedules[key] = _Schedule(self, key)
+            schedule = self._schedules[key] = _Schedule(self.plan, key)
         return _Run(schedule, values)
 
     def _read_inputs(self, request):
@@ -151,15 +153,12 @@ class TritonPythonModel:
         return {(None, name): given[name] for name in self.inputs}
 
     def _request(self, node, run):
-        inputs = [
-            run.take((source["node"], source["tensor"]), input_name, source["dtype"])
-            for input_name, source in node["inputs"].items()
-        ]
+        inputs = [run.take((source["node"], source["tensor"]), source["input"], source["dtype"]) for source in node["inputs"]]
         return pb_utils.InferenceRequest(
             model_name=node["model"],
-            requested_output_names=run.schedule.requested[node["name"]],
+            requested_output_names=run.schedule.returns[node["name"]],
             inputs=inputs,
-            timeout=int(node.get("timeout_us", 0)),
+            timeout=self.timeouts_us.get(node["name"], 0),
         )
 
     def _collect(self, node, run, response):
@@ -169,7 +168,7 @@ class TritonPythonModel:
             own = _ADAPTER_WHERE.match(message)
             detail = message[own.end():].lstrip(": ") if own else f"failed: {message}"
             raise RequestFailed(f"{self.where}: step {node['name']!r} (model {node['model']!r}) {detail}")
-        for output in run.schedule.requested[node["name"]]:
+        for output in run.schedule.returns[node["name"]]:
             tensor = pb_utils.get_output_tensor_by_name(response, output)
             if tensor is None:
                 raise RequestFailed(f"{self.where}: step {node['name']!r} returned no output {output!r}")
@@ -200,36 +199,34 @@ class _Run:
 
 
 class _Schedule:
-    """For one set of wanted outputs: the nodes to call, in order, and what each must return."""
+    """The execution plan cut down to one set of wanted outputs.
 
-    def __init__(self, model, wanted):
-        self.wanted = list(wanted)
-        needed, stack = set(), [model.outputs[n]["node"] for n in wanted]
-        while stack:
-            name = stack.pop()
-            if name not in needed:
-                needed.add(name)
-                stack += [s["node"] for s in model.nodes[name]["inputs"].values() if s["node"] is not None]
-        self.order = [n for n in model.order if n in needed]
-        # graphlib wants node -> predecessors; every needed node appears, roots with none.
-        self.deps = {
-            n: {s["node"] for s in model.nodes[n]["inputs"].values() if s["node"] is not None} for n in self.order
-        }
-        requested = {n: [] for n in self.order}
-        self.uses = {}
-        for n in self.order:
-            for source in model.nodes[n]["inputs"].values():
-                key = (source["node"], source["tensor"])
-                self.uses[key] = self.uses.get(key, 0) + 1
-                if source["node"] is not None and source["tensor"] not in requested[source["node"]]:
-                    requested[source["node"]].append(source["tensor"])
-        for name in self.wanted:
-            out = model.outputs[name]
-            if out["tensor"] not in requested[out["node"]]:
-                requested[out["node"]].append(out["tensor"])
+    A filter of the plan, no graph walk of its own: each output lists the nodes
+    it needs and each tensor its readers, so ``ExecutionPlan.for_outputs`` gives
+    the same nodes, returns and reads (a test holds them equal).
+    """
+
+    def __init__(self, plan, wanted):
+        outputs = [out for out in plan["outputs"] if out["name"] in wanted]
+        self.wanted = [out["name"] for out in outputs]
+        needed = {name for out in outputs for name in out["needs"]}
+        nodes = [node for node in plan["nodes"] if node["name"] in needed]
+        self.order = [node["name"] for node in nodes]
+        # graphlib wants node -> predecessors; a needed node's predecessors are all needed.
+        self.after = {node["name"]: node["after"] for node in nodes}
+        exposed = {}
+        for out in outputs:
             key = (out["node"], out["tensor"])
-            self.uses[key] = self.uses.get(key, 0) + 1
-        self.requested = requested
+            exposed[key] = exposed.get(key, 0) + 1
+        self.uses = {}
+        for tensor in plan["tensors"]:
+            key = (tensor["node"], tensor["name"])
+            reads = sum(1 for c in tensor["consumers"] if c in needed) + exposed.get(key, 0)
+            if reads:
+                self.uses[key] = reads
+        self.returns = {
+            node["name"]: [o for o in node["returns"] if (node["name"], o) in self.uses] for node in nodes
+        }
 
 
 def _result(future, name, model):

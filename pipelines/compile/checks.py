@@ -1,0 +1,43 @@
+"""What Triton refuses that the local runtime would run: checked before anything is compiled."""
+
+from __future__ import annotations
+
+from ..errors import CompileError, InvalidNameError
+from ..graph import Pipeline
+from ..names import MAX_NAME_LENGTH
+from ..plan import ExecutionPlan
+
+__all__ = ["check_compilable"]
+
+# One path component holds at most 255 bytes on common file systems.
+_MAX_MODEL_NAME = 2 * MAX_NAME_LENGTH - 1
+
+
+def check_compilable(pipeline: Pipeline, plan: ExecutionPlan) -> None:
+    """Raise :class:`CompileError` for a tensor with no dims or a model name too long for a path."""
+    _check_ranks(pipeline)
+    for model in plan.models:
+        if len(model.name) > _MAX_MODEL_NAME:
+            node = model.nodes[0]
+            raise InvalidNameError(
+                f"pipeline {pipeline.name!r}: step {node!r} would compile to a model named "
+                f"{model.name!r} ({len(model.name)} characters, over {_MAX_MODEL_NAME}); shorten the pipeline "
+                "or the step name",
+                pipeline=pipeline.name, step=node,
+            )
+
+
+def _check_ranks(pipeline: Pipeline) -> None:
+    # Triton rejects a tensor with no dims; a scalar per batch item is dims [1].
+    specs = [(None, "pipeline input", n, s) for n, s in pipeline.inputs.items()]
+    for node in pipeline.nodes.values():
+        specs += [(node.name, "input", n, s) for n, s in node.step.inputs.items()]
+        specs += [(node.name, "output", n, s) for n, s in node.step.outputs.items()]
+    for node_name, what, tensor, spec in specs:
+        if spec.rank == 0:
+            where = f"step {node_name!r} {what}" if node_name else what
+            raise CompileError(
+                f"pipeline {pipeline.name!r}: {where} {tensor!r} is declared with no dims ({spec}); "
+                f"Triton needs at least one dim, so declare it as TensorSpec({spec.dtype!r}, [1])",
+                pipeline=pipeline.name, step=node_name, tensor=tensor,
+            )

@@ -1,0 +1,572 @@
+"""The execution plan: what runs, in which order, and what each step hands on,
+computed once from a validated pipeline and read by every form.
+
+The compiler (ensemble, BLS, step models), every local runtime mode and the
+in-server BLS executor (which reads it as JSON, see :meth:`ExecutionPlan.to_json`)
+all run from this one plan, so they agree on:
+
+- the **live nodes**: the nodes some pipeline output depends on. A node that
+  feeds no output is dropped everywhere (a :class:`DeadNodeWarning` names it);
+- their **order** (topological, ties in declaration order) and **parallel
+  groups** (generations: no node of a group depends on another of it);
+- each tensor's **producer and consumers**, the pipeline outputs that expose
+  it, and its **last use**, after which it can be released;
+- the outputs each node must **return** (those something reads);
+- each node's **composing model**: a step used by several nodes becomes one
+  model ``<pipeline>__<step>``, shared by those nodes (a different step object
+  that reuses a step name is ``<pipeline>__<node>``);
+- the **ensemble tensor** that carries each wire: a pipeline output keeps its
+  name, an internal wire is ``<node>.<output>`` made unique.
+
+:meth:`ExecutionPlan.for_outputs` prunes the plan to the nodes a subset of the
+outputs needs (cached per subset), for requests that ask for fewer outputs.
+
+This module imports only the standard library, so the BLS executor inside
+Triton can load it without the rest of the package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .graph import Pipeline
+
+__all__ = [
+    "PLAN_FORMAT",
+    "DeadNodeWarning",
+    "ExecutionPlan",
+    "ModelPlan",
+    "NodePlan",
+    "OutputPlan",
+    "Source",
+    "TensorPlan",
+    "plan_of",
+]
+
+#: Version of the plan's JSON form; bumped on any incompatible change.
+PLAN_FORMAT = 2
+
+Key = tuple["str | None", str]  # (producing node, or None for a pipeline input; tensor name)
+
+# Two underscores keep composing model names apart from the one-underscore form suffixes.
+MODEL_SEPARATOR = "__"
+
+
+class DeadNodeWarning(UserWarning):
+    """A node feeds no pipeline output, so no form runs it."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input of a node: the tensor that feeds it."""
+
+    input: str
+    node: str | None  # None: a pipeline input
+    tensor: str
+    dtype: str
+
+    @property
+    def key(self) -> Key:
+        return (self.node, self.tensor)
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One live node: its step, its composing model, its inputs and what it returns."""
+
+    name: str
+    step: str
+    model: str
+    inputs: tuple[Source, ...]
+    returns: tuple[str, ...]  # the step's outputs that something reads, in the step's order
+    after: tuple[str, ...]  # live nodes it waits for
+    before: tuple[str, ...]  # live nodes that wait for it
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """One tensor that something reads: its producer, its readers, its ensemble name."""
+
+    node: str | None  # producer; None for a pipeline input
+    name: str  # the producer's output name (or the pipeline input's name)
+    dtype: str
+    ensemble: str  # the ensemble tensor that carries it
+    consumers: tuple[str, ...]  # live nodes that read it, once per binding, in order
+    outputs: tuple[str, ...]  # pipeline outputs that expose it
+    last_use: str | None  # the last consumer in order; None while an output holds it to the end
+
+    @property
+    def key(self) -> Key:
+        return (self.node, self.name)
+
+    @property
+    def reads(self) -> int:
+        """How many times it is read before it can be released (each binding, each output)."""
+        return len(self.consumers) + len(self.outputs)
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    """One pipeline output: the tensor it exposes and the nodes it needs, in order."""
+
+    name: str
+    node: str
+    tensor: str
+    dtype: str
+    needs: tuple[str, ...]
+
+    @property
+    def key(self) -> Key:
+        return (self.node, self.tensor)
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """One composing model: the step it serves and the live nodes that call it."""
+
+    name: str
+    step: str
+    nodes: tuple[str, ...]
+    max_batch_size: int
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """A validated pipeline, decided for execution; see the module docstring."""
+
+    pipeline: str
+    max_batch_size: int
+    inputs: tuple[str, ...]  # every pipeline input, in declaration order
+    outputs: tuple[OutputPlan, ...]
+    nodes: tuple[NodePlan, ...]  # live nodes, in order
+    groups: tuple[tuple[str, ...], ...]
+    tensors: tuple[TensorPlan, ...]
+    models: tuple[ModelPlan, ...]
+    dropped: tuple[str, ...]  # nodes that feed no output of the full pipeline
+    _cache: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    # ------------------------------------------------------------------ lookups
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        return tuple(n.name for n in self.nodes)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.outputs)
+
+    def node(self, name: str) -> NodePlan:
+        return self._index("nodes", lambda: {n.name: n for n in self.nodes})[name]
+
+    def tensor(self, key: Key) -> TensorPlan | None:
+        return self._index("tensors", lambda: {t.key: t for t in self.tensors}).get(key)
+
+    def ensemble_name(self, key: Key) -> str:
+        tensor = self.tensor(key)
+        return key[1] if tensor is None else tensor.ensemble
+
+    @property
+    def reads(self) -> dict[Key, int]:
+        """Tensor -> how many reads it has left at the start of a request."""
+        return dict(self._index("reads", lambda: {t.key: t.reads for t in self.tensors}))
+
+    @property
+    def inputs_used(self) -> tuple[str, ...]:
+        """The pipeline inputs some live node reads."""
+        return tuple(name for name in self.inputs if self.tensor((None, name)) is not None)
+
+    def critical_path(self, costs: dict[str, float] | None = None) -> tuple[list[str], float]:
+        """The most expensive chain of live nodes and its cost (each node costs 1 by default)."""
+        costs = costs or {}
+        best: dict[str, tuple[float, str | None]] = {}
+        for n in self.nodes:
+            base, via = max(((best[p][0], p) for p in n.after), default=(0.0, None))
+            best[n.name] = (base + float(costs.get(n.name, 1.0)), via)
+        if not best:
+            return [], 0.0
+        position = {name: i for i, name in enumerate(best)}
+        end = max(best, key=lambda name: (best[name][0], position[name]))
+        total, path = best[end][0], []
+        node: str | None = end
+        while node is not None:
+            path.append(node)
+            node = best[node][1]
+        return path[::-1], total
+
+    def _index(self, what: str, build: Any) -> Any:
+        found = self._cache.get(what)
+        if found is None:
+            found = self._cache[what] = build()
+        return found
+
+    # ------------------------------------------------------------ output subsets
+
+    def for_outputs(self, names: Iterable[str] | None) -> ExecutionPlan:
+        """The plan that answers only the outputs ``names`` (``None`` or all of them: this plan).
+
+        Raises ``ValueError`` naming an unknown output and the valid ones; an
+        empty selection is refused too, since it would run nothing.
+        """
+        if names is None:
+            return self
+        if isinstance(names, str):
+            names = [names]
+        wanted = frozenset(names)
+        cached = self._cache.get(("outputs", wanted))
+        if cached is not None:
+            return cached
+        valid = self.output_names
+        unknown = sorted(n for n in wanted if n not in valid)
+        if unknown:
+            raise ValueError(
+                f"pipeline {self.pipeline!r} has no output {unknown[0]!r}; its outputs are {list(valid)}"
+            )
+        if not wanted:
+            raise ValueError(f"pipeline {self.pipeline!r}: no output was requested; its outputs are {list(valid)}")
+        plan = self if wanted == frozenset(valid) else _project(self, wanted)
+        self._cache[("outputs", wanted)] = plan
+        return plan
+
+    # ---------------------------------------------------------------------- JSON
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as JSON-ready data (lists and dicts); :meth:`from_json` reads it back equal."""
+        return {
+            "format": PLAN_FORMAT,
+            "pipeline": self.pipeline,
+            "max_batch_size": self.max_batch_size,
+            "inputs": list(self.inputs),
+            "outputs": [
+                {"name": o.name, "node": o.node, "tensor": o.tensor, "dtype": o.dtype, "needs": list(o.needs)}
+                for o in self.outputs
+            ],
+            "nodes": [
+                {
+                    "name": n.name,
+                    "step": n.step,
+                    "model": n.model,
+                    "inputs": [
+                        {"input": s.input, "node": s.node, "tensor": s.tensor, "dtype": s.dtype} for s in n.inputs
+                    ],
+                    "returns": list(n.returns),
+                    "after": list(n.after),
+                    "before": list(n.before),
+                }
+                for n in self.nodes
+            ],
+            "groups": [list(g) for g in self.groups],
+            "tensors": [
+                {
+                    "node": t.node,
+                    "name": t.name,
+                    "dtype": t.dtype,
+                    "ensemble": t.ensemble,
+                    "consumers": list(t.consumers),
+                    "outputs": list(t.outputs),
+                    "last_use": t.last_use,
+                }
+                for t in self.tensors
+            ],
+            "models": [
+                {"name": m.name, "step": m.step, "nodes": list(m.nodes), "max_batch_size": m.max_batch_size}
+                for m in self.models
+            ],
+            "dropped": list(self.dropped),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | str | bytes) -> ExecutionPlan:
+        """The plan written by :meth:`to_json` (as data, or as JSON text)."""
+        if isinstance(data, (str, bytes)):
+            data = json.loads(data)
+        if data.get("format") != PLAN_FORMAT:
+            raise ValueError(
+                f"execution plan format {data.get('format')!r} is not {PLAN_FORMAT}; "
+                "recompile the repository with this version of pipelines"
+            )
+        return cls(
+            pipeline=data["pipeline"],
+            max_batch_size=int(data["max_batch_size"]),
+            inputs=tuple(data["inputs"]),
+            outputs=tuple(
+                OutputPlan(o["name"], o["node"], o["tensor"], o["dtype"], tuple(o["needs"])) for o in data["outputs"]
+            ),
+            nodes=tuple(
+                NodePlan(
+                    name=n["name"],
+                    step=n["step"],
+                    model=n["model"],
+                    inputs=tuple(Source(s["input"], s["node"], s["tensor"], s["dtype"]) for s in n["inputs"]),
+                    returns=tuple(n["returns"]),
+                    after=tuple(n["after"]),
+                    before=tuple(n["before"]),
+                )
+                for n in data["nodes"]
+            ),
+            groups=tuple(tuple(g) for g in data["groups"]),
+            tensors=tuple(
+                TensorPlan(
+                    node=t["node"],
+                    name=t["name"],
+                    dtype=t["dtype"],
+                    ensemble=t["ensemble"],
+                    consumers=tuple(t["consumers"]),
+                    outputs=tuple(t["outputs"]),
+                    last_use=t["last_use"],
+                )
+                for t in data["tensors"]
+            ),
+            models=tuple(
+                ModelPlan(m["name"], m["step"], tuple(m["nodes"]), int(m["max_batch_size"])) for m in data["models"]
+            ),
+            dropped=tuple(data["dropped"]),
+        )
+
+
+# -------------------------------------------------------------------- building
+
+
+def plan_of(pipeline: Pipeline, *, warn: bool = True) -> ExecutionPlan:
+    """The execution plan of ``pipeline`` (validated first).
+
+    ``warn``: say, with a :class:`DeadNodeWarning`, which nodes feed no output.
+    """
+    pipeline.validate()
+    order = pipeline.topological_order()
+    position = {name: i for i, name in enumerate(pipeline.nodes)}  # declaration order
+    nodes = []
+    for name in order:
+        node = pipeline.nodes[name]
+        inputs = tuple(
+            Source(input_name, ref.node, ref.name, ref.spec.dtype) for input_name, ref in node.bindings.items()
+        )
+        nodes.append(
+            NodePlan(
+                name=name,
+                step=node.step.name,
+                model="",  # named below, once the live nodes are known
+                inputs=inputs,
+                returns=tuple(node.step.outputs),
+                after=(),
+                before=(),
+            )
+        )
+    outputs = tuple(
+        OutputPlan(name, ref.node, ref.name, ref.spec.dtype, ()) for name, ref in pipeline.outputs.items()
+    )
+    every = ExecutionPlan(
+        pipeline=pipeline.name,
+        max_batch_size=pipeline.max_batch_size,
+        inputs=tuple(pipeline.inputs),
+        outputs=outputs,
+        nodes=tuple(nodes),
+        groups=(),
+        tensors=(),
+        models=(),
+        dropped=(),
+    )
+    live = _project(every, frozenset(pipeline.outputs), position=position)
+    dropped = tuple(name for name in order if name not in set(live.order))
+    if dropped and warn:
+        many = len(dropped) > 1
+        warnings.warn(
+            f"pipeline {pipeline.name!r}: step{'s' if many else ''} {', '.join(map(repr, dropped))} "
+            f"feed{'' if many else 's'} no pipeline output, so no form runs {'them' if many else 'it'}; "
+            f"wire {'them' if many else 'it'} to an output or remove {'them' if many else 'it'}",
+            DeadNodeWarning,
+            stacklevel=_caller_level(),
+        )
+    models, model_of = _name_models(pipeline, live.order)
+    ensemble = _name_tensors(pipeline, live)
+    return ExecutionPlan(
+        pipeline=live.pipeline,
+        max_batch_size=live.max_batch_size,
+        inputs=live.inputs,
+        outputs=live.outputs,
+        nodes=tuple(
+            NodePlan(n.name, n.step, model_of[n.name], n.inputs, n.returns, n.after, n.before) for n in live.nodes
+        ),
+        groups=live.groups,
+        tensors=tuple(
+            TensorPlan(t.node, t.name, t.dtype, ensemble.get(t.key, t.name), t.consumers, t.outputs, t.last_use)
+            for t in live.tensors
+        ),
+        models=models,
+        dropped=dropped,
+    )
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside this package."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _project(plan: ExecutionPlan, wanted: frozenset[str], position: dict[str, int] | None = None) -> ExecutionPlan:
+    """``plan`` cut down to the nodes the outputs ``wanted`` need, with everything derived again.
+
+    ``plan.nodes`` must be in topological order; a node's ``returns`` may only
+    shrink. ``position`` orders the nodes of a parallel group (default: plan order).
+    """
+    by_name = {n.name: n for n in plan.nodes}
+    outputs = []
+    for o in plan.outputs:
+        if o.name not in wanted:
+            continue
+        needs: set[str] = set()
+        stack = [o.node]
+        while stack:
+            name = stack.pop()
+            if name not in needs:
+                needs.add(name)
+                stack += [s.node for s in by_name[name].inputs if s.node is not None]
+        outputs.append(OutputPlan(o.name, o.node, o.tensor, o.dtype, tuple(n.name for n in plan.nodes if n.name in needs)))
+    needed = {name for o in outputs for name in o.needs}
+    live = [n for n in plan.nodes if n.name in needed]
+    position = position or {n.name: i for i, n in enumerate(plan.nodes)}
+
+    # Tensors: who reads each, in order; outputs hold theirs until the answer.
+    readers: dict[Key, list[str]] = {}
+    dtypes: dict[Key, str] = {}
+    for n in live:
+        for s in n.inputs:
+            readers.setdefault(s.key, []).append(n.name)
+            dtypes[s.key] = s.dtype
+    exposed: dict[Key, list[str]] = {}
+    for o in outputs:
+        exposed.setdefault(o.key, []).append(o.name)
+        dtypes[o.key] = o.dtype
+    keys = [(None, name) for name in plan.inputs if (None, name) in readers]
+    for n in live:
+        keys += [(n.name, out) for out in n.returns if (n.name, out) in readers or (n.name, out) in exposed]
+    tensors = tuple(
+        TensorPlan(
+            node=key[0],
+            name=key[1],
+            dtype=dtypes[key],
+            ensemble=(plan.tensor(key).ensemble if plan.tensor(key) is not None else key[1]),
+            consumers=tuple(readers.get(key, ())),
+            outputs=tuple(exposed.get(key, ())),
+            last_use=None if key in exposed else readers[key][-1],
+        )
+        for key in keys
+    )
+
+    after = {n.name: _unique(s.node for s in n.inputs if s.node is not None) for n in live}
+    before: dict[str, list[str]] = {n.name: [] for n in live}
+    for n in live:
+        for pred in after[n.name]:
+            before[pred].append(n.name)
+    level: dict[str, int] = {}
+    for n in live:
+        level[n.name] = 1 + max((level[p] for p in after[n.name]), default=-1)
+    groups = tuple(
+        tuple(sorted((name for name, lv in level.items() if lv == i), key=position.__getitem__))
+        for i in range(1 + max(level.values(), default=-1))
+    )
+    nodes = tuple(
+        NodePlan(
+            name=n.name,
+            step=n.step,
+            model=n.model,
+            inputs=n.inputs,
+            returns=tuple(out for out in n.returns if (n.name, out) in readers or (n.name, out) in exposed),
+            after=after[n.name],
+            before=tuple(before[n.name]),
+        )
+        for n in live
+    )
+    models = tuple(
+        ModelPlan(m.name, m.step, tuple(x for x in m.nodes if x in needed), m.max_batch_size)
+        for m in plan.models
+        if any(x in needed for x in m.nodes)
+    )
+    return ExecutionPlan(
+        pipeline=plan.pipeline,
+        max_batch_size=plan.max_batch_size,
+        inputs=plan.inputs,
+        outputs=tuple(outputs),
+        nodes=nodes,
+        groups=groups,
+        tensors=tensors,
+        models=models,
+        dropped=plan.dropped,
+    )
+
+
+def _unique(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+def _name_models(pipeline: Pipeline, order: tuple[str, ...]) -> tuple[tuple[ModelPlan, ...], dict[str, str]]:
+    """One composing model per distinct step object, and each node's model."""
+    by_step: dict[int, str] = {}
+    taken: set[str] = set()
+    model_of: dict[str, str] = {}
+    members: dict[str, list[str]] = {}
+    for node_name in order:
+        step = pipeline.nodes[node_name].step
+        name = by_step.get(id(step))
+        if name is None:
+            name = next(c for c in _candidates(pipeline.name, step.name, node_name) if c not in taken)
+            by_step[id(step)] = name
+            taken.add(name)
+            members[name] = []
+        model_of[node_name] = name
+        members[name].append(node_name)
+    models = tuple(
+        ModelPlan(
+            name=name,
+            step=pipeline.nodes[nodes[0]].step.name,
+            nodes=tuple(nodes),
+            max_batch_size=pipeline.nodes[nodes[0]].max_batch_size,
+        )
+        for name, nodes in members.items()
+    )
+    return models, model_of
+
+
+def _candidates(pipeline: str, step: str, node: str) -> Iterable[str]:
+    yield f"{pipeline}{MODEL_SEPARATOR}{step}"
+    yield f"{pipeline}{MODEL_SEPARATOR}{node}"
+    i = 2
+    while True:
+        yield f"{pipeline}{MODEL_SEPARATOR}{node}_{i}"
+        i += 1
+
+
+def _name_tensors(pipeline: Pipeline, live: ExecutionPlan) -> dict[Key, str]:
+    """Tensor -> ensemble tensor name, for every tensor something reads.
+
+    A pipeline output keeps its own name (the first output, where one tensor
+    is exposed twice). Internal wires are named ``<node>.<output>``, made
+    unique against every other name, so no internal tensor can collide with a
+    pipeline input or output.
+    """
+    names: dict[Key, str] = {}
+    used = set(pipeline.inputs)
+    for o in live.outputs:
+        used.add(o.name)
+        names.setdefault(o.key, o.name)
+    for node in live.nodes:
+        for s in node.inputs:
+            if s.node is None or s.key in names:
+                continue
+            base = f"{s.node}.{s.tensor}"
+            candidate, i = base, 1
+            while candidate in used:
+                candidate = f"{base}_{i}"
+                i += 1
+            names[s.key] = candidate
+            used.add(candidate)
+    return names

@@ -1,0 +1,104 @@
+"""Requested outputs in the local runtime: every non-empty subset, in every mode, answers
+exactly those outputs and runs only the steps they need; an unknown output is a clear error."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import anyio
+import numpy as np
+import pytest
+
+from pipelines import InputError, Pipeline, TensorSpec, step
+from pipelines.plan import DeadNodeWarning
+from pipelines.runtime import MODES, LocalRuntime, run_many
+
+V = TensorSpec("FP32", [-1])
+
+
+@step(inputs={"x": V}, outputs={"y": V})
+def inc(x):
+    return {"y": x + 1}
+
+
+@step(inputs={"a": V, "b": V}, outputs={"y": V})
+def add(a, b):
+    return {"y": a + b}
+
+
+@step(inputs={"x": V}, outputs={"lo": V, "hi": V})
+def split(x):
+    return {"lo": x - 1, "hi": x * 10}
+
+
+@step(inputs={"x": V}, outputs={"y": V})
+def explode(x):
+    raise RuntimeError("a dead node must not run")
+
+
+def edges() -> Pipeline:
+    p = Pipeline("edges", inputs={"x": V}, max_batch_size=4)
+    a = p.add(inc, name="a", x=p.input("x"))
+    b = p.add(inc, name="b", x=a["y"])
+    c = p.add(add, name="c", a=b["y"], b=a["y"])
+    d = p.add(split, name="d", x=b["y"])
+    e = p.add(inc, name="e", x=p.input("x"))
+    p.add(explode, name="dead", x=d["lo"])
+    p.output("a", a["y"])  # an output that also feeds later steps
+    p.output("b", b["y"])  # an output that feeds two steps
+    p.output("c", c["y"])
+    p.output("lo", d["lo"])  # two outputs of one step
+    p.output("hi", d["hi"])
+    p.output("e", e["y"])
+    return p
+
+
+X = np.array([[1.0, 2.0]], np.float32)
+EXPECTED = {"a": X + 1, "b": X + 2, "c": 2 * X + 3, "lo": X + 1, "hi": (X + 2) * 10, "e": X + 1}
+NEEDS = {"a": {"a"}, "b": {"a", "b"}, "c": {"a", "b", "c"}, "lo": {"a", "b", "d"}, "hi": {"a", "b", "d"}, "e": {"e"}}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_subset_of_outputs_runs_only_the_steps_it_needs(mode):
+    p = edges()
+
+    async def main():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeadNodeWarning)
+            rt = LocalRuntime(p, mode)
+        async with rt:
+            for k in range(1, len(EXPECTED) + 1):
+                for subset in itertools.combinations(EXPECTED, k):
+                    out, report = await rt.infer_with_report({"x": X}, outputs=list(subset))
+                    assert sorted(out) == sorted(subset), subset
+                    for name in subset:
+                        np.testing.assert_array_equal(out[name], EXPECTED[name])
+                    ran = {s.step for s in report.steps if s.calls}
+                    assert ran == set().union(*(NEEDS[n] for n in subset)), subset
+            full = await rt.infer({"x": X})  # no selection: every output
+            assert sorted(full) == sorted(EXPECTED)
+
+    anyio.run(main)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_unknown_output_names_itself_and_the_valid_ones(mode):
+    p = edges()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeadNodeWarning)
+        with pytest.raises(InputError, match=r"no output 'nope'; its outputs are \['a', 'b', 'c', 'lo', 'hi', 'e'\]") as err:
+            p.run({"x": X}, mode=mode, outputs=["a", "nope"])
+    assert err.value.tensor == "nope" and err.value.pipeline == "edges"
+
+
+def test_run_and_run_many_take_outputs():
+    p = edges()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeadNodeWarning)
+        out = p.run({"x": X}, mode="bls", outputs=["hi"])
+        results, report = run_many(p, [{"x": X}] * 3, mode="bls-sync", outputs=["e", "a"], concurrency=2)
+    assert list(out) == ["hi"]
+    np.testing.assert_array_equal(out["hi"], EXPECTED["hi"])
+    assert [sorted(r) for r in results] == [["a", "e"]] * 3
+    assert {s.step: s.calls for s in report.steps} == {"a": 3, "b": 0, "c": 0, "d": 0, "e": 3}
