@@ -22,6 +22,7 @@ from pipelines.errors import (
     InferenceError,
     InputError,
     ServerDiedError,
+    ServerError,
     ServerStartError,
     StepTimeoutError,
 )
@@ -245,6 +246,44 @@ def test_a_fixed_port_in_use_fails_start_and_says_so(server, small_repository):
         ServerStartError, match=rf"exited during start-up \(exit code 1\); port {taken} is already in use"
     ):
         TritonServer(small_repository, http_port=taken, grpc_port=None).start()
+
+
+class Finalizes:
+    """A step whose finalize() leaves a file behind: the proof that Triton unloaded it properly."""
+
+    def initialize(self, config):
+        self.marker = Path(config["parameters"]["marker"])
+
+    def execute(self, x):
+        return {"y": x + 1}
+
+    def finalize(self):
+        self.marker.write_text("finalized")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_leaving_the_context_closes_its_clients_and_finalizes_the_steps(tmp_path, protocol):
+    from pipelines import Pipeline, TensorSpec, step
+    from pipelines.compile import compile_pipeline
+
+    spec, marker = TensorSpec("FP32", [4]), tmp_path / "finalized"
+    finalizes = step(Finalizes, inputs={"x": spec}, outputs={"y": spec}, parameters={"marker": str(marker)})
+    pipeline = Pipeline("fin", inputs={"x": spec}, max_batch_size=4)
+    pipeline.output("y", pipeline.add(finalizes, x=pipeline.input("x"))["y"])
+    repository = compile_pipeline(pipeline, "ensemble").write(tmp_path / "repo")
+    x = np.ones((1, 4), np.float32)
+    with TritonServer(repository) as server:
+        # Left open on purpose: an open HTTP connection used to hold Triton for its whole
+        # exit timeout, after which it exited without finalizing any model.
+        client, remote = server.client(protocol), TritonClient(server.http_url)
+        async_client = server.async_client(protocol)
+        np.testing.assert_array_equal(client.infer("fin", {"x": x})["y"], 2)
+        np.testing.assert_array_equal(remote.infer("fin", {"x": x})["y"], 2)
+        anyio.run(async_client.infer, "fin", {"x": x})
+        assert not marker.exists()
+    assert marker.read_text() == "finalized"
+    with pytest.raises(ServerError, match="is stopped; start it again"):
+        client.infer("fin", {"x": x})
 
 
 def test_a_killed_server_makes_the_next_call_fail_fast(small_repository):

@@ -3,6 +3,8 @@ with the same calls, answers and errors as :class:`~pipelines.triton.client.Trit
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,12 +38,14 @@ class AsyncTritonClient:
         self.timeout = timeout
         self._errors = ErrorTranslator(self.url, self.protocol, liveness)
         self._client: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
     def _get(self) -> Any:
         if self._closed:
             raise ServerError(f"this AsyncTritonClient of {self.url} is closed; make a new one")
         if self._client is None:
+            self._loop = asyncio.get_running_loop()
             if self.protocol == "http":
                 import tritonclient.http.aio as aiohttpclient
 
@@ -153,6 +157,19 @@ class AsyncTritonClient:
         client, self._client = self._client, None
         if client is not None:
             await client.close()
+
+    def close_from_any_thread(self, timeout: float = 2.0) -> None:
+        """Close from outside the client's event loop (the server that stops calls it).
+
+        On its loop if that loop still runs in another thread; otherwise it is only marked
+        closed, and the server shuts its connections down (``cleanup.shutdown_connections``).
+        """
+        self._closed = True
+        loop = self._loop
+        if self._client is None or loop is None or not loop.is_running() or asyncio._get_running_loop() is loop:
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self.close(), loop).result(timeout)
 
     async def __aenter__(self) -> AsyncTritonClient:
         return self

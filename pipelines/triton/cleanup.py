@@ -7,6 +7,7 @@ import atexit
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -17,6 +18,7 @@ __all__ = [
     "SHM_TAG",
     "REGISTRY",
     "kill_server",
+    "shutdown_connections",
     "live_processes",
     "remove_shm",
     "sigint_deferred",
@@ -54,6 +56,44 @@ def kill_server(proc: subprocess.Popen[bytes] | None, pgid: int | None, shm_pref
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.02)
     remove_shm(shm_prefix)
+
+
+def shutdown_connections(ports: set[int]) -> int:
+    """Shut down every TCP connection this process holds to one of ``ports`` on this machine; how many.
+
+    Triton waits up to its whole exit timeout for open HTTP connections before it unloads
+    any model, and then exits without finalizing them. A client left open anywhere in the
+    process (ours, a user's ``TritonClient(url)``, an asyncio client whose loop is gone)
+    would hold it. ``shutdown`` (not ``close``) ends the connection for the server while
+    the owner's file descriptor stays valid; its next use fails instead of hanging.
+    """
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            # rem_address is HEXIP:HEXPORT; state 01 is ESTABLISHED; field 9 is the socket's inode.
+            if len(fields) > 9 and fields[3] == "01" and int(fields[2].rsplit(":", 1)[1], 16) in ports:
+                inodes.add(f"socket:[{fields[9]}]")
+    done = 0
+    if not inodes:
+        return done
+    with contextlib.suppress(OSError):
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError, ValueError):
+                if os.readlink(f"/proc/self/fd/{fd}") not in inodes:
+                    continue
+                sock = socket.socket(fileno=int(fd))
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    done += 1
+                finally:
+                    sock.detach()  # the fd stays its owner's to close
+    return done
 
 
 def live_processes(*, pgid: int | None, marker: bytes) -> list[int]:

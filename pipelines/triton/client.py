@@ -223,6 +223,10 @@ class TritonClient:
         if grpc is not None:
             grpc.close()
 
+    def close_from_any_thread(self) -> None:
+        """:meth:`close`; it is safe from any thread (the server that stops calls it)."""
+        self.close()
+
     def __enter__(self) -> TritonClient:
         return self
 

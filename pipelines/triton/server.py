@@ -17,13 +17,22 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ServerDiedError, ServerError, ServerStartError
 from .arguments import Ports, ServerArguments
-from .cleanup import REGISTRY, SHM_TAG, kill_server, sigint_deferred, signal_group, sweep_orphaned_shm
+from .cleanup import (
+    REGISTRY,
+    SHM_TAG,
+    kill_server,
+    shutdown_connections,
+    sigint_deferred,
+    signal_group,
+    sweep_orphaned_shm,
+)
 from .installation import TritonInstallation, backend_directory, find_installation
 from .ports import choose_ports, health_ready, listens, taken_port
 from .python_env import current_environment, probe_environment
@@ -44,8 +53,10 @@ class TritonServer:
 
     Ports left as ``None`` are chosen free (and chosen again if another process takes
     one first). ``env`` adds variables to the server's environment. ``exit_timeout`` is
-    how long the server may wait for in-flight requests when stopped; past it, and a short
-    grace to unload models, its whole process group is killed. ``python_env`` is the root
+    how long the server may take to stop: to answer the requests in flight and to unload
+    (finalize) its models. Past it, and a short grace, its whole process group is killed.
+    Stopping first closes the clients it handed out and every connection this process
+    holds to it, since Triton would otherwise spend its exit timeout waiting for them. ``python_env`` is the root
     of a virtual (or conda) environment the Python models run in instead of this one's; it
     needs ``numpy<2`` and whatever the models import, not ``pipelines``.
     """
@@ -57,7 +68,7 @@ class TritonServer:
         model_control_mode: str = "none",
         load_models: Sequence[str] = (),
         startup_timeout: float = 120.0,
-        exit_timeout: int = 5,
+        exit_timeout: int = 30,
         log_verbose: int = 0,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
@@ -97,6 +108,8 @@ class TritonServer:
         self._stopped = False
         self._reaped = False
         self._lock = threading.RLock()
+        # The clients handed out, closed when the server stops (weakly held: a client dropped is gone).
+        self._clients: weakref.WeakSet[TritonClient | AsyncTritonClient] = weakref.WeakSet()
 
     # ---------------------------------------------------------------- arguments
 
@@ -276,6 +289,7 @@ class TritonServer:
             proc = self._proc
             try:
                 if proc is not None and proc.poll() is None:
+                    self._close_connections()
                     signal_group(self._pgid, signal.SIGTERM)
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         proc.wait(timeout=self.exit_timeout + _UNLOAD_GRACE)
@@ -285,6 +299,13 @@ class TritonServer:
                     shutil.rmtree(self._workdir, ignore_errors=True)
                 self._stopped = True
                 REGISTRY.discard(self)
+
+    def _close_connections(self) -> None:
+        for client in list(self._clients):
+            with contextlib.suppress(Exception):  # a client broken already is as good as closed
+                client.close_from_any_thread()
+        if self._ports is not None:
+            shutdown_connections({self._ports.http, self._ports.grpc})
 
     def wait(self, timeout: float | None = None) -> int | None:
         """Wait for the server process to exit on its own; its exit code, or None past ``timeout``."""
@@ -328,14 +349,18 @@ class TritonServer:
         from .client import TritonClient
 
         url = self.http_url if protocol == "http" else self.grpc_url
-        return TritonClient(url, protocol, timeout=timeout, liveness=_Liveness(self))
+        client = TritonClient(url, protocol, timeout=timeout, liveness=_Liveness(self))
+        self._clients.add(client)
+        return client
 
     def async_client(self, protocol: str = "http", *, timeout: float | None = None) -> AsyncTritonClient:
         """An asyncio client of this server, failing fast like :meth:`client`."""
         from .async_client import AsyncTritonClient
 
         url = self.http_url if protocol == "http" else self.grpc_url
-        return AsyncTritonClient(url, protocol, timeout=timeout, liveness=_Liveness(self))
+        client = AsyncTritonClient(url, protocol, timeout=timeout, liveness=_Liveness(self))
+        self._clients.add(client)
+        return client
 
     def load_model(self, name: str) -> None:
         """Load (or reload) model ``name``; needs ``model_control_mode='explicit'``."""
