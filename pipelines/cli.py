@@ -5,6 +5,7 @@ holding a :class:`~pipelines.Pipeline`)."""
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -71,19 +72,74 @@ def _cmd_remove(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_inputs(pairs: Sequence[str]) -> dict[str, Any]:
-    import numpy as np
-
+def _parse_inputs(pairs: Sequence[str], pipeline: Any) -> dict[str, Any]:
     inputs = {}
     for pair in pairs:
         name, sep, file = pair.partition("=")
-        if not sep:
+        if not sep or not name or not file:
             raise PipelinesError(f"--input {pair!r} is not NAME=FILE.npy")
-        try:
-            inputs[name] = np.load(file, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as exc:
-            raise PipelinesError(f"--input {name}: cannot load {file!r} as a .npy array ({exc})") from None
+        inputs[name] = _as_declared(_load_npy(name, file), pipeline.inputs.get(name))
     return inputs
+
+
+# What unpickling an object array of str/bytes saved by np.save needs, and nothing more:
+# a .npy that names any other global is refused instead of running its code.
+_NPY_OBJECT_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("_codecs", "encode"),  # bytes, as protocol 2 pickles them
+}
+
+
+class _StringArrayUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _NPY_OBJECT_GLOBALS:
+            raise pickle.UnpicklingError(f"it holds a pickled {module}.{name}, not strings")
+        return super().find_class(module, name)
+
+
+def _load_npy(name: str, file: str) -> Any:
+    """``np.load`` without pickles, except object arrays of str/bytes (BYTES tensors), read safely."""
+    import numpy as np
+
+    try:
+        return np.load(file, allow_pickle=False)
+    except ValueError as exc:
+        if "allow_pickle" not in str(exc):
+            raise PipelinesError(f"--input {name}: cannot load {file!r} as a .npy array ({exc})") from None
+    except (OSError, EOFError) as exc:
+        raise PipelinesError(f"--input {name}: cannot load {file!r} as a .npy array ({exc})") from None
+    try:
+        with open(file, "rb") as f:
+            major, _ = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            read_header(f)
+            array = _StringArrayUnpickler(f).load()
+    except (OSError, EOFError, ValueError, pickle.UnpicklingError, AttributeError, TypeError) as exc:
+        raise PipelinesError(
+            f"--input {name}: {file!r} is an object array that is not str or bytes ({exc}); "
+            "--input takes numeric arrays, or arrays of str/bytes for BYTES inputs"
+        ) from None
+    kinds = {type(v).__name__ for v in np.asarray(array, dtype=object).flat if not isinstance(v, (str, bytes))}
+    if not isinstance(array, np.ndarray) or kinds:
+        raise PipelinesError(
+            f"--input {name}: {file!r} holds {sorted(kinds) or type(array).__name__} objects; "
+            "--input takes numeric arrays, or arrays of str/bytes for BYTES inputs"
+        )
+    # BYTES tensors are object arrays of bytes, as tritonclient sends them; str is sent as UTF-8.
+    encoded = np.empty(array.shape, dtype=object)
+    for index, value in np.ndenumerate(array):
+        encoded[index] = value.encode("utf-8") if isinstance(value, str) else value
+    return encoded
+
+
+def _as_declared(array: Any, spec: Any) -> Any:
+    """A BF16 array comes back from np.save as raw 2-byte records (``|V2``): view it as BF16 again."""
+    if spec is not None and spec.dtype == "BF16" and array.dtype.kind == "V" and array.dtype.itemsize == 2:
+        return array.view(spec.numpy_dtype)
+    return array
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -93,7 +149,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .runtime.local import LocalRuntime
 
     p = load_pipeline(args.pipeline)
-    inputs = _parse_inputs(args.input)
+    inputs = _parse_inputs(args.input, p)
 
     async def go():
         async with LocalRuntime(p, mode=args.mode) as rt:

@@ -140,9 +140,7 @@ def _check_shape(name: str, spec: TensorSpec, shape: tuple[int, ...], fail: Any,
     want = _expected(spec, max_batch_size)
     rank = spec.rank + (1 if batched else 0)
     if len(shape) != rank:
-        hint = ""
-        if batched and len(shape) == spec.rank:
-            hint = f"; the batch dimension is missing: send {name}[None] for a batch of one"
+        hint = _missing_batch_hint(name, spec, shape, max_batch_size) if batched and len(shape) == spec.rank else ""
         raise fail(
             f"input {name!r} expects rank {rank} {want} but was given shape {list(shape)} (rank {len(shape)}){hint}",
             name,
@@ -166,6 +164,23 @@ def _check_shape(name: str, spec: TensorSpec, shape: tuple[int, ...], fail: Any,
                 f"is {s}, expected {d}",
                 name,
             )
+
+
+def _missing_batch_hint(name: str, spec: TensorSpec, shape: tuple[int, ...], max_batch_size: int) -> str:
+    """Which axis to add: ``x[None]`` if ``x`` is one row, ``x[:, None]`` if it is rows of one value each."""
+
+    def fits(body: tuple[int, ...]) -> bool:
+        return all(d in (-1, s) for d, s in zip(spec.dims, body, strict=True))
+
+    fixes = []
+    if fits(shape):
+        fixes.append(f"{name}[None] for a batch of one")
+    if shape and 0 < shape[0] <= max_batch_size and fits((*shape[1:], 1)):
+        index = ":, None" if len(shape) == 1 else "..., None"
+        fixes.append(f"{name}[{index}] for a batch of {shape[0]} rows of {list(spec.dims)}")
+    if not fixes:
+        return f"; the batch dimension is missing: add it as the first axis (shape [batch, {', '.join(map(str, spec.dims))}])"
+    return "; the batch dimension is missing: send " + ", or ".join(fixes)
 
 
 def _expected(spec: TensorSpec, max_batch_size: int) -> str:

@@ -16,18 +16,17 @@ from pipelines.step import check_outputs
 from pipelines.steps import (
     PALETTE,
     array_namespace,
-    detector,
     find_rectangles,
-    letterbox,
     letterbox_geometry,
-    nms,
     nms_step,
     non_max_suppression,
     onnx_detector,
-    scale_boxes,
     scale_detections,
 )
-from pipelines.steps.detector import ANCHORS, STRIDES
+from pipelines.steps.detector import ANCHORS, STRIDES, detector
+from pipelines.steps.letterbox import letterbox
+from pipelines.steps.nms import nms
+from pipelines.steps.scale_boxes import scale_boxes
 
 F32 = np.float32
 

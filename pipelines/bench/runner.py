@@ -176,6 +176,10 @@ def _run_async(fn: Callable[..., Any], *args: Any) -> Any:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        running = False
+    else:
+        running = True
+    if not running:  # outside the `except`: errors of the run are not chained to "no running event loop"
         return anyio.run(fn, *args)
     handle: dict[str, Any] = {}
 

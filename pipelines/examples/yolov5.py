@@ -19,10 +19,11 @@ import numpy as np
 from ..errors import PipelinesError
 from ..graph import Pipeline
 from ..step import Step
-from ..steps import detector as stand_in_detector
-from ..steps import letterbox, letterbox_geometry, nms, nms_step, scale_boxes
 from ..steps.detector import CLASS_NAMES, PALETTE
-from ..steps.nms import NUM_CANDIDATES, NUM_CLASSES
+from ..steps.detector import detector as stand_in_detector
+from ..steps.letterbox import letterbox, letterbox_geometry
+from ..steps.nms import NUM_CANDIDATES, NUM_CLASSES, nms, nms_step
+from ..steps.scale_boxes import scale_boxes
 from ..tensor import TensorSpec
 
 __all__ = [

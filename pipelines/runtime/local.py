@@ -594,10 +594,18 @@ def run_many(
 
 
 def _blocking(main: Any) -> Any:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
+    if not _loop_running():
+        # Outside an `except RuntimeError` block: an error of the run must not be chained to
+        # "no running event loop" in every traceback.
         return anyio.run(main)
     # A loop already runs in this thread (Jupyter): it cannot be re-entered, so use another thread.
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipelines-run") as pool:
         return pool.submit(anyio.run, main).result()
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -1,26 +1,20 @@
 """Reusable steps for yolov5-style pipelines, for numpy and CuPy arrays alike:
 ``letterbox`` -> a detector -> ``nms`` -> ``scale_boxes``.
 
-Each step shares its name with the module that defines it, and the package
-attribute is the step: ``from pipelines.steps import nms`` gives the step,
-``from pipelines.steps.nms import non_max_suppression`` reaches the module.
+Each step lives in the module of its name, and the package's attribute is that
+module, never the step (a step must not shadow its module):
+``from pipelines.steps.nms import nms`` is the step, ``pipelines.steps.nms`` the
+module. The package re-exports the helpers, factories and ``onnx_detector``.
 """
 
 from __future__ import annotations
 
+from . import detector, letterbox, nms, scale_boxes
 from ._xp import array_namespace, to_numpy
-from .detector import (
-    CLASS_NAMES,
-    PALETTE,
-    OnnxRuntimeDetector,
-    detector,
-    find_rectangles,
-    onnx_detector,
-    stand_in_output,
-)
-from .letterbox import LETTERBOX_SIZE, PAD_VALUE, LetterboxGeometry, letterbox, letterbox_geometry, letterbox_images
-from .nms import CONF_THRESHOLD, IOU_THRESHOLD, MAX_DET, NonMaxSuppression, nms, nms_step, non_max_suppression
-from .scale_boxes import scale_boxes, scale_boxes_step, scale_detections
+from .detector import CLASS_NAMES, PALETTE, OnnxRuntimeDetector, find_rectangles, onnx_detector, stand_in_output
+from .letterbox import LETTERBOX_SIZE, PAD_VALUE, LetterboxGeometry, letterbox_geometry, letterbox_images
+from .nms import CONF_THRESHOLD, IOU_THRESHOLD, MAX_DET, NonMaxSuppression, nms_step, non_max_suppression
+from .scale_boxes import scale_boxes_step, scale_detections
 
 __all__ = [
     "CLASS_NAMES",
