@@ -122,12 +122,17 @@ class ExternalModel:
 
     ``model_filename`` is the name the file gets in ``<model>/1/``; by default
     the backend's usual name (``model.onnx``, ``model.plan``, ``model.pt``…).
+    ``fixed_batch`` is set when the model's first axis is a fixed batch (an
+    export without a dynamic batch axis, e.g. ``[1, 3, 640, 640]``): in a
+    batching pipeline it compiles to ``max_batch_size: 0`` with that batch as the
+    first of its dims, and the local runtime feeds it that many rows at a time.
     """
 
     backend: str | None = None
     platform: str | None = None
     model_file: str | None = None
     model_filename: str | None = None
+    fixed_batch: int | None = None
 
     def __post_init__(self) -> None:
         if not self.backend and not self.platform:
@@ -135,6 +140,10 @@ class ExternalModel:
                 "an external model needs a backend (e.g. 'onnxruntime') or a platform "
                 "(e.g. 'tensorrt_plan')"
             )
+        if self.fixed_batch is not None and (
+            isinstance(self.fixed_batch, bool) or not isinstance(self.fixed_batch, int) or self.fixed_batch < 1
+        ):
+            raise StepDeclarationError(f"an external model's fixed_batch is an int >= 1; got {self.fixed_batch!r}")
         if self.model_file is not None:
             object.__setattr__(self, "model_file", os.fspath(self.model_file))
         if self.model_filename is None and self.model_file is not None:
@@ -146,6 +155,7 @@ class ExternalModel:
             "platform": self.platform,
             "model_file": self.model_file,
             "model_filename": self.model_filename,
+            "fixed_batch": self.fixed_batch,
         }
 
 
@@ -341,17 +351,59 @@ class StepInstance:
 
     def execute(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Call the step with its inputs as keyword arguments; return a dict of outputs."""
+        chunks = self._fixed_batch_chunks(inputs)
+        if chunks is not None:
+            return _joined([normalise_outputs(self.step, self._fn(**c)) for c in chunks[0]], chunks[1])
         result = self._fn(**inputs)
         return normalise_outputs(self.step, result)
 
     async def execute_async(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Await an ``async def`` step with its inputs as keyword arguments; return a dict of outputs."""
+        chunks = self._fixed_batch_chunks(inputs)
+        if chunks is not None:
+            return _joined([normalise_outputs(self.step, await self._fn(**c)) for c in chunks[0]], chunks[1])
         return normalise_outputs(self.step, await self._fn(**inputs))
+
+    def _fixed_batch_chunks(self, inputs: Mapping[str, Any]) -> tuple[list[dict[str, Any]], int] | None:
+        """A batch cut into the fixed batch of an external model, the last chunk padded; None if none is needed.
+
+        A model exported with a fixed batch runs exactly that many rows, so a larger
+        (or smaller) batch is fed to it ``fixed_batch`` rows at a time.
+        """
+        fixed = self.step.external.fixed_batch if self.step.external is not None else None
+        if fixed is None or not inputs:
+            return None
+        ranks = {n: getattr(v, "ndim", None) for n, v in inputs.items()}
+        if any(r != self.step.inputs[n].rank + 1 for n, r in ranks.items() if n in self.step.inputs):
+            return None  # not a batch: a single sample, as Step.__call__ may be given
+        rows = int(next(iter(inputs.values())).shape[0])
+        if rows == fixed:
+            return None
+        chunks = []
+        for start in range(0, rows, fixed):
+            chunk = {}
+            for n, v in inputs.items():
+                part = v[start : start + fixed]
+                if part.shape[0] < fixed:  # pad with copies of the last row; their outputs are dropped
+                    pad = part[-1:].repeat(fixed - part.shape[0], axis=0)
+                    part = _concatenate([part, pad])
+                chunk[n] = part
+            chunks.append(chunk)
+        return chunks, rows
 
     def finalize(self) -> None:
         fin = getattr(self._obj, "finalize", None)
         if fin is not None:
             fin()
+
+
+def _concatenate(arrays: list[Any]) -> Any:
+    # numpy's concatenate dispatches to CuPy for CuPy arrays (NEP 18), so both work here.
+    return np.concatenate(arrays, axis=0)
+
+
+def _joined(parts: list[dict[str, Any]], rows: int) -> dict[str, Any]:
+    return {name: _concatenate([p[name] for p in parts])[:rows] for name in parts[0]}
 
 
 def normalise_outputs(step: Step, result: Any) -> dict[str, Any]:
@@ -487,13 +539,15 @@ def external_model(
     model_file: str | os.PathLike[str] | None = None,
     model_filename: str | None = None,
     stand_in: Callable[..., Any] | None = None,
+    fixed_batch: int | None = None,
     **options: Any,
 ) -> Step:
     """Declare a step that is an existing Triton model (e.g. ``backend="onnxruntime"``).
 
     Compiled, it becomes a model with that backend or platform and ``model_file``
     copied into ``1/``. ``stand_in``, a function or class with the step's
-    signature, is what the local runtime runs in its place.
+    signature, is what the local runtime runs in its place. ``fixed_batch``: the
+    model takes exactly this many rows per run (see :class:`ExternalModel`).
     """
     if isinstance(stand_in, Step):
         stand_in = stand_in.impl
@@ -512,5 +566,6 @@ def external_model(
             platform=platform,
             model_file=None if model_file is None else os.fspath(model_file),
             model_filename=model_filename,
+            fixed_batch=fixed_batch,
         ),
     )

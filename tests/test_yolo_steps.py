@@ -368,8 +368,12 @@ def test_onnx_detector_runs_through_onnxruntime_locally(tmp_path, batch):
 
 def test_onnx_detector_errors_name_the_step_and_the_fix(tmp_path, monkeypatch):
     path = _tiny_yolo_onnx(tmp_path / "m.onnx", batch="batch")
-    with pytest.raises(StepError, match=r"outputs \['output0'\].*output_name="):
-        onnx_detector(path, output_name="output").instantiate()
+    with pytest.raises(StepDeclarationError, match=r"outputs \['output0'\], not 'output'; pass output_name="):
+        onnx_detector(path, output_name="output")
+    with pytest.raises(StepDeclarationError, match=r"num_classes=3 but .* gives output0 \[\?, 25200, 85\]"):
+        onnx_detector(path, num_classes=3)
+    with pytest.raises(StepDeclarationError, match="does not exist"):
+        onnx_detector(tmp_path / "absent.onnx")
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if the optional extra were not installed
     with pytest.raises(StepError, match=r"step 'yolo'.*pip install 'pipelines\[onnx\]'"):
         onnx_detector(path, name="yolo").instantiate()
@@ -405,3 +409,125 @@ def test_steps_give_the_same_answers_on_cupy_arrays_and_stay_on_the_device():
     from pipelines.examples.yolov5 import compare_to_truth
 
     assert compare_to_truth(result, sample["boxes"], sample["classes"]).exact
+
+
+# --------------------------------------------------------------------------- ONNX files' own shapes
+
+
+def _yolov5_shaped_onnx(path, *, batch, n_classes=80, size=640):
+    """yolov5's tensor names and shapes at almost no cost: output0[b, :, :] = mean(images[b]).
+
+    ``batch`` is 1 for the default export (a fixed batch) or a name for ``--dynamic``.
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    width = 5 + n_classes
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["images"], ["mean"], axes=[1, 2, 3], keepdims=1),  # [b, 1, 1, 1]
+            helper.make_node("Reshape", ["mean", "per_row"], ["column"]),  # [b, 1, 1]
+            helper.make_node("ConstantOfShape", ["rows_shape"], ["zeros"],
+                             value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0])),  # [1, 25200, width]
+            helper.make_node("Add", ["column", "zeros"], ["output0"]),  # [b, 25200, width]
+        ],
+        "yolov5_shapes",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [batch, 3, size, size])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [batch, 25200, width])],
+        initializer=[
+            helper.make_tensor("per_row", TensorProto.INT64, [3], [-1, 1, 1]),
+            helper.make_tensor("rows_shape", TensorProto.INT64, [3], [1, 25200, width]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def _config(repo, name):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    return text_format.Parse(repo.config_text(name), mc.ModelConfig())
+
+
+def test_a_fixed_batch_export_compiles_to_max_batch_size_0_with_the_files_dims(tmp_path):
+    from pipelines.examples.yolov5 import build_pipeline
+
+    path = _yolov5_shaped_onnx(tmp_path / "yolov5s.onnx", batch=1)
+    step_ = onnx_detector(path, dynamic_batching=True)
+    assert step_.external.fixed_batch == 1
+    assert dict(step_.inputs) == dict(detector.inputs) and dict(step_.outputs) == dict(detector.outputs)
+    p = build_pipeline(detector=step_, name="fixed", max_batch_size=8)
+    repo = p.compile("both")
+    config = _config(repo, "fixed__detector")
+    assert config.backend == "onnxruntime" and config.max_batch_size == 0
+    assert not config.HasField("dynamic_batching")  # Triton allows no batcher without max_batch_size
+    assert [(i.name, list(i.dims)) for i in config.input] == [("images", [1, 3, 640, 640])]
+    assert [(o.name, list(o.dims)) for o in config.output] == [("output0", [1, 25200, 85])]
+    assert "max_batch_size: 0" in repo.config_text("fixed__detector")
+    assert _config(repo, "fixed__nms").max_batch_size == 8  # the rest of the pipeline still batches
+    # Locally a batch of 3 is fed to the model one row at a time (onnxruntime refuses [3, ...]).
+    images = np.stack([np.full((3, 640, 640), v, np.float32) for v in (0.25, 0.5, 0.75)])
+    out = step_(images=images)["output0"]
+    assert out.shape == (3, 25200, 85)
+    np.testing.assert_allclose(out[:, 0, 0], [0.25, 0.5, 0.75], rtol=1e-6)
+    frames = np.full((3, 48, 64, 3), 128, np.uint8)
+    for mode in ("ensemble", "bls"):
+        assert p.run({"image": frames}, mode=mode)["detections"].shape == (3, 300, 6)
+
+
+def test_a_fixed_batch_of_two_runs_in_chunks_padded_at_the_end(tmp_path):
+    path = _yolov5_shaped_onnx(tmp_path / "two.onnx", batch=2, n_classes=3, size=32)
+    step_ = onnx_detector(path)
+    assert step_.external.fixed_batch == 2
+    assert step_.inputs["images"].dims == (3, 32, 32) and step_.outputs["output0"].dims == (25200, 8)
+    images = np.stack([np.full((3, 32, 32), v, np.float32) for v in (1, 2, 3, 4, 5)])
+    out = step_(images=images)["output0"]
+    assert out.shape == (5, 25200, 8)
+    np.testing.assert_allclose(out[:, 7, 7], [1, 2, 3, 4, 5])
+
+
+def test_a_dynamic_batch_export_keeps_batching(tmp_path):
+    from pipelines.examples.yolov5 import build_pipeline
+
+    path = _yolov5_shaped_onnx(tmp_path / "dynamic.onnx", batch="batch", n_classes=3)
+    step_ = onnx_detector(path, dynamic_batching=True)
+    assert step_.external.fixed_batch is None
+    assert step_.outputs["output0"].dims == (25200, 8)  # the classes come from the file
+    p = build_pipeline(detector=step_, name="dyn", max_batch_size=4)
+    assert p.nodes["nms"].step.inputs["candidates"].dims == (25200, 8)
+    config = _config(p.compile("ensemble"), "dyn__detector")
+    assert config.max_batch_size == 4 and config.HasField("dynamic_batching")
+    assert [list(i.dims) for i in config.input] == [[3, 640, 640]]
+    assert [list(o.dims) for o in config.output] == [[25200, 8]]
+
+
+def test_a_fixed_batch_model_in_a_non_batching_pipeline_is_refused_at_compile(tmp_path):
+    from pipelines import CompileError, Pipeline, TensorSpec
+
+    path = _yolov5_shaped_onnx(tmp_path / "one.onnx", batch=1, size=32)
+    det = onnx_detector(path)
+    p = Pipeline("flat", inputs={"images": TensorSpec("FP32", [3, 32, 32])}, max_batch_size=0)
+    p.output("rows", p.add(det, images=p.input("images"))["output0"])
+    with pytest.raises(CompileError, match=r"fixed batch of 1 .* batching pipeline .* dynamic batch axis"):
+        p.compile("ensemble")
+
+
+def test_an_onnx_file_without_yolov5s_shapes_is_explained(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "flat",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "flat.onnx"))
+    with pytest.raises(StepDeclarationError, match=r"maps x \[1, 10\] to y \[1, 10\]; a yolov5 detector maps images"):
+        onnx_detector(tmp_path / "flat.onnx")
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    with pytest.raises(StepDeclarationError, match="is not a readable ONNX model"):
+        onnx_detector(tmp_path / "junk.onnx")

@@ -132,6 +132,8 @@ def _python_model(plan: CompilePlan, model: BoundModel, extras: Any = None) -> C
 def _external_model(plan: CompilePlan, model: BoundModel) -> CompiledModel:
     ext = model.step.external
     config = _base_config(model)
+    if ext.fixed_batch is not None:
+        _fix_batch(config, plan, model)
     if ext.backend:
         config.backend = ext.backend
     if ext.platform:
@@ -148,6 +150,26 @@ def _external_model(plan: CompilePlan, model: BoundModel) -> CompiledModel:
                 ext.model_file, what=f"pipeline {plan.name!r} step {model.nodes[0]!r} model file"
             )
     return CompiledModel(model.name, config, files)
+
+
+def _fix_batch(config: mc.ModelConfig, plan: CompilePlan, model: ModelPlan) -> None:
+    """A model exported with a fixed batch: ``max_batch_size: 0`` and the batch as its first dim.
+
+    Triton lets a batching ensemble hold such a model when the shapes agree once
+    the ensemble's batch dimension is added, which holds for requests of that batch.
+    """
+    fixed = model.step.external.fixed_batch
+    if model.max_batch_size == 0:
+        raise CompileError(
+            f"pipeline {plan.name!r} step {model.nodes[0]!r}: the model takes a fixed batch of {fixed} as its "
+            "first axis, so it belongs in a batching pipeline (max_batch_size > 0), where each tensor has "
+            "that axis; or export it with a dynamic batch axis",
+            pipeline=plan.name, step=model.nodes[0],
+        )
+    config.max_batch_size = 0
+    config.ClearField("dynamic_batching")
+    for tensor in (*config.input, *config.output):
+        tensor.dims.insert(0, fixed)
 
 
 # ------------------------------------------------------------------ finding the step
