@@ -14,10 +14,50 @@ SIZES = [(480, 640), (720, 1280), (640, 480), (333, 500), (1000, 300)]
 FORMS = ("ensemble", "bls", "bls_sync")
 
 
+# A model exported with a fixed batch of 1, as yolov5's default ONNX export is; Python
+# here because the bundled server has only the Python backend. Its config is what
+# onnx_detector compiles for such a file: max_batch_size 0, the batch of 1 in its dims.
+_FIXED_BATCH_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            assert x.shape == (1, 4), x.shape
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", (x + 1).astype(np.float32))]))
+        return out
+"""
+
+
+def fixed_batch_pipeline(model_file):
+    from pipelines import Pipeline, TensorSpec, external_model, step
+
+    row = TensorSpec("FP32", [4])
+
+    @step(inputs={"x": row}, outputs={"y": row})
+    def twice(x):
+        return {"y": x * 2}
+
+    one_at_a_time = external_model(
+        "one_at_a_time", inputs={"x": row}, outputs={"y": row}, backend="python", model_file=model_file,
+        model_filename="model.py", fixed_batch=1, stand_in=lambda x: {"y": x + 1},
+    )
+    p = Pipeline("fixed", inputs={"x": row}, max_batch_size=4)
+    p.output("y", p.add(twice, name="after", x=p.add(one_at_a_time, x=p.add(twice, x=p.input("x"))["y"])["y"])["y"])
+    return p
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    repo = yolov5.pipeline.compile("both")
-    path = repo.write(tmp_path_factory.mktemp("yolo") / "models")
+    root = tmp_path_factory.mktemp("yolo")
+    model_file = root / "fixed_model.py"
+    model_file.write_text(_FIXED_BATCH_MODEL)
+    path = yolov5.pipeline.compile("both").write(root / "models")
+    fixed_batch_pipeline(model_file).compile("both").write(path)  # one repository, one server, both pipelines
     with TritonServer(path) as server:
         yield server
 
@@ -57,3 +97,21 @@ def test_a_batch_of_same_sized_images_is_answered_per_image(served, samples):
             assert det.shape == (3, 300, 6)
             for row, s in zip(det, same, strict=False):
                 assert yolov5.compare_to_truth(row, s["boxes"], s["classes"]).exact
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_fixed_batch_model_serves_inside_a_batching_pipeline(served, protocol, tmp_path):
+    # Triton takes a composing model with max_batch_size 0 and dims [1, 4] in an ensemble that
+    # batches up to 4, since the shapes agree once the batch axis is added; BLS passes [1, 4] as is.
+    x = np.arange(4, dtype=np.float32)[None]
+    with served.client(protocol) as client:
+        config = client.model_config("fixed__one_at_a_time")
+        assert int(config.get("max_batch_size", 0)) == 0
+        assert [int(d) for d in config["input"][0]["dims"]] == [1, 4]
+        for form in FORMS:
+            np.testing.assert_array_equal(client.infer(f"fixed_{form}", {"x": x})["y"], (x * 2 + 1) * 2)
+    (tmp_path / "model.py").write_text(_FIXED_BATCH_MODEL)
+    local = fixed_batch_pipeline(tmp_path / "model.py")
+    two = np.stack([x[0], x[0] + 10])
+    np.testing.assert_array_equal(local.run({"x": two})["y"], (two * 2 + 1) * 2)  # locally, row by row
