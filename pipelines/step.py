@@ -10,6 +10,7 @@ Python stand-in for the local runtime.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -56,6 +57,26 @@ class DynamicBatching:
         object.__setattr__(self, "max_queue_delay_us", int(self.max_queue_delay_us))
 
 
+#: A step parameter keeps its type (str, int, float, bool) on its way to ``initialize``.
+ParameterValue = str | int | float | bool
+
+
+def _parameter_value(key: str, value: Any) -> ParameterValue:
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "shape", None) == ():
+        value = value.item()  # a numpy scalar: its Python value
+    if not isinstance(value, (str, int, float, bool)):
+        raise StepDeclarationError(
+            f"parameter {key!r} is {value!r} ({type(value).__name__}); a parameter is a str, int, float or bool "
+            "(it travels in step.json and the model config)"
+        )
+    return value
+
+
+def parameter_text(value: ParameterValue) -> str:
+    """How Triton's config holds a parameter (``string_value``): a str as it is, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     """The per-model options of a step; ``None`` means "as the pipeline does".
@@ -71,7 +92,7 @@ class ModelOptions:
     instance_kind: str = "auto"
     dynamic_batching: DynamicBatching | None = None
     device: str | None = None
-    parameters: Mapping[str, str] = field(default_factory=dict)
+    parameters: Mapping[str, ParameterValue] = field(default_factory=dict)
     timeout: float | None = None
 
     def __post_init__(self) -> None:
@@ -104,7 +125,7 @@ class ModelOptions:
         for key, value in dict(self.parameters).items():
             if not isinstance(key, str):
                 raise StepDeclarationError(f"parameter names must be strings; got {key!r}")
-            params[key] = str(value)
+            params[key] = _parameter_value(key, value)
         object.__setattr__(self, "dynamic_batching", db)
         object.__setattr__(self, "parameters", MappingProxyType(params))
         object.__setattr__(self, "instance_count", int(self.instance_count))
@@ -270,14 +291,14 @@ def instance_config(
     instance_index: int = 0,
     device: str = "cpu",
     max_batch_size: int | None = None,
-    parameters: Mapping[str, str] | None = None,
+    parameters: Mapping[str, ParameterValue] | None = None,
     model_config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The dict a class step's ``initialize(config)`` receives, in every runtime.
 
     It holds the keys of the ``args`` Triton gives a Python model (``model_name``,
     ``model_instance_name``, ``model_instance_kind``, ``model_config`` as a
-    dict…) plus plain ones: ``parameters`` (str -> str), ``pipeline``, ``step``,
+    dict…) plus plain ones: ``parameters`` (name -> value, with the type it was declared with), ``pipeline``, ``step``,
     ``node``, ``instance_index``, ``device`` and ``max_batch_size``. The local
     runtime and the step adapter on the server both build it here, so a step
     reads the same keys everywhere.
@@ -291,7 +312,7 @@ def instance_config(
             "max_batch_size": mbs or 0,
             "input": [{"name": n, "data_type": s.config_dtype, "dims": list(s.dims)} for n, s in step.inputs.items()],
             "output": [{"name": n, "data_type": s.config_dtype, "dims": list(s.dims)} for n, s in step.outputs.items()],
-            "parameters": {k: {"string_value": v} for k, v in params.items()},
+            "parameters": {k: {"string_value": parameter_text(v)} for k, v in params.items()},
         }
     return {
         "model_name": name,

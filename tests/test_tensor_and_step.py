@@ -69,7 +69,7 @@ def test_class_step_lifecycle_and_options():
     o = AddK.options
     assert (o.max_batch_size, o.instance_count, o.config_instance_kind) == (16, 2, "KIND_CPU")
     assert o.dynamic_batching == DynamicBatching((4, 8), 100)
-    assert dict(o.parameters) == {"k": "3"} and o.timeout == 2.5
+    assert dict(o.parameters) == {"k": 3} and o.timeout == 2.5
     inst = AddK.instantiate({"parameters": {"k": "5"}})
     assert inst.execute({"x": np.array([1, 2])})["y"].tolist() == [6, 7]
     inst.finalize()

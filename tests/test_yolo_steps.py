@@ -181,7 +181,7 @@ def test_nms_step_factory_declares_its_shapes_and_parameters():
     custom = nms_step(name="nms_small", max_det=10, num_candidates=-1, num_classes=3, conf_threshold=0.5)
     assert custom.outputs["detections"].dims == (10, 6)
     assert custom.inputs["candidates"].dims == (-1, 8)
-    assert dict(custom.options.parameters)["conf_threshold"] == "0.5"
+    assert dict(custom.options.parameters)["conf_threshold"] == 0.5  # kept a float
     pred = np.zeros((1, 5, 8), F32)
     pred[0, :, 0] = np.arange(5) * 50
     pred[0, :, 2:5] = 10, 10, 1.0

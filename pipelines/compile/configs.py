@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ..step import ParameterValue, parameter_text
 from ..tensor import TensorSpec
 
 __all__ = ["add_io", "config_text", "parse_config", "set_parameters"]
@@ -25,9 +26,10 @@ def add_io(config: mc.ModelConfig, inputs: Mapping[str, TensorSpec], outputs: Ma
         config.output.add(name=name, data_type=mc.DataType.Value(spec.config_dtype), dims=list(spec.dims))
 
 
-def set_parameters(config: mc.ModelConfig, parameters: Mapping[str, str]) -> None:
+def set_parameters(config: mc.ModelConfig, parameters: Mapping[str, ParameterValue]) -> None:
+    """Triton holds every parameter as a ``string_value``; step.json keeps its type for ``initialize``."""
     for key, value in parameters.items():
-        config.parameters[key].string_value = str(value)
+        config.parameters[key].string_value = parameter_text(value)
 
 
 def config_text(config: mc.ModelConfig) -> str:
