@@ -32,6 +32,7 @@ from .tensor import TensorSpec
 
 if TYPE_CHECKING:
     from .compile.repository import ModelRepository
+    from .diagram import Diagram
 
 __all__ = ["Node", "Pipeline", "TensorRef"]
 
@@ -338,6 +339,21 @@ class Pipeline:
         for name, ref in self._outputs.items():
             lines.append(f'  {ids[ref.node]} -- "{ref.name}" --> out_{_mid(name)}')
         return "\n".join(lines) + "\n"
+
+    def diagram(self) -> Diagram:
+        """The pipeline drawn: stages left to right, each edge labelled with name, dtype and shape.
+
+        ``.to_svg()`` needs nothing; ``.to_png(path)`` needs matplotlib. Jupyter shows a
+        pipeline this way by itself (``_repr_mimebundle_``).
+        """
+        from .diagram import diagram
+
+        return diagram(self)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        bundle = self.diagram()._repr_mimebundle_(include, exclude)
+        bundle["text/plain"] = repr(self)
+        return bundle
 
     def to_dot(self) -> str:
         """The graph in Graphviz DOT."""
