@@ -186,11 +186,11 @@ def leftovers(*markers: str) -> list[str]:
     return found
 
 
-def wait_for_no_leftovers(*markers: str, timeout: float = 15.0) -> list[str]:
-    """``leftovers(*markers)`` once it is empty, or what is still there after ``timeout``."""
+def wait_for_no_leftovers(*markers: str, timeout: float = 15.0, paths: tuple[Path, ...] = ()) -> list[str]:
+    """``leftovers(*markers)`` and the ``paths`` that exist, once none is left (or what is left after ``timeout``)."""
     deadline = time.monotonic() + timeout
     while True:
-        found = leftovers(*markers)
+        found = leftovers(*markers) + [str(path) for path in paths if path.exists()]
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.1)

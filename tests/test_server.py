@@ -361,13 +361,21 @@ def test_a_python_environment_that_cannot_serve_is_refused_before_start(tmp_path
 
 
 _OWNER = """
-import sys, time
+import sys, threading, time
 from pipelines.triton import TritonServer, serve_main
 
 repository, style = sys.argv[1], sys.argv[2]
 if style == "serve":  # what `pipelines serve DIR` runs: a 'with' block waiting for Ctrl-C
     raise SystemExit(serve_main(repository))
-server = TritonServer(repository).start()  # no 'with': atexit, or the parent-death signal, cleans up
+servers = []
+# No 'with': atexit, or the watchdog once the owner is gone, cleans up.
+starter = threading.Thread(target=lambda: servers.append(TritonServer(repository).start()))
+if style == "thread":  # the server's starting thread ends long before its owner does
+    starter.start()
+    starter.join()
+else:
+    starter.run()
+print("workdir", servers[0].workdir, flush=True)
 print("Press Ctrl-C", flush=True)
 while True:
     time.sleep(0.05)
@@ -376,8 +384,20 @@ while True:
 
 @pytest.mark.parametrize(
     ("style", "signum"),
-    [("serve", signal.SIGINT), ("bare", signal.SIGINT), ("bare", signal.SIGTERM)],
-    ids=["serve-main-ctrl-c", "sigint-without-with", "sigterm-to-owner"],
+    [
+        ("serve", signal.SIGINT),
+        ("bare", signal.SIGINT),
+        ("bare", signal.SIGTERM),
+        ("bare", signal.SIGKILL),
+        ("thread", signal.SIGKILL),
+    ],
+    ids=[
+        "serve-main-ctrl-c",
+        "sigint-without-with",
+        "sigterm-to-owner",
+        "sigkill-to-owner",
+        "sigkill-started-in-thread",
+    ],
 )
 def test_a_signal_to_the_owning_process_leaves_nothing_behind(tmp_path, style, signum):
     repository = write_test_repository(tmp_path / "owned", ("double",))
@@ -395,6 +415,8 @@ def test_a_signal_to_the_owning_process_leaves_nothing_behind(tmp_path, style, s
                 break
         assert printed and printed[-1].startswith("Press Ctrl-C"), "".join(printed) + owner.stderr.read().decode()
         assert any("triton_python_backend_stub" in item for item in leftovers(*ours))
+        workdirs = [Path(line.split(" ", 1)[1].strip()) for line in printed if line.startswith("workdir ")]
+        assert all(w.is_dir() and w.name.startswith(SHM_TAG) for w in workdirs)
         owner.send_signal(signum)
         rest = owner.communicate(timeout=60)[0].decode()
     finally:
@@ -406,5 +428,5 @@ def test_a_signal_to_the_owning_process_leaves_nothing_behind(tmp_path, style, s
         assert re.search(r"HTTP +127\.0\.0\.1:\d+", text) and re.search(r"gRPC +127\.0\.0\.1:\d+", text)
         assert re.search(r"double +1 +READY", text)
         assert owner.returncode == 0 and "stopped" in rest
-    # SIGTERM kills the owner outright; its server then shuts itself down on its own.
-    assert wait_for_no_leftovers(*ours) == []
+    # A SIGTERM or SIGKILL ends the owner outright; its watchdog then stops the server.
+    assert wait_for_no_leftovers(*ours, timeout=10, paths=tuple(workdirs)) == []

@@ -96,7 +96,7 @@ def shutdown_connections(ports: set[int]) -> int:
     return done
 
 
-def live_processes(*, pgid: int | None, marker: bytes) -> list[int]:
+def live_processes(*, pgid: int | None, marker: bytes | None = None) -> list[int]:
     """Running (not zombie) processes in group ``pgid`` or whose command line holds ``marker``."""
     found: list[int] = []
     try:
@@ -116,6 +116,8 @@ def live_processes(*, pgid: int | None, marker: bytes) -> list[int]:
                 continue
             if group == pgid:
                 found.append(int(entry))
+                continue
+            if marker is None:
                 continue
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 if marker in f.read():

@@ -7,7 +7,6 @@ own process group; on stop it leaves no process, shared-memory region or tempora
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import re
 import shutil
@@ -36,6 +35,7 @@ from .cleanup import (
 from .installation import TritonInstallation, backend_directory, find_installation
 from .ports import choose_ports, health_ready, listens, taken_port
 from .python_env import current_environment, probe_environment
+from .supervisor import Supervisor
 
 if TYPE_CHECKING:
     from .async_client import AsyncTritonClient
@@ -104,6 +104,7 @@ class TritonServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._pgid: int | None = None
         self._workdir: Path | None = None
+        self._supervisor: Supervisor | None = None
         self._log_path: Path | None = None
         self._stopped = False
         self._reaped = False
@@ -148,6 +149,11 @@ class TritonServer:
         if self._proc is None:
             raise ServerError(f"the Triton server for {self.repository} is not started; call start() or use 'with'")
         return self._proc.pid
+
+    @property
+    def workdir(self) -> Path | None:
+        """The server's temporary folder (its backend directory and log); removed when it stops."""
+        return self._workdir
 
     @property
     def log_path(self) -> Path | None:
@@ -211,6 +217,7 @@ class TritonServer:
             self._workdir = Path(tempfile.mkdtemp(prefix=f"{SHM_TAG}-"))
             REGISTRY.add(self)
             try:
+                self._supervisor = Supervisor(workdir=self._workdir, shm_prefix=self.shm_prefix)
                 backends = backend_directory(installation, self._workdir / "backends")
                 deadline = time.monotonic() + self.startup_timeout
                 for attempt in range(1, _PORT_ATTEMPTS + 1):
@@ -251,9 +258,10 @@ class TritonServer:
                 env=env,
                 cwd=self._workdir,
                 start_new_session=True,
-                preexec_fn=_parent_death_signal() if threading.current_thread() is threading.main_thread() else None,
             )
         self._pgid = self._proc.pid  # start_new_session makes it the leader of its own group
+        assert self._supervisor is not None
+        self._supervisor.watch(self._pgid)
 
     def _wait_ready(self, deadline: float) -> None:
         assert self._proc is not None
@@ -297,6 +305,9 @@ class TritonServer:
                 kill_server(self._proc, self._pgid, self.shm_prefix)
                 if self._workdir is not None:
                     shutil.rmtree(self._workdir, ignore_errors=True)
+                if self._supervisor is not None:
+                    self._supervisor.release()
+                    self._supervisor = None
                 self._stopped = True
                 REGISTRY.discard(self)
 
@@ -405,21 +416,6 @@ class _Liveness:
 
 class _PortTaken(Exception):
     """Another process bound one of the chosen ports first; choose again."""
-
-
-def _parent_death_signal():
-    """A pre-exec hook that SIGTERMs the server if its owner dies without cleaning up (Linux only)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-
-    def hook() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-    return hook
 
 
 def describe_exit(code: int | None) -> str:
