@@ -25,6 +25,7 @@ examples:
   pipelines serve --local pipelines.examples.yolov5:pipeline --http-port 8000
   pipelines run pipelines.examples.basic:diamond --mode bls --input x=x.npy
   pipelines bench pipelines.examples.basic:diamond --server --concurrency 1,4,16
+  pipelines calibrate --out profile.json
 
 MODULE:ATTR names a pipeline: an importable module (pkg.mod) or a file
 (path/to/file.py), then the attribute that holds the Pipeline, or a function
@@ -255,6 +256,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(b)
     b.set_defaults(func=bench_main)
+
+    k = sub.add_parser("calibrate", help="measure a Triton server's costs into a profile",
+                       description="Run generated probe models on a Triton server (the bundled one by default) and "
+                       "fit a fixed cost plus a cost per byte for each boundary a request crosses; the profile "
+                       "lets the local runtime predict that server (LocalRuntime(..., profile=...), bench --profile).")
+    from .calibration.cli import add_arguments as calibrate_arguments
+    from .calibration.cli import main as calibrate_main
+
+    calibrate_arguments(k)
+    k.set_defaults(func=calibrate_main)
     return parser
 
 

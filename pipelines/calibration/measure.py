@@ -1,0 +1,93 @@
+"""Measuring the probes: requests one at a time, the median latency of each probe.
+
+Calibration measures at concurrency 1 on purpose: a fitted cost is what one
+boundary costs when nothing else runs, and the local runtime's replay adds
+the queueing that concurrency brings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from statistics import median
+from time import perf_counter
+from typing import Any
+
+from .probes import Probe
+
+__all__ = ["Budget", "Sample", "measure_probes"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One probe's measurement: the median latency over ``requests`` answers (µs), and
+    ``stub_us``, what one execution of the identity step model cost inside the server
+    (Triton's compute input + infer + output for it, a mean; ``None`` without statistics).
+    """
+
+    probe: Probe
+    latency_us: float
+    requests: int
+    stub_us: float | None = None
+
+    @property
+    def row(self) -> tuple[str, int, int, float, float | None]:
+        return self.probe.kind, self.probe.steps, self.probe.size, self.latency_us, self.stub_us
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long each probe is measured: at least ``min_requests``, at most ``max_requests``
+    answers, and no longer than ``seconds`` once ``min_requests`` are in."""
+
+    min_requests: int = 5
+    max_requests: int = 40
+    seconds: float = 1.0
+    warmup: int = 2
+
+
+def measure_probes(
+    infer: Callable[[str, dict[str, Any]], Any],
+    probes: Sequence[Probe],
+    budget: Budget | None = None,
+    progress: Callable[[int, int, Probe], None] | None = None,
+    statistics: Callable[[str], Any] | None = None,
+) -> list[Sample]:
+    """Time ``infer(model, inputs)`` on each probe; ``progress(done, total, probe)`` after each.
+
+    ``statistics(model)`` (Triton's statistics API answer), when given, is read
+    before and after each probe's timed requests for the stub's own cost.
+    """
+    budget = budget or Budget()
+    samples = []
+    for i, probe in enumerate(probes):
+        inputs = probe.inputs()
+        for _ in range(budget.warmup):  # the first calls of a stub allocate its shared memory
+            infer(probe.model, inputs)
+        times: list[float] = []
+        before = statistics(probe.step_model) if statistics is not None else None
+        began = perf_counter()
+        while len(times) < budget.max_requests and (
+            len(times) < budget.min_requests or perf_counter() - began < budget.seconds
+        ):
+            t = perf_counter()
+            infer(probe.model, inputs)
+            times.append(perf_counter() - t)
+        stub = None
+        if statistics is not None:
+            stub = _stub_us(before, statistics(probe.step_model), probe.step_model)
+        samples.append(Sample(probe, median(times) * 1e6, len(times), stub))
+        if progress is not None:
+            progress(i + 1, len(probes), probe)
+    return samples
+
+
+def _stub_us(before: Any, after: Any, model: str) -> float | None:
+    """Mean time of one execution of ``model`` between two statistics answers (µs)."""
+    from ..bench.stats import breakdown, parse_statistics
+
+    rows = [t for t in breakdown(parse_statistics(before), parse_statistics(after)) if t.model == model]
+    if not rows or rows[0].requests <= 0:
+        return None
+    t = rows[0]
+    return t.compute_input_us + t.compute_infer_us + t.compute_output_us

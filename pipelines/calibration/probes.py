@@ -1,0 +1,106 @@
+"""The probe models: chains of identity Python steps, compiled by pipelines itself.
+
+A probe is a real compiled pipeline, so calibration measures what users'
+compiled models pay: the step adapter, the ensemble's wiring and the BLS
+executor that ``p.compile`` writes. ``probe_<n>`` chains ``n`` identity steps
+over one ``UINT8`` tensor of any length; the step model of ``probe_1`` is also
+called directly, which gives a request and one stub with no ensemble or BLS
+model around it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..compile import ModelRepository
+from ..graph import Pipeline
+from ..step import step
+from ..tensor import TensorSpec
+
+__all__ = ["CHAINS", "KINDS", "SIZES", "Probe", "identity", "probe_pipeline", "probe_plan", "probe_repository"]
+
+BYTES = TensorSpec("UINT8", [-1])
+
+#: Chain lengths measured as ensembles and BLS models.
+CHAINS = (1, 2, 4, 8)
+#: Tensor sizes in bytes, 1 KiB to 32 MiB.
+SIZES = (1 << 10, 64 << 10, 1 << 20, 4 << 20, 12 << 20, 32 << 20)
+#: ``"step"`` calls a step model directly; the others call a chain's top-level model.
+KINDS = ("step", "ensemble", "bls")
+
+
+@step(inputs={"x": BYTES}, outputs={"y": BYTES})
+def identity(x):
+    """Hands its input back: whatever a call costs on the server is the server's."""
+    return {"y": x}
+
+
+def probe_pipeline(steps: int) -> Pipeline:
+    """``x -> identity -> ... -> y``: ``steps`` nodes sharing one composing model."""
+    p = Pipeline(f"probe_{steps}", inputs={"x": BYTES}, max_batch_size=8)
+    ref = p.input("x")
+    for i in range(steps):
+        ref = p.add(identity, name=f"id_{i}", x=ref)["y"]
+    p.output("y", ref)
+    return p
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One measured configuration: a kind of call, a chain length and a tensor size."""
+
+    kind: str
+    steps: int
+    size: int
+
+    @property
+    def step_model(self) -> str:
+        """The identity step model this probe runs (the one whose statistics price a stub)."""
+        return f"probe_{self.steps}__identity"
+
+    @property
+    def model(self) -> str:
+        if self.kind == "step":
+            return f"probe_{self.steps}__identity"
+        return f"probe_{self.steps}_{self.kind}"
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        return {"x": np.zeros((1, self.size), np.uint8)}
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} x{self.steps} {_size(self.size)}" if self.kind != "step" else f"step {_size(self.size)}"
+
+
+def probe_plan(chains: tuple[int, ...] = CHAINS, sizes: tuple[int, ...] = SIZES) -> list[Probe]:
+    """Every probe, small tensors first (a failure shows before the slow ones run)."""
+    plan = []
+    for size in sorted(sizes):
+        plan.append(Probe("step", 1, size))
+        for kind in ("ensemble", "bls"):
+            plan += [Probe(kind, n, size) for n in sorted(chains)]
+    return plan
+
+
+def probe_repository(chains: tuple[int, ...] = CHAINS) -> ModelRepository:
+    """The probe pipelines compiled as ensembles and async BLS models, in one repository."""
+    repos = []
+    for n in sorted(chains):
+        ensemble = probe_pipeline(n).compile("both")
+        keep = {name: model for name, model in ensemble.models.items() if not name.endswith("_bls_sync")}
+        repos.append(ModelRepository(keep, top_level=tuple(t for t in ensemble.top_level if t in keep)))
+    first, *rest = repos
+    return first.merge(*rest) if rest else first
+
+
+def write_probe_repository(path: str | os.PathLike[str], chains: tuple[int, ...] = CHAINS) -> Path:
+    """Write the probe repository to ``path`` (to deploy on a remote server before calibrating it)."""
+    return probe_repository(chains).write(path, overwrite=True)
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"

@@ -1,0 +1,66 @@
+"""A profile as a small table and as a plot of cost against bytes (measured points,
+fitted line), one panel per boundary."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..tables import format_table
+from .profile import BOUNDARIES, Profile
+
+__all__ = ["plot_profile", "profile_table"]
+
+
+def profile_table(profile: Profile) -> str:
+    where = profile.url or "the bundled server"
+    head = (
+        f"server profile: Triton {profile.server_version or '?'} at {where} over {profile.protocol}, "
+        f"{profile.machine.get('cpu') or '?'} ({profile.machine.get('cpu_count') or '?'} cores), {profile.date}\n"
+    )
+    rows = []
+    for name in BOUNDARIES:
+        cost = profile.costs[name]
+        rows.append((name, f"{cost.fixed_us:.0f}", f"{cost.us_per_mib:.0f}", f"{cost.us(1 << 20) / 1e3:.2f}"))
+    return head + format_table(("boundary", "fixed µs", "µs per MiB", "ms at 1 MiB"), rows) + "\n"
+
+
+def plot_profile(profile: Profile, path: str | os.PathLike[str] | None = None) -> Any:
+    """Cost against bytes per boundary, log-log; written as PNG to ``path`` if given. Returns the figure."""
+    import matplotlib
+
+    if path is not None:
+        matplotlib.use("Agg")  # a file only: no display needed
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(BOUNDARIES), figsize=(4 * len(BOUNDARIES), 3.6), dpi=100, squeeze=False)
+    for ax, name in zip(axes[0], BOUNDARIES, strict=True):
+        points = [p for p in profile.points if p.boundary == name]
+        cost = profile.costs[name]
+        if points:
+            x = np.array([p.nbytes for p in points], float)
+            y = np.array([p.cost_us for p in points], float)
+            keep = y > 0  # a noisy probe can leave a negative remainder, which a log axis cannot show
+            ax.scatter(x[keep], y[keep] / 1e3, s=14, alpha=0.7, label="measured")
+            grid = np.geomspace(x.min(), x.max(), 50)
+        else:
+            grid = np.geomspace(1 << 10, 64 << 20, 50)
+        ax.plot(grid, [cost.us(b) / 1e3 for b in grid], "C1", label=f"{cost.fixed_us:.0f} µs + {cost.us_per_mib:.0f} µs/MiB")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(name)
+        ax.set_xlabel("bytes crossing (in + out)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("cost (ms)")
+    fig.suptitle(f"Triton {profile.server_version or '?'} over {profile.protocol}, {profile.date}", fontsize=9)
+    fig.tight_layout()
+    if path is not None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path)
+        plt.close(fig)
+    return fig
