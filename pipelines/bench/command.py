@@ -86,6 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="size of variable (-1) dims in generated inputs (default: 16)")
     parser.add_argument("--out", metavar="DIR", default="bench-results",
                         help="where results.json, the PNG plots and the model repository go (default: bench-results)")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="a server profile from 'pipelines calibrate': the local runtime replays its costs "
+                        "and predicts that server; with --server, predicted and measured side by side")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -107,6 +110,7 @@ def settings_from(args: argparse.Namespace) -> BenchSettings:
         forms=args.forms,
         timeout=args.timeout,
         size=args.size,
+        profile=args.profile,
     )
 
 

@@ -33,9 +33,12 @@ class LocalTarget:
 
 
 @asynccontextmanager
-async def local_target(pipeline: Pipeline, mode: str, *, server_copies: bool = True) -> AsyncIterator[LocalTarget]:
-    """Start the local runtime in ``mode`` (``"ensemble"``, ``"bls"`` or ``"bls-sync"``)."""
+async def local_target(
+    pipeline: Pipeline, mode: str, *, server_copies: bool = True, profile: Any = None
+) -> AsyncIterator[LocalTarget]:
+    """Start the local runtime in ``mode`` (``"ensemble"``, ``"bls"`` or ``"bls-sync"``),
+    replaying a server ``profile`` if one is given."""
     from ..runtime.local import LocalRuntime
 
-    async with LocalRuntime(pipeline, mode=mode, server_copies=server_copies) as runtime:
+    async with LocalRuntime(pipeline, mode=mode, server_copies=server_copies, profile=profile) as runtime:
         yield LocalTarget(runtime)

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 import anyio
 
+from ..calibration.profile import load_profile
 from ..errors import PipelinesError
 from ..graph import Pipeline
 from ..loading import load_pipeline_and_module
@@ -78,6 +79,7 @@ def run_benchmark(
     started = now()
     measurements: list[Measurement] = []
     versions: dict[str, str | None] = {}
+    profile_notes: list[str] = []
 
     def result(status: str, files: Sequence[str] = (), notes: Sequence[str] = ()) -> BenchmarkResult:
         ordered = sorted(measurements, key=_order)
@@ -93,7 +95,7 @@ def run_benchmark(
             finished=now(),
             files=tuple(files),
             status=status,
-            notes=tuple(notes),
+            notes=tuple(f"the profile may not fit this server: {n}" for n in profile_notes) + tuple(notes),
         )
 
     results_path = out_dir / RESULTS_FILE if out_dir is not None else None
@@ -112,6 +114,12 @@ def run_benchmark(
             connect = None
             if settings.on_server:
                 connect = _server(pipeline, settings, bar, out_dir, stack, versions)
+            if settings.profile is not None:
+                profile_notes += load_profile(settings.profile).check(
+                    server_version=versions.get("tritonserver") if settings.on_server else None,
+                    protocol=settings.protocol if settings.on_server else None,
+                    machine=machine_info() if settings.server else None,
+                )
             _run_async(_measure, pipeline, samples, settings, bar, connect, measurements, level_done)
     except BaseException as exc:
         why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"failed: {type(exc).__name__}: {exc}"
@@ -228,11 +236,12 @@ async def _measure(
     the load of other processes drifts, and this keeps the drift out of the ratios.
     ``level_done`` is called after each level (it saves what is finished).
     """
+    profile = None if settings.profile is None else load_profile(settings.profile)
     async with AsyncExitStack() as stack:
         targets: list[tuple[Configuration, Any]] = []
         if settings.local:
             for form in settings.forms:
-                runtime = local_target(pipeline, form, server_copies=settings.server_copies)
+                runtime = local_target(pipeline, form, server_copies=settings.server_copies, profile=profile)
                 targets.append((Configuration("local", form), await stack.enter_async_context(runtime)))
         if connect is not None:
             client = await stack.enter_async_context(connect())

@@ -4,7 +4,7 @@ server starts) and recorded in ``results.json``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..errors import PipelinesError
@@ -28,7 +28,9 @@ class BenchSettings:
     already deployed. ``server_copies`` makes the local runtime copy tensors where
     a server moves them between processes, so its figures predict the server's.
     Windows last ``duration`` seconds, or ``requests`` answers. Generated inputs
-    give variable (-1) dims the length ``size``.
+    give variable (-1) dims the length ``size``. ``profile`` (the path of a
+    ``pipelines calibrate`` profile, or a loaded one) makes the local runtime
+    replay that server's costs, so its figures are predictions of the server.
     """
 
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -46,6 +48,7 @@ class BenchSettings:
     forms: tuple[str, ...] = FORMS
     timeout: float = 60.0
     size: int = 16
+    profile: Any = None
 
     def __post_init__(self) -> None:
         if self.server and self.url is not None:
@@ -96,7 +99,9 @@ class BenchSettings:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = asdict(replace(self, profile=None))
+        if self.profile is not None:
+            data["profile"] = self.profile if isinstance(self.profile, str) else str(getattr(self.profile, "date", ""))
         data["concurrency"] = list(self.concurrency)
         data["forms"] = list(self.forms)
         return data

@@ -26,6 +26,7 @@ from ..graph import Node
 from ..step import StepInstance, check_outputs, instance_config
 from .batching import DynamicBatcher
 from .device import CopyCounter, Placement
+from .replay import nbytes_of
 
 __all__ = ["InstancePool", "Lease", "StepModel"]
 
@@ -232,6 +233,7 @@ class StepModel:
         # A step whose typical compute is below one thread hop gains nothing from the hop.
         self.hop_cost = 0.0
         self.cheap = False
+        self.replay: Any = None  # a server profile's costs (pipelines.runtime.replay), spent while the instance is held
         self._typical = 0.0
         self._timed = 0
 
@@ -357,6 +359,8 @@ class StepModel:
     ) -> tuple[dict[str, Any], float]:
         """Run the step on one instance and check its outputs: ``(outputs, compute_s)``."""
         instance = lease.instance
+        if self.replay is not None:
+            await self.replay.stub(self, nbytes_of(inputs), leaving=False)
         try:
             if self.is_async:
                 t = perf_counter()
@@ -370,6 +374,8 @@ class StepModel:
                 outputs, compute = await self._in_thread(lease, inputs)
             check_outputs(self.step, outputs, batched=self.batched, batch_size=rows if self.batched else None)
             self._learn(compute)
+            if self.replay is not None:
+                await self.replay.stub(self, nbytes_of(outputs), leaving=True)
         except PipelinesError as exc:
             if exc.pipeline == self.pipeline and exc.step == self.name:
                 raise

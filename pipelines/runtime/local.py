@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import graphlib
 import math
 from collections.abc import Iterable, Mapping
@@ -52,6 +53,7 @@ from ..requests import check_request
 from .bls_model import BlsGate
 from .device import CopyCounter, Placement, gpu_available, resolve_device
 from .instances import StepModel, thread_hop_cost
+from .replay import Replay, nbytes_of
 from .report import CostRecorder, Report
 
 __all__ = ["MODES", "LocalRuntime", "run_many", "run_pipeline"]
@@ -142,6 +144,11 @@ class LocalRuntime:
     ``bls_instance_count`` is the BLS model's instance count in the two BLS modes:
     like Triton, each instance runs one ``execute()`` call at a time (see
     :mod:`pipelines.runtime.bls_model`).
+    ``profile`` (a :class:`~pipelines.calibration.Profile` or the path of its JSON
+    file, from ``pipelines calibrate``) replays a server's costs at each boundary, so
+    that latency, throughput and the report predict that server (see
+    :mod:`pipelines.runtime.replay`); it replaces ``server_copies``, whose copies
+    the profile's costs include.
     """
 
     def __init__(
@@ -155,6 +162,7 @@ class LocalRuntime:
         offload: str = "auto",
         threads: int | None = None,
         bls_instance_count: int = 1,
+        profile: Any = None,
     ) -> None:
         if not isinstance(pipeline, Pipeline):
             raise InferenceError(f"LocalRuntime needs a Pipeline; got {type(pipeline).__name__}")
@@ -178,6 +186,9 @@ class LocalRuntime:
         self.force_cpu_only_input_tensors = bool(force_cpu_only_input_tensors)
         # Process boundaries a step's tensors cross on a server, each one a copy (see above).
         self._crossings = 0 if not server_copies else (1 if mode == "ensemble" else 2)
+        self._replay = Replay(profile, mode) if profile is not None else None
+        if self._replay is not None:
+            self._crossings = 0
         self.plan = plan_of(pipeline)
         self._routes = {None: _Routes.of(self.plan)}  # by requested outputs (None: all)
         live = [pipeline.nodes[n] for n in self.plan.order]
@@ -255,6 +266,7 @@ class LocalRuntime:
                     owners[id(node.step)] = model
                 else:
                     model.share(owner)
+                model.replay = self._replay
                 self._models[name] = model
             if self.offload == "auto":
                 hop = await thread_hop_cost()
@@ -340,11 +352,18 @@ class LocalRuntime:
 
     def report(self) -> Report:
         """Costs aggregated over every request served since the start (or :meth:`reset_report`)."""
-        return self._recorder.report()
+        return self._predicted(self._recorder.report())
 
     def reset_report(self) -> None:
         """Forget the costs gathered so far (e.g. after a warm-up)."""
         self._recorder.reset()
+        if self._replay is not None:
+            self._replay.reset()
+
+    def _predicted(self, report: Report) -> Report:
+        if self._replay is None:
+            return report
+        return dataclasses.replace(report, server=self._replay.predict(report))
 
     async def _infer(
         self, inputs: Mapping[str, Any], wanted: Iterable[str] | None, *, keep_trace: bool
@@ -374,12 +393,26 @@ class LocalRuntime:
             del arrays
             # Let requests submitted together all register before the first step decides to run inline.
             await anyio.lowlevel.checkpoint()
+            replay = self._replay
+            ledger = None if replay is None else replay.begin()
+            in_bytes = nbytes_of(req.values) if ledger is not None else 0
             try:
+                if ledger is not None:
+                    await replay.request(ledger, in_bytes, leaving=False)
                 if self._bls_gate is None:
                     await self._schedule(req)
                 else:
+                    queued = perf_counter()
                     async with self._bls_gate.slot(req.rows if p.max_batch_size > 0 else 1):
+                        if ledger is not None:
+                            replay.queued(ledger, perf_counter() - queued)
+                            await replay.bls_stub(ledger, in_bytes, leaving=False)
                         await self._schedule(req)
+                        if ledger is not None:
+                            await replay.bls_stub(ledger, self._output_bytes(req), leaving=True)
+                if ledger is not None:
+                    await replay.request(ledger, self._output_bytes(req), leaving=True)
+                    replay.finish(ledger)
             except PipelinesError:
                 self._recorder.error()
                 raise
@@ -396,9 +429,17 @@ class LocalRuntime:
                 critical_path=routes.plan.critical_path,
             )
             single.record(req.trace, start=start, end=end, copies=req.copies.count, copy_bytes=req.copies.bytes)
-            return outputs, single.report()
+            report = single.report()
+            if ledger is not None:
+                one = Replay(replay.profile, self.mode)
+                one.finish(ledger)
+                report = dataclasses.replace(report, server=one.predict(report))
+            return outputs, report
         finally:
             self._active -= 1
+
+    def _output_bytes(self, req: _Request) -> int:
+        return sum(nbytes_of(req.values[key]) for _, key in req.routes.outputs)
 
     # --------------------------------------------------------------- scheduling
 
@@ -419,8 +460,12 @@ class LocalRuntime:
         inline = model.always_inline or (
             model.inline_ok and (model.cheap or (self._active == 1 and req.inflight == 1))
         )
+        if self._replay is not None:  # the ensemble scheduler or the BLS call carries the inputs to the step
+            await self._replay.hop(nbytes_of(inputs))
         outputs, queue, compute, batch = await model.run(inputs, req.rows, inline=inline)
         del inputs
+        if self._replay is not None:
+            await self._replay.hop(sum(nbytes_of(outputs[o]) for o in req.routes.returns[name]))
         for out in req.routes.returns[name]:
             values[(name, out)] = _cross(outputs[out], crossings, req.copies) if crossings else outputs[out]
         req.trace.append((name, queue, compute, perf_counter() - t_ready - queue - compute, batch))

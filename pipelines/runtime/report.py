@@ -12,12 +12,15 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..percentiles import percentiles
 from ..tables import format_table
+
+if TYPE_CHECKING:
+    from .replay import ServerPrediction
 
 __all__ = ["Comparison", "CostRecorder", "Report", "StepCost", "compare"]
 
@@ -51,7 +54,9 @@ class Report:
     the sum of step compute divided by the wall time; ``latency_over_critical_path``
     near 1 means independent steps overlapped as well as the graph allows.
     ``copies`` and ``copy_bytes`` are totals over the ``requests`` (divide for
-    one request's share).
+    one request's share). ``server`` is the prediction of a Triton server when the
+    runtime replays a server profile; without one the figures are in-process
+    figures, not predictions of a server.
     """
 
     pipeline: str
@@ -68,6 +73,7 @@ class Report:
     critical_path: tuple[str, ...]
     critical_path_us: float
     parallelism: float
+    server: ServerPrediction | None = None
 
     @property
     def latency_over_critical_path(self) -> float:
@@ -110,6 +116,9 @@ class Report:
             f"latency / critical path {self.latency_over_critical_path:.2f}; parallelism {self.parallelism:.2f}\n"
             f"copies between devices: {self.copies} ({_bytes(self.copy_bytes)})\n"
         )
+        if self.server is None:
+            head += ("these are in-process figures, not predictions of a Triton server: "
+                     "give a server profile (profile=..., from 'pipelines calibrate') for those\n")
         rows = [
             (s.step, str(s.calls), f"{s.mean_batch:.1f}", _us(s.queue_wait_us), _us(s.compute_us), _us(s.overhead_us))
             for s in self.steps
@@ -124,7 +133,8 @@ class Report:
                 _us(self.overhead_us),
             )
         )
-        return head + _table(("step", "calls", "batch", "queue wait", "compute", "overhead"), rows)
+        text = head + _table(("step", "calls", "batch", "queue wait", "compute", "overhead"), rows)
+        return text if self.server is None else text + str(self.server)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,206 @@
+"""Replaying a server profile in the local runtime: each boundary pays its calibrated cost
+where a Triton server pays it, so the local figures predict the server's.
+
+Where each cost is spent (see :mod:`pipelines.calibration` for how they are measured):
+
+- **request** in and out: before the first step and after the last, holding nothing
+  (the client, the protocol and the server's front end);
+- **ensemble step** (``"ensemble"``) or **BLS call** (``"bls"``, ``"bls-sync"``):
+  around each step's execution, outside the step's instance. A BLS call is made
+  while the request holds its place in the BLS model's instance
+  (:class:`~pipelines.runtime.bls_model.BlsGate`), so it occupies that instance as on
+  the server;
+- **stub** input and output: while the step's instance is held (before and after its
+  function runs), so they queue, batch and count against ``instance_count`` as the
+  Python stub's shared-memory copies do; in the BLS modes the BLS model's own stub
+  pays them for the request's inputs and outputs while its instance is held.
+
+A cost is spent by sleeping on the event loop, which wakes in steps of about a
+millisecond; each request keeps a ledger of what it owes, so the rounding of one
+sleep is made up by the next and a request's total is right to within half a
+millisecond. The ledger also keeps the accounting that the cost report shows in
+Triton's statistics columns.
+"""
+
+from __future__ import annotations
+
+import os
+from contextvars import ContextVar
+from dataclasses import dataclass
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ..tables import format_table
+
+if TYPE_CHECKING:
+    from ..calibration.profile import Profile
+    from .report import Report
+
+__all__ = ["Ledger", "Replay", "ServerPrediction", "nbytes_of"]
+
+# The event loop oversleeps by about this much past the millisecond it rounds up to.
+_WAKE_S = 150e-6
+
+
+class Ledger:
+    """What one request (or one step model's batches) owes and has spent, in seconds."""
+
+    __slots__ = ("debt", "queue", "input", "output", "overhead")
+
+    def __init__(self) -> None:
+        self.debt = 0.0
+        self.queue = 0.0  # waiting for the BLS model's instance
+        self.input = 0.0  # stub input (Triton's compute input)
+        self.output = 0.0  # stub output (compute output)
+        self.overhead = 0.0  # request, ensemble steps, BLS calls: outside any model's statistics
+
+
+_current: ContextVar[Ledger | None] = ContextVar("pipelines_replay_ledger", default=None)
+
+
+def nbytes_of(tensors: Any) -> int:
+    """Bytes held by a dict of arrays (or one array)."""
+    if isinstance(tensors, dict):
+        return sum(int(getattr(t, "nbytes", 0)) for t in tensors.values())
+    return int(getattr(tensors, "nbytes", 0))
+
+
+async def _spend(ledger: Ledger, seconds: float) -> None:
+    ledger.debt += seconds
+    whole_ms = round((ledger.debt - _WAKE_S) * 1e3)
+    if whole_ms >= 1:
+        t = perf_counter()
+        await anyio.sleep(whole_ms * 1e-3 - 50e-6)  # the loop rounds the timeout up to whole_ms
+        ledger.debt -= perf_counter() - t
+
+
+@dataclass(frozen=True)
+class ServerPrediction:
+    """The server's figures a profile predicts for one form, per request in µs, in the
+    columns of Triton's statistics (summed over the models a request runs), plus what
+    no model's statistics show: the request's way in and out and the hops between models.
+    """
+
+    mode: str
+    profile: str
+    latency_us: float
+    latency_p50_us: float
+    throughput_rps: float
+    queue_us: float
+    compute_input_us: float
+    compute_infer_us: float
+    compute_output_us: float
+    overhead_us: float
+
+    def __str__(self) -> str:
+        def us(v: float) -> str:
+            return f"{v / 1e3:.2f} ms" if v >= 1e3 else f"{v:.0f} µs"
+
+        rows = [(self.mode, us(self.latency_p50_us), f"{self.throughput_rps:.1f}", us(self.queue_us),
+                 us(self.compute_input_us), us(self.compute_infer_us), us(self.compute_output_us),
+                 us(self.overhead_us))]
+        head = ("form", "p50", "infer/s", "queue", "compute input", "compute infer", "compute output", "request+hops")
+        return f"predicted for the server of {self.profile}:\n" + format_table(head, rows) + "\n"
+
+
+class Replay:
+    """A profile's costs, ready to be spent by one :class:`~pipelines.runtime.local.LocalRuntime`."""
+
+    def __init__(self, profile: Profile | str | os.PathLike[str], mode: str) -> None:
+        from ..calibration.profile import load_profile
+
+        self.profile = load_profile(profile)
+        self.mode = mode
+        costs = self.profile.costs
+        self._request = costs["request"]
+        self._hop = costs["ensemble_step"] if mode == "ensemble" else costs["bls_call"]
+        self._stub = costs["stub"]
+        self._totals = Ledger()
+        self._models: dict[int, Ledger] = {}  # for batches, which run outside any one request
+
+    def reset(self) -> None:
+        self._totals = Ledger()
+
+    # ------------------------------------------------------------ one request
+
+    def begin(self) -> Ledger:
+        """A ledger for the request being served (the steps it runs find it in their context)."""
+        ledger = Ledger()
+        _current.set(ledger)
+        return ledger
+
+    def finish(self, ledger: Ledger) -> None:
+        totals = self._totals
+        totals.queue += ledger.queue
+        totals.input += ledger.input
+        totals.output += ledger.output
+        totals.overhead += ledger.overhead
+
+    async def request(self, ledger: Ledger, nbytes: int, *, leaving: bool) -> None:
+        """The request entering (its inputs) or leaving (its outputs) the server."""
+        seconds = self._half(self._request, nbytes)
+        ledger.overhead += seconds
+        await _spend(ledger, seconds)
+
+    async def bls_stub(self, ledger: Ledger, nbytes: int, *, leaving: bool) -> None:
+        """The BLS model's own stub taking the request's inputs, or giving its outputs."""
+        seconds = self._half(self._stub, nbytes)
+        if leaving:
+            ledger.output += seconds
+        else:
+            ledger.input += seconds
+        await _spend(ledger, seconds)
+
+    def queued(self, ledger: Ledger, seconds: float) -> None:
+        ledger.queue += seconds
+
+    async def hop(self, nbytes: int) -> None:
+        """Half an ensemble step's or a BLS call's cost: on the way to a step, or back."""
+        ledger = _current.get()
+        if ledger is None:  # pragma: no cover - a hop always runs inside a request
+            return
+        seconds = self._half(self._hop, nbytes)
+        ledger.overhead += seconds
+        await _spend(ledger, seconds)
+
+    async def stub(self, model: object, nbytes: int, *, leaving: bool) -> None:
+        """A step's stub taking its inputs, or giving its outputs; the caller holds the instance."""
+        seconds = self._half(self._stub, nbytes)
+        ledger = _current.get()
+        if ledger is None:  # a dynamic batch runs for several requests at once: the model keeps the ledger
+            ledger = self._models.setdefault(id(model), Ledger())
+            accounts = self._totals
+        else:
+            accounts = ledger
+        if leaving:
+            accounts.output += seconds
+        else:
+            accounts.input += seconds
+        await _spend(ledger, seconds)
+
+    @staticmethod
+    def _half(cost: Any, nbytes: int) -> float:
+        # a boundary's fixed cost is split between its way in and its way out
+        return (cost.fixed_us / 2 + cost.us_per_mib * nbytes / (1 << 20)) * 1e-6
+
+    # --------------------------------------------------------------- report
+
+    def predict(self, report: Report) -> ServerPrediction:
+        """The report's figures as the server's, in Triton's statistics columns."""
+        n = report.requests or 1
+        t = self._totals
+        p = self.profile
+        return ServerPrediction(
+            mode=report.mode,
+            profile=f"Triton {p.server_version or '?'} over {p.protocol} ({p.date})",
+            latency_us=report.latency_us,
+            latency_p50_us=report.latency_p50_us,
+            throughput_rps=report.throughput_rps,
+            queue_us=sum(s.queue_wait_us * s.calls for s in report.steps) / n + t.queue * 1e6 / n,
+            compute_input_us=t.input * 1e6 / n,
+            compute_infer_us=sum(s.compute_us * s.calls for s in report.steps) / n,
+            compute_output_us=t.output * 1e6 / n,
+            overhead_us=t.overhead * 1e6 / n,
+        )
