@@ -78,7 +78,8 @@ class Profile:
     date: str
     url: str | None = None
     points: tuple[Point, ...] = ()
-    samples: tuple[tuple[str, int, int, float], ...] = ()  # (kind, steps, bytes, median µs) per probe
+    # per probe: (kind, steps, tensor bytes, median latency µs, stub µs per execution or None)
+    samples: tuple[tuple[str, int, int, float, float | None], ...] = ()
 
     def __post_init__(self) -> None:
         missing = [b for b in BOUNDARIES if b not in self.costs]
@@ -124,7 +125,10 @@ class Profile:
                     Point(str(p["boundary"]), int(p["nbytes"]), float(p["cost_us"]), str(p["probe"]))
                     for p in data.get("points", ())
                 ),
-                samples=tuple((str(k), int(n), int(b), float(t)) for k, n, b, t in data.get("samples", ())),
+                samples=tuple(
+                    (str(s[0]), int(s[1]), int(s[2]), float(s[3]), None if s[4] is None else float(s[4]))
+                    for s in data.get("samples", ())
+                ),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PipelinesError(f"not a server profile: {type(exc).__name__}: {exc}") from None
