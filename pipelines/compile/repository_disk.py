@@ -16,7 +16,7 @@ SIGKILL) is finished by the next write or removal into the same repository,
 which also deletes whatever staging directory was left. Triton 2.51 tries to
 load *every* subdirectory of the repository, dot-directories included (a
 leftover ``.pipelines-staging-x/`` made it fail to start; verified with the
-bundled server, see ``docs/triton_facts.md``), so staging lives *beside* the
+bundled server, see ``docs/triton_model_repository.md``), so staging lives *beside* the
 repository, in its parent directory. Only when the parent is on another file
 system (the repository is a mount point) or not writable does it live inside.
 
