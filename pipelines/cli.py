@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PipelinesError
+from .forms import FORMS, TARGETS
 from .loading import load_pipeline
 
 __all__ = ["load_pipeline", "main"]
@@ -209,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "pipeline's models are replaced; other models in DIR are left as they are. The server's "
                        "Python needs DIR/requirements.txt (see the README's deployment section).")
     c.add_argument("pipeline", metavar="MODULE:ATTR")
-    c.add_argument("--target", choices=["ensemble", "bls", "bls-sync", "both"], default="both")
+    c.add_argument("--target", choices=list(TARGETS), default="both",
+                   help="one form, or forms side by side: 'both' (ensemble, bls, bls-sync), 'all' (every form)")
     c.add_argument("--out", required=True, metavar="DIR", help="the model repository directory to write into")
     c.add_argument("--overwrite", action="store_true",
                    help="replace models of the same name that this pipeline does not own, or write into a "
@@ -226,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run the pipeline once in the local runtime",
                        description="Run the pipeline once, without a server, with the semantics of one Triton form.")
     r.add_argument("pipeline", metavar="MODULE:ATTR")
-    r.add_argument("--mode", choices=["ensemble", "bls", "bls-sync"], default="ensemble")
+    r.add_argument("--mode", choices=list(FORMS), default="ensemble")
     r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                    help="an input tensor from a .npy file (repeat for each input)")
     r.add_argument("--out", metavar="DIR", help="save each output as DIR/NAME.npy")

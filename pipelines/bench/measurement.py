@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PipelinesError
+from ..forms import form_names
 from .loadgen import LoadResult
 from .stats import LatencySummary, ModelTimes
 
 __all__ = ["FORMS", "Configuration", "Measurement"]
 
-#: The three forms a pipeline compiles to, as the local runtime names its modes.
-FORMS = ("ensemble", "bls", "bls-sync")
+#: Every form a pipeline compiles to (the table in pipelines.forms), as the local runtime names its modes.
+FORMS = form_names()
 
 
 @dataclass(frozen=True)

@@ -321,7 +321,7 @@ def write_bench_repository(pipeline: Pipeline, out_dir: Path | None, stack: Exit
         repo_dir = out_dir / "model_repository"
     else:
         repo_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pipelines-bench-"))) / "repo"
-    return pipeline.compile("both").write(repo_dir)
+    return pipeline.compile("all").write(repo_dir)
 
 
 def _start_server(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack, bar: Progress):

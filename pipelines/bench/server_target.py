@@ -8,15 +8,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..compile import TOP_LEVEL_SUFFIXES
+from ..forms import form as _form
 from .stats import ModelCounters, parse_statistics
 
 __all__ = ["ServerTarget", "model_name"]
 
 
 def model_name(pipeline: str, form: str) -> str:
-    """The top-level model of ``form`` in a repository compiled with ``"both"``."""
-    return pipeline + TOP_LEVEL_SUFFIXES[form]
+    """The top-level model of ``form`` in a repository compiled with ``"all"`` (forms side by side)."""
+    return _form(form).model_name(pipeline, side_by_side=True)
 
 
 class ServerTarget:

@@ -24,7 +24,7 @@ class BenchSettings:
 
     ``server`` (default: on unless ``url`` is given) starts the embedded Triton
     server on the compiled repository; ``url`` (``HOST:PORT`` of ``protocol``)
-    measures a remote server where the repository compiled with ``"both"`` is
+    measures a remote server where the repository compiled with ``"all"`` is
     already deployed. ``server_copies`` makes the local runtime copy tensors where
     a server moves them between processes, so its figures predict the server's.
     Windows last ``duration`` seconds, or ``requests`` answers. Generated inputs

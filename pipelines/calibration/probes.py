@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..compile import ModelRepository
+from ..forms import model_name
 from ..graph import Pipeline
 from ..step import step
 from ..tensor import TensorSpec
@@ -66,7 +67,7 @@ class Probe:
     def model(self) -> str:
         if self.kind == "step":
             return f"probe_{self.steps}__identity"
-        return f"probe_{self.steps}_{self.kind}"
+        return model_name(f"probe_{self.steps}", self.kind)
 
     def inputs(self) -> dict[str, np.ndarray]:
         return {"x": np.zeros((1, self.size), np.uint8)}
@@ -91,7 +92,8 @@ def probe_repository(chains: tuple[int, ...] = CHAINS) -> ModelRepository:
     repos = []
     for n in sorted(chains):
         ensemble = probe_pipeline(n).compile("both")
-        keep = {name: model for name, model in ensemble.models.items() if not name.endswith("_bls_sync")}
+        unused = model_name(f"probe_{n}", "bls-sync")
+        keep = {name: model for name, model in ensemble.models.items() if name != unused}
         repos.append(ModelRepository(keep, top_level=tuple(t for t in ensemble.top_level if t in keep)))
     first, *rest = repos
     return first.merge(*rest) if rest else first

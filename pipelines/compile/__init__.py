@@ -7,18 +7,18 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import CompileError
+from ..forms import FORMS, forms_of_target
+from ..forms import TARGETS as FORM_TARGETS
 from ..graph import Pipeline
-from .bls import compile_bls
 from .bound_plan import CompilePlan, bind_plan
 from .checks import check_compilable
-from .ensemble import compile_ensemble, layout_ensemble
+from .ensemble import layout_ensemble
 from .repository import CompiledModel, FileCopy, ModelRepository, remove_pipelines, repository_pipelines
 from .requirements import NUMPY_REQUIREMENT, ServerNeeds
 from .step_models import compile_step_model
 
 __all__ = [
     "TARGETS",
-    "TOP_LEVEL_SUFFIXES",
     "CompilePlan",
     "CompiledModel",
     "FileCopy",
@@ -28,28 +28,27 @@ __all__ = [
     "repository_pipelines",
 ]
 
-#: The suffix of each top-level model in a ``"both"`` repository.
-TOP_LEVEL_SUFFIXES = {"ensemble": "_ensemble", "bls": "_bls", "bls-sync": "_bls_sync"}
-
-#: What ``compile_pipeline`` accepts; ``"both"`` means the ensemble and both BLS forms.
-TARGETS = ("ensemble", "bls", "bls-sync", "both")
+#: What ``compile_pipeline`` accepts: each form of :data:`pipelines.forms.FORMS`, ``"both"``
+#: (the ensemble and both BLS forms side by side) and ``"all"`` (every form side by side).
+TARGETS = tuple(FORM_TARGETS)
 
 
 def compile_pipeline(pipeline: Pipeline, target: str = "both", *, bls_instance_count: int = 1) -> ModelRepository:
     """Compile ``pipeline`` into an in-memory :class:`ModelRepository`.
 
-    ``"ensemble"``, ``"bls"`` or ``"bls-sync"`` give one top-level model named
-    after the pipeline; ``"both"`` gives ``<name>_ensemble``, ``<name>_bls`` and
-    ``<name>_bls_sync`` over the same composing models ``<name>__<step>``.
+    A form's name (``"ensemble"``, ``"bls"``, ``"bls-sync"``) gives one top-level
+    model named after the pipeline; ``"both"`` gives ``<name>_ensemble``,
+    ``<name>_bls`` and ``<name>_bls_sync`` over the same composing models
+    ``<name>__<step>``, and ``"all"`` every form of :data:`pipelines.forms.FORMS`
+    with its suffix.
     ``bls_instance_count`` sets the BLS models' instance count.
     """
     if not isinstance(pipeline, Pipeline):
         raise CompileError(f"compile_pipeline needs a Pipeline; got {pipeline!r}")
-    if target not in TARGETS:
-        raise CompileError(
-            f"pipeline {pipeline.name!r}: unknown target {target!r}; choose one of {', '.join(TARGETS)}",
-            pipeline=pipeline.name,
-        )
+    try:
+        forms = forms_of_target(target)
+    except ValueError as exc:
+        raise CompileError(f"pipeline {pipeline.name!r}: {exc}", pipeline=pipeline.name) from None
     if isinstance(bls_instance_count, bool) or not isinstance(bls_instance_count, int) or bls_instance_count < 1:
         raise CompileError(
             f"pipeline {pipeline.name!r}: bls_instance_count must be an int >= 1; got {bls_instance_count!r}",
@@ -57,22 +56,20 @@ def compile_pipeline(pipeline: Pipeline, target: str = "both", *, bls_instance_c
         )
     plan = bind_plan(pipeline)
     check_compilable(pipeline, plan.plan)
-    both = target == "both"
-    forms = ("ensemble", "bls", "bls-sync") if both else (target,)
+    side_by_side = target not in FORMS
 
-    layout = layout_ensemble(plan) if "ensemble" in forms else None
+    # The ensemble's layout adds tensors to the step models it shares with the other forms.
+    layout = layout_ensemble(plan) if FORMS["ensemble"] in forms else None
+    options = {"bls_instance_count": bls_instance_count, "ensemble_layout": layout}
     models: dict[str, CompiledModel] = {}
     for model in plan.models:
         extras = layout.extras.get(model.name) if layout is not None else None
         models[model.name] = compile_step_model(plan, model, extras)
     top = []
     for form in forms:
-        name = pipeline.name + TOP_LEVEL_SUFFIXES[form] if both else pipeline.name
-        if form == "ensemble":
-            for compiled in compile_ensemble(plan, name, layout):
-                models[compiled.name] = compiled
-        else:
-            models[name] = compile_bls(plan, name, target=form, instance_count=bls_instance_count)
+        name = form.model_name(pipeline.name, side_by_side=side_by_side)
+        for compiled in form.compile_function()(plan, name, form, options):
+            models[compiled.name] = compiled
         top.append(name)
     return ModelRepository({name: _owned(model, pipeline.name) for name, model in models.items()},
                            top_level=tuple(top))

@@ -17,22 +17,32 @@ ensemble holds only the step's own instance.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ..forms import Form
 from ..plan import PLAN_FORMAT
 from .bound_plan import CompilePlan
 from .configs import add_io, set_parameters
 from .repository import CompiledModel
 from .step_models import model_source, plan_json
 
-__all__ = ["BLS_PLAN", "compile_bls"]
+__all__ = ["BLS_PLAN", "compile_bls", "compile_form"]
 
 BLS_PLAN = "bls.json"
-_MODES = {"bls": "async", "bls-sync": "sync"}
+# The executor's mode for each scheduler of the forms table (pipelines.forms).
+_MODES = {"concurrent": "async", "sequential": "sync"}
 
 
-def compile_bls(plan: CompilePlan, name: str, *, target: str, instance_count: int = 1) -> CompiledModel:
-    """The BLS model ``name`` (``target`` ``"bls"`` or ``"bls-sync"``) over the composing models of ``plan``."""
+def compile_form(plan: CompilePlan, name: str, form: Form, options: Mapping[str, Any]) -> list[CompiledModel]:
+    """The forms table's entry (:mod:`pipelines.forms`): the BLS model ``name``."""
+    return [compile_bls(plan, name, form=form, instance_count=options.get("bls_instance_count", 1))]
+
+
+def compile_bls(plan: CompilePlan, name: str, *, form: Form, instance_count: int = 1) -> CompiledModel:
+    """The BLS model ``name`` (a form whose scheduler is concurrent or sequential) over ``plan``'s models."""
     pipeline = plan.pipeline
     config = mc.ModelConfig(name=name, backend="python", max_batch_size=pipeline.max_batch_size)
     add_io(config, pipeline.inputs, pipeline.output_specs)
@@ -46,7 +56,7 @@ def compile_bls(plan: CompilePlan, name: str, *, target: str, instance_count: in
         "format": PLAN_FORMAT,
         "pipeline": pipeline.name,
         "model": name,
-        "mode": _MODES[target],
+        "mode": _MODES[form.scheduler],
         "max_batch_size": pipeline.max_batch_size,
         "inputs": {n: s.to_dict() for n, s in pipeline.inputs.items()},
         "outputs": {n: ref.spec.to_dict() for n, ref in pipeline.outputs.items()},

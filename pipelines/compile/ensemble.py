@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -43,6 +44,7 @@ __all__ = [
     "EnsembleLayout",
     "ModelExtras",
     "compile_ensemble",
+    "compile_form",
     "layout_ensemble",
 ]
 
@@ -408,3 +410,8 @@ def _compile_gate(layout: EnsembleLayout, name: str, *, ensemble: str) -> Compil
     }
     files = {"1/model.py": model_source("gate_model.py"), f"1/{GATE_PLAN}": plan_json(data)}
     return CompiledModel(name, config, files)
+
+
+def compile_form(plan: CompilePlan, name: str, form: Any, options: Mapping[str, Any]) -> list[CompiledModel]:
+    """The forms table's entry (:mod:`pipelines.forms`): the ensemble ``name`` and its gate."""
+    return compile_ensemble(plan, name, options.get("ensemble_layout"))

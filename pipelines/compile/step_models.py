@@ -152,7 +152,7 @@ def _external_model(plan: CompilePlan, model: BoundModel) -> CompiledModel:
     return CompiledModel(model.name, config, files)
 
 
-def _fix_batch(config: mc.ModelConfig, plan: CompilePlan, model: ModelPlan) -> None:
+def _fix_batch(config: mc.ModelConfig, plan: CompilePlan, model: BoundModel) -> None:
     """A model exported with a fixed batch: ``max_batch_size: 0`` and the batch as its first dim.
 
     Triton lets a batching ensemble hold such a model when the shapes agree once

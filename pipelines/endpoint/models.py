@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
-from ..compile.plan import TOP_LEVEL_SUFFIXES
+from ..forms import form
 from ..graph import Pipeline
 
 __all__ = ["ModelStatistics", "ServedModel", "served_models"]
@@ -47,11 +47,11 @@ class ServedModel:
 
 
 def served_models(pipeline: Pipeline, modes: tuple[str, ...]) -> dict[str, ServedModel]:
-    """The served models of ``pipeline``, each with the config ``compile("both")`` writes for it."""
-    repo = pipeline.compile("both")
+    """The served models of ``pipeline``, each with the config ``compile("all")`` writes for it."""
+    repo = pipeline.compile("all")
     models = {}
     for mode in modes:
-        name = pipeline.name + TOP_LEVEL_SUFFIXES[mode]
+        name = form(mode).model_name(pipeline.name, side_by_side=True)
         models[name] = ServedModel(name=name, mode=mode, pipeline=pipeline, config=repo[name].config)
     return models
 

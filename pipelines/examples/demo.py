@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..forms import FORMS
 from ..runtime import compare, run_many
 from . import yolov5
 
-MODES = ("ensemble", "bls", "bls-sync")
 SIZES = ((480, 640), (720, 1280), (640, 480), (333, 500))
 
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n== local runtime (no server)")
     reference = None
     reports = {}
-    for mode in MODES:
+    for mode in FORMS:
         outs, _ = run_many(p, requests, mode=mode, concurrency=1)
         # server_copies: copy tensors where a Triton server moves them between processes,
         # so the report shows the bytes each form moves, and the local figures predict the server's.
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.out) if args.out else Path(tmp) / "model_repository"
-        repo = p.compile("both")
+        repo = p.compile("all")
         repo.write(out)
         print(f"\n== compiled to {out}: {', '.join(sorted(repo.models))}")
         print("\n== starting the bundled Triton server ...", flush=True)
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  ready at http://{server.http_url} and grpc://{server.grpc_url}")
             client = server.client("http")
             latencies = {}
-            for form in ("ensemble", "bls", "bls_sync"):
-                model = f"{p.name}_{form}"
+            for form in FORMS.values():
+                model = form.model_name(p.name, side_by_side=True)
                 for i, (req, s) in enumerate(zip(requests, samples, strict=False)):
                     det = client.infer(model, req)["detections"][0]
                     agree = np.allclose(det, reference[i], atol=1e-3)
@@ -86,13 +86,13 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 for k in range(args.requests):
                     client.infer(model, requests[k % len(requests)])
-                latencies[form] = (time.perf_counter() - t0) / args.requests * 1e3
+                latencies[form.name] = (time.perf_counter() - t0) / args.requests * 1e3
             client.close()
         print("\n== ensemble against BLS, one request at a time (mean latency)")
         print(f"  {'form':10s} {'local (ms)':>12s} {'server (ms)':>12s}")
-        for mode, form in zip(MODES, ("ensemble", "bls", "bls_sync"), strict=False):
+        for mode in FORMS:
             local_ms = reports[mode].latency_us / 1e3
-            print(f"  {form:10s} {local_ms:12.2f} {latencies[form]:12.2f}")
+            print(f"  {mode:10s} {local_ms:12.2f} {latencies[mode]:12.2f}")
         ratio = latencies["ensemble"] / latencies["bls"]
         print(f"  server ensemble / bls latency: {ratio:.2f}"
               f" ({'ensemble' if ratio < 1 else 'BLS'} is faster for this pipeline at concurrency 1)")

@@ -47,6 +47,7 @@ import anyio
 import anyio.lowlevel
 
 from ..errors import InferenceError, InputError, PipelinesError, StepError
+from ..forms import form, form_names
 from ..graph import Pipeline
 from ..plan import ExecutionPlan, plan_of
 from ..requests import check_request
@@ -58,7 +59,8 @@ from .report import CostRecorder, Report
 
 __all__ = ["MODES", "LocalRuntime", "run_many", "run_pipeline"]
 
-MODES = ("ensemble", "bls", "bls-sync")
+#: The local runtime's modes: one per form of the table in :mod:`pipelines.forms`.
+MODES = form_names()
 _OFFLOAD = ("auto", "always", "never")
 
 Key = tuple["str | None", str]  # (producing node or None for a pipeline input, tensor name)
@@ -167,10 +169,10 @@ class LocalRuntime:
         if not isinstance(pipeline, Pipeline):
             raise InferenceError(f"LocalRuntime needs a Pipeline; got {type(pipeline).__name__}")
         name = pipeline.name
-        if mode not in MODES:
-            raise InferenceError(
-                f"pipeline {name!r}: unknown mode {mode!r}; choose one of {', '.join(MODES)}", pipeline=name
-            )
+        try:
+            self.form = form(mode, what="mode")
+        except ValueError as exc:
+            raise InferenceError(f"pipeline {name!r}: {exc}", pipeline=name) from None
         if offload not in _OFFLOAD:
             raise InferenceError(
                 f"pipeline {name!r}: offload must be one of {', '.join(_OFFLOAD)}; got {offload!r}", pipeline=name
@@ -185,7 +187,7 @@ class LocalRuntime:
         self.offload = offload
         self.force_cpu_only_input_tensors = bool(force_cpu_only_input_tensors)
         # Process boundaries a step's tensors cross on a server, each one a copy (see above).
-        self._crossings = 0 if not server_copies else (1 if mode == "ensemble" else 2)
+        self._crossings = self.form.server_copies if server_copies else 0
         self._replay = Replay(profile, mode) if profile is not None else None
         if self._replay is not None:
             self._crossings = 0
@@ -222,16 +224,18 @@ class LocalRuntime:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._open = False
         self._active = 0
-        self._schedule = {"ensemble": self._run_ensemble, "bls": self._run_bls, "bls-sync": self._run_bls_sync}[mode]
+        self._schedule = {
+            "event": self._run_ensemble, "concurrent": self._run_bls, "sequential": self._run_bls_sync
+        }[self.form.scheduler]
         if isinstance(bls_instance_count, bool) or not isinstance(bls_instance_count, int) or bls_instance_count < 1:
             raise InferenceError(
                 f"pipeline {name!r}: bls_instance_count must be an int >= 1; got {bls_instance_count!r}", pipeline=name
             )
         self._bls_gate = None
-        if mode != "ensemble":
+        if self.form.one_execute_per_instance:
             self._bls_gate = BlsGate(
                 instances=bls_instance_count,
-                concurrent=mode == "bls",
+                concurrent=self.form.scheduler == "concurrent",
                 max_rows=pipeline.max_batch_size or 1,
             )
 

@@ -1,0 +1,127 @@
+"""The forms a pipeline takes on Triton, each named once.
+
+A **form** is one way to run a pipeline's steps on a server: an ensemble, a
+BLS model with concurrent calls, a BLS model with sequential calls. The
+compiler (targets), the local runtime (modes), the benchmark, the CLI, the
+demo and the notebook all read this table, so a form has one name, one
+model-name suffix and one scheduling rule everywhere.
+
+Adding a form is one entry in :data:`FORMS` and one compiler module.
+This module imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+__all__ = [
+    "FORMS",
+    "TARGETS",
+    "Form",
+    "form",
+    "form_names",
+    "forms_of_target",
+    "model_name",
+]
+
+#: How a form schedules the steps of one request (the local runtime and the BLS executor read it):
+#: "event" starts each step when its inputs are ready, with no orchestrator (Triton's ensemble
+#: scheduler); "concurrent" is one orchestrator awaiting independent steps together;
+#: "sequential" is one orchestrator calling the steps one after another.
+SCHEDULERS = ("event", "concurrent", "sequential")
+
+
+@dataclass(frozen=True)
+class Form:
+    """One form: its name, how its top-level model is named and compiled, how it runs."""
+
+    name: str  # what users pass: p.compile(name), p.run(mode=name), --forms name
+    suffix: str  # the top-level model's suffix when forms sit side by side ("both", "all")
+    scheduler: str  # one of SCHEDULERS
+    compiler: str  # "module:function(plan, name, form, options) -> [CompiledModel]", imported on use
+    one_execute_per_instance: bool  # a Python model: each instance runs one execute() at a time
+    server_copies: int  # copies a server makes of a tensor at each step boundary (process crossings)
+    summary: str  # one line for help texts
+
+    def model_name(self, pipeline: str, *, side_by_side: bool) -> str:
+        """The top-level model's name: the pipeline's own, or with this form's suffix."""
+        return pipeline + self.suffix if side_by_side else pipeline
+
+    def compile_function(self) -> Callable[..., Any]:
+        module, _, function = self.compiler.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+
+FORMS: MappingProxyType[str, Form] = MappingProxyType({
+    f.name: f
+    for f in (
+        Form(
+            name="ensemble",
+            suffix="_ensemble",
+            scheduler="event",
+            compiler="pipelines.compile.ensemble:compile_form",
+            one_execute_per_instance=False,
+            server_copies=1,
+            summary="platform: ensemble; Triton's scheduler starts each step when its inputs are ready",
+        ),
+        Form(
+            name="bls",
+            suffix="_bls",
+            scheduler="concurrent",
+            compiler="pipelines.compile.bls:compile_form",
+            one_execute_per_instance=True,
+            server_copies=2,
+            summary="a Python model; async def execute, independent steps concurrent with async_exec()",
+        ),
+        Form(
+            name="bls-sync",
+            suffix="_bls_sync",
+            scheduler="sequential",
+            compiler="pipelines.compile.bls:compile_form",
+            one_execute_per_instance=True,
+            server_copies=2,
+            summary="a Python model calling the steps one after another with exec()",
+        ),
+    )
+})
+
+#: Compile targets: each form alone (the top-level model is named after the pipeline), or
+#: several side by side over the same step models: "both" (the three forms of the first
+#: release, kept for compatibility) and "all" (every form in the table).
+TARGETS: MappingProxyType[str, tuple[str, ...]] = MappingProxyType({
+    **{name: (name,) for name in FORMS},
+    "both": ("ensemble", "bls", "bls-sync"),
+    "all": tuple(FORMS),
+})
+
+
+def form_names() -> tuple[str, ...]:
+    return tuple(FORMS)
+
+
+def form(name: str, *, what: str = "form") -> Form:
+    """The form called ``name``; an unknown name is a ``ValueError`` listing the valid ones."""
+    found = FORMS.get(name) if isinstance(name, str) else None
+    if found is None:
+        hint = ""
+        if isinstance(name, str) and name.replace("_", "-") in FORMS:
+            hint = f" (did you mean {name.replace('_', '-')!r}?)"
+        raise ValueError(f"unknown {what} {name!r}{hint}; choose one of {', '.join(FORMS)}")
+    return found
+
+
+def forms_of_target(target: str) -> tuple[Form, ...]:
+    """The forms a compile target builds; an unknown target is a ``ValueError`` listing the valid ones."""
+    names = TARGETS.get(target) if isinstance(target, str) else None
+    if names is None:
+        raise ValueError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    return tuple(FORMS[n] for n in names)
+
+
+def model_name(pipeline: str, form_name: str, *, side_by_side: bool = True) -> str:
+    """The top-level model of ``form_name`` for ``pipeline`` (side by side: with its suffix)."""
+    return form(form_name).model_name(pipeline, side_by_side=side_by_side)
