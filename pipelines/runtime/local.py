@@ -51,7 +51,7 @@ from ..forms import form, form_names
 from ..graph import Pipeline
 from ..plan import ExecutionPlan, plan_of
 from ..requests import check_request
-from .bls_model import BlsGate
+from .bls_gate import BlsGate
 from .device import CopyCounter, Placement, gpu_available, resolve_device
 from .instances import StepModel, thread_hop_cost
 from .replay import Replay, nbytes_of
@@ -145,7 +145,7 @@ class LocalRuntime:
     ``offload`` is when sync steps hop to a worker thread (see the module docstring).
     ``bls_instance_count`` is the BLS model's instance count in the two BLS modes:
     like Triton, each instance runs one ``execute()`` call at a time (see
-    :mod:`pipelines.runtime.bls_model`).
+    :mod:`pipelines.runtime.bls_gate`).
     ``profile`` (a :class:`~pipelines.calibration.Profile` or the path of its JSON
     file, from ``pipelines calibrate``) replays a server's costs at each boundary, so
     that latency, throughput and the report predict that server (see

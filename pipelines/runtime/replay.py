@@ -8,7 +8,7 @@ Where each cost is spent (see :mod:`pipelines.calibration` for how they are meas
 - **ensemble step** (``"ensemble"``) or **BLS call** (``"bls"``, ``"bls-sync"``):
   around each step's execution, outside the step's instance. A BLS call is made
   while the request holds its place in the BLS model's instance
-  (:class:`~pipelines.runtime.bls_model.BlsGate`), so it occupies that instance as on
+  (:class:`~pipelines.runtime.bls_gate.BlsGate`), so it occupies that instance as on
   the server;
 - **stub** input and output: while the step's instance is held (before and after its
   function runs), so they queue, batch and count against ``instance_count`` as the
