@@ -472,3 +472,41 @@ def test_an_interrupted_bench_keeps_finished_levels_and_leaves_no_server(tmp_pat
     assert "interrupted" in stderr and "finished measurements kept" in stderr
     assert "server ensemble" in stdout  # the finished levels are printed too
     assert wait_for_no_leftovers(str(out)) == []
+
+
+JUPYTER_LIKE = """
+import asyncio, sys
+from pipelines.bench import BenchSettings, run_benchmark
+
+async def cell():  # a notebook cell: run_benchmark called while this thread's loop runs
+    settings = BenchSettings(concurrency=tuple(range(1, 41)), server=False, forms=("ensemble",),
+                             duration=0.1, warmup=0, max_trials=3)
+    try:
+        run_benchmark("pipelines.examples.basic:chain", settings, out=sys.argv[1], progress=False, echo=False)
+    except KeyboardInterrupt as exc:
+        print("kept", len(exc.benchmark_result.measurements), flush=True)
+        raise
+
+asyncio.new_event_loop().run_until_complete(cell())  # no asyncio.Runner: Ctrl-C raises in this thread
+"""
+
+
+def test_ctrl_c_in_a_running_event_loop_stops_the_worker_and_keeps_the_levels(tmp_path):
+    results = tmp_path / "results.json"
+    proc = subprocess.Popen([sys.executable, "-c", JUPYTER_LIKE, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not results.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)  # 40 levels would take much longer
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "KeyboardInterrupt" in stderr
+    data = json.loads(results.read_text())
+    assert data["status"] == "interrupted"
+    assert 1 <= len(data["measurements"]) < 40
+    assert stdout.strip() == f"kept {len(data['measurements'])}"

@@ -66,7 +66,8 @@ def run_benchmark(
 
     Interrupted (KeyboardInterrupt) or failing part-way, it writes the levels it
     finished to ``results.json`` (``status`` says why it stopped), stops the
-    server it started, and raises again.
+    server it started, and raises again; the exception's ``benchmark_result``
+    holds the same partial result.
     """
     settings = BenchSettings() if settings is None else settings
     if not isinstance(settings, BenchSettings):
@@ -134,6 +135,7 @@ def run_benchmark(
         if stream is not None and measurements:
             stream.write(render(partial))
             stream.flush()
+        exc.benchmark_result = partial  # for a caller without `out`: what was finished is not lost
         raise
 
     # The figures are safe on disk before anything optional (plots) can fail.
