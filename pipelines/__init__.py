@@ -24,6 +24,7 @@ from .errors import (
     StepError,
     StepTimeoutError,
     TensorProducedTwiceError,
+    TensorSpecError,
     UnboundInputError,
     UnknownTensorError,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "StepError",
     "StepTimeoutError",
     "TensorProducedTwiceError",
+    "TensorSpecError",
     "TensorRef",
     "TensorSpec",
     "UnboundInputError",

@@ -14,7 +14,8 @@ message that says what is wrong, what was expected, and the fix::
     │   ├── DuplicateNameError      two steps, or two tensors, share a name
     │   ├── TensorProducedTwiceError a tensor that two wires would produce
     │   ├── CycleError              the wiring loops back on itself
-    │   └── StepDeclarationError    @step was given something it cannot use
+    │   ├── StepDeclarationError    @step was given something it cannot use
+    │   └── TensorSpecError         a datatype or dims that Triton has no name for (also a ValueError)
     ├── CompileError                a pipeline could not become a model repository
     │   └── RepositoryWriteError    writing the repository to disk failed (nothing was changed)
     ├── InferenceError              a request could not be answered
@@ -50,6 +51,7 @@ __all__ = [
     "StepError",
     "StepTimeoutError",
     "TensorProducedTwiceError",
+    "TensorSpecError",
     "UnboundInputError",
     "UnknownTensorError",
 ]
@@ -59,7 +61,8 @@ class PipelinesError(Exception):
     """Root of every error raised by ``pipelines``.
 
     ``pipeline``, ``step`` and ``tensor`` name where the error happened when
-    that is known; they are ``None`` otherwise.
+    that is known; they are ``None`` otherwise. ``node`` is the name the user
+    gave the step in the pipeline, where it is known apart from ``step``.
     """
 
     def __init__(
@@ -69,19 +72,21 @@ class PipelinesError(Exception):
         pipeline: str | None = None,
         step: str | None = None,
         tensor: str | None = None,
+        node: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.pipeline = pipeline
         self.step = step
         self.tensor = tensor
+        self.node = node
 
     def __reduce__(self):  # keep the context when an error crosses a process or thread boundary
-        return _rebuild, (type(self), self.message, self.pipeline, self.step, self.tensor)
+        return _rebuild, (type(self), self.message, self.pipeline, self.step, self.tensor, self.node)
 
 
-def _rebuild(cls, message, pipeline, step, tensor):
-    return cls(message, pipeline=pipeline, step=step, tensor=tensor)
+def _rebuild(cls, message, pipeline, step, tensor, node=None):
+    return cls(message, pipeline=pipeline, step=step, tensor=tensor, node=node)
 
 
 class DeclarationError(PipelinesError):
@@ -126,6 +131,10 @@ class CycleError(DeclarationError):
 
 class StepDeclarationError(DeclarationError):
     """``@step`` or ``external_model`` was given something it cannot use."""
+
+
+class TensorSpecError(DeclarationError, ValueError):
+    """A datatype or dims that Triton has no name for; a ``ValueError`` too, as it always was."""
 
 
 class CompileError(PipelinesError):

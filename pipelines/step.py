@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import StepDeclarationError, StepError
+from . import serving
+from .errors import PipelinesError, StepDeclarationError, StepError
 from .names import check_name
 from .tensor import TensorSpec
 
@@ -296,94 +297,65 @@ def instance_config(
 ) -> dict[str, Any]:
     """The dict a class step's ``initialize(config)`` receives, in every runtime.
 
-    It holds the keys of the ``args`` Triton gives a Python model (``model_name``,
-    ``model_instance_name``, ``model_instance_kind``, ``model_config`` as a
-    dict…) plus plain ones: ``parameters`` (name -> value, with the type it was declared with), ``pipeline``, ``step``,
-    ``node``, ``instance_index``, ``device`` and ``max_batch_size``. The local
-    runtime and the step adapter on the server both build it here, so a step
-    reads the same keys everywhere.
+    See :func:`pipelines.serving.instance_config`, which the step adapter on a
+    server calls too, so a step reads the same keys everywhere.
     """
-    name = model_name or node or step.name
-    params = dict(step.options.parameters if parameters is None else parameters)
-    mbs = step.options.max_batch_size if max_batch_size is None else max_batch_size
-    if model_config is None:
-        model_config = {
-            "name": name,
-            "max_batch_size": mbs or 0,
-            "input": [{"name": n, "data_type": s.config_dtype, "dims": list(s.dims)} for n, s in step.inputs.items()],
-            "output": [{"name": n, "data_type": s.config_dtype, "dims": list(s.dims)} for n, s in step.outputs.items()],
-            "parameters": {k: {"string_value": parameter_text(v)} for k, v in params.items()},
-        }
-    return {
-        "model_name": name,
-        "model_version": "1",
-        "model_instance_name": f"{name}_{instance_index}",
-        "model_instance_kind": "GPU" if device == "gpu" else "CPU",
-        "model_instance_device_id": "0",
-        "model_config": dict(model_config),
-        "pipeline": pipeline,
-        "node": node or step.name,
-        "step": step.name,
-        "instance_index": instance_index,
-        "device": device,
-        "max_batch_size": mbs,
-        "parameters": params,
-    }
+    return serving.instance_config(
+        step=step.name,
+        inputs=step.inputs,
+        outputs=step.outputs,
+        parameters=step.options.parameters if parameters is None else parameters,
+        max_batch_size=step.options.max_batch_size if max_batch_size is None else max_batch_size,
+        pipeline=pipeline,
+        node=node,
+        model_name=model_name,
+        instance_index=instance_index,
+        device=device,
+        model_config=model_config,
+    )
 
 
-class StepInstance:
+def _step_failure(step: Step) -> serving.Fail:
+    """Turns what :mod:`pipelines.serving` refuses into a :class:`StepError` naming the step."""
+
+    def fail(message: str, tensor: str | None) -> StepError:
+        return StepError(f"step {step.name!r} {message}", step=step.name, tensor=tensor)
+
+    return fail
+
+
+class StepInstance(serving.StepInstance):
     """One live instance of a step: initialised once, executed many times, finalised once."""
 
     def __init__(self, step: Step, config: dict[str, Any]) -> None:
         self.step = step
-        self.config = config
         if step.impl is None:
             raise StepError(
                 f"step {step.name!r} is an external model with no Python stand-in; "
                 "give external_model(..., stand_in=fn) to run it outside Triton",
                 step=step.name,
             )
-        if step.is_class:
-            obj = step.impl()
-            init = getattr(obj, "initialize", None)
-            if init is not None:
-                init(config)
-            self._obj = obj
-            fn = getattr(obj, "execute", None)
-            if fn is None:
-                fn = obj.__call__ if callable(obj) else None
-            if fn is None:
-                raise StepDeclarationError(
-                    f"step {step.name!r}: class {step.impl.__name__} needs an execute() or __call__() method",
-                    step=step.name,
-                )
-            self._fn = fn
-        else:
-            self._obj = None
-            self._fn = step.impl
 
-    @property
-    def is_async(self) -> bool:
-        """Whether the step is an ``async def`` (then use :meth:`execute_async`)."""
-        fn = self._fn
-        return inspect.iscoroutinefunction(fn) or (
-            not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
-        )
+        def fail(message: str, tensor: str | None) -> PipelinesError:
+            if message.startswith("class "):  # a class without execute() is a declaration problem
+                return StepDeclarationError(f"step {step.name!r}: {message}", step=step.name)
+            return _step_failure(step)(message, tensor)
+
+        super().__init__(step.name, step.impl, list(step.outputs), config, fail)
 
     def execute(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Call the step with its inputs as keyword arguments; return a dict of outputs."""
         chunks = self._fixed_batch_chunks(inputs)
         if chunks is not None:
-            return _joined([normalise_outputs(self.step, self._fn(**c)) for c in chunks[0]], chunks[1])
-        result = self._fn(**inputs)
-        return normalise_outputs(self.step, result)
+            return _joined([super(StepInstance, self).execute(c) for c in chunks[0]], chunks[1])
+        return super().execute(inputs)
 
     async def execute_async(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Await an ``async def`` step with its inputs as keyword arguments; return a dict of outputs."""
         chunks = self._fixed_batch_chunks(inputs)
         if chunks is not None:
-            return _joined([normalise_outputs(self.step, await self._fn(**c)) for c in chunks[0]], chunks[1])
-        return normalise_outputs(self.step, await self._fn(**inputs))
+            return _joined([await super(StepInstance, self).execute_async(c) for c in chunks[0]], chunks[1])
+        return await super().execute_async(inputs)
 
     def _fixed_batch_chunks(self, inputs: Mapping[str, Any]) -> tuple[list[dict[str, Any]], int] | None:
         """A batch cut into the fixed batch of an external model, the last chunk padded; None if none is needed.
@@ -412,11 +384,6 @@ class StepInstance:
             chunks.append(chunk)
         return chunks, rows
 
-    def finalize(self) -> None:
-        fin = getattr(self._obj, "finalize", None)
-        if fin is not None:
-            fin()
-
 
 def _concatenate(arrays: list[Any]) -> Any:
     # numpy's concatenate dispatches to CuPy for CuPy arrays (NEP 18), so both work here.
@@ -429,71 +396,12 @@ def _joined(parts: list[dict[str, Any]], rows: int) -> dict[str, Any]:
 
 def normalise_outputs(step: Step, result: Any) -> dict[str, Any]:
     """Accept a dict, a tuple in declaration order, or a lone array for a one-output step."""
-    names = list(step.outputs)
-    if isinstance(result, Mapping):
-        outputs = dict(result)
-    elif isinstance(result, tuple) and len(result) == len(names):
-        outputs = dict(zip(names, result, strict=False))
-    elif len(names) == 1 and hasattr(result, "shape"):
-        outputs = {names[0]: result}
-    else:
-        raise StepError(
-            f"step {step.name!r} returned {type(result).__name__}; expected a dict with "
-            f"outputs {names}",
-            step=step.name,
-        )
-    missing = [n for n in names if n not in outputs]
-    if missing:
-        raise StepError(
-            f"step {step.name!r} did not return output(s) {missing}; it returned {sorted(outputs)}",
-            step=step.name,
-            tensor=missing[0],
-        )
-    extra = [n for n in outputs if n not in step.outputs]
-    if extra:
-        raise StepError(
-            f"step {step.name!r} returned undeclared output(s) {extra}; it declares {names}",
-            step=step.name,
-            tensor=extra[0],
-        )
-    return outputs
+    return serving.normalise_outputs(list(step.outputs), result, _step_failure(step))
 
 
 def check_outputs(step: Step, outputs: Mapping[str, Any], *, batched: bool, batch_size: int | None) -> None:
     """Raise :class:`StepError` if an output breaks the step's declared dtype or dims."""
-    for name, spec in step.outputs.items():
-        value = outputs[name]
-        shape = tuple(getattr(value, "shape", ()))
-        dtype = getattr(value, "dtype", None)
-        if dtype is None:
-            raise StepError(
-                f"step {step.name!r} output {name!r} is a {type(value).__name__}; expected an array of {spec}",
-                step=step.name, tensor=name,
-            )
-        if spec.dtype == "BYTES":
-            ok = np.dtype(dtype).kind in "OSU"
-        else:
-            ok = np.dtype(dtype) == spec.numpy_dtype
-        if not ok:
-            raise StepError(
-                f"step {step.name!r} output {name!r} has dtype {np.dtype(dtype)}; "
-                f"it declares {spec.dtype} ({spec.numpy_dtype}); cast it before returning",
-                step=step.name, tensor=name,
-            )
-        body = shape[1:] if batched else shape
-        if batched and (len(shape) < 1 or (batch_size is not None and shape[0] != batch_size)):
-            raise StepError(
-                f"step {step.name!r} output {name!r} has shape {list(shape)}; expected the batch "
-                f"dimension {batch_size} first, then {list(spec.dims)}",
-                step=step.name, tensor=name,
-            )
-        if not spec.shape_matches(body):
-            expected = ([batch_size] if batched else []) + list(spec.dims)
-            raise StepError(
-                f"step {step.name!r} output {name!r} has shape {list(shape)}; it declares "
-                f"{expected} (-1 is any size)",
-                step=step.name, tensor=name,
-            )
+    serving.check_outputs(step.outputs, outputs, batched=batched, batch_size=batch_size, fail=_step_failure(step))
 
 
 def step(

@@ -13,6 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from .errors import TensorSpecError
+from .serving import NUMPY_DTYPES, Spec
+
 __all__ = [
     "DATATYPES",
     "TensorSpec",
@@ -30,21 +33,11 @@ except ImportError:  # pragma: no cover - tritonclient always brings ml_dtypes
 #: BYTES is numpy ``object_`` holding ``bytes`` (tritonclient's convention);
 #: BF16 has no numpy dtype of its own and is carried as ``ml_dtypes.bfloat16``,
 #: the type tritonclient uses for it, which round-trips bit for bit.
+#: The table itself lives in :mod:`pipelines.serving`, which a server reads too.
 DATATYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
+    **{name: dtype for name, dtype in NUMPY_DTYPES.items() if name != "BYTES"},
     "BF16": np.dtype(_bfloat16) if _bfloat16 is not None else np.dtype(np.float32),
-    "BYTES": np.dtype(np.object_),
+    "BYTES": NUMPY_DTYPES["BYTES"],
 }
 
 # The config schema names BYTES "TYPE_STRING"; every other name maps one to one.
@@ -64,13 +57,13 @@ def _normalise_datatype(dtype: Any) -> str:
                 name = "BYTES"
         if name in DATATYPES:
             return name
-        raise ValueError(
+        raise TensorSpecError(
             f"unknown datatype {dtype!r}; expected one of Triton's names: {', '.join(DATATYPES)}"
         )
     try:
         return datatype_of(np.dtype(dtype))
     except TypeError:
-        raise ValueError(
+        raise TensorSpecError(
             f"unknown datatype {dtype!r}; expected a Triton name such as 'FP32' or a numpy dtype"
         ) from None
 
@@ -82,7 +75,7 @@ def datatype_of(dtype: np.dtype) -> str:
         return _FROM_NUMPY[dtype]
     if dtype.kind in "SU":
         return "BYTES"
-    raise ValueError(f"numpy dtype {dtype} has no Triton datatype")
+    raise TensorSpecError(f"numpy dtype {dtype} has no Triton datatype")
 
 
 def numpy_dtype(datatype: str) -> np.dtype:
@@ -97,27 +90,26 @@ def config_dtype(datatype: str) -> str:
 
 def _normalise_dims(dims: Iterable[int]) -> tuple[int, ...]:
     if isinstance(dims, (str, bytes)) or not isinstance(dims, Iterable):
-        raise ValueError(f"dims must be a list of ints such as [3, -1]; got {dims!r}")
+        raise TensorSpecError(f"dims must be a list of ints such as [3, -1]; got {dims!r}")
     out = []
     for d in dims:
         if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
-            raise ValueError(f"dims must be ints (-1 for a variable size); got {d!r} in {dims!r}")
+            raise TensorSpecError(f"dims must be ints (-1 for a variable size); got {d!r} in {dims!r}")
         if int(d) < -1:
-            raise ValueError(f"dim {d} in {list(dims)!r} is invalid; use a size >= 0, or -1 for variable")
+            raise TensorSpecError(f"dim {d} in {list(dims)!r} is invalid; use a size >= 0, or -1 for variable")
         out.append(int(d))
     return tuple(out)
 
 
 @dataclass(frozen=True, init=False)
-class TensorSpec:
+class TensorSpec(Spec):
     """A tensor's datatype and dims, in Triton's terms.
 
     ``dims`` exclude the batch dimension when the model batches
-    (``max_batch_size > 0``); ``-1`` marks a variable size.
+    (``max_batch_size > 0``); ``-1`` marks a variable size. The data part
+    (``dtype``, ``dims``, ``shape_matches``) is :class:`pipelines.serving.Spec`,
+    which the models on a server use; this adds the checks of a declaration.
     """
-
-    dtype: str
-    dims: tuple[int, ...]
 
     def __init__(self, dtype: Any, dims: Iterable[int] = ()) -> None:
         object.__setattr__(self, "dtype", _normalise_datatype(dtype))
@@ -125,9 +117,6 @@ class TensorSpec:
 
     def __repr__(self) -> str:
         return f"TensorSpec({self.dtype!r}, {list(self.dims)!r})"
-
-    def __str__(self) -> str:
-        return f"{self.dtype} {list(self.dims)}"
 
     @property
     def numpy_dtype(self) -> np.dtype:
@@ -137,10 +126,6 @@ class TensorSpec:
     def config_dtype(self) -> str:
         return _CONFIG_NAMES[self.dtype]
 
-    @property
-    def rank(self) -> int:
-        return len(self.dims)
-
     def dims_compatible(self, other: TensorSpec) -> bool:
         """Whether a tensor of ``other``'s dims may feed one of these dims.
 
@@ -149,10 +134,6 @@ class TensorSpec:
         if self.rank != other.rank:
             return False
         return all(a == b or a == -1 or b == -1 for a, b in zip(self.dims, other.dims, strict=False))
-
-    def shape_matches(self, shape: tuple[int, ...]) -> bool:
-        """Whether a concrete shape (without batch dimension) fits these dims."""
-        return len(shape) == self.rank and all(d == -1 or d == s for d, s in zip(self.dims, shape, strict=False))
 
     def to_dict(self) -> dict[str, Any]:
         return {"dtype": self.dtype, "dims": list(self.dims)}

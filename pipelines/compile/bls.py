@@ -27,7 +27,7 @@ from ..plan import PLAN_FORMAT
 from .bound_plan import CompilePlan
 from .configs import add_io, set_parameters
 from .repository import CompiledModel
-from .step_models import model_source, plan_json
+from .step_models import model_files, plan_json
 
 __all__ = ["BLS_PLAN", "compile_bls", "compile_form"]
 
@@ -67,5 +67,5 @@ def compile_bls(plan: CompilePlan, name: str, *, form: Form, instance_count: int
             for node in plan.nodes
         },
     }
-    files = {"1/model.py": model_source("bls_model.py"), f"1/{BLS_PLAN}": plan_json(data)}
+    files = {**model_files("bls_model.py"), f"1/{BLS_PLAN}": plan_json(data)}
     return CompiledModel(name, config, files)

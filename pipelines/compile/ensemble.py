@@ -35,7 +35,7 @@ from ..tensor import TensorSpec
 from .bound_plan import BoundNode, CompilePlan
 from .configs import add_io
 from .repository import CompiledModel
-from .step_models import PLAN_FORMAT, model_source, plan_json
+from .step_models import PLAN_FORMAT, model_files, plan_json
 
 __all__ = [
     "ERR_INPUT",
@@ -408,7 +408,7 @@ def _compile_gate(layout: EnsembleLayout, name: str, *, ensemble: str) -> Compil
                     for output, key in layout.gate_outputs.items()},
         "errors": [{"input": key, "node": node, "model": model} for key, (node, model) in layout.gate_errors.items()],
     }
-    files = {"1/model.py": model_source("gate_model.py"), f"1/{GATE_PLAN}": plan_json(data)}
+    files = {**model_files("gate_model.py"), f"1/{GATE_PLAN}": plan_json(data)}
     return CompiledModel(name, config, files)
 
 

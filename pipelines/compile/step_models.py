@@ -45,7 +45,7 @@ from .requirements import (
     python_version,
 )
 
-__all__ = ["PLAN_FORMAT", "STEP_PICKLE", "STEP_PLAN", "compile_step_model", "model_source", "step_reference"]
+__all__ = ["PLAN_FORMAT", "STEP_PICKLE", "STEP_PLAN", "compile_step_model", "model_files", "model_source", "step_reference"]
 
 #: Version of the JSON plans the model files read; bumped on any incompatible change.
 PLAN_FORMAT = 1
@@ -56,6 +56,18 @@ STEP_PICKLE = "step.pkl"
 def model_source(filename: str) -> bytes:
     """The bytes of one of the package's real ``model.py`` files."""
     return resources.files("pipelines.compile.models").joinpath(filename).read_bytes()
+
+
+def model_files(filename: str) -> dict[str, bytes]:
+    """A Python model's code: ``1/model.py`` and, beside it, the one module of the package it imports.
+
+    With ``pipelines/serving.py`` copied in, the model needs only the standard
+    library and numpy on the server, not the ``pipelines`` package.
+    """
+    return {
+        "1/model.py": model_source(filename),
+        "1/serving.py": resources.files("pipelines").joinpath("serving.py").read_bytes(),
+    }
 
 
 def plan_json(data: dict[str, Any]) -> bytes:
@@ -100,7 +112,7 @@ def _python_model(plan: CompilePlan, model: BoundModel, extras: Any = None) -> C
         parameters["FORCE_CPU_ONLY_INPUT_TENSORS"] = "no"
     set_parameters(config, parameters)
 
-    files: dict[str, Any] = {"1/model.py": model_source("step_model.py")}
+    files: dict[str, Any] = model_files("step_model.py")
     reference = step_reference(step)
     base = {
         "format": PLAN_FORMAT,

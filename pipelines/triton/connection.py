@@ -3,13 +3,21 @@ tritonclient raises into the library's errors (a dead owned server fails fast)."
 
 from __future__ import annotations
 
-import re
 import socket
 from typing import Protocol
 
 from tritonclient.utils import InferenceServerException
 
-from ..errors import ClientTimeoutError, InferenceError, PipelinesError, ServerError
+from ..errors import (
+    ClientTimeoutError,
+    InferenceError,
+    InputError,
+    PipelinesError,
+    ServerError,
+    StepError,
+    StepTimeoutError,
+)
+from ..serving import parse_error
 from .rejections import REJECTED_STATUSES
 
 __all__ = ["PROTOCOLS", "ErrorTranslator", "Liveness", "check_protocol", "rejected", "strip_scheme"]
@@ -56,17 +64,20 @@ def _is_timeout(exc: BaseException) -> bool:
     return isinstance(exc, (socket.timeout, TimeoutError)) or type(exc).__name__ in ("Timeout", "ServerTimeoutError")
 
 
-# The step models and the BLS executor name the failing step as "pipeline 'p' step 's'"
-# (a BLS adds "(model 'm')" between them); Triton puts that text in the error it returns.
-_STEP_NAMED = re.compile(r"pipeline '([^']+)'(?: \(model '[^']+'\))?:? step '([^']+)'")
+def _server_error(text: str, *, model: str | None, suffix: str) -> InferenceError:
+    """The library's error for a model's error text: its class, pipeline, node, step and tensor
+    read from the wire format that the models write (:class:`pipelines.serving.WireError`).
+
+    ``step`` names the node, as the local runtime's errors do; ``node`` too.
+    """
+    said = parse_error(text)
+    if said is None:
+        return InferenceError(f"{text}{suffix}", step=model)
+    cls = _WIRE_KINDS.get(said.kind, InferenceError)
+    return cls(f"{text}{suffix}", pipeline=said.pipeline, node=said.node, step=said.node or said.step, tensor=said.tensor)
 
 
-def _named_in(text: str, *, default_step: str | None) -> dict[str, str | None]:
-    """The pipeline and step an error from the server names, so ``err.step`` is the step, not the model."""
-    found = _STEP_NAMED.search(text)
-    if found is None:
-        return {"step": default_step}
-    return {"pipeline": found.group(1), "step": found.group(2)}
+_WIRE_KINDS = {"InputError": InputError, "StepError": StepError, "StepTimeoutError": StepTimeoutError}
 
 
 class ErrorTranslator:
@@ -92,10 +103,7 @@ class ErrorTranslator:
                 # The server's text stays first and intact: it names the failing step.
                 status_note = f"status {status}, " if status else ""
                 text = exc.message() or ""
-                return InferenceError(
-                    f"{text} ({what} {subject}, {status_note}{where})",
-                    **_named_in(text, default_step=model),
-                )
+                return _server_error(text, model=model, suffix=f" ({what} {subject}, {status_note}{where})")
         elif _is_timeout(exc):
             return self._timeout(what, subject, model, timeout, where)
         if self.liveness is not None:

@@ -5,7 +5,8 @@ calls the composing models: in ``"async"`` mode each node starts with
 ``async_exec()`` as soon as its inputs are ready, in ``"sync"`` mode nodes run
 one after another with ``exec()``. Tensors go from call to call through DLPack
 (BYTES, which DLPack cannot carry, through numpy), and only the nodes that the
-requested outputs need are called.
+requested outputs need are called. It imports only the standard library and
+``serving``, copied beside it, so a server needs no ``pipelines`` package.
 """
 
 from __future__ import annotations
@@ -14,29 +15,20 @@ import asyncio
 import graphlib
 import json
 import os
-import re
-
-import numpy as np
 
 try:  # present only inside Triton's Python backend stub
     import triton_python_backend_utils as pb_utils
 except ImportError:  # pragma: no cover - the module is also imported by tests and linters
     pb_utils = None
 
-_NUMPY_NAMES = {
-    np.dtype(np.bool_): "BOOL", np.dtype(np.uint8): "UINT8", np.dtype(np.uint16): "UINT16",
-    np.dtype(np.uint32): "UINT32", np.dtype(np.uint64): "UINT64", np.dtype(np.int8): "INT8",
-    np.dtype(np.int16): "INT16", np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64",
-    np.dtype(np.float16): "FP16", np.dtype(np.float32): "FP32", np.dtype(np.float64): "FP64",
-}
-
-
-# How the step adapter starts its errors: pipeline, step or node, and the model where that says more.
-_ADAPTER_WHERE = re.compile(r"^pipeline '[^']*' step '[^']*'(?: \(model '[^']*'(?:, serving nodes [^)]*)?\))?")
+try:  # in a repository: the copy beside this file (the stub imports this file as "<version>.model")
+    from . import serving
+except ImportError:  # in the package, for tests and linters
+    from pipelines import serving
 
 
 class RequestFailed(Exception):
-    """A request that gets an error response carrying this message."""
+    """A request that gets an error response carrying this message (``serving.WireError`` text)."""
 
 
 class TritonPythonModel:
@@ -50,13 +42,13 @@ class TritonPythonModel:
         self.model = plan["model"]
         self.mode = plan["mode"]
         self.max_batch_size = int(plan["max_batch_size"])
-        self.inputs = plan["inputs"]
+        self.inputs = {n: serving.Spec.from_dict(spec) for n, spec in plan["inputs"].items()}
+        self.takes = serving.Contract(self.inputs, self.max_batch_size)
         # The execution plan (pipelines.plan.ExecutionPlan.to_json): nodes, tensors, outputs.
         self.plan = plan["plan"]
         self.timeouts_us = {name: int(us) for name, us in plan.get("timeouts_us", {}).items()}
         self.outputs = {out["name"]: out for out in self.plan["outputs"]}
         self.nodes = {node["name"]: node for node in self.plan["nodes"]}
-        self.where = f"pipeline {self.pipeline!r} (model {self.model!r})"
         self._schedules = {}
 
     def execute(self, requests):
@@ -108,9 +100,8 @@ class TritonPythonModel:
         wanted = list(request.requested_output_names() or ())
         unknown = [n for n in wanted if n not in self.outputs]
         if unknown:
-            raise RequestFailed(
-                f"{self.where}: output {unknown[0]!r} was requested but the pipeline has outputs {list(self.outputs)}"
-            )
+            reason = f"output {unknown[0]!r} was requested but the pipeline has outputs {list(self.outputs)}"
+            raise RequestFailed(serving.WireError("InputError", self.pipeline, reason, tensor=unknown[0]).text())
         key = frozenset(wanted or self.outputs)
         schedule = self._schedules.get(key)
         if schedule is None:
@@ -119,37 +110,12 @@ class TritonPythonModel:
 
     def _read_inputs(self, request):
         given = {t.name(): t for t in request.inputs()}
-        extra = [n for n in given if n not in self.inputs]
-        if extra:
-            raise RequestFailed(f"{self.where}: unexpected input {extra[0]!r}; the pipeline's inputs are {list(self.inputs)}")
-        sizes = {}
-        for name, spec in self.inputs.items():
-            tensor = given.get(name)
-            if tensor is None:
-                raise RequestFailed(f"{self.where}: input {name!r} ({spec['dtype']} {spec['dims']}) is missing")
-            dtype = _dtype_of(tensor, spec["dtype"])
-            if dtype is not None and dtype != spec["dtype"]:
-                raise RequestFailed(f"{self.where}: input {name!r} has dtype {dtype}; expected {spec['dtype']}")
-            shape = list(_shape_of(tensor))
-            body = shape[1:] if self.max_batch_size else shape
-            dims = spec["dims"]
-            if (self.max_batch_size and not shape) or len(body) != len(dims) or any(
-                d != -1 and d != s for d, s in zip(dims, body, strict=False)
-            ):
-                expected = (["batch"] if self.max_batch_size else []) + dims
-                raise RequestFailed(
-                    f"{self.where}: input {name!r} has shape {shape}; expected {expected} (-1 is any size)"
-                )
-            if self.max_batch_size:
-                sizes[name] = shape[0]
-        if self.max_batch_size:
-            if len(set(sizes.values())) > 1:
-                raise RequestFailed(f"{self.where}: inputs disagree on the batch size: {sizes}; send one batch size")
-            size = next(iter(sizes.values()))
-            if size < 1 or size > self.max_batch_size:
-                raise RequestFailed(
-                    f"{self.where}: batch size {size} (input {next(iter(sizes))!r}); expected 1 to {self.max_batch_size}"
-                )
+        try:
+            if len(given) != len(self.inputs) or any(n not in given for n in self.inputs):
+                serving.check_names(list(given), self.inputs)
+            self.takes.check_inputs({name: _Described(given[name], spec.dtype) for name, spec in self.inputs.items()})
+        except serving.Refused as exc:
+            raise RequestFailed(serving.WireError("InputError", self.pipeline, str(exc), tensor=exc.tensor).text()) from None
         return {(None, name): given[name] for name in self.inputs}
 
     def _request(self, node, run):
@@ -163,15 +129,21 @@ class TritonPythonModel:
 
     def _collect(self, node, run, response):
         if response.has_error():
+            # The step adapter's words, said again with the node this executor knows.
             message = response.error().message()
-            # The step adapter already says "pipeline 'p' step 's' (model ...) ..."; keep only what went wrong.
-            own = _ADAPTER_WHERE.match(message)
-            detail = message[own.end():].lstrip(": ") if own else f"failed: {message}"
-            raise RequestFailed(f"{self.where}: step {node['name']!r} (model {node['model']!r}) {detail}")
+            said = serving.parse_error(message)
+            if said is None:
+                said = serving.WireError("StepError", self.pipeline, f"failed (model {node['model']!r}): {message}")
+            raise RequestFailed(
+                serving.WireError(said.kind, self.pipeline, said.reason, node["name"], node["step"], said.tensor).text()
+            )
         for output in run.schedule.returns[node["name"]]:
             tensor = pb_utils.get_output_tensor_by_name(response, output)
             if tensor is None:
-                raise RequestFailed(f"{self.where}: step {node['name']!r} returned no output {output!r}")
+                reason = f"returned no output {output!r}"
+                raise RequestFailed(
+                    serving.WireError("StepError", self.pipeline, reason, node["name"], node["step"], output).text()
+                )
             run.values[(node["name"], output)] = tensor
 
     def _respond(self, run):
@@ -233,7 +205,9 @@ def _result(future, name, model):
     try:
         return future.result()
     except Exception as exc:  # e.g. the composing model is not loaded
-        raise RequestFailed(f"{model.where}: step {name!r} could not be called: {exc}") from exc
+        node = model.nodes[name]
+        reason = f"could not be called (model {node['model']!r}): {exc}"
+        raise RequestFailed(serving.WireError("StepError", model.pipeline, reason, name, node["step"]).text()) from exc
 
 
 def _renamed(tensor, name, dtype):
@@ -242,24 +216,24 @@ def _renamed(tensor, name, dtype):
     return pb_utils.Tensor.from_dlpack(name, tensor.to_dlpack())
 
 
-def _dtype_of(tensor, expected):
-    """The tensor's Triton datatype, or ``None`` where only a copy could tell.
+class _Described:
+    """A request tensor as the checks see it: its dtype and shape.
 
-    ``Tensor.triton_dtype()`` cannot be converted to Python in the 2.51 stub,
-    so read the dtype from the host array; for a GPU tensor trust Triton,
-    which checks every request's datatypes against the config before execute
-    (numpy has no BF16, so those are trusted too).
+    ``Tensor.triton_dtype()`` cannot be converted to Python in the 2.51 stub, so
+    the dtype is read from the host array; a GPU or BF16 tensor (which numpy
+    cannot show) is taken to be what the config says, as Triton checked every
+    request's datatypes against the config before execute.
     """
-    if expected == "BF16" or not tensor.is_cpu():
-        return None
-    dtype = tensor.as_numpy().dtype
-    if dtype.kind in "OSU":
-        return "BYTES"
-    return _NUMPY_NAMES.get(dtype, str(dtype))
 
+    __slots__ = ("dtype", "shape")
 
-def _shape_of(tensor):
-    return tuple(tensor.shape())
+    def __init__(self, tensor, declared):
+        if declared == "BF16" or not tensor.is_cpu():
+            self.dtype = serving.numpy_dtype(declared)
+            self.shape = tuple(tensor.shape())
+        else:
+            array = tensor.as_numpy()
+            self.dtype, self.shape = array.dtype, array.shape
 
 
 def _error(message):

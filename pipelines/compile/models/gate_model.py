@@ -1,6 +1,7 @@
 """Triton Python-backend gate: the last step of an ensemble whose steps carry failures as data.
 
-Copied verbatim as ``<ensemble>__gate/1/model.py``. It reads ``gate.json`` beside it. Each
+Copied verbatim as ``<ensemble>__gate/1/model.py``, with ``serving.py`` beside it. It reads
+``gate.json`` beside it. Each
 request brings the pipeline's outputs and one BYTES ``__err__`` tensor per Python step. The
 gate runs after every other step of the request, so it is the one place where an error
 response cannot race a sibling step (Triton 2.51 crashes when one does). It answers with
@@ -17,6 +18,11 @@ try:  # present only inside Triton's Python backend stub
     import triton_python_backend_utils as pb_utils
 except ImportError:  # pragma: no cover - the module is also imported by tests and linters
     pb_utils = None
+
+try:  # in a repository: the copy beside this file (the stub imports this file as "<version>.model")
+    from . import serving
+except ImportError:  # in the package, for tests and linters
+    from pipelines import serving
 
 # What a step writes in its __err__ when it did not run because a step upstream failed.
 UPSTREAM_FAILED = b"\x00upstream"
@@ -43,12 +49,13 @@ class TritonPythonModel:
                 continue
             text = _first(tensor.as_numpy())
             if text and text != UPSTREAM_FAILED:
-                # The step wrote only what went wrong; the gate knows which node that was.
-                where = f"pipeline {self.pipeline!r} step {entry['node']!r} (model {entry['model']!r})"
-                detail = text.decode("utf-8", errors="replace")
-                return pb_utils.InferenceResponse(
-                    output_tensors=[], error=pb_utils.TritonError(f"{where}{detail}")
-                )
+                # The step wrote the wire text (serving.WireError); the gate knows which node it was.
+                said = serving.parse_error(text.decode("utf-8", errors="replace"))
+                if said is None:
+                    reason = f"failed (model {entry['model']!r}): {text.decode('utf-8', errors='replace')}"
+                    said = serving.WireError("StepError", self.pipeline, reason)
+                error = serving.WireError(said.kind, self.pipeline, said.reason, entry["node"], said.step, said.tensor)
+                return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(error.text()))
         wanted = list(request.requested_output_names() or ()) or list(self.outputs)
         tensors = []
         for name in wanted:

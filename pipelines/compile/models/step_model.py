@@ -1,9 +1,11 @@
 """Triton Python-backend adapter that serves one pipeline step.
 
-Copied verbatim as ``<model>/1/model.py``. It reads ``step.json`` beside it,
-loads the step (by import, or from ``step.pkl`` by value), runs its lifecycle,
-and answers each list of requests with one batched call, falling back to one
-call per request so that a failing request cannot take its neighbours down.
+Copied verbatim as ``<model>/1/model.py``, with ``serving.py`` beside it. It
+reads ``step.json``, loads the step (by import, or from ``step.pkl`` by value),
+runs its lifecycle, and answers each list of requests with one batched call,
+falling back to one call per request so that a failing request cannot take its
+neighbours down. It imports only the standard library, numpy and ``serving``,
+so a server needs no ``pipelines`` package (docs/triton.md).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import json
 import os
 import pickle
 import re
-import traceback
 
 import numpy as np
 
@@ -21,9 +22,10 @@ try:  # present only inside Triton's Python backend stub
 except ImportError:  # pragma: no cover - the module is also imported by tests and linters
     pb_utils = None
 
-from pipelines.errors import InputError, StepError
-from pipelines.step import Step, check_outputs, instance_config
-from pipelines.tensor import TensorSpec
+try:  # in a repository: the copy beside this file (the stub imports this file as "<version>.model")
+    from . import serving
+except ImportError:  # in the package, for tests and linters
+    from pipelines import serving
 
 
 class TritonPythonModel:
@@ -35,33 +37,45 @@ class TritonPythonModel:
             plan = json.load(f)
         self.pipeline = plan["pipeline"]
         self.step_name = plan["step"]
-        self.where = _where(self.pipeline, self.step_name, plan.get("model"), plan.get("nodes") or [self.step_name])
+        nodes = plan.get("nodes") or [self.step_name]
+        # A model shared by several nodes cannot tell which one called it.
+        self.node = nodes[0] if len(nodes) == 1 else None
         self.max_batch_size = int(plan["max_batch_size"])
-        self.gpu = plan.get("device") == "gpu"
-        self.step = Step(
-            name=plan["step"],
-            inputs={n: TensorSpec.from_dict(s) for n, s in plan["inputs"].items()},
-            outputs={n: TensorSpec.from_dict(s) for n, s in plan["outputs"].items()},
-            impl=_load_impl(plan, version_dir),
+        gpu = plan.get("device") == "gpu"
+        inputs = {n: serving.Spec.from_dict(s) for n, s in plan["inputs"].items()}
+        outputs = {n: serving.Spec.from_dict(s) for n, s in plan["outputs"].items()}
+        self.takes = serving.Contract(inputs, self.max_batch_size)
+        self.gives = serving.Contract(outputs, self.max_batch_size)
+        # Decided once here, not per request: how each tensor is read and written.
+        self.readers = [(name, _reader(spec, gpu=gpu)) for name, spec in inputs.items()]
+        self.writers = {name: _writer(spec) for name, spec in outputs.items()}
+        self.outputs = outputs
+        self.ensemble = _EnsembleExtras(plan.get("ensemble") or {})
+        # One output and no ensemble extras: no need to ask a request which outputs it wants.
+        self.one_output = next(iter(outputs)) if len(outputs) == 1 and not self.ensemble.active else None
+        self.instance = serving.StepInstance(
+            self.step_name, _load_impl(plan, version_dir), list(outputs), self._config(args, plan, inputs, outputs)
         )
-        instance_name = args.get("model_instance_name", "")
-        match = re.search(r"_(\d+)$", instance_name)
-        config = instance_config(
-            self.step,
+
+    def _config(self, args, plan, inputs, outputs):
+        match = re.search(r"_(\d+)$", args.get("model_instance_name", ""))
+        config = serving.instance_config(
+            step=self.step_name,
+            inputs=inputs,
+            outputs=outputs,
+            parameters=plan.get("parameters") or {},
+            max_batch_size=self.max_batch_size,
             pipeline=self.pipeline,
-            node=plan["nodes"][0] if len(plan.get("nodes", ())) == 1 else None,
+            node=self.node,
             model_name=args.get("model_name"),
             instance_index=int(match.group(1)) if match else 0,
             device="gpu" if args.get("model_instance_kind") == "GPU" else "cpu",
-            max_batch_size=self.max_batch_size,
-            parameters=plan.get("parameters") or {},
             model_config=json.loads(args["model_config"]) if "model_config" in args else None,
         )
         # Triton's own values for the keys it gives, exactly as it gave them.
         config.update({k: args[k] for k in ("model_version", "model_instance_name", "model_instance_kind",
                                             "model_instance_device_id") if k in args})
-        self.instance = self.step.instantiate(config)
-        self.ensemble = _EnsembleExtras(plan.get("ensemble") or {}, self.where)
+        return config
 
     def execute(self, requests):
         inputs, errors = [], []
@@ -75,21 +89,9 @@ class TritonPythonModel:
                 errors.append(None)
             except Exception as exc:  # a bad request is answered alone; the others go on
                 inputs.append(None)
-                errors.append(self._message(exc))
+                errors.append(self._message(exc, "InputError"))
         results = self._run(inputs, errors)
-        responses = []
-        for request, result, error in zip(requests, results, errors, strict=True):
-            wanted = set(request.requested_output_names() or ())
-            if error is not None:
-                if self.ensemble.err_output not in wanted:
-                    responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(error)))
-                    continue
-                result = self.ensemble.placeholders(request, self.step, self.max_batch_size)
-            wanted = wanted or set(result)
-            tensors = [_to_tensor(name, value) for name, value in result.items() if name in wanted]
-            tensors += self.ensemble.extra_tensors(request, result, wanted, error, self.max_batch_size)
-            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
-        return responses
+        return [self._respond(r, res, err) for r, res, err in zip(requests, results, errors, strict=True)]
 
     def finalize(self):
         instance = getattr(self, "instance", None)
@@ -100,26 +102,22 @@ class TritonPythonModel:
 
     def _read(self, request):
         arrays = {}
-        for name, spec in self.step.inputs.items():
+        for name, read in self.readers:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is None:
-                raise InputError(f"{self.where}: input {name!r} ({spec}) is missing from the request")
-            arrays[name] = _to_array(tensor, gpu=self.gpu)
-        check_inputs(self.step, arrays, max_batch_size=self.max_batch_size, where=self.where)
-        return arrays
+                raise serving.Refused(f"input {name!r} ({self.takes.specs[name]}) is missing from the request", name)
+            arrays[name] = read(tensor)
+        return arrays, self.takes.check_inputs(arrays)
 
     def _run(self, inputs, errors):
         """One result dict per request (``None`` where ``errors`` holds the reason)."""
         good = [i for i, e in enumerate(errors) if e is None]
         results = [None] * len(inputs)
-        batched = self.max_batch_size > 0
-        if batched and len(good) > 1 and _concatenable(self.step, [inputs[i] for i in good]):
-            sizes = [len(next(iter(inputs[i].values()))) for i in good]
-            joined = {
-                name: _concat([inputs[i][name] for i in good]) for name in self.step.inputs
-            }
+        if len(good) > 1 and self.max_batch_size > 0 and _concatenable([inputs[i][0] for i in good]):
+            sizes = [inputs[i][1] for i in good]
+            joined = {name: _concat([inputs[i][0][name] for i in good]) for name, _ in self.readers}
             try:
-                out = self._call(joined, batch_size=sum(sizes))
+                out = self._call(joined, sum(sizes))
             except Exception:
                 out = None  # run one by one below, so only the culprit fails
             if out is not None:
@@ -130,44 +128,45 @@ class TritonPythonModel:
                 return results
         for i in good:
             try:
-                size = len(next(iter(inputs[i].values()))) if batched and inputs[i] else None
-                results[i] = self._call(inputs[i], batch_size=size)
+                results[i] = self._call(*inputs[i])
             except Exception as exc:
-                errors[i] = self._message(exc)
+                errors[i] = self._message(exc, "StepError")
         return results
 
-    def _call(self, arrays, *, batch_size):
+    def _call(self, arrays, batch_size):
         outputs = self.instance.execute(arrays)
-        outputs = {name: _host_or_device(value) for name, value in outputs.items()}
-        check_outputs(self.step, outputs, batched=self.max_batch_size > 0, batch_size=batch_size)
+        for name, value in outputs.items():
+            if not isinstance(value, np.ndarray) and not hasattr(value, "__cuda_array_interface__"):
+                outputs[name] = np.asarray(value)
+        self.gives.check_outputs(outputs, batch_size)
         return outputs
 
-    def _message(self, exc):
-        """``pipeline 'p' step 's' <what went wrong>``, the words the local runtime uses too."""
-        if isinstance(exc, (InputError, StepError)):
-            text = str(exc)
-            if text.startswith(self.where):
-                return text
-            own = f"step {self.step_name!r} "
-            if text.startswith(own):  # check_outputs and friends speak of the step alone
-                return f"{self.where} {text[len(own):]}"
-            return f"{self.where}: {text}"
-        tail = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        return f"{self.where} raised {tail}"
+    def _respond(self, request, result, error):
+        if error is None and self.one_output is not None:
+            name = self.one_output
+            return pb_utils.InferenceResponse(output_tensors=[self.writers[name](name, result[name])])
+        wanted = set(request.requested_output_names() or ())
+        if error is not None:
+            if self.ensemble.err_output not in wanted:
+                return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(error))
+            result = self.ensemble.placeholders(request, self.outputs, self.max_batch_size)
+        wanted = wanted or set(result)
+        tensors = [self.writers[n](n, result[n]) for n in result if n in wanted]
+        tensors += self.ensemble.extra_tensors(result, wanted, error, self.max_batch_size, self.writers)
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def _message(self, exc, kind):
+        """The error text a client reads pipeline, node, step and reason from (``serving.WireError``)."""
+        if isinstance(exc, serving.Refused):
+            reason, tensor = str(exc), exc.tensor
+        else:
+            reason, tensor = serving.exception_reason(exc), None
+            kind = "StepError"
+        return serving.WireError(kind, self.pipeline, reason, self.node, self.step_name, tensor).text()
 
 
 # What a step writes in its __err__ when it did not run because a step upstream failed.
 UPSTREAM_FAILED = b"\x00upstream"
-
-
-def _where(pipeline, step, model, nodes):
-    """How the step's errors start: the node as the user named it, and the model where that differs."""
-    if len(nodes) > 1:  # a shared model cannot tell which node called it; the ensemble's gate can
-        named = ", ".join(repr(n) for n in nodes)
-        return f"pipeline {pipeline!r} step {step!r} (model {model!r}, serving nodes {named})"
-    if nodes[0] != step:
-        return f"pipeline {pipeline!r} step {nodes[0]!r} (model {model!r})"
-    return f"pipeline {pipeline!r} step {step!r}"
 
 
 class _EnsembleExtras:
@@ -179,12 +178,12 @@ class _EnsembleExtras:
     forms do not and get error responses, which they handle safely).
     """
 
-    def __init__(self, data, where):
+    def __init__(self, data):
         self.copies = data.get("copies") or {}
         self.err_inputs = data.get("err_inputs") or []
         self.err_output = data.get("err_output")
         self.dims = data.get("placeholders") or {}
-        self.where = where
+        self.active = bool(self.copies or self.err_inputs or self.err_output)
 
     def upstream_failed(self, request):
         for name in self.err_inputs:
@@ -193,55 +192,30 @@ class _EnsembleExtras:
                 return True
         return False
 
-    def placeholders(self, request, step, max_batch_size):
+    def placeholders(self, request, outputs, max_batch_size):
         """Stand-in outputs of the declared dtypes, for the steps downstream to skip and the gate to drop."""
         lead = []
         if max_batch_size > 0:
             given = request.inputs()
             lead = [int(given[0].shape()[0])] if given and len(given[0].shape()) else [1]
         out = {}
-        for name, spec in step.outputs.items():
+        for name, spec in outputs.items():
             shape = lead + list(self.dims.get(name, [1 if d == -1 else d for d in spec.dims]))
             out[name] = np.full(shape, b"", dtype=np.object_) if spec.dtype == "BYTES" else np.zeros(
                 shape, spec.numpy_dtype
             )
         return out
 
-    def extra_tensors(self, request, result, wanted, error, max_batch_size):
-        tensors = [_to_tensor(alias, result[original]) for alias, original in self.copies.items() if alias in wanted]
+    def extra_tensors(self, result, wanted, error, max_batch_size, writers):
+        tensors = [writers[original](alias, result[original]) for alias, original in self.copies.items() if alias in wanted]
         if self.err_output in wanted:
             text = b""
-            if error is not None:  # only what went wrong: the gate knows which node this was
-                text = error if isinstance(error, bytes) else error[len(self.where):].encode("utf-8")
+            if error is not None:  # the wire text (serving.WireError); the gate says which node this was
+                text = error if isinstance(error, bytes) else error.encode("utf-8")
             rows = len(next(iter(result.values()))) if max_batch_size > 0 and result else None
             shape = [rows, 1] if rows is not None else [1]
             tensors.append(pb_utils.Tensor(self.err_output, np.full(shape, text, dtype=np.object_)))
         return tensors
-
-
-def check_inputs(step, arrays, *, max_batch_size, where):
-    """Raise :class:`InputError` if a request's tensor breaks the step's declared dtype or dims."""
-    batched = max_batch_size > 0
-    sizes = set()
-    for name, spec in step.inputs.items():
-        value = arrays[name]
-        shape = tuple(value.shape)
-        kind = np.dtype(value.dtype).kind
-        ok = kind in "OSU" if spec.dtype == "BYTES" else np.dtype(value.dtype) == spec.numpy_dtype
-        if not ok:
-            raise InputError(f"{where}: input {name!r} has dtype {np.dtype(value.dtype)}; expected {spec.dtype}")
-        body = shape[1:] if batched else shape
-        if (batched and len(shape) < 1) or not spec.shape_matches(body):
-            expected = (["batch"] if batched else []) + list(spec.dims)
-            raise InputError(f"{where}: input {name!r} has shape {list(shape)}; expected {expected} (-1 is any size)")
-        if batched:
-            sizes.add(shape[0])
-    if batched:
-        if len(sizes) > 1:
-            raise InputError(f"{where}: inputs disagree on the batch size {sorted(sizes)}; send one batch size")
-        size = sizes.pop() if sizes else 0
-        if size < 1 or size > max_batch_size:
-            raise InputError(f"{where}: batch size {size}; expected 1 to {max_batch_size}")
 
 
 def _load_impl(plan, version_dir):
@@ -274,43 +248,60 @@ def _load_impl(plan, version_dir):
     return pickle.loads(data)
 
 
-def _to_array(tensor, *, gpu):
-    """A request tensor as numpy (CPU) or CuPy (GPU step), without a copy where DLPack allows."""
-    if tensor.is_cpu():
-        array = tensor.as_numpy()
-        if gpu:
-            import cupy
+# ------------------------------------------------------------------ tensors in and out
 
-            return cupy.asarray(array)
-        return array
+
+def _reader(spec, *, gpu):
+    """How a request tensor becomes an array: numpy (CPU), CuPy (GPU step), or BF16 by DLPack."""
+    if spec.dtype == "BF16":  # as_numpy() refuses BF16; its DLPack capsule carries it (docs/triton.md)
+        return lambda tensor: serving.bf16_from_dlpack(tensor.to_dlpack())
+    if not gpu:
+        return _host_array
+    return _device_array
+
+
+def _host_array(tensor):
+    return tensor.as_numpy()
+
+
+def _device_array(tensor):
     import cupy  # only a GPU step is handed GPU tensors (FORCE_CPU_ONLY_INPUT_TENSORS "no")
 
+    if tensor.is_cpu():
+        return cupy.asarray(tensor.as_numpy())
     return cupy.from_dlpack(tensor.to_dlpack())
 
 
-def _host_or_device(value):
-    if isinstance(value, np.ndarray) or hasattr(value, "__cuda_array_interface__"):
-        return value
-    return np.asarray(value)
+def _writer(spec):
+    """How an output array becomes a pb tensor."""
+    if spec.dtype == "BYTES":
+        return _bytes_tensor
+    if spec.dtype == "BF16":
+        return _bf16_tensor
+    return _tensor
 
 
-def _to_tensor(name, value):
+def _tensor(name, value):
     if isinstance(value, np.ndarray):
-        if value.dtype.kind == "U":
-            value = np.char.encode(value, "utf-8")
-        if value.dtype.kind == "S":
-            value = value.astype(np.object_)
         return pb_utils.Tensor(name, np.ascontiguousarray(value))
-    # A GPU array stays on the GPU; DLPack must never be used on a numpy array (see TRITON_NOTES).
+    # A GPU array stays on the GPU. DLPack is never used on a numpy array (docs/triton.md).
     return pb_utils.Tensor.from_dlpack(name, value)
 
 
-def _concatenable(step, inputs):
-    for name in step.inputs:
-        bodies = {tuple(arrays[name].shape[1:]) for arrays in inputs}
-        if len(bodies) > 1:
-            return False
-    return True
+def _bytes_tensor(name, value):
+    value = np.asarray(value)
+    if value.dtype.kind == "U":
+        value = np.char.encode(value, "utf-8")
+    return pb_utils.Tensor(name, np.ascontiguousarray(value.astype(np.object_, copy=False)))
+
+
+def _bf16_tensor(name, value):
+    return pb_utils.Tensor.from_dlpack(name, serving.bf16_to_dlpack(np.asarray(value)))
+
+
+def _concatenable(inputs):
+    first = inputs[0]
+    return all(tuple(a[n].shape[1:]) == tuple(first[n].shape[1:]) for a in inputs[1:] for n in first)
 
 
 def _concat(arrays):

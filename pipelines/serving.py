@@ -1,0 +1,610 @@
+"""What runs inside a Triton server: request and output checks, a step's lifecycle,
+the error wire format, and BF16 through DLPack. Standard library and numpy only.
+
+The compiler copies this file beside each ``model.py`` of a repository, so a
+server needs no ``pipelines`` package; the package uses the same functions, so
+the local runtime and the server check with one set of words.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import difflib
+import inspect
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# ------------------------------------------------------------------ datatypes
+
+#: Triton datatype name -> numpy dtype, as tritonclient maps them; BYTES is numpy
+#: ``object_`` holding ``bytes``. BF16 is resolved by :func:`numpy_dtype`.
+NUMPY_DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(np.object_),
+}
+
+
+def bfloat16() -> np.dtype:
+    """numpy has no BF16: it is ``ml_dtypes.bfloat16``, as in tritonclient (imported only when used)."""
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def numpy_dtype(datatype: str) -> np.dtype:
+    return bfloat16() if datatype == "BF16" else NUMPY_DTYPES[datatype]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A tensor's Triton datatype name and dims (without the batch dimension; ``-1`` is any size)."""
+
+    dtype: str
+    dims: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return f"{self.dtype} {list(self.dims)}"
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return numpy_dtype(self.dtype)
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    def shape_matches(self, shape: tuple[int, ...]) -> bool:
+        """Whether a concrete shape (without batch dimension) fits these dims."""
+        return len(shape) == len(self.dims) and all(d == -1 or d == s for d, s in zip(self.dims, shape, strict=False))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Spec:
+        return cls(str(data["dtype"]), tuple(int(d) for d in data["dims"]))
+
+
+# ------------------------------------------------------------------ checks
+
+class Refused(Exception):
+    """A check of this module failed: ``str()`` says why, ``tensor`` names the tensor.
+
+    The package turns it into ``InputError`` or ``StepError``; a model on the
+    server puts it on the wire with :func:`error_text`.
+    """
+
+    def __init__(self, message: str, tensor: str | None = None) -> None:
+        super().__init__(message)
+        self.tensor = tensor
+
+
+#: ``fail(message, tensor)`` builds the exception a check raises.
+Fail = Callable[[str, "str | None"], Exception]
+
+
+def is_array(value: Any) -> bool:
+    """Whether ``value`` is already an array (numpy, CuPy, anything with DLPack or the CUDA interface)."""
+    if isinstance(value, np.ndarray):
+        return True
+    return (
+        hasattr(value, "shape")
+        and hasattr(value, "dtype")
+        and (hasattr(value, "__dlpack__") or hasattr(value, "__cuda_array_interface__") or hasattr(value, "__array__"))
+    )
+
+
+def check_request(
+    inputs: Mapping[str, Any], specs: Mapping[str, Any], *, max_batch_size: int, fail: Fail = Refused
+) -> dict[str, Any]:
+    """Return the request's arrays, in ``specs`` order, or raise ``fail(message, tensor)``.
+
+    ``max_batch_size > 0`` means every tensor carries a leading batch dimension
+    that ``specs`` leave out (Triton's convention); all inputs must agree on it,
+    and it must lie in ``1..max_batch_size``. Arrays (numpy, CuPy) are passed
+    through as they are; other values (lists, scalars) go through ``np.asarray``.
+    """
+    if not isinstance(inputs, Mapping):
+        raise fail(
+            f"a request is a dict of input name -> array; got {type(inputs).__name__}. "
+            f"Pass {{{', '.join(repr(n) for n in specs)}: ...}}",
+            None,
+        )
+    check_names(list(inputs), specs, fail)
+    out: dict[str, Any] = {}
+    batch: tuple[str, int] | None = None
+    for name, spec in specs.items():
+        value = inputs[name]
+        if not is_array(value):
+            try:
+                value = np.asarray(value)
+            except Exception as exc:  # any failure to build an array is the caller's input
+                raise fail(
+                    f"input {name!r} is a {type(value).__name__} that is not an array ({exc}); "
+                    f"expected {expected(spec, max_batch_size)}",
+                    name,
+                ) from None
+        check_dtype(name, spec, value.dtype, fail)
+        shape = tuple(int(d) for d in value.shape)
+        check_shape(name, spec, shape, max_batch_size, fail)
+        if max_batch_size > 0:
+            batch = check_same_batch(batch, name, shape[0], fail)
+        out[name] = value
+    return out
+
+
+def check_names(given: list[str], specs: Mapping[str, Any], fail: Fail = Refused) -> None:
+    expected_names = list(specs)
+    extra = [n for n in given if n not in specs]
+    missing = [n for n in expected_names if n not in given]
+    if extra:
+        name = extra[0]
+        close = difflib.get_close_matches(str(name), missing or expected_names, n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise fail(
+            f"got input {name!r}, which is not declared{hint}; expected inputs {expected_names}, "
+            f"given {given}; rename or drop {name!r}",
+            name if isinstance(name, str) else None,
+        )
+    if missing:
+        name = missing[0]
+        raise fail(f"input {name!r} ({specs[name]}) is missing; expected inputs {expected_names}, given {given}", name)
+
+
+def check_dtype(name: str, spec: Any, given: Any, fail: Fail = Refused) -> None:
+    try:
+        dtype = np.dtype(given)
+    except TypeError:
+        raise fail(f"input {name!r} has dtype {given!r}, which is not an array dtype; expected {spec.dtype}", name) from None
+    if spec.dtype == "BYTES":
+        if dtype.kind not in "OSU":
+            raise fail(
+                f"input {name!r} expects BYTES (numpy object array of bytes) but was given {dtype} numbers; "
+                "encode the values as bytes, e.g. np.array([b'...'], dtype=object)",
+                name,
+            )
+        return
+    want = numpy_dtype(spec.dtype)
+    if dtype.kind in "OSU":
+        raise fail(
+            f"input {name!r} expects {spec.dtype} numbers ({want}) but was given a BYTES payload "
+            f"({dtype}); send a numeric array, e.g. np.asarray(values, dtype=np.{want})",
+            name,
+        )
+    if dtype != want:
+        raise fail(f"input {name!r} expects dtype {spec.dtype} ({want}) but was given {dtype}; cast it with .astype(np.{want})", name)
+
+
+def check_shape(name: str, spec: Any, shape: tuple[int, ...], max_batch_size: int, fail: Fail = Refused) -> None:
+    batched = max_batch_size > 0
+    want = expected(spec, max_batch_size)
+    rank = len(spec.dims) + (1 if batched else 0)
+    if len(shape) != rank:
+        hint = _missing_batch_hint(name, spec, shape, max_batch_size) if batched and len(shape) == len(spec.dims) else ""
+        raise fail(f"input {name!r} expects rank {rank} {want} but was given shape {list(shape)} (rank {len(shape)}){hint}", name)
+    if batched:
+        size = shape[0]
+        if size == 0:
+            raise fail(f"input {name!r} is an empty batch (shape {list(shape)}); send at least one row of {want}", name)
+        if size > max_batch_size:
+            raise fail(
+                f"input {name!r} has batch size {size} (shape {list(shape)}) but max_batch_size is "
+                f"{max_batch_size}; split the request into batches of at most {max_batch_size}",
+                name,
+            )
+    body = shape[1:] if batched else shape
+    for axis, (d, s) in enumerate(zip(spec.dims, body, strict=True)):
+        if d != -1 and d != s:
+            raise fail(
+                f"input {name!r} expects shape {want} but was given {list(shape)}: dimension "
+                f"{axis + (1 if batched else 0)} is {s}, expected {d}",
+                name,
+            )
+
+
+def _missing_batch_hint(name: str, spec: Any, shape: tuple[int, ...], max_batch_size: int) -> str:
+    """Which axis to add: ``x[None]`` if ``x`` is one row, ``x[:, None]`` if it is rows of one value each."""
+
+    def fits(body: tuple[int, ...]) -> bool:
+        return all(d in (-1, s) for d, s in zip(spec.dims, body, strict=True))
+
+    fixes = []
+    if fits(shape):
+        fixes.append(f"{name}[None] for a batch of one")
+    if shape and 0 < shape[0] <= max_batch_size and fits((*shape[1:], 1)):
+        index = ":, None" if len(shape) == 1 else "..., None"
+        fixes.append(f"{name}[{index}] for a batch of {shape[0]} rows of {list(spec.dims)}")
+    if not fixes:
+        return f"; the batch dimension is missing: add it as the first axis (shape [batch, {', '.join(map(str, spec.dims))}])"
+    return "; the batch dimension is missing: send " + ", or ".join(fixes)
+
+
+def check_same_batch(first: tuple[str, int] | None, name: str, size: int, fail: Fail = Refused) -> tuple[str, int]:
+    """``(name, size)`` of the first input; raise if this one's batch size differs."""
+    if first is not None and size != first[1]:
+        raise fail(
+            f"inputs {first[0]!r} and {name!r} have batch sizes {first[1]} and {size}; "
+            "every input of one request must have the same batch size (first dimension)",
+            name,
+        )
+    return first or (name, size)
+
+
+def expected(spec: Any, max_batch_size: int) -> str:
+    dims = ", ".join(str(d) for d in spec.dims)
+    if max_batch_size > 0:
+        dims = "batch" + (", " + dims if dims else "")
+    return f"{spec.dtype} [{dims}]"
+
+
+def normalise_outputs(names: list[str], result: Any, fail: Fail = Refused) -> dict[str, Any]:
+    """Accept a dict, a tuple in declaration order, or a lone array for a one-output step."""
+    if isinstance(result, Mapping):
+        outputs = dict(result)
+    elif isinstance(result, tuple) and len(result) == len(names):
+        outputs = dict(zip(names, result, strict=False))
+    elif len(names) == 1 and hasattr(result, "shape"):
+        outputs = {names[0]: result}
+    else:
+        raise fail(f"returned {type(result).__name__}; expected a dict with outputs {names}", None)
+    if len(outputs) != len(names) or any(n not in outputs for n in names):
+        missing = [n for n in names if n not in outputs]
+        if missing:
+            raise fail(f"did not return output(s) {missing}; it returned {sorted(outputs)}", missing[0])
+        extra = [n for n in outputs if n not in names]
+        raise fail(f"returned undeclared output(s) {extra}; it declares {names}", extra[0])
+    return outputs
+
+
+def check_outputs(
+    specs: Mapping[str, Any], outputs: Mapping[str, Any], *, batched: bool, batch_size: int | None, fail: Fail = Refused
+) -> None:
+    """Raise ``fail(message, tensor)`` if an output breaks its declared dtype or dims."""
+    for name, spec in specs.items():
+        value = outputs[name]
+        shape = tuple(getattr(value, "shape", ()))
+        dtype = getattr(value, "dtype", None)
+        if dtype is None:
+            raise fail(f"output {name!r} is a {type(value).__name__}; expected an array of {spec}", name)
+        dtype = np.dtype(dtype)
+        ok = dtype.kind in "OSU" if spec.dtype == "BYTES" else dtype == numpy_dtype(spec.dtype)
+        if not ok:
+            raise fail(
+                f"output {name!r} has dtype {dtype}; it declares {spec.dtype} ({numpy_dtype(spec.dtype)}); "
+                "cast it before returning",
+                name,
+            )
+        if batched and (len(shape) < 1 or (batch_size is not None and shape[0] != batch_size)):
+            raise fail(
+                f"output {name!r} has shape {list(shape)}; expected the batch dimension {batch_size} first, "
+                f"then {list(spec.dims)}",
+                name,
+            )
+        body = shape[1:] if batched else shape
+        if len(body) != len(spec.dims) or any(d != -1 and d != s for d, s in zip(spec.dims, body, strict=False)):
+            want = ([batch_size] if batched else []) + list(spec.dims)
+            raise fail(f"output {name!r} has shape {list(shape)}; it declares {want} (-1 is any size)", name)
+
+
+# ------------------------------------------------------------------ a step's lifecycle
+
+
+def instance_config(
+    *,
+    step: str,
+    inputs: Mapping[str, Any],
+    outputs: Mapping[str, Any],
+    parameters: Mapping[str, str],
+    max_batch_size: int | None,
+    pipeline: str | None = None,
+    node: str | None = None,
+    model_name: str | None = None,
+    instance_index: int = 0,
+    device: str = "cpu",
+    model_config: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The dict a class step's ``initialize(config)`` receives, in every runtime.
+
+    It holds the keys of the ``args`` Triton gives a Python model (``model_name``,
+    ``model_instance_name``, ``model_instance_kind``, ``model_config`` as a
+    dict…) plus plain ones: ``parameters`` (name -> value, with the type it was
+    declared with), ``pipeline``, ``step``,
+    ``node``, ``instance_index``, ``device`` and ``max_batch_size``.
+    """
+    name = model_name or node or step
+    params = dict(parameters)
+    if model_config is None:
+        model_config = {
+            "name": name,
+            "max_batch_size": max_batch_size or 0,
+            "input": [_config_entry(n, s) for n, s in inputs.items()],
+            "output": [_config_entry(n, s) for n, s in outputs.items()],
+            # Triton's config holds each as a string: a str as it is, anything else as JSON.
+            "parameters": {k: {"string_value": v if isinstance(v, str) else json.dumps(v)} for k, v in params.items()},
+        }
+    return {
+        "model_name": name,
+        "model_version": "1",
+        "model_instance_name": f"{name}_{instance_index}",
+        "model_instance_kind": "GPU" if device == "gpu" else "CPU",
+        "model_instance_device_id": "0",
+        "model_config": dict(model_config),
+        "pipeline": pipeline,
+        "node": node or step,
+        "step": step,
+        "instance_index": instance_index,
+        "device": device,
+        "max_batch_size": max_batch_size,
+        "parameters": params,
+    }
+
+
+def _config_entry(name: str, spec: Any) -> dict[str, Any]:
+    config_dtype = "TYPE_STRING" if spec.dtype == "BYTES" else f"TYPE_{spec.dtype}"
+    return {"name": name, "data_type": config_dtype, "dims": list(spec.dims)}
+
+
+class StepInstance:
+    """One live instance of a step: initialised once, executed many times, finalised once.
+
+    ``impl`` is the step's function or class; a class gets ``initialize(config)``,
+    ``execute(**inputs)`` (or ``__call__``) and ``finalize()``, the lifecycle of
+    Triton's Python backend. ``fail`` builds the error for a result that is not
+    the declared outputs.
+    """
+
+    def __init__(self, name: str, impl: Any, outputs: list[str], config: dict[str, Any], fail: Fail = Refused) -> None:
+        self.name = name
+        self.config = config
+        self.outputs = list(outputs)
+        self._fail = fail
+        if inspect.isclass(impl):
+            obj = impl()
+            init = getattr(obj, "initialize", None)
+            if init is not None:
+                init(config)
+            self._obj = obj
+            fn = getattr(obj, "execute", None)
+            if fn is None:
+                fn = obj.__call__ if callable(obj) else None
+            if fn is None:
+                raise fail(f"class {impl.__name__} needs an execute() or __call__() method", None)
+            self._fn = fn
+        else:
+            self._obj = None
+            self._fn = impl
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the step is an ``async def`` (then use :meth:`execute_async`)."""
+        fn = self._fn
+        return inspect.iscoroutinefunction(fn) or (
+            not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
+        )
+
+    def execute(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Call the step with its inputs as keyword arguments; return a dict of outputs."""
+        return normalise_outputs(self.outputs, self._fn(**inputs), self._fail)
+
+    async def execute_async(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Await an ``async def`` step with its inputs as keyword arguments; return a dict of outputs."""
+        return normalise_outputs(self.outputs, await self._fn(**inputs), self._fail)
+
+    def finalize(self) -> None:
+        fin = getattr(self._obj, "finalize", None)
+        if fin is not None:
+            fin()
+
+
+# ------------------------------------------------------------------ the error wire format
+
+
+@dataclass(frozen=True)
+class WireError:
+    """What a model tells the client about a failure, in the text of its error response.
+
+    ``kind`` is the library's error class name (``InputError``, ``StepError``…);
+    ``node`` is the name the user gave in the pipeline, ``step`` the step's own.
+    """
+
+    kind: str
+    pipeline: str
+    reason: str
+    node: str | None = None
+    step: str | None = None
+    tensor: str | None = None
+
+    def text(self) -> str:
+        """``StepError in pipeline 'p', node 'n', step 's', tensor 't': reason`` (absent parts left out)."""
+        where = f"{self.kind} in pipeline {self.pipeline!r}"
+        for label, value in (("node", self.node), ("step", self.step), ("tensor", self.tensor)):
+            if value is not None:
+                where += f", {label} {value!r}"
+        return f"{where}: {self.reason}"
+
+
+# Names follow Triton's rules (pipelines.names), so they never hold a quote.
+_WIRE = re.compile(
+    r"(?P<kind>[A-Z][A-Za-z]*Error) in pipeline '(?P<pipeline>[^']*)'"
+    r"(?:, node '(?P<node>[^']*)')?(?:, step '(?P<step>[^']*)')?(?:, tensor '(?P<tensor>[^']*)')?: (?P<reason>.*)",
+    re.S,
+)
+
+
+def parse_error(text: str) -> WireError | None:
+    """The :class:`WireError` in a server's error text (Triton may add words before it), or ``None``."""
+    found = _WIRE.search(text)
+    if found is None:
+        return None
+    return WireError(**found.groupdict())
+
+
+def exception_reason(exc: BaseException) -> str:
+    """How a step's own exception is told: ``raised ValueError: what it said``."""
+    return f"raised {type(exc).__name__}: {exc}"
+
+
+# ------------------------------------------------------------------ BF16 through DLPack
+# numpy has no BF16, and numpy's DLPack refuses it; a pb tensor's to_dlpack()
+# carries it. These read and build DLPack capsules with ctypes (docs/triton.md).
+
+
+class _Device(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class _DType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _Device),
+        ("ndim", ctypes.c_int),
+        ("dtype", _DType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _ManagedTensor(ctypes.Structure):
+    pass
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_ManagedTensor))
+_ManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
+
+_CAPSULE = b"dltensor"
+_KDL_CPU, _KDL_BFLOAT = 1, 4
+_api = ctypes.pythonapi
+_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_New.restype = ctypes.py_object
+_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+class _Held:
+    """Keeps a DLPack capsule (and so its producer's memory) alive as long as the array built on it."""
+
+    def __init__(self, capsule: Any, interface: dict[str, Any]) -> None:
+        self.capsule = capsule
+        self.__array_interface__ = interface
+
+
+def bf16_from_dlpack(capsule: Any) -> np.ndarray:
+    """A host BF16 DLPack capsule (unconsumed) as an ``ml_dtypes.bfloat16`` array, without a copy."""
+    managed = _ManagedTensor.from_address(_api.PyCapsule_GetPointer(capsule, _CAPSULE))
+    t = managed.dl_tensor
+    if t.device.device_type != _KDL_CPU or (t.dtype.code, t.dtype.bits, t.dtype.lanes) != (_KDL_BFLOAT, 16, 1):
+        raise Refused(f"expected a host BF16 tensor; DLPack says device {t.device.device_type}, dtype code {t.dtype.code}")
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    strides = None if not t.strides else tuple(2 * t.strides[i] for i in range(t.ndim))
+    data = (t.data or 0) + t.byte_offset
+    held = _Held(capsule, {"data": (data, False), "shape": shape, "strides": strides, "typestr": "<u2", "version": 3})
+    return np.asarray(held).view(bfloat16())
+
+
+_exported: dict[int, tuple[Any, ...]] = {}
+
+
+@_DELETER
+def _release(managed: Any) -> None:  # called by the consumer, with the GIL (a ctypes callback takes it)
+    _exported.pop(ctypes.addressof(managed.contents), None)
+
+
+def bf16_to_dlpack(array: np.ndarray) -> Any:
+    """A DLPack capsule over a host BF16 array (``ml_dtypes.bfloat16``), for ``pb_utils.Tensor.from_dlpack``.
+
+    The array is made contiguous and kept alive until the consumer calls the deleter.
+    """
+    array = np.ascontiguousarray(array)
+    shape = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
+    managed = _ManagedTensor()
+    managed.dl_tensor.data = array.ctypes.data if array.size else None
+    managed.dl_tensor.device = _Device(_KDL_CPU, 0)
+    managed.dl_tensor.ndim = array.ndim
+    managed.dl_tensor.dtype = _DType(_KDL_BFLOAT, 16, 1)
+    managed.dl_tensor.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+    managed.dl_tensor.strides = None
+    managed.dl_tensor.byte_offset = 0
+    managed.deleter = _release
+    address = ctypes.addressof(managed)
+    _exported[address] = (array, shape, managed)
+    return _api.PyCapsule_New(address, _CAPSULE, None)
+
+
+# ------------------------------------------------------------------ the same checks, prepared once
+
+
+class Contract:
+    """A model's specs prepared once (at ``initialize``) for a fast yes or no on each call.
+
+    Only a "no" pays for the full checks above, which say what is wrong in the
+    same words everywhere.
+    """
+
+    def __init__(self, specs: Mapping[str, Any], max_batch_size: int) -> None:
+        self.specs = dict(specs)
+        self.max_batch_size = max_batch_size
+        self._rows = [
+            (
+                name,
+                None if spec.dtype == "BYTES" else numpy_dtype(spec.dtype),
+                len(spec.dims) + (1 if max_batch_size > 0 else 0),
+                [(axis + (1 if max_batch_size > 0 else 0), d) for axis, d in enumerate(spec.dims) if d != -1],
+            )
+            for name, spec in self.specs.items()
+        ]
+
+    def _fits(self, value: Any, dtype: Any, rank: int, fixed: list[tuple[int, int]]) -> bool:
+        if dtype is None:
+            if np.dtype(value.dtype).kind not in "OSU":
+                return False
+        elif value.dtype != dtype:
+            return False
+        shape = value.shape
+        return len(shape) == rank and all(shape[axis] == d for axis, d in fixed)
+
+    def check_inputs(self, arrays: Mapping[str, Any], fail: Fail = Refused) -> int | None:
+        """The batch size of a request's arrays (``None`` without batching), or raise ``fail``."""
+        size = None
+        for name, dtype, rank, fixed in self._rows:
+            value = arrays[name]
+            if not self._fits(value, dtype, rank, fixed):
+                break
+            if self.max_batch_size > 0:
+                rows = value.shape[0]
+                if (size is not None and rows != size) or rows < 1 or rows > self.max_batch_size:
+                    break
+                size = rows
+        else:
+            return size
+        check_request(arrays, self.specs, max_batch_size=self.max_batch_size, fail=fail)
+        return size  # the full checks found nothing (cannot happen): let the request through
+
+    def check_outputs(self, outputs: Mapping[str, Any], batch_size: int | None, fail: Fail = Refused) -> None:
+        """Raise ``fail`` if an output breaks its declaration (``batch_size``: the request's rows)."""
+        for name, dtype, rank, fixed in self._rows:
+            value = outputs[name]
+            if not (
+                hasattr(value, "dtype")
+                and self._fits(value, dtype, rank, fixed)
+                and (batch_size is None or value.shape[0] == batch_size)
+            ):
+                check_outputs(self.specs, outputs, batched=self.max_batch_size > 0, batch_size=batch_size, fail=fail)
+                return

@@ -1,0 +1,145 @@
+"""The code that runs inside Triton (``pipelines/serving.py`` and the two ``model.py`` files):
+light to import, one error wire format written and read by the same module, BF16 by DLPack."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from pipelines import Pipeline, TensorSpec, step
+from pipelines.compile import compile_pipeline
+from pipelines.serving import (
+    Contract,
+    Refused,
+    Spec,
+    WireError,
+    bf16_from_dlpack,
+    bf16_to_dlpack,
+    bfloat16,
+    parse_error,
+)
+
+F4 = TensorSpec("FP32", [4])
+
+
+@step(inputs={"x": F4}, outputs={"y": F4})
+def plus_one(x):
+    return {"y": x + 1}
+
+
+# What the stub does (python_backend's pb_stub.cc): append the version folder and the model
+# folder to sys.path, then import "<version>.model". A stand-in pb_utils is all it gets here.
+_IMPORT_LIKE_THE_STUB = textwrap.dedent(
+    """
+    import json, sys, time, types
+    model_dir = sys.argv[1]
+    sys.modules["triton_python_backend_utils"] = types.ModuleType("triton_python_backend_utils")
+    sys.path += [model_dir + "/1", model_dir]
+    import numpy
+    start = time.perf_counter()
+    import importlib
+    module = importlib.import_module("1.model")
+    took = time.perf_counter() - start
+    assert hasattr(module, "TritonPythonModel")
+    print(json.dumps({"modules": sorted(sys.modules), "seconds": took, "serving": module.serving.__file__}))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    p = Pipeline("light", inputs={"x": F4}, max_batch_size=4)
+    p.output("y", p.add(plus_one, x=p.input("x"))["y"])
+    root = tmp_path_factory.mktemp("repo")
+    compile_pipeline(p, "both").write(root)
+    return root
+
+
+@pytest.mark.parametrize("model", ["light__plus_one", "light_bls"], ids=["step_model", "bls_model"])
+def test_a_model_py_imports_neither_the_package_nor_networkx_nor_anyio(repository, model):
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORT_LIKE_THE_STUB, str(repository / model)],
+        capture_output=True, text=True, timeout=120, cwd=repository,
+    )
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    modules = set(seen["modules"])
+    assert "networkx" not in modules and "anyio" not in modules
+    assert not {m for m in modules if m == "pipelines" or m.startswith("pipelines.")}, "the package was imported"
+    assert seen["serving"] == str(repository / model / "1" / "serving.py")  # the copy beside model.py
+
+
+def test_the_serving_copy_is_the_packages_module_byte_for_byte(repository):
+    import pipelines.serving
+
+    with open(pipelines.serving.__file__, "rb") as f:
+        assert (repository / "light__plus_one" / "1" / "serving.py").read_bytes() == f.read()
+
+
+# ------------------------------------------------------------------ the error wire format
+
+WIRE_CASES = [
+    WireError("StepError", "p", "raised ValueError: no\nsecond line: 'x'", node="fragile", step="explode"),
+    WireError("InputError", "p", "input 'x' expects rank 2 FP32 [batch, 4] but was given shape [4]", tensor="x"),
+    WireError("StepError", "p.v1", "output 'y' has dtype float64; it declares FP32 (float32)", "n-1", "s", "y"),
+    WireError("StepTimeoutError", "p", "ran past 2 s", step="slow"),
+]
+
+
+@pytest.mark.parametrize("error", WIRE_CASES, ids=lambda e: e.kind)
+def test_the_wire_format_reads_back_what_it_wrote_even_inside_tritons_words(error):
+    assert parse_error(error.text()) == error
+    # An ensemble adds its own words before the model's; the client adds its own after parsing.
+    assert parse_error(f"in ensemble 'p_ensemble', {error.text()}") == error
+
+
+def test_the_wire_format_reads_as_a_sentence():
+    text = WIRE_CASES[0].text()
+    assert text.startswith("StepError in pipeline 'p', node 'fragile', step 'explode': raised ValueError: no")
+
+
+def test_text_that_is_not_the_wire_format_is_not_parsed():
+    assert parse_error("Stub process 'x_0' is not healthy.") is None
+    assert parse_error("pipeline 'p' step 's' raised ValueError") is None
+
+
+# ------------------------------------------------------------------ checks prepared once
+
+
+def test_a_contract_says_yes_quietly_and_no_in_the_checks_words():
+    contract = Contract({"x": Spec("FP32", (4,)), "k": Spec("INT32", (1,))}, max_batch_size=4)
+    ok = {"x": np.zeros((2, 4), np.float32), "k": np.zeros((2, 1), np.int32)}
+    assert contract.check_inputs(ok) == 2
+    with pytest.raises(Refused, match=r"input 'k' expects dtype INT32 \(int32\) but was given int64") as info:
+        contract.check_inputs({**ok, "k": np.zeros((2, 1), np.int64)})
+    assert info.value.tensor == "k"
+    with pytest.raises(Refused, match="have batch sizes 2 and 3"):
+        contract.check_inputs({**ok, "k": np.zeros((3, 1), np.int32)})
+    with pytest.raises(Refused, match="max_batch_size is 4"):
+        contract.check_inputs({"x": np.zeros((5, 4), np.float32), "k": np.zeros((5, 1), np.int32)})
+    contract.check_outputs(ok, 2)
+    with pytest.raises(Refused, match=r"output 'x' has shape \[1, 4\]; expected the batch dimension 2 first"):
+        contract.check_outputs({**ok, "x": np.zeros((1, 4), np.float32)}, 2)
+
+
+# ------------------------------------------------------------------ BF16 through DLPack
+
+
+def test_bf16_goes_into_a_dlpack_capsule_and_comes_back_bit_for_bit():
+    values = np.array([[1.5, -2.25, 3e38, np.nan]], dtype=np.float32).astype(bfloat16())
+    capsule = bf16_to_dlpack(values)
+    back = bf16_from_dlpack(capsule)
+    assert back.dtype == bfloat16() and back.shape == (1, 4)
+    np.testing.assert_array_equal(back.view(np.uint16), values.view(np.uint16))
+    del values  # the capsule keeps the memory alive, not the caller's array
+    assert back.view(np.uint16)[0, 0] == np.array([1.5], np.float32).astype(bfloat16()).view(np.uint16)[0]
+
+
+def test_a_capsule_of_another_dtype_is_refused():
+    with pytest.raises(Refused, match="expected a host BF16 tensor"):
+        bf16_from_dlpack(np.zeros(3, np.float32).__dlpack__())
