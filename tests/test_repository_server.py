@@ -67,10 +67,11 @@ def pipeline_b() -> Pipeline:
 
 
 def fresh_environment(python: str, requirements: Path, where: Path) -> Path:
-    """A new virtual environment holding only ``pip install -r requirements``."""
-    subprocess.run([python, "-m", "venv", str(where)], check=True, capture_output=True)
-    subprocess.run([str(where / "bin" / "python"), "-m", "pip", "install", "-q", "-r", str(requirements)],
-                   check=True, capture_output=True)
+    """A new virtual environment holding only ``pip install -r requirements`` (installed by our pip, so not
+    even pip is in it)."""
+    subprocess.run([python, "-m", "venv", "--without-pip", str(where)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(where / "bin" / "python"), "install", "-q",
+                    "--no-compile", "-r", str(requirements)], check=True, capture_output=True)
     return where
 
 
@@ -84,12 +85,10 @@ def other_python() -> tuple[str, str] | None:
     for version in ("3.10", "3.12"):
         if version == mine:
             continue
-        found = shutil.which(f"python{version}") or next(
-            (str(p) for p in sorted(Path("~/.pyenv/versions").expanduser().glob(f"{version}.*/bin/python{version}"))),
-            None,
-        )
-        if found:
-            return found, version
+        pyenv = sorted(Path("~/.pyenv/versions").expanduser().glob(f"{version}.*/bin/python{version}"))
+        for candidate in [*map(str, pyenv), shutil.which(f"python{version}")]:
+            if candidate and subprocess.run([candidate, "-c", "import venv"], capture_output=True).returncode == 0:
+                return candidate, version
     return None
 
 
@@ -131,7 +130,9 @@ def test_the_stub_python_has_only_what_requirements_txt_names(shared):
     assert "numpy<2" in lines and any(line.startswith("cloudpickle~=") for line in lines)
     assert any(line.startswith("numpy==") for line in lines)  # beta's sort is numpy's, referenced by module
     assert not any(line.lower().startswith("pipelines") for line in lines)
-    probe = subprocess.run([str(env / "bin" / "python"), "-c", "import pipelines"], capture_output=True, text=True)
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    probe = subprocess.run([str(env / "bin" / "python"), "-c", "import pipelines"], capture_output=True, text=True,
+                           cwd=env, env=clean)  # not from a source tree in the working directory
     assert probe.returncode != 0 and "No module named 'pipelines'" in probe.stderr
 
 
