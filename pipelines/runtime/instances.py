@@ -2,8 +2,15 @@
 
 Each node of a pipeline becomes a :class:`StepModel`, as each composing model of
 an ensemble has its own ``instance_group`` and queue in Triton. An execution runs
-inline on the event loop, on a worker thread, or awaited (async steps); a thread
-that outlives its timeout is abandoned and gives its instance back when it ends.
+inline on the event loop, on a worker thread, or awaited (async steps).
+
+A sync call that outlives its step's timeout cannot be stopped: it is abandoned
+and keeps its instance, which is then no longer trusted (it may hold a lock or
+half-written state). A fresh instance takes its place at once (``initialize()``
+runs again, on a thread of its own), so later requests are served; the stuck
+instance is finalized if its call ever returns. Worker threads are daemon
+threads (:mod:`pipelines.runtime.workers`), so a stuck call never keeps the
+process from exiting.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from ..step import StepInstance, check_outputs, instance_config
 from .batching import DynamicBatcher
 from .device import CopyCounter, Placement
 from .replay import nbytes_of
+from .workers import StepThreads
 
 __all__ = ["InstancePool", "Lease", "StepModel"]
 
@@ -58,12 +66,13 @@ async def thread_hop_cost() -> float:
 
 
 class Lease:
-    """One instance lent out by a pool; ``abandoned`` while a stuck thread still holds it."""
+    """One instance lent out by a pool; ``abandoned`` once a stuck thread holds it for good."""
 
-    __slots__ = ("instance", "abandoned")
+    __slots__ = ("instance", "index", "abandoned")
 
-    def __init__(self, instance: StepInstance) -> None:
+    def __init__(self, instance: StepInstance, index: int = 0) -> None:
         self.instance = instance
+        self.index = index  # its place in the instance group (the config's instance index)
         self.abandoned = False
 
 
@@ -82,10 +91,21 @@ class InstancePool:
     chain of cheap steps cheap; only a request that must wait parks on an event.
     """
 
-    def __init__(self, leases: list[Lease]) -> None:
-        self._all = list(leases)
+    def __init__(
+        self,
+        leases: list[Lease],
+        *,
+        renew: Callable[[int], Lease] | None = None,
+        pipeline: str | None = None,
+        step: str | None = None,
+    ) -> None:
         self._free = list(reversed(leases))
         self._waiters: deque[_Waiter] = deque()
+        self._renew = renew  # builds a fresh instance for an index (runs initialize())
+        self._pipeline, self._step = pipeline, step
+        self._alive = len(leases)  # instances not abandoned, plus those being built
+        self.renewed = 0  # instances built in place of abandoned ones
+        self.renew_error: BaseException | None = None
         self.closed = False
 
     def try_acquire(self) -> Lease | None:
@@ -97,6 +117,15 @@ class InstancePool:
         lease = self.try_acquire()
         if lease is not None:
             return lease
+        if self._alive == 0 and self.renew_error is not None:
+            error = self.renew_error
+            raise StepError(
+                f"pipeline {self._pipeline!r} step {self._step!r}: every instance was abandoned by a call that "
+                f"ran past the step's timeout, and initialize() failed for a fresh one: "
+                f"{type(error).__name__}: {error}",
+                pipeline=self._pipeline,
+                step=self._step,
+            ) from error
         waiter = _Waiter()
         self._waiters.append(waiter)
         try:
@@ -107,11 +136,12 @@ class InstancePool:
             else:
                 self._waiters.remove(waiter)
             raise
-        assert waiter.lease is not None
+        if waiter.lease is None:  # woken because no instance is left
+            return await self.acquire()
         return waiter.lease
 
     def give_back(self, lease: Lease) -> None:
-        """Return an instance, unless a stuck thread still holds it (it returns it itself)."""
+        """Return an instance, unless a stuck thread holds it (a fresh one replaces it)."""
         if lease.abandoned:
             return
         if self.closed:
@@ -124,10 +154,42 @@ class InstancePool:
         else:
             self._free.append(lease)
 
-    def reclaim(self, lease: Lease) -> None:
-        """An abandoned thread finished: its instance is usable again."""
-        lease.abandoned = False
-        self.give_back(lease)
+    def replace(self, lease: Lease) -> None:
+        """On the event loop: ``lease`` was abandoned; build a fresh instance in its place.
+
+        ``initialize()`` may take seconds (weights), so it runs on a daemon thread
+        of its own; requests wait for the fresh instance as for a busy one.
+        """
+        self._alive -= 1
+        if self._renew is None or self.closed:
+            return
+        self._alive += 1
+        renew, token = self._renew, anyio.lowlevel.current_token()
+
+        def build() -> None:
+            fresh, error = None, None
+            try:
+                fresh = renew(lease.index)
+            except BaseException as exc:  # handed to the event loop, which reports it on acquire
+                error = exc
+            try:
+                anyio.from_thread.run_sync(self._arrived, fresh, error, token=token)
+            except Exception:  # the event loop is gone: nobody will use the instance
+                if fresh is not None:
+                    fresh.instance.finalize()
+
+        threading.Thread(target=build, name=f"pipelines-renew-{self._step}", daemon=True).start()
+
+    def _arrived(self, fresh: Lease | None, error: BaseException | None) -> None:
+        if fresh is None:
+            self._alive -= 1
+            self.renew_error = error
+            if self._alive == 0:  # nothing will ever serve the waiters: fail them now
+                for waiter in self._waiters:
+                    waiter.event.set()
+            return
+        self.renewed += 1
+        self.give_back(fresh)
 
     def close(self) -> list[BaseException]:
         """Finalize the instances that are free; busy ones are finalized when they come back."""
@@ -140,6 +202,26 @@ class InstancePool:
                 errors.append(exc)
         self._free.clear()
         return errors
+
+
+async def _wait_for(future: concurrent.futures.Future) -> Any:
+    """Await a worker thread's future under any anyio backend (asyncio has run_in_executor)."""
+    done = anyio.Event()
+    token = anyio.lowlevel.current_token()
+    loop_thread = threading.get_ident()
+
+    def wake(_: concurrent.futures.Future) -> None:
+        if threading.get_ident() == loop_thread:
+            done.set()
+            return
+        try:
+            anyio.from_thread.run_sync(done.set, token=token)
+        except Exception:  # the event loop is gone: nobody waits
+            pass
+
+    future.add_done_callback(wake)
+    await done.wait()
+    return future.result()
 
 
 def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
@@ -159,14 +241,14 @@ class _ThreadCall:
     ended (then the loop gives it back). A lock makes those three cases exclusive.
     """
 
-    __slots__ = ("lock", "state", "lease", "pool", "token")
+    __slots__ = ("lock", "state", "lease", "pool", "threads")
 
-    def __init__(self, lease: Lease, pool: InstancePool) -> None:
+    def __init__(self, lease: Lease, pool: InstancePool, threads: StepThreads) -> None:
         self.lock = threading.Lock()
         self.state = "pending"  # -> "running" -> "finished" | "abandoned"; or "pending" -> "dropped"
         self.lease = lease
         self.pool = pool
-        self.token = anyio.lowlevel.current_token()
+        self.threads = threads
 
     def begin(self) -> bool:  # on the worker thread: may the call run?
         with self.lock:
@@ -181,18 +263,25 @@ class _ThreadCall:
             self.state = "finished"
         if not late:
             return
+        # A fresh instance already took this one's place: this thread leaves the pool,
+        # and the stuck instance is finalized, as Triton does when it unloads a model.
+        self.threads.retire()
         try:
-            anyio.from_thread.run_sync(self.pool.reclaim, self.lease, token=self.token)
-        except Exception:  # the event loop is gone: nobody can use the instance again
             self.lease.instance.finalize()
+        except Exception:  # nobody is left to tell; the call's caller has had its timeout error
+            pass
 
     def cancel(self) -> None:  # on the event loop, when the awaiting side was cancelled
         with self.lock:
             if self.state == "pending":
                 self.state = "dropped"
-            elif self.state == "running":
-                self.state = "abandoned"
-                self.lease.abandoned = True
+                return
+            if self.state != "running":
+                return
+            self.state = "abandoned"
+            self.lease.abandoned = True
+        self.threads.abandoned()
+        self.pool.replace(self.lease)
 
 
 class StepModel:
@@ -207,8 +296,7 @@ class StepModel:
         kept_outputs: tuple[str, ...],
         placement: Placement,
         offload: str,
-        limiter: anyio.CapacityLimiter,
-        executor: concurrent.futures.Executor | None = None,
+        threads: StepThreads,
     ) -> None:
         step = node.step
         self.name = node.name
@@ -221,8 +309,7 @@ class StepModel:
         self.max_batch_size = node.max_batch_size
         self.timeout = step.options.timeout
         self.offload = offload
-        self._limiter = limiter
-        self._executor = executor
+        self._threads = threads
         self.pool: InstancePool | None = None
         self.batcher: DynamicBatcher | None = None
         self.is_async = False
@@ -245,7 +332,7 @@ class StepModel:
         leases = []
         try:
             for i in range(count):
-                leases.append(Lease(self.step.instantiate(self._config(i))))
+                leases.append(self._instantiate(i))
         except PipelinesError:
             self._finalize(leases)
             raise
@@ -256,7 +343,7 @@ class StepModel:
                 pipeline=self.pipeline,
                 step=self.name,
             ) from exc
-        self.pool = InstancePool(leases)
+        self.pool = InstancePool(leases, renew=self._instantiate, pipeline=self.pipeline, step=self.name)
         self.is_async = leases[0].instance.is_async
         self.inline_ok = not self.is_async and self.timeout is None and self.offload != "always"
         self.always_inline = self.inline_ok and self.offload == "never"
@@ -270,6 +357,9 @@ class StepModel:
                 max_queue_delay_s=db.max_queue_delay_us / 1e6,
                 preferred_batch_sizes=db.preferred_batch_sizes,
             )
+
+    def _instantiate(self, index: int) -> Lease:
+        return Lease(self.step.instantiate(self._config(index)), index)
 
     def share(self, owner: StepModel) -> None:
         """Serve this node with ``owner``'s instances and batcher.
@@ -352,7 +442,14 @@ class StepModel:
         return outputs, queue, compute, 1
 
     async def _execute_batch(self, lease: Lease, inputs: dict[str, Any], rows: int) -> tuple[dict[str, Any], float]:
-        return await self.execute(lease, inputs, rows, inline=self.always_inline or (self.inline_ok and self.cheap))
+        if self.timeout is None:
+            return await self.execute(lease, inputs, rows, inline=self.always_inline or (self.inline_ok and self.cheap))
+        # The batch itself is bounded too: a stuck batch is abandoned and its instance replaced.
+        try:
+            with anyio.fail_after(self.timeout):
+                return await self.execute(lease, inputs, rows, inline=False)
+        except TimeoutError:
+            raise self._timeout_error("running a batch") from None
 
     async def execute(
         self, lease: Lease, inputs: dict[str, Any], rows: int, *, inline: bool
@@ -401,7 +498,7 @@ class StepModel:
 
     async def _in_thread(self, lease: Lease, inputs: dict[str, Any]) -> tuple[dict[str, Any], float]:
         assert self.pool is not None
-        call = _ThreadCall(lease, self.pool)
+        call = _ThreadCall(lease, self.pool, self._threads)
         execute: Callable[[dict[str, Any]], dict[str, Any]] = lease.instance.execute
 
         def work() -> tuple[dict[str, Any], float] | None:
@@ -415,14 +512,14 @@ class StepModel:
                 call.end()
 
         try:
-            loop = _asyncio_loop() if self._executor is not None else None
+            loop = _asyncio_loop()
             if loop is not None:
                 # The thread starts now: anyio's to_thread yields to the event loop first, and
                 # the loop may then run for a millisecond (e.g. the callers of the last batch)
                 # while the instance sits idle.
-                result = await loop.run_in_executor(self._executor, work)
+                result = await loop.run_in_executor(self._threads, work)
             else:
-                result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=self._limiter)
+                result = await _wait_for(self._threads.submit(work))
         except BaseException:
             # A sync function cannot be killed: leave it running and answer now.
             call.cancel()
@@ -433,8 +530,8 @@ class StepModel:
     def _timeout_error(self, where: str) -> StepTimeoutError:
         return StepTimeoutError(
             f"pipeline {self.pipeline!r} step {self.name!r} ran past its timeout of {self.timeout:g} s "
-            f"({where}); the request was answered with this error and a stuck call was abandoned. "
-            "Raise the step's timeout, or find why it does not return",
+            f"({where}); the request was answered with this error, a stuck call was abandoned and a fresh "
+            "instance replaces the one it holds. Raise the step's timeout, or find why it does not return",
             pipeline=self.pipeline,
             step=self.name,
         )

@@ -56,6 +56,7 @@ from .device import CopyCounter, Placement, gpu_available, resolve_device
 from .instances import StepModel, thread_hop_cost
 from .replay import Replay, nbytes_of
 from .report import CostRecorder, Report
+from .workers import StepThreads
 
 __all__ = ["MODES", "LocalRuntime", "run_many", "run_pipeline"]
 
@@ -221,7 +222,7 @@ class LocalRuntime:
             critical_path=self.plan.critical_path,
         )
         self._service: Any = None
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._executor: StepThreads | None = None
         self._open = False
         self._active = 0
         self._schedule = {
@@ -246,8 +247,7 @@ class LocalRuntime:
             raise InferenceError(
                 f"pipeline {self.pipeline.name!r}: this LocalRuntime is already open", pipeline=self.pipeline.name
             )
-        limiter = anyio.CapacityLimiter(self._threads)
-        self._executor = concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="pipelines-step")
+        self._executor = StepThreads(self._threads)
         routes = self._routes[None]
         owners: dict[int, StepModel] = {}  # one step model per step, shared by its nodes
         try:
@@ -260,8 +260,7 @@ class LocalRuntime:
                     kept_outputs=routes.returns[name],
                     placement=Placement(node.step.options.device, self.force_cpu_only_input_tensors),
                     offload=self.offload,
-                    limiter=limiter,
-                    executor=self._executor,
+                    threads=self._executor,
                 )
                 owner = owners.get(id(node.step))
                 if owner is None:
