@@ -1,5 +1,5 @@
-"""Compile a :class:`~pipelines.Pipeline` into a Triton model repository:
-an ensemble, a BLS model (async or sync), or all three over shared composing models.
+"""The compiler: a pipeline's execution plan -> a Triton model repository, one top-level model per form.
+Configs (protobuf), step and BLS models, the ensemble's wiring, and the atomic write to disk live here.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Running pipelines: the local runtime (no server) and its cost report.
-
-The embedded Triton server and its clients are a separate package, ``pipelines.triton``;
-the two share no code, so the local runtime needs no server pieces.
+"""The local runtime: runs a pipeline's execution plan without a server, in the semantics of each form.
+Its scheduler, step instances, batching, BLS gate, devices and cost report live here; Triton is ``pipelines.triton``.
 """
 
 from __future__ import annotations
