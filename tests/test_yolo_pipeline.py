@@ -200,4 +200,4 @@ def test_the_built_in_pipeline_declares_what_users_send_and_get():
     assert [n.name for n in pipeline] == ["letterbox", "detector", "nms", "scale_boxes"]
     assert pipeline.max_batch_size == 8 and str(pipeline.inputs["image"]) == "UINT8 [-1, -1, 3]"
     assert str(pipeline.outputs["detections"].spec) == "FP32 [300, 6]"
-    assert pipeline.nodes["nms"].step.options.parameters["conf_threshold"] == "0.25"
+    assert pipeline.nodes["nms"].step.options.parameters["conf_threshold"] == 0.25  # parameters keep their type
