@@ -3,12 +3,15 @@ groups never hold two nodes that depend on each other, the critical path is the 
 
 from __future__ import annotations
 
+import warnings
+
 import networkx as nx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines import Pipeline, TensorSpec, step
 from pipelines.examples.basic import diamond
+from pipelines.plan import DeadNodeWarning, plan_of
 
 V = TensorSpec("FP32", [-1])
 
@@ -63,3 +66,30 @@ def test_diagrams_show_every_step_and_wire():
     assert dot.startswith('digraph "diamond"') and '"branch_0" -> "join_0"' in dot
     assert diamond.parallel_groups() == [["branch_0", "branch_1"], ["join_0"]]
     assert diamond.critical_path({"branch_0": 20, "branch_1": 30, "join_0": 1}) == (["branch_1", "join_0"], 31.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_dags())
+def test_the_plan_keeps_the_graphs_order_groups_and_critical_path_over_its_live_nodes(dag):
+    p, costs = dag
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeadNodeWarning)
+        plan = plan_of(p)
+    g = p.graph
+    out = p.outputs["y"].node
+    live = nx.ancestors(g, out) | {out}
+    assert set(plan.order) == live and set(plan.dropped) == set(p.nodes) - live
+    assert list(plan.order) == [n for n in p.topological_order() if n in live]
+    # Over the live nodes the plan's groups are the graph's generations, and its critical path the graph's.
+    sub = g.subgraph(live)
+    generations = [sorted(gen, key=list(p.nodes).index) for gen in nx.topological_generations(sub)]
+    assert [list(grp) for grp in plan.groups] == generations
+    path, total = plan.critical_path(costs)
+    best = max(sum(costs[n] for n in chain) for src in sub for dst in sub
+               for chain in ([[src]] if src == dst else nx.all_simple_paths(sub, src, dst)))
+    assert abs(total - best) < 1e-9 and all(sub.has_edge(u, v) for u, v in zip(path, path[1:], strict=False))
+    for node in plan.nodes:  # readers and last uses agree with the wiring
+        for source in node.inputs:
+            tensor = plan.tensor(source.key)
+            assert node.name in tensor.consumers
+            assert tensor.last_use is None or plan.order.index(tensor.last_use) >= plan.order.index(node.name)
