@@ -327,7 +327,7 @@ def test_a_write_killed_between_two_swaps_leaves_whole_models_and_the_next_write
     assert snapshot(target / "resnet50") == before
 
 
-def test_a_reader_never_sees_a_model_missing_while_writes_are_killed_at_random(tmp_path):
+def test_a_reader_never_sees_a_model_missing_while_writes_are_killed_between_swaps(tmp_path):
     target = tmp_path / "models"
     scaled_pipeline("demo", 1.0).compile("both").write(target)
     names = models_in(target)
@@ -367,7 +367,9 @@ def test_a_writer_that_cannot_get_the_lock_says_who_holds_it(tmp_path, monkeypat
     monkeypatch.setattr(disk, "LOCK_TIMEOUT_S", 0.3)
     with open(target / disk.LOCK_FILE, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        with pytest.raises(RepositoryWriteError, match="another process is writing"):
+        held.write("4242\n")
+        held.flush()
+        with pytest.raises(RepositoryWriteError, match="another process \\(pid 4242\\) is writing"):
             pipeline().compile("ensemble").write(target)
     pipeline().compile("ensemble").write(target)
 

@@ -77,7 +77,7 @@ def write_repository(
     """
     target = Path(os.path.abspath(os.fspath(path)))
     _prepare_target(target, overwrite=overwrite, hint=overwrite_hint)
-    with _locked(target):
+    with _locked(target), _os_errors(f"writing into the model repository {str(target)!r}"):
         _recover(target)
         existing = _scan(target)
         owners = {name: owner_of(repo[name]) for name in repo.names}
@@ -109,11 +109,14 @@ def write_repository(
                 f"writing the models into {str(target)!r} failed, and the repository was left as it was: {exc}",
                 pipeline=getattr(exc, "pipeline", None), step=getattr(exc, "step", None),
             ) from exc
+        # Composing models first, top-level ones last: a server that polls the repository
+        # meanwhile finds a new ensemble or BLS model's composing models already new.
+        top = [n for n in repo.names if n in set(repo.top_level)]
         journal = {
             "target": str(target),
             "write": write_id,
             "owners": sorted(set(owners.values())),
-            "install": repo.names,
+            "install": [n for n in repo.names if n not in top] + top,
             "remove": stale,
         }
         _transact(target, stage, journal)
@@ -132,7 +135,7 @@ def remove_pipelines(path: str | os.PathLike[str], pipelines: Sequence[str]) -> 
     wanted = list(dict.fromkeys(pipelines))
     if not wanted:
         raise RepositoryWriteError("name at least one pipeline whose models to remove")
-    with _locked(target):
+    with _locked(target), _os_errors(f"removing models from {str(target)!r}"):
         _recover(target)
         existing = _scan(target)
         present = {o for o in existing.values() if o is not None}
@@ -164,6 +167,18 @@ def owner_of(model: Any) -> str:
 
 
 # ------------------------------------------------------------------ the target and its lock
+
+
+@contextlib.contextmanager
+def _os_errors(doing: str) -> Iterator[None]:
+    """An OSError (disk full, permissions, a file removed by hand meanwhile) as a RepositoryWriteError."""
+    try:
+        yield
+    except OSError as exc:
+        raise RepositoryWriteError(
+            f"{doing} failed: {exc}. Each model is whole (old or new); the next write finishes or discards "
+            "what this one left"
+        ) from exc
 
 
 def _prepare_target(target: Path, *, overwrite: bool, hint: str) -> None:
@@ -214,11 +229,14 @@ def _locked(target: Path, timeout: float | None = None) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
+                    holder = lock_path.read_text(encoding="utf-8", errors="replace").strip() or "unknown"
                     raise RepositoryWriteError(
-                        f"another process is writing the model repository {str(target)!r} (it holds "
-                        f"{str(lock_path)!r}); gave up after {timeout:g} s. Wait for it, then write again"
+                        f"another process (pid {holder}) is writing the model repository {str(target)!r} "
+                        f"(it holds {str(lock_path)!r}); gave up after {timeout:g} s. Wait for it, then write again"
                     ) from None
                 time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # for the message of a writer that waits too long
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
