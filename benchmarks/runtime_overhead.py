@@ -44,7 +44,9 @@ def diamond_pipeline(branches: int = 4, seconds: float = 0.020) -> Pipeline:
     def split(x):
         return {"x": x}
 
-    @step(inputs={"x": SPEC}, outputs={"y": SPEC})
+    # One step used by every branch is one shared step model (as on a server): give it an
+    # instance per branch, or the branches take turns on one instance.
+    @step(inputs={"x": SPEC}, outputs={"y": SPEC}, instance_count=branches)
     def branch(x):
         time.sleep(seconds)  # stands for a model that releases the GIL (numpy, onnxruntime, CUDA)
         return {"y": x + 1}

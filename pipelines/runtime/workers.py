@@ -41,9 +41,10 @@ class StepThreads(concurrent.futures.Executor):
             if self._closed:
                 raise RuntimeError("the step threads are shut down")
             self._queue.append((future, fn, args, kwargs))
-            if self._idle:
-                self._cv.notify()
-            elif self._threads < self._max:
+            self._cv.notify()
+            # An idle thread may not have woken for the calls queued before this one: start
+            # a thread whenever queued calls outnumber the idle threads.
+            if len(self._queue) > self._idle and self._threads < self._max:
                 self._threads += 1
                 self._started += 1
                 start = True
@@ -55,7 +56,7 @@ class StepThreads(concurrent.futures.Executor):
         """A running call was abandoned: until its thread retires, one more thread may run."""
         with self._cv:
             self._max += 1
-            if self._queue and not self._idle and self._threads < self._max:
+            if len(self._queue) > self._idle and self._threads < self._max:
                 self._threads += 1
                 self._started += 1
                 threading.Thread(target=self._work, name=f"{self._name}-{self._started}", daemon=True).start()
