@@ -66,6 +66,25 @@ def test_branches_overlap(mode):
     np.testing.assert_array_equal(p.run({"x": X}, mode=mode)["y"], X * 2 + 2)
 
 
+@pytest.mark.parametrize("mode", ["ensemble", "bls"])
+def test_branches_overlap_on_every_request_not_only_the_first(mode):
+    """Later requests find idle worker threads; the branches must still get one each."""
+    barrier = threading.Barrier(2, timeout=10)
+
+    def meet(x):
+        barrier.wait()
+        return {"y": x + 1}
+
+    p = diamond(meet, meet)
+
+    async def main():
+        async with LocalRuntime(p, mode, offload="always") as rt:
+            return [await rt.infer({"x": X}) for _ in range(5)]
+
+    for out in anyio.run(main):
+        np.testing.assert_array_equal(out["y"], X * 2 + 2)
+
+
 def test_bls_sync_runs_one_step_at_a_time():
     seen = Concurrency()
 
