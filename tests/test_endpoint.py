@@ -26,9 +26,10 @@ from pipelines.endpoint import LocalServer
 from pipelines.errors import InferenceError, ServerError
 from pipelines.examples import text, yolov5
 from pipelines.examples.basic import make_chain
+from pipelines.forms import FORMS
 from pipelines.triton.payloads import message_to_dict
 
-MODES = {"ensemble": "_ensemble", "bls": "_bls", "bls-sync": "_bls_sync"}
+MODES = {name: f.suffix for name, f in FORMS.items()}  # every form the endpoint serves
 TEXT = text.pipeline
 
 
@@ -158,7 +159,7 @@ def test_metadata_config_readiness_and_statistics(text_server):
     grpc_client = tg.InferenceServerClient(text_server.grpc_url)
     assert client.is_server_live() and client.is_server_ready() and grpc_client.is_server_ready()
     assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
-    repo = TEXT.compile("both")
+    repo = TEXT.compile("all")
     for mode, suffix in MODES.items():
         model = "text" + suffix
         assert client.is_model_ready(model) and grpc_client.is_model_ready(model)
