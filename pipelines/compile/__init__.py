@@ -5,6 +5,10 @@ Configs (protobuf), step and BLS models, the ensemble's wiring, and the atomic w
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
+
+from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import CompileError
 from ..forms import FORMS, forms_of_target
@@ -14,7 +18,7 @@ from .bound_plan import CompilePlan, bind_plan
 from .checks import check_compilable
 from .ensemble import layout_ensemble
 from .repository import CompiledModel, FileCopy, ModelRepository, remove_pipelines, repository_pipelines
-from .requirements import NUMPY_REQUIREMENT, ServerNeeds
+from .requirements import NUMPY_REQUIREMENT, ServerNeeds, distributions_of
 from .step_models import compile_step_model
 
 __all__ = [
@@ -80,4 +84,17 @@ def _owned(model: CompiledModel, pipeline: str) -> CompiledModel:
     needs = model.needs
     if needs == ServerNeeds() and model.config.backend == "python":
         needs = ServerNeeds((NUMPY_REQUIREMENT,))
+    if model.config.backend == "python" and _has_bf16(model):
+        needs = functools.partial(_with_bf16, needs)
     return dataclasses.replace(model, pipeline=pipeline, needs=needs)
+
+
+def _with_bf16(needs: ServerNeeds | Callable[[], ServerNeeds]) -> ServerNeeds:
+    """``needs`` and ml_dtypes: numpy has no BF16, and the in-server code hands it to steps as ml_dtypes.bfloat16."""
+    needs = needs() if callable(needs) else needs
+    return dataclasses.replace(needs, requirements=tuple(dict.fromkeys((*needs.requirements, *distributions_of(["ml_dtypes"])))))
+
+
+def _has_bf16(model: CompiledModel) -> bool:
+    tensors = [*model.config.input, *model.config.output]
+    return any(t.data_type == mc.TYPE_BF16 for t in tensors)
