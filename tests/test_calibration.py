@@ -1,0 +1,211 @@
+"""Server profiles: the fit recovers known costs, a profile round-trips through JSON and
+warns when used for another server, the local runtime replays its costs where the server
+pays them (checked by its own accounting and by lower bounds on time, never upper ones),
+and one small real calibration of the bundled server."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from pipelines import Pipeline, TensorSpec, step
+from pipelines.calibration import Cost, Profile, ProfileMismatchWarning, calibrate, fit_costs, load_profile
+from pipelines.calibration.fit import crossings, predict_us
+from pipelines.calibration.measure import Budget
+from pipelines.calibration.probes import probe_plan, probe_repository
+from pipelines.cli import main as cli_main
+from pipelines.errors import PipelinesError
+from pipelines.runtime.local import LocalRuntime, run_many
+
+MIB = 1 << 20
+TRUE = {
+    "request": Cost(300.0, 8000.0),
+    "ensemble_step": Cost(60.0, 400.0),
+    "bls_call": Cost(500.0, 900.0),
+    "stub": Cost(150.0, 1200.0),
+}
+
+
+def _synthetic(noise: float = 0.0, seed: int = 0, stub: bool = True):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in probe_plan():
+        latency = predict_us(TRUE, p.kind, p.steps, p.size) * (1 + noise * rng.uniform(-1, 1))
+        stub_us = TRUE["stub"].us(2 * p.size) * (1 + noise * rng.uniform(-1, 1)) if stub else None
+        rows.append((p.kind, p.steps, p.size, latency, stub_us))
+    return rows
+
+
+@pytest.mark.parametrize("stub", [True, False], ids=["stub-from-statistics", "all-four-fitted"])
+def test_the_fit_recovers_known_costs_exactly(stub):
+    costs, points = fit_costs(_synthetic(stub=stub))
+    for name, cost in TRUE.items():
+        assert costs[name].fixed_us == pytest.approx(cost.fixed_us, rel=1e-6, abs=1e-6), name
+        assert costs[name].us_per_mib == pytest.approx(cost.us_per_mib, rel=1e-6), name
+    # every plotted point lies on its boundary's line when the data has no noise
+    assert {p.boundary for p in points} == set(TRUE)
+    for p in points:
+        assert p.cost_us == pytest.approx(costs[p.boundary].us(p.nbytes), rel=1e-6, abs=1e-3), p
+
+
+def test_the_fit_stays_close_under_noise_and_never_goes_negative():
+    costs, _ = fit_costs(_synthetic(noise=0.05, seed=3))
+    for name, cost in TRUE.items():
+        assert costs[name].us(4 * MIB) == pytest.approx(cost.us(4 * MIB), rel=0.15), name
+    # a boundary that costs nothing comes out as zero, not as a negative cost
+    free = dict(TRUE, ensemble_step=Cost(0.0, 0.0))
+    rows = [(p.kind, p.steps, p.size, predict_us(free, p.kind, p.steps, p.size) * (1.03 if i % 2 else 0.97),
+             free["stub"].us(2 * p.size)) for i, p in enumerate(probe_plan())]
+    fitted, _ = fit_costs(rows)
+    assert all(c.fixed_us >= 0 and c.us_per_mib >= 0 for c in fitted.values())
+
+
+def test_crossings_count_the_bls_models_own_stub():
+    assert crossings("bls", 4, 10) == {"request": (1, 20), "bls_call": (4, 20), "stub": (5, 20)}
+    assert crossings("ensemble", 4, 10) == {"request": (1, 20), "ensemble_step": (4, 20), "stub": (4, 20)}
+
+
+def _profile(**costs: Cost) -> Profile:
+    return Profile(
+        costs={**{k: Cost(0.0, 0.0) for k in TRUE}, **costs},
+        server_version="2.51.0",
+        protocol="http",
+        machine={"cpu": "test cpu", "cpu_count": 2},
+        date="2026-01-01T00:00:00+00:00",
+    )
+
+
+def test_a_profile_round_trips_through_json(tmp_path):
+    costs, points = fit_costs(_synthetic())
+    profile = Profile(costs=costs, server_version="2.51.0", protocol="grpc", machine={"cpu": "x", "cpu_count": 2},
+                      date="2026-01-01T00:00:00+00:00", url="host:8001", points=points,
+                      samples=tuple(_synthetic()))
+    path = profile.save(tmp_path / "profile.json")
+    again = load_profile(path)
+    assert again == profile
+    assert load_profile(str(path)) == profile and load_profile(profile) is profile
+    assert json.loads(path.read_text())["costs"]["stub"]["fixed_us"] == pytest.approx(150.0)
+    assert "bls_call" in profile.table() and "2.51.0" in profile.table()
+
+
+def test_a_file_that_is_not_a_profile_is_refused_by_name(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": 1, "protocol": "http"}')
+    with pytest.raises(PipelinesError, match="bad.json.*not a server profile"):
+        load_profile(bad)
+    bad.write_text("[1, 2]")
+    with pytest.raises(PipelinesError, match="not a profile"):
+        load_profile(bad)
+    with pytest.raises(PipelinesError, match="cannot read the profile"):
+        load_profile(tmp_path / "missing.json")
+    with pytest.raises(PipelinesError, match="needs a cost for every boundary"):
+        Profile(costs={"request": Cost(1, 1)}, server_version=None, protocol="http", machine={}, date="d")
+
+
+def test_a_profile_from_another_server_version_or_protocol_draws_a_warning():
+    profile = _profile()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert profile.check(server_version="2.51.0", protocol="http") == []
+    with pytest.warns(ProfileMismatchWarning, match=r"measured on Triton 2\.51\.0, the server is Triton 2\.48\.0"):
+        profile.check(server_version="2.48.0", protocol="http")
+    with pytest.warns(ProfileMismatchWarning, match="measured over http, the requests go over grpc"):
+        profile.check(server_version="2.51.0", protocol="grpc")
+    with pytest.warns(ProfileMismatchWarning, match="cpu"):
+        profile.check(machine={"cpu": "another cpu", "cpu_count": 2})
+
+
+V = TensorSpec("FP32", [-1])
+
+
+@step(inputs={"x": V}, outputs={"y": V})
+def negate(x):
+    return {"y": -x}
+
+
+def one_step() -> Pipeline:
+    p = Pipeline("one_step", inputs={"x": V}, max_batch_size=8)
+    p.output("y", p.add(negate, x=p.input("x"))["y"])
+    return p
+
+
+X = np.ones((1, 1024), np.float32)  # 4 KiB in, 4 KiB out
+COSTS = dict(request=Cost(2000, 100), ensemble_step=Cost(1000, 200), bls_call=Cost(3000, 300), stub=Cost(1500, 400))
+
+
+@pytest.mark.parametrize("mode", ["ensemble", "bls", "bls-sync"])
+def test_the_replay_accounts_each_boundary_where_the_server_pays_it(mode):
+    profile = _profile(**COSTS)
+    nb = X.nbytes
+    request = COSTS["request"].us(2 * nb)
+    hop = (COSTS["ensemble_step"] if mode == "ensemble" else COSTS["bls_call"]).us(2 * nb)
+    stubs = 1 if mode == "ensemble" else 2  # in BLS, the BLS model's own stub too
+    half_stub = COSTS["stub"].fixed_us / 2 + COSTS["stub"].us_per_mib * nb / MIB
+
+    async def main():
+        async with LocalRuntime(one_step(), mode=mode, profile=profile) as rt:
+            return await rt.infer_with_report({"x": X})
+
+    import anyio
+
+    outputs, report = anyio.run(main)
+    np.testing.assert_array_equal(outputs["y"], -X)
+    server = report.server
+    assert server is not None and server.mode == mode
+    assert server.overhead_us == pytest.approx(request + hop)
+    assert server.compute_input_us == pytest.approx(stubs * half_stub)
+    assert server.compute_output_us == pytest.approx(stubs * half_stub)
+    total = request + hop + stubs * COSTS["stub"].us(2 * nb)
+    # Costs are spent by sleeping, which never ends early; the ledger may leave < 0.7 ms unpaid.
+    assert report.latency_us >= total - 700
+    assert "predicted for the server" in str(report) and "in-process figures" not in str(report)
+
+
+def test_the_replayed_costs_change_the_latency_by_what_the_profile_says():
+    profile = _profile(request=Cost(3000, 0), ensemble_step=Cost(1000, 0), stub=Cost(2000, 0))
+    requests = [{"x": X}] * 40
+    _, plain = run_many(one_step(), requests, mode="ensemble", concurrency=1)
+    _, replayed = run_many(one_step(), requests, mode="ensemble", concurrency=1, profile=profile)
+    assert "in-process figures, not predictions" in str(plain) and plain.server is None
+    said = 3000 + 1000 + 2000
+    assert replayed.server.overhead_us + replayed.server.compute_input_us + replayed.server.compute_output_us == (
+        pytest.approx(said)
+    )
+    # the mean latency grew by at least what the profile says (sleep never ends early; rounding < 0.7 ms)
+    assert replayed.latency_us - plain.latency_us >= said - 700
+
+
+def test_a_stub_cost_holds_the_instance_so_requests_queue_behind_it():
+    # one instance, a 40 ms stub cost on the way in and out, and 4 requests at once: each waits for the ones before it
+    profile = _profile(stub=Cost(80_000, 0))
+    _, report = run_many(one_step(), [{"x": X}] * 4, mode="ensemble", concurrency=4, profile=profile)
+    queued = report.step("negate").queue_wait_us * report.step("negate").calls
+    assert queued >= (1 + 2 + 3) * 80_000 * 0.9  # 0, 1, 2 and 3 stub costs of waiting
+    assert report.server.queue_us >= 6 * 80_000 * 0.9 / 4
+
+
+def test_calibrate_on_a_remote_server_without_probes_writes_them_to_deploy(tmp_path, capsys):
+    probes = tmp_path / "probes"
+    code = cli_main(["calibrate", "--url", "127.0.0.1:1", "--out", str(tmp_path / "p.json"), "--probes", str(probes)])
+    assert code == 3
+    assert "deploy that repository" in capsys.readouterr().out
+    written = {d.name for d in probes.iterdir() if d.is_dir() and not d.name.startswith(".")}
+    assert set(probe_repository().names) <= written
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.server
+def test_calibrate_the_bundled_server_with_a_tiny_probe_set(tmp_path):
+    profile = calibrate(chains=(1, 2), sizes=(1 << 10, 256 << 10), budget=Budget(3, 4, 0.05, 1), progress=False)
+    assert profile.server_version and profile.protocol == "http" and profile.machine.get("cpu_count")
+    assert len(profile.samples) == 2 * (1 + 2 + 2)
+    assert all(s[3] > 0 and s[4] is not None and s[4] > 0 for s in profile.samples)
+    assert all(c.fixed_us >= 0 and c.us_per_mib >= 0 for c in profile.costs.values())
+    # a request to a Python model costs something: the fit found it somewhere
+    assert profile.costs["request"].fixed_us + profile.costs["stub"].fixed_us > 0
+    assert load_profile(profile.save(tmp_path / "p.json")) == profile
+    profile.plot(tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
