@@ -13,7 +13,8 @@ Where each cost is spent (see :mod:`pipelines.calibration` for how they are meas
 - **stub** input and output: while the step's instance is held (before and after its
   function runs), so they queue, batch and count against ``instance_count`` as the
   Python stub's shared-memory copies do; in the BLS modes the BLS model's own stub
-  pays them for the request's inputs and outputs while its instance is held.
+  pays them for the request's inputs and outputs while its instance is held. A step
+  that stands for an external model (another backend) has no stub and pays none.
 
 A cost is spent by sleeping on the event loop, which wakes in steps of about a
 millisecond; each request keeps a ledger of what it owes, so the rounding of one
@@ -167,6 +168,8 @@ class Replay:
 
     async def stub(self, model: object, nbytes: int, *, leaving: bool) -> None:
         """A step's stub taking its inputs, or giving its outputs; the caller holds the instance."""
+        if getattr(getattr(model, "step", None), "external", None) is not None:
+            return  # an external model (ONNX Runtime, TensorRT...) runs in no Python stub
         seconds = self._half(self._stub, nbytes)
         ledger = _current.get()
         if ledger is None:  # a dynamic batch runs for several requests at once: the model keeps the ledger

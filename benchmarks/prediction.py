@@ -1,0 +1,146 @@
+"""How well the local runtime, replaying a server profile, predicts the Triton server.
+
+Calibrates the bundled server (or reads --profile), then for each of four pipelines
+predicts every form (ensemble, bls, bls-sync) in the local runtime and measures it on the
+server, in one run per pipeline, at concurrency 1 and 4, and prints the errors against the
+targets of issue 14:
+
+- concurrency 1: every form's p50 latency within ±20 %; the ensemble/bls and
+  ensemble/bls-sync p50 ratios within ±10 %;
+- concurrency 4: those ratios within ±15 %, and the predicted winner (throughput) is the
+  measured one.
+
+Exits 1 when a target is missed, so it runs as a check::
+
+    .venv/bin/python benchmarks/prediction.py --quick          # about 5 minutes
+    .venv/bin/python benchmarks/prediction.py --out prediction  # the full run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelines.bench import BenchSettings, run_benchmark
+from pipelines.calibration import calibrate, load_profile
+from pipelines.calibration.cli import QUICK
+from pipelines.tables import format_table
+
+PIPELINES = {
+    "diamond": "pipelines.examples.basic:diamond",
+    "yolov5": "pipelines.examples.yolov5:pipeline",
+    "chain10": "pipelines.examples.basic:chain10",
+    "large": "pipelines.examples.large:pipeline",
+}
+FORMS = ("ensemble", "bls", "bls-sync")
+LATENCY_C1 = 0.20
+RATIO_C1 = 0.10
+RATIO_C4 = 0.15
+TIE = 0.05  # measured throughputs this close are a tie: either form is the winner
+
+
+@dataclass(frozen=True)
+class Check:
+    pipeline: str
+    concurrency: int
+    figure: str
+    predicted: float
+    measured: float
+    tolerance: float | None  # None: a winner check
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1 if self.measured else float("nan")
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.error) <= self.tolerance
+
+    def row(self) -> list[str]:
+        return [self.pipeline, str(self.concurrency), self.figure, f"{self.predicted:.3g}", f"{self.measured:.3g}",
+                f"{self.error:+.1%}", f"±{self.tolerance:.0%}", "ok" if self.ok else "MISSED"]
+
+
+def checks_of(name: str, result) -> tuple[list[Check], list[list[str]]]:
+    at = {(m.config.where, m.config.form, m.concurrency): m for m in result.measurements}
+    checks: list[Check] = []
+    winners: list[list[str]] = []
+    for c in sorted({m.concurrency for m in result.measurements}):
+        p50 = {(w, f): at[(w, f, c)].latency.p50_ms for w in ("local", "server") for f in FORMS if (w, f, c) in at}
+        if c == 1:
+            for f in FORMS:
+                checks.append(Check(name, c, f"{f} p50 ms", p50[("local", f)], p50[("server", f)], LATENCY_C1))
+        tolerance = RATIO_C1 if c == 1 else RATIO_C4
+        for f in FORMS[1:]:
+            checks.append(Check(name, c, f"ensemble/{f}", p50[("local", "ensemble")] / p50[("local", f)],
+                                p50[("server", "ensemble")] / p50[("server", f)], tolerance))
+        if c > 1:
+            local = {f: at[("local", f, c)].throughput for f in FORMS}
+            server = {f: at[("server", f, c)].throughput for f in FORMS}
+            predicted = max(local, key=local.get)
+            best = max(server.values())
+            tied = sorted(f for f in FORMS if server[f] >= best * (1 - TIE))
+            winners.append([name, str(c), predicted, "/".join(tied), "ok" if predicted in tied else "MISSED"])
+    return checks, winners
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="quick calibration and short windows (about 5 minutes)")
+    parser.add_argument("--profile", help="use this profile instead of calibrating")
+    parser.add_argument("--pipelines", default=",".join(PIPELINES), help=f"some of {','.join(PIPELINES)}")
+    parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    parser.add_argument("--out", default="prediction-results", help="where results go (default: prediction-results)")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    if args.profile:
+        profile = load_profile(args.profile)
+    else:
+        options = QUICK if args.quick else {}
+        profile = calibrate(protocol=args.protocol, progress=not args.quiet, **options)
+        profile.save(out / "profile.json")
+        profile.plot(out / "profile.png")
+    print(profile.table())
+    settings = BenchSettings(
+        concurrency=(1, 4),
+        protocol=args.protocol,
+        duration=1.0 if args.quick else 2.0,
+        warmup=0.5 if args.quick else 1.0,
+        max_trials=3 if args.quick else 5,
+        profile=profile,
+    )
+    checks: list[Check] = []
+    winners: list[list[str]] = []
+    for name in args.pipelines.split(","):
+        result = run_benchmark(PIPELINES[name], settings, out=out / name, progress=not args.quiet, echo=False)
+        c, w = checks_of(name, result)
+        checks += c
+        winners += w
+    print(format_table(["pipeline", "conc", "figure", "predicted", "measured", "error", "target", ""],
+                       [c.row() for c in checks]))
+    print()
+    print(format_table(["pipeline", "conc", "predicted winner", "measured winner", ""], winners))
+    missed = [c for c in checks if not c.ok] + [w for w in winners if w[-1] != "ok"]
+    summary = {
+        "profile": profile.to_dict() | {"points": len(profile.points)},
+        "checks": [dict(zip(("pipeline", "conc", "figure", "predicted", "measured", "error", "target", "ok"),
+                            c.row(), strict=True)) for c in checks],
+        "winners": winners,
+        "missed": len(missed),
+        "seconds": round(time.perf_counter() - began),
+    }
+    (out / "prediction.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(f"\n{len(checks) + len(winners) - len(missed)} of {len(checks) + len(winners)} targets met "
+          f"in {time.perf_counter() - began:.0f} s; wrote {out / 'prediction.json'}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
