@@ -13,8 +13,12 @@ execution) when the samples carry them; the other three boundaries are then
 fitted to what remains of the latencies. Without statistics all four are
 fitted together.
 
-Fits are weighted to minimise relative errors, so 1 KiB probes (a fraction of
-a millisecond) count as much as 32 MiB ones (hundreds). A cost cannot be
+Fixed costs come from the small probes (1 to 64 KiB) and costs per byte from
+the large ones (1 MiB and up), fitted in turn until they agree, each fit
+subtracting what the other explains: under noise a straight line through all
+sizes at once is pulled by whichever sizes the weighting favours. Fits
+minimise relative errors (a probe's noise grows with its latency), with
+numpy's least squares; the stub's own figures take medians. A cost cannot be
 negative: a coefficient the fit puts below zero is fixed at zero and the
 others are fitted again.
 """
@@ -34,6 +38,10 @@ _NAMES = tuple(BOUNDARIES)
 _SHOWN_BY = {"request": "step", "ensemble_step": "ensemble", "bls_call": "bls"}
 
 Row = tuple  # (kind, steps, size, latency_us[, stub_us])
+#: Probes this small price the fixed costs; probes this large, the costs per byte.
+SMALL = 64 << 10
+LARGE = 1 << 20
+_ROUNDS = 30
 
 
 def crossings(kind: str, steps: int, size: int) -> dict[str, tuple[int, int]]:
@@ -56,9 +64,9 @@ def predict_us(costs: dict[str, Cost], kind: str, steps: int, size: int) -> floa
     return sum(times * costs[name].us(nbytes) for name, (times, nbytes) in crossings(kind, steps, size).items())
 
 
-def _nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0, relative residuals (rows weighted by 1/y)."""
-    weights = 1.0 / np.maximum(np.abs(y), 1e-9)
+def _nonnegative_lstsq(a: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Weighted least squares with every coefficient >= 0 (numpy's lstsq, refitted without
+    the most negative coefficient until none is left)."""
     free = [j for j in range(a.shape[1]) if np.any(a[:, j])]
     coef = np.zeros(a.shape[1])
     while free:
@@ -71,14 +79,53 @@ def _nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef
 
 
-def _row(kind: str, steps: int, size: int, names: Sequence[str]) -> np.ndarray:
-    row = np.zeros(2 * len(names))
-    for name, (times, nbytes) in crossings(kind, steps, size).items():
-        if name in names:
-            i = names.index(name)
-            row[2 * i] = times
-            row[2 * i + 1] = times * nbytes / MIB
-    return row
+def _counts(rows: Sequence[Row], names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: times each boundary is crossed, and MiB crossing it in all."""
+    times = np.zeros((len(rows), len(names)))
+    mib = np.zeros((len(rows), len(names)))
+    for r, (kind, steps, size, *_) in enumerate(rows):
+        for name, (t, nbytes) in crossings(kind, steps, size).items():
+            if name in names:
+                i = names.index(name)
+                times[r, i] = t
+                mib[r, i] = t * nbytes / MIB
+    return times, mib
+
+
+def _fit_lines(rows: Sequence[Row], y: np.ndarray, names: Sequence[str]) -> dict[str, Cost]:
+    """Fixed costs from the small probes, costs per byte from the large ones, in turn until
+    they agree: each fit subtracts what the other explains. Relative errors, so a probe's
+    noise counts in proportion to its latency."""
+    times, mib = _counts(rows, names)
+    sizes = np.array([r[2] for r in rows])
+    small, large = sizes <= SMALL, sizes >= LARGE
+    if not small.any() or not large.any():  # no split possible: one fit of both
+        coef = _nonnegative_lstsq(np.hstack([times, mib]), y, 1.0 / y)
+        return {n: Cost(float(coef[i]), float(coef[len(names) + i])) for i, n in enumerate(names)}
+    fixed = np.zeros(len(names))
+    per_mib = np.zeros(len(names))
+    scale = y.copy()  # what each row's noise is in proportion to: its latency, then the fit's own prediction
+    for _ in range(_ROUNDS):
+        fixed = _nonnegative_lstsq(times[small], y[small] - mib[small] @ per_mib, 1.0 / y[small])
+        per_mib = _nonnegative_lstsq(mib[large], y[large] - times[large] @ fixed, 1.0 / scale[large])
+        # weighting by the measured latency would favour the probes that happened to run fast
+        scale = np.maximum(times @ fixed + mib @ per_mib, 0.1 * y)
+    return {n: Cost(float(fixed[i]), float(per_mib[i])) for i, n in enumerate(names)}
+
+
+def _fit_stub(rows: Sequence[Row]) -> Cost:
+    """The stub's line through its own figures: medians, fixed from small probes, per byte from large."""
+    sizes = np.array([2 * r[2] / MIB for r in rows])
+    cost = np.array([float(r[4]) for r in rows])
+    small, large = sizes <= 2 * SMALL / MIB, sizes >= 2 * LARGE / MIB
+    if not small.any() or not large.any():
+        fixed, per_mib = _nonnegative_lstsq(np.stack([np.ones_like(sizes), sizes], 1), cost, 1.0 / cost)
+        return Cost(float(fixed), float(per_mib))
+    fixed = per_mib = 0.0
+    for _ in range(_ROUNDS):
+        fixed = max(0.0, float(np.median(cost[small] - per_mib * sizes[small])))
+        per_mib = max(0.0, float(np.median((cost[large] - fixed) / sizes[large])))
+    return Cost(fixed, per_mib)
 
 
 def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...]]:
@@ -98,9 +145,7 @@ def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...
     stub_rows = [r for r in rows if r[4] is not None and r[4] > 0]
     names: tuple[str, ...] = _NAMES
     if stub_rows:
-        a = np.array([[1.0, 2 * r[2] / MIB] for r in stub_rows])
-        fixed, per_mib = _nonnegative_lstsq(a, np.array([float(r[4]) for r in stub_rows]))
-        costs["stub"] = Cost(float(fixed), float(per_mib))
+        costs["stub"] = _fit_stub(stub_rows)
         points += [Point("stub", 2 * r[2], float(r[4]), f"{r[0]} x{r[1]}") for r in stub_rows]
         names = tuple(n for n in _NAMES if n != "stub")
     known = dict(costs)
@@ -108,10 +153,9 @@ def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...
     def rest(kind: str, steps: int, size: int) -> float:  # the part of a latency priced already
         return sum(t * known[b].us(nb) for b, (t, nb) in crossings(kind, steps, size).items() if b in known)
 
-    a = np.array([_row(k, n, s, names) for k, n, s, _, _ in rows])
     y = np.array([lat - rest(k, n, s) for k, n, s, lat, _ in rows])
-    coef = _nonnegative_lstsq(a, y)
-    costs.update({name: Cost(float(coef[2 * i]), float(coef[2 * i + 1])) for i, name in enumerate(names)})
+    keep = y > 0  # a probe faster than its stubs alone says nothing about the other boundaries
+    costs.update(_fit_lines([r for r, k in zip(rows, keep, strict=True) if k], y[keep], names))
     shown = dict(_SHOWN_BY) if stub_rows else {**_SHOWN_BY, "request": "ensemble", "stub": "step"}
     for kind, steps, size, latency, _ in rows:
         parts = crossings(kind, steps, size)

@@ -22,7 +22,8 @@ __all__ = ["Budget", "Sample", "measure_probes"]
 class Sample:
     """One probe's measurement: the median latency over ``requests`` answers (µs), and
     ``stub_us``, what one execution of the identity step model cost inside the server
-    (Triton's compute input + infer + output for it, a mean; ``None`` without statistics).
+    (Triton's compute input + infer + output for it, the median over the requests;
+    ``None`` without statistics).
     """
 
     probe: Probe
@@ -56,7 +57,7 @@ def measure_probes(
     """Time ``infer(model, inputs)`` on each probe; ``progress(done, total, probe)`` after each.
 
     ``statistics(model)`` (Triton's statistics API answer), when given, is read
-    before and after each probe's timed requests for the stub's own cost.
+    around each timed request for the stub's own cost (the median per execution).
     """
     budget = budget or Budget()
     samples = []
@@ -65,6 +66,7 @@ def measure_probes(
         for _ in range(budget.warmup):  # the first calls of a stub allocate its shared memory
             infer(probe.model, inputs)
         times: list[float] = []
+        stubs: list[float] = []
         before = statistics(probe.step_model) if statistics is not None else None
         began = perf_counter()
         while len(times) < budget.max_requests and (
@@ -73,9 +75,14 @@ def measure_probes(
             t = perf_counter()
             infer(probe.model, inputs)
             times.append(perf_counter() - t)
-        stub = None
-        if statistics is not None:
-            stub = _stub_us(before, statistics(probe.step_model), probe.step_model)
+            if statistics is not None:
+                # read after every request, so the stub's figure is a median as the latency is
+                after = statistics(probe.step_model)
+                stub_us = _stub_us(before, after, probe.step_model)
+                if stub_us is not None:
+                    stubs.append(stub_us)
+                before = after
+        stub = median(stubs) if stubs else None
         samples.append(Sample(probe, median(times) * 1e6, len(times), stub))
         if progress is not None:
             progress(i + 1, len(probes), probe)
@@ -83,7 +90,7 @@ def measure_probes(
 
 
 def _stub_us(before: Any, after: Any, model: str) -> float | None:
-    """Mean time of one execution of ``model`` between two statistics answers (µs)."""
+    """Mean time of one execution of ``model`` between two statistics answers (µs), or None."""
     from ..bench.stats import breakdown, parse_statistics
 
     rows = [t for t in breakdown(parse_statistics(before), parse_statistics(after)) if t.model == model]
