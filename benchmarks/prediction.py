@@ -33,8 +33,8 @@ from pipelines.tables import format_table
 PIPELINES = {
     "diamond": "pipelines.examples.basic:diamond",
     "yolov5": "pipelines.examples.yolov5:pipeline",
-    "chain10": "pipelines.examples.basic:chain10",
-    "large": "pipelines.examples.large:pipeline",
+    "chain10": "pipelines.examples.boundaries:chain10",
+    "large": "pipelines.examples.boundaries:large",
 }
 FORMS = ("ensemble", "bls", "bls-sync")
 LATENCY_C1 = 0.20

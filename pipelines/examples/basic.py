@@ -14,7 +14,7 @@ from ..graph import Pipeline
 from ..step import step
 from ..tensor import TensorSpec
 
-__all__ = ["Work", "add", "chain", "chain10", "diamond", "make_chain", "make_diamond"]
+__all__ = ["Work", "add", "chain", "diamond", "make_chain", "make_diamond"]
 
 VECTOR = TensorSpec("FP32", [-1])
 
@@ -74,5 +74,3 @@ def make_diamond(*, ms: float = 20.0, branches: int = 2, name: str = "diamond", 
 
 chain = make_chain()
 diamond = make_diamond()
-#: Ten small steps (1 ms each): a pipeline whose cost on a server is mostly the boundaries between steps.
-chain10 = make_chain(steps=10, ms=1.0, name="chain10")

@@ -1,7 +1,10 @@
-"""A pipeline whose intermediates are large: a 16-float request grows to a 4 MiB tensor,
-which two steps pass on, and which shrinks back to a sum. What the server pays to move
-those 4 MiB between processes is most of its latency, so it tests a prediction of the
-server's per-byte costs (``benchmarks/prediction.py``).
+"""Pipelines whose cost on a server is mostly its boundaries, for ``benchmarks/prediction.py``:
+
+- ``large``: a 16-float request grows to a 4 MiB tensor, which two steps pass on,
+  and which shrinks back to a sum; moving those 4 MiB between processes is most of
+  its latency (the server's costs per byte);
+- ``chain10``: ten small steps (1 ms each) one after another (the fixed cost of
+  each step boundary).
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ import numpy as np
 from ..graph import Pipeline
 from ..step import step
 from ..tensor import TensorSpec
+from .basic import make_chain
 
-__all__ = ["MIB_FLOATS", "make_large", "pipeline", "sample_inputs"]
+__all__ = ["MIB_FLOATS", "chain10", "large", "make_large", "sample_inputs"]
 
 MIB_FLOATS = 1 << 18  # floats in 1 MiB
 VECTOR = TensorSpec("FP32", [-1])
@@ -51,7 +55,9 @@ def make_large(*, mib: int = 4, name: str = "large") -> Pipeline:
 
 
 def sample_inputs(batch: int = 1) -> list[dict[str, np.ndarray]]:
+    """Requests for both pipelines: 16 floats."""
     return [{"x": np.arange(16, dtype=np.float32)[None].repeat(batch, 0)}]
 
 
-pipeline = make_large()
+large = make_large()
+chain10 = make_chain(steps=10, ms=1.0, name="chain10")
