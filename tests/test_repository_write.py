@@ -343,7 +343,7 @@ def test_a_reader_never_sees_a_model_missing_while_writes_are_killed_between_swa
     reader = threading.Thread(target=read)
     reader.start()
     try:
-        for i, after in enumerate((1, 4, 0)):
+        for i, after in enumerate((3, 0)):
             writer = run_writer(target, "demo", 2.0 + i, rounds=2, **({"KILL_AFTER_SWAPS": str(after)} if after else {}))
             writer.wait(timeout=60)
     finally:
@@ -355,7 +355,7 @@ def test_a_reader_never_sees_a_model_missing_while_writes_are_killed_between_swa
 
 def test_concurrent_writers_are_serialised(tmp_path):
     target = tmp_path / "models"
-    writers = [run_writer(target, name, 1.0, rounds=4) for name in ("alpha", "beta", "gamma")]
+    writers = [run_writer(target, name, 1.0, rounds=3) for name in ("alpha", "beta", "gamma")]
     errors = [w.communicate(timeout=120)[1] for w in writers]
     assert [w.returncode for w in writers] == [0, 0, 0], errors
     assert sorted(repository_pipelines(target)) == ["alpha", "beta", "gamma"]
@@ -474,3 +474,19 @@ def test_bench_out_writes_beside_the_users_models_and_deletes_nothing_it_did_not
     with ExitStack() as stack, pytest.raises(RepositoryWriteError, match="'demo_bls' \\(not written by pipelines\\)"):
         write_bench_repository(pipeline(), tmp_path / "other", stack)
     assert snapshot(theirs) == before
+
+
+def test_a_module_beside_the_script_named_like_an_installed_distribution_travels_by_value(tmp_path, monkeypatch):
+    import importlib.metadata
+    import importlib.util
+
+    # A top-level name an installed distribution provides, not imported in this process.
+    name = next(n for n in sorted(importlib.metadata.packages_distributions())
+                if n.isidentifier() and n not in sys.modules and not n.startswith("_"))
+    source = tmp_path / f"{name}.py"
+    source.write_text("def shout(x):\n    return {'y': x * 10}\n")
+    spec = importlib.util.spec_from_file_location(name, source)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    assert step_reference(step(module.shout, name="shout", inputs={"x": F4}, outputs={"y": F4})) is None
