@@ -209,16 +209,19 @@ class ExecutionPlan:
     # ------------------------------------------------------------ output subsets
 
     def for_outputs(self, names: Iterable[str] | None) -> ExecutionPlan:
-        """The plan that answers only the outputs ``names`` (``None`` or all of them: this plan).
+        """The plan that answers only the outputs ``names``.
 
-        Raises ``ValueError`` naming an unknown output and the valid ones; an
-        empty selection is refused too, since it would run nothing.
+        ``None``, an empty selection or all of them give this plan: as in Triton,
+        a request that names no output gets every output. Raises ``ValueError``
+        naming an unknown output and the valid ones.
         """
         if names is None:
             return self
         if isinstance(names, str):
             names = [names]
         wanted = frozenset(names)
+        if not wanted:
+            return self
         cached = self._cache.get(("outputs", wanted))
         if cached is not None:
             return cached
@@ -228,8 +231,6 @@ class ExecutionPlan:
             raise ValueError(
                 f"pipeline {self.pipeline!r} has no output {unknown[0]!r}; its outputs are {list(valid)}"
             )
-        if not wanted:
-            raise ValueError(f"pipeline {self.pipeline!r}: no output was requested; its outputs are {list(valid)}")
         plan = self if wanted == frozenset(valid) else _project(self, wanted)
         self._cache[("outputs", wanted)] = plan
         return plan

@@ -102,3 +102,11 @@ def test_run_and_run_many_take_outputs():
     np.testing.assert_array_equal(out["hi"], EXPECTED["hi"])
     assert [sorted(r) for r in results] == [["a", "e"]] * 3
     assert {s.step: s.calls for s in report.steps} == {"a": 3, "b": 0, "c": 0, "d": 0, "e": 3}
+
+
+def test_naming_no_output_asks_for_every_output_as_in_triton():
+    p = edges()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeadNodeWarning)
+        out = p.run({"x": X}, outputs=[])
+    assert sorted(out) == sorted(EXPECTED)

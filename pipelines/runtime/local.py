@@ -322,7 +322,8 @@ class LocalRuntime:
     async def infer(self, inputs: Mapping[str, Any], outputs: Iterable[str] | None = None) -> dict[str, Any]:
         """Answer one request: a dict of the pipeline's outputs (``outputs``: only these, as tritonclient asks).
 
-        Only the nodes the requested outputs need run. Raises :class:`InputError`
+        Only the nodes the requested outputs need run; ``None`` or an empty list
+        asks for every output, as in Triton. Raises :class:`InputError`
         before any step runs when the request does not match the pipeline's inputs
         or names an output the pipeline does not have, and :class:`StepError`
         naming the step that failed.
@@ -342,6 +343,8 @@ class LocalRuntime:
         if outputs is None:
             return self._routes[None]
         names = [outputs] if isinstance(outputs, str) else list(outputs)
+        if not names:  # as in Triton: naming no output asks for every output
+            return self._routes[None]
         key = frozenset(names)
         routes = self._routes.get(key)
         if routes is None:
