@@ -1,7 +1,8 @@
 """The forms a pipeline takes on Triton, each named once.
 
 A **form** is one way to run a pipeline's steps on a server: an ensemble, a
-BLS model with concurrent calls, a BLS model with sequential calls. The
+BLS model with concurrent calls, a BLS model with sequential calls, one fused
+Python model that runs the Python steps in its own process. The
 compiler (targets), the local runtime (modes), the benchmark, the CLI, the
 demo and the notebook all read this table, so a form has one name, one
 model-name suffix and one scheduling rule everywhere.
@@ -46,6 +47,9 @@ class Form:
     one_execute_per_instance: bool  # a Python model: each instance runs one execute() at a time
     server_copies: int  # copies a server makes of a tensor at each step boundary (process crossings)
     summary: str  # one line for help texts
+    # Python steps run inside the top-level model, in its process: no step model, no copy
+    # between steps; external model steps are still called through BLS.
+    in_process: bool = False
 
     def model_name(self, pipeline: str, *, side_by_side: bool) -> str:
         """The top-level model's name: the pipeline's own, or with this form's suffix."""
@@ -85,6 +89,16 @@ FORMS: MappingProxyType[str, Form] = MappingProxyType({
             one_execute_per_instance=True,
             server_copies=2,
             summary="a Python model calling the steps one after another with exec()",
+        ),
+        Form(
+            name="fused",
+            suffix="_fused",
+            scheduler="concurrent",
+            compiler="pipelines.compile.fused:compile_form",
+            one_execute_per_instance=True,
+            server_copies=0,
+            summary="one Python model running the Python steps in-process, concurrently; external models through BLS",
+            in_process=True,
         ),
     )
 })

@@ -608,3 +608,146 @@ class Contract:
             ):
                 check_outputs(self.specs, outputs, batched=self.max_batch_size > 0, batch_size=batch_size, fail=fail)
                 return
+
+
+# ------------------------------------------------------------------ a step's code, loaded in a server
+
+
+def load_impl(impl: Mapping[str, Any], directory: str) -> Any:
+    """A step's function or class from its ``impl`` record (``step.json``): imported by
+    ``module``/``qualname``, or unpickled from the file ``impl["pickle"]`` in ``directory``
+    after two checks (the sha256 recorded at compile time, and the Python that wrote it).
+    """
+    import hashlib
+    import importlib
+    import os
+    import pickle
+    import sys
+
+    if "pickle" not in impl:
+        obj: Any = importlib.import_module(impl["module"])
+        for part in impl["qualname"].split("."):
+            obj = getattr(obj, part)
+        return getattr(obj, "impl", obj) if type(obj).__name__ == "Step" else obj
+    path = os.path.join(directory, impl["pickle"])
+    with open(path, "rb") as f:
+        data = f.read()
+    # Unpickling runs code: refuse a file that is not the one compiled with this plan.
+    if hashlib.sha256(data).hexdigest() != impl.get("sha256"):
+        raise RuntimeError(
+            f"{path} does not match the sha256 recorded in step.json; it was changed or replaced "
+            "after compilation: compile the pipeline again"
+        )
+    wrote, runs = impl.get("python"), f"{sys.version_info.major}.{sys.version_info.minor}"
+    if wrote != runs:
+        raise RuntimeError(
+            f"{impl['pickle']} was written by Python {wrote}; this server runs {runs}: "
+            f"compile with Python {runs} or serve with {wrote}"
+        )
+    return pickle.loads(data)
+
+
+# ------------------------------------------------------------------ pb tensors in and out
+# ``pb`` is the stub's ``triton_python_backend_utils``, passed in by the model that imports it.
+
+
+def tensor_reader(spec: Spec, *, gpu: bool) -> Callable[[Any], Any]:
+    """How a pb tensor becomes an array: numpy (CPU), CuPy (``gpu``), or BF16 by DLPack."""
+    if spec.dtype == "BF16":  # as_numpy() refuses BF16; its DLPack capsule carries it (docs/triton.md)
+        return lambda tensor: bf16_from_dlpack(tensor.to_dlpack())
+    return _device_array if gpu else _host_array
+
+
+def _host_array(tensor: Any) -> Any:
+    return tensor.as_numpy()
+
+
+def _device_array(tensor: Any) -> Any:
+    import cupy  # only GPU steps are handed GPU tensors (FORCE_CPU_ONLY_INPUT_TENSORS "no")
+
+    if tensor.is_cpu():
+        return cupy.asarray(tensor.as_numpy())
+    return cupy.from_dlpack(tensor.to_dlpack())
+
+
+def tensor_writer(spec: Spec, pb: Any) -> Callable[[str, Any], Any]:
+    """How an array becomes a pb tensor named ``name``: ``writer(name, array)``."""
+    if spec.dtype == "BYTES":
+        return lambda name, value: pb.Tensor(name, _bytes_array(value))
+    if spec.dtype == "BF16":
+        return lambda name, value: pb.Tensor.from_dlpack(name, bf16_to_dlpack(np.asarray(value)))
+
+    def tensor(name: str, value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            return pb.Tensor(name, np.ascontiguousarray(value))
+        # A GPU array stays on the GPU. DLPack is never used on a numpy array (docs/triton.md).
+        return pb.Tensor.from_dlpack(name, value)
+
+    return tensor
+
+
+def _bytes_array(value: Any) -> np.ndarray:
+    value = np.asarray(value)
+    if value.dtype.kind == "U":
+        value = np.char.encode(value, "utf-8")
+    return np.ascontiguousarray(value.astype(np.object_, copy=False))
+
+
+# ------------------------------------------------------------------ requests batched into one call
+
+
+def concatenable(requests: list[Mapping[str, Any]]) -> bool:
+    """Whether the requests' arrays agree on every dim but the first, so they join into one batch."""
+    first = requests[0]
+    return all(tuple(a[n].shape[1:]) == tuple(first[n].shape[1:]) for a in requests[1:] for n in first)
+
+
+def concat_rows(arrays: list[Any]) -> Any:
+    if isinstance(arrays[0], np.ndarray):
+        return np.concatenate(arrays, axis=0)
+    import cupy
+
+    return cupy.concatenate(arrays, axis=0)
+
+
+def split_rows(value: Any, bounds: Any) -> list[Any]:
+    """``value`` cut along its first axis at ``bounds`` (views, not copies)."""
+    if isinstance(value, np.ndarray):
+        return np.split(value, bounds, axis=0)
+    import cupy
+
+    return cupy.split(value, [int(b) for b in bounds], axis=0)
+
+
+# ------------------------------------------------------------------ the plan, cut to the outputs a request wants
+
+
+class Schedule:
+    """The execution plan cut down to one set of wanted outputs.
+
+    A filter of the plan, no graph walk of its own: each output lists the nodes
+    it needs and each tensor its readers, so ``ExecutionPlan.for_outputs`` gives
+    the same nodes, returns and reads (a test holds them equal).
+    """
+
+    def __init__(self, plan: Mapping[str, Any], wanted: Any) -> None:
+        outputs = [out for out in plan["outputs"] if out["name"] in wanted]
+        self.wanted = [out["name"] for out in outputs]
+        needed = {name for out in outputs for name in out["needs"]}
+        nodes = [node for node in plan["nodes"] if node["name"] in needed]
+        self.order = [node["name"] for node in nodes]
+        # graphlib wants node -> predecessors; a needed node's predecessors are all needed.
+        self.after = {node["name"]: node["after"] for node in nodes}
+        exposed = {}
+        for out in outputs:
+            key = (out["node"], out["tensor"])
+            exposed[key] = exposed.get(key, 0) + 1
+        self.uses = {}
+        for tensor in plan["tensors"]:
+            key = (tensor["node"], tensor["name"])
+            reads = sum(1 for c in tensor["consumers"] if c in needed) + exposed.get(key, 0)
+            if reads:
+                self.uses[key] = reads
+        self.returns = {
+            node["name"]: [o for o in node["returns"] if (node["name"], o) in self.uses] for node in nodes
+        }

@@ -31,9 +31,10 @@ def tiny() -> Pipeline:
 
 
 def test_each_form_is_named_once_with_its_suffix_and_scheduler():
-    assert list(FORMS) == ["ensemble", "bls", "bls-sync"]
-    assert [f.suffix for f in FORMS.values()] == ["_ensemble", "_bls", "_bls_sync"]
-    assert [f.scheduler for f in FORMS.values()] == ["event", "concurrent", "sequential"]
+    assert list(FORMS) == ["ensemble", "bls", "bls-sync", "fused"]
+    assert [f.suffix for f in FORMS.values()] == ["_ensemble", "_bls", "_bls_sync", "_fused"]
+    assert [f.scheduler for f in FORMS.values()] == ["event", "concurrent", "sequential", "concurrent"]
+    assert [f.in_process for f in FORMS.values()] == [False, False, False, True]
     assert len({f.suffix for f in FORMS.values()}) == len(FORMS)
     assert model_name("yolo", "bls-sync") == "yolo_bls_sync"
     assert form("bls").model_name("yolo", side_by_side=False) == "yolo"
@@ -59,9 +60,11 @@ def test_compile_names_top_level_models_from_the_table():
         repo = p.compile(target)
         side_by_side = target not in FORMS
         assert repo.top_level == tuple(f.model_name("tiny", side_by_side=side_by_side) for f in forms)
-    assert p.compile("all").top_level == p.compile("both").top_level  # every form today is in "both"
-    with pytest.raises(CompileError, match=r"unknown target 'fused'; choose one of ensemble, bls, bls-sync, both, all"):
-        p.compile("fused")
+    assert p.compile("all").top_level == (*p.compile("both").top_level, "tiny_fused")
+    # The fused form alone holds no step model: its Python steps run inside it.
+    assert p.compile("fused").names == ["tiny"]
+    with pytest.raises(CompileError, match=r"unknown target 'fuse'; choose one of ensemble, bls, bls-sync, fused, both, all"):
+        p.compile("fuse")
 
 
 def test_every_mode_runs_and_an_unknown_one_lists_the_table():

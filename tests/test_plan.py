@@ -153,7 +153,7 @@ def test_the_bls_executor_prunes_as_the_plan_does_for_every_subset(name):
     names = plan.output_names
     for k in range(1, len(names) + 1):
         for subset in itertools.combinations(names, k):
-            schedule = executor._Schedule(data, frozenset(subset))
+            schedule = executor.serving.Schedule(data, frozenset(subset))
             sub = plan.for_outputs(subset)
             assert schedule.wanted == list(sub.output_names)
             assert schedule.order == list(sub.order)

@@ -37,7 +37,9 @@ __all__ = [
 TARGETS = tuple(FORM_TARGETS)
 
 
-def compile_pipeline(pipeline: Pipeline, target: str = "both", *, bls_instance_count: int = 1) -> ModelRepository:
+def compile_pipeline(
+    pipeline: Pipeline, target: str = "both", *, bls_instance_count: int = 1, fused_instance_count: int = 1
+) -> ModelRepository:
     """Compile ``pipeline`` into an in-memory :class:`ModelRepository`.
 
     A form's name (``"ensemble"``, ``"bls"``, ``"bls-sync"``) gives one top-level
@@ -45,7 +47,8 @@ def compile_pipeline(pipeline: Pipeline, target: str = "both", *, bls_instance_c
     ``<name>_bls`` and ``<name>_bls_sync`` over the same composing models
     ``<name>__<step>``, and ``"all"`` every form of :data:`pipelines.forms.FORMS`
     with its suffix.
-    ``bls_instance_count`` sets the BLS models' instance count.
+    ``bls_instance_count`` sets the BLS models' instance count, ``fused_instance_count``
+    the fused model's (each fused instance holds an instance of every Python step).
     """
     if not isinstance(pipeline, Pipeline):
         raise CompileError(f"compile_pipeline needs a Pipeline; got {pipeline!r}")
@@ -53,20 +56,25 @@ def compile_pipeline(pipeline: Pipeline, target: str = "both", *, bls_instance_c
         forms = forms_of_target(target)
     except ValueError as exc:
         raise CompileError(f"pipeline {pipeline.name!r}: {exc}", pipeline=pipeline.name) from None
-    if isinstance(bls_instance_count, bool) or not isinstance(bls_instance_count, int) or bls_instance_count < 1:
-        raise CompileError(
-            f"pipeline {pipeline.name!r}: bls_instance_count must be an int >= 1; got {bls_instance_count!r}",
-            pipeline=pipeline.name,
-        )
+    for option, count in (("bls_instance_count", bls_instance_count), ("fused_instance_count", fused_instance_count)):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise CompileError(
+                f"pipeline {pipeline.name!r}: {option} must be an int >= 1; got {count!r}", pipeline=pipeline.name
+            )
     plan = bind_plan(pipeline)
     check_compilable(pipeline, plan.plan)
     side_by_side = target not in FORMS
 
     # The ensemble's layout adds tensors to the step models it shares with the other forms.
     layout = layout_ensemble(plan) if FORMS["ensemble"] in forms else None
-    options = {"bls_instance_count": bls_instance_count, "ensemble_layout": layout}
+    options = {"bls_instance_count": bls_instance_count, "fused_instance_count": fused_instance_count,
+               "ensemble_layout": layout}
     models: dict[str, CompiledModel] = {}
+    # A form that runs Python steps in-process calls only the external steps' models.
+    in_process_only = all(form.in_process for form in forms)
     for model in plan.models:
+        if in_process_only and not model.step.is_external:
+            continue
         extras = layout.extras.get(model.name) if layout is not None else None
         models[model.name] = compile_step_model(plan, model, extras)
     top = []

@@ -105,7 +105,7 @@ class TritonPythonModel:
         key = frozenset(wanted or self.outputs)
         schedule = self._schedules.get(key)
         if schedule is None:
-            schedule = self._schedules[key] = _Schedule(self.plan, key)
+            schedule = self._schedules[key] = serving.Schedule(self.plan, key)
         return _Run(schedule, values)
 
     def _read_inputs(self, request):
@@ -168,37 +168,6 @@ class _Run:
         if self.remaining[key] == 0:
             del self.values[key]  # the renamed tensor keeps the memory alive through DLPack
         return tensor
-
-
-class _Schedule:
-    """The execution plan cut down to one set of wanted outputs.
-
-    A filter of the plan, no graph walk of its own: each output lists the nodes
-    it needs and each tensor its readers, so ``ExecutionPlan.for_outputs`` gives
-    the same nodes, returns and reads (a test holds them equal).
-    """
-
-    def __init__(self, plan, wanted):
-        outputs = [out for out in plan["outputs"] if out["name"] in wanted]
-        self.wanted = [out["name"] for out in outputs]
-        needed = {name for out in outputs for name in out["needs"]}
-        nodes = [node for node in plan["nodes"] if node["name"] in needed]
-        self.order = [node["name"] for node in nodes]
-        # graphlib wants node -> predecessors; a needed node's predecessors are all needed.
-        self.after = {node["name"]: node["after"] for node in nodes}
-        exposed = {}
-        for out in outputs:
-            key = (out["node"], out["tensor"])
-            exposed[key] = exposed.get(key, 0) + 1
-        self.uses = {}
-        for tensor in plan["tensors"]:
-            key = (tensor["node"], tensor["name"])
-            reads = sum(1 for c in tensor["consumers"] if c in needed) + exposed.get(key, 0)
-            if reads:
-                self.uses[key] = reads
-        self.returns = {
-            node["name"]: [o for o in node["returns"] if (node["name"], o) in self.uses] for node in nodes
-        }
 
 
 def _result(future, name, model):

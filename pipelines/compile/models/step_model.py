@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import re
 
 import numpy as np
@@ -47,14 +46,14 @@ class TritonPythonModel:
         self.takes = serving.Contract(inputs, self.max_batch_size)
         self.gives = serving.Contract(outputs, self.max_batch_size)
         # Decided once here, not per request: how each tensor is read and written.
-        self.readers = [(name, _reader(spec, gpu=gpu)) for name, spec in inputs.items()]
-        self.writers = {name: _writer(spec) for name, spec in outputs.items()}
+        self.readers = [(name, serving.tensor_reader(spec, gpu=gpu)) for name, spec in inputs.items()]
+        self.writers = {name: serving.tensor_writer(spec, pb_utils) for name, spec in outputs.items()}
         self.outputs = outputs
         self.ensemble = _EnsembleExtras(plan.get("ensemble") or {})
         # One output and no ensemble extras: no need to ask a request which outputs it wants.
         self.one_output = next(iter(outputs)) if len(outputs) == 1 and not self.ensemble.active else None
         self.instance = serving.StepInstance(
-            self.step_name, _load_impl(plan, version_dir), list(outputs), self._config(args, plan, inputs, outputs)
+            self.step_name, serving.load_impl(plan["impl"], version_dir), list(outputs), self._config(args, plan, inputs, outputs)
         )
 
     def _config(self, args, plan, inputs, outputs):
@@ -113,16 +112,16 @@ class TritonPythonModel:
         """One result dict per request (``None`` where ``errors`` holds the reason)."""
         good = [i for i, e in enumerate(errors) if e is None]
         results = [None] * len(inputs)
-        if len(good) > 1 and self.max_batch_size > 0 and _concatenable([inputs[i][0] for i in good]):
+        if len(good) > 1 and self.max_batch_size > 0 and serving.concatenable([inputs[i][0] for i in good]):
             sizes = [inputs[i][1] for i in good]
-            joined = {name: _concat([inputs[i][0][name] for i in good]) for name, _ in self.readers}
+            joined = {name: serving.concat_rows([inputs[i][0][name] for i in good]) for name, _ in self.readers}
             try:
                 out = self._call(joined, sum(sizes))
             except Exception:
                 out = None  # run one by one below, so only the culprit fails
             if out is not None:
                 bounds = np.cumsum(sizes)[:-1]
-                parts = {name: _split(value, bounds) for name, value in out.items()}
+                parts = {name: serving.split_rows(value, bounds) for name, value in out.items()}
                 for k, i in enumerate(good):
                     results[i] = {name: parts[name][k] for name in out}
                 return results
@@ -216,105 +215,3 @@ class _EnsembleExtras:
             shape = [rows, 1] if rows is not None else [1]
             tensors.append(pb_utils.Tensor(self.err_output, np.full(shape, text, dtype=np.object_)))
         return tensors
-
-
-def _load_impl(plan, version_dir):
-    """The step's function or class: imported by name, or unpickled from step.pkl after two checks."""
-    import hashlib
-    import importlib
-    import sys
-
-    impl = plan["impl"]
-    if "pickle" not in impl:
-        obj = importlib.import_module(impl["module"])
-        for part in impl["qualname"].split("."):
-            obj = getattr(obj, part)
-        return getattr(obj, "impl", obj) if type(obj).__name__ == "Step" else obj
-    path = os.path.join(version_dir, impl["pickle"])
-    with open(path, "rb") as f:
-        data = f.read()
-    # Unpickling runs code: refuse a file that is not the one compiled with this plan.
-    if hashlib.sha256(data).hexdigest() != impl.get("sha256"):
-        raise RuntimeError(
-            f"{path} does not match the sha256 recorded in step.json; it was changed or replaced "
-            "after compilation: compile the pipeline again"
-        )
-    wrote, runs = impl.get("python"), f"{sys.version_info.major}.{sys.version_info.minor}"
-    if wrote != runs:
-        raise RuntimeError(
-            f"{impl['pickle']} was written by Python {wrote}; this server runs {runs}: "
-            f"compile with Python {runs} or serve with {wrote}"
-        )
-    return pickle.loads(data)
-
-
-# ------------------------------------------------------------------ tensors in and out
-
-
-def _reader(spec, *, gpu):
-    """How a request tensor becomes an array: numpy (CPU), CuPy (GPU step), or BF16 by DLPack."""
-    if spec.dtype == "BF16":  # as_numpy() refuses BF16; its DLPack capsule carries it (docs/triton.md)
-        return lambda tensor: serving.bf16_from_dlpack(tensor.to_dlpack())
-    if not gpu:
-        return _host_array
-    return _device_array
-
-
-def _host_array(tensor):
-    return tensor.as_numpy()
-
-
-def _device_array(tensor):
-    import cupy  # only a GPU step is handed GPU tensors (FORCE_CPU_ONLY_INPUT_TENSORS "no")
-
-    if tensor.is_cpu():
-        return cupy.asarray(tensor.as_numpy())
-    return cupy.from_dlpack(tensor.to_dlpack())
-
-
-def _writer(spec):
-    """How an output array becomes a pb tensor."""
-    if spec.dtype == "BYTES":
-        return _bytes_tensor
-    if spec.dtype == "BF16":
-        return _bf16_tensor
-    return _tensor
-
-
-def _tensor(name, value):
-    if isinstance(value, np.ndarray):
-        return pb_utils.Tensor(name, np.ascontiguousarray(value))
-    # A GPU array stays on the GPU. DLPack is never used on a numpy array (docs/triton.md).
-    return pb_utils.Tensor.from_dlpack(name, value)
-
-
-def _bytes_tensor(name, value):
-    value = np.asarray(value)
-    if value.dtype.kind == "U":
-        value = np.char.encode(value, "utf-8")
-    return pb_utils.Tensor(name, np.ascontiguousarray(value.astype(np.object_, copy=False)))
-
-
-def _bf16_tensor(name, value):
-    return pb_utils.Tensor.from_dlpack(name, serving.bf16_to_dlpack(np.asarray(value)))
-
-
-def _concatenable(inputs):
-    first = inputs[0]
-    return all(tuple(a[n].shape[1:]) == tuple(first[n].shape[1:]) for a in inputs[1:] for n in first)
-
-
-def _concat(arrays):
-    if isinstance(arrays[0], np.ndarray):
-        return np.concatenate(arrays, axis=0)
-    import cupy
-
-    return cupy.concatenate(arrays, axis=0)
-
-
-def _split(value, bounds):
-    if isinstance(value, np.ndarray):
-        return np.split(value, bounds, axis=0)
-    import cupy
-
-    return cupy.split(value, bounds.tolist(), axis=0)

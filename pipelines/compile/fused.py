@@ -1,0 +1,117 @@
+"""The fused form: one Python-backend model running ``models/fused_model.py``, which
+runs the pipeline's Python steps in its own process and calls its external model
+steps (ONNX Runtime, TensorRT…) through BLS ``async_exec()``.
+
+The model's version folder holds everything it runs, so it serves on its own:
+
+- ``1/fused.json``: the pipeline's input and output specs, the execution plan
+  (:mod:`pipelines.plan`) as JSON, and for each live node whether it runs here
+  (``"python"``, with the folder of its step) or is called (``"external"``, with
+  its composing model and timeout);
+- ``1/steps/<model>/``: each Python step's ``step.json`` (and ``step.pkl`` for a
+  step exported by value), the same files its step model would hold, with the
+  same digest and Python-version checks when they are loaded.
+
+One instance runs one ``execute()`` at a time (Triton's Python backend), and its
+dynamic batcher hands it the requests that arrived meanwhile: they run as one
+batch through the steps. ``fused_instance_count`` (a compile option, like
+``bls_instance_count``) sets how many instances, each with its own instance of
+every step (``initialize``/``finalize`` once per fused instance).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..plan import PLAN_FORMAT
+from .bound_plan import CompilePlan
+from .configs import add_io, set_parameters
+from .repository import CompiledModel
+from .requirements import NUMPY_REQUIREMENT, ServerNeeds
+from .step_models import STEP_PICKLE, STEP_PLAN, compile_step_model, model_files, plan_json
+
+__all__ = ["FUSED_PLAN", "STEPS_DIR", "compile_form", "compile_fused"]
+
+FUSED_PLAN = "fused.json"
+STEPS_DIR = "steps"
+
+
+def compile_form(plan: CompilePlan, name: str, form: Any, options: Mapping[str, Any]) -> list[CompiledModel]:
+    """The forms table's entry (:mod:`pipelines.forms`): the fused model ``name``."""
+    return [compile_fused(plan, name, instance_count=options.get("fused_instance_count", 1))]
+
+
+def compile_fused(plan: CompilePlan, name: str, *, instance_count: int = 1) -> CompiledModel:
+    """The fused model ``name``: ``plan``'s Python steps inside it, its external steps called by BLS."""
+    pipeline = plan.pipeline
+    config = mc.ModelConfig(name=name, backend="python", max_batch_size=pipeline.max_batch_size)
+    add_io(config, pipeline.inputs, pipeline.output_specs)
+    config.instance_group.add(count=instance_count, kind=mc.ModelInstanceGroup.KIND_CPU)
+    if pipeline.max_batch_size > 0:
+        config.dynamic_batching.SetInParent()
+
+    files: dict[str, Any] = dict(model_files("fused_model.py"))
+    needs: list[Any] = []
+    steps = {}
+    for model in plan.models:
+        if model.step.is_external:
+            continue
+        # The step model's own files (not the model): the same export, digest and checks.
+        compiled = compile_step_model(plan, model)
+        folder = f"{STEPS_DIR}/{model.name}"
+        for rel in (STEP_PLAN, STEP_PICKLE):
+            if f"1/{rel}" in compiled.files:
+                files[f"1/{folder}/{rel}"] = compiled.files.source(f"1/{rel}")
+        steps[model.name] = folder
+        needs.append(compiled.needs)
+    gpu = any(n.step.options.device == "gpu" for n in plan.nodes if not n.step.is_external)
+    if gpu:  # a GPU step takes its inputs where they are, through DLPack
+        set_parameters(config, {"FORCE_CPU_ONLY_INPUT_TENSORS": "no"})
+
+    nodes = {}
+    for node in plan.nodes:
+        step = node.step
+        if step.is_external:
+            timeout = step.options.timeout
+            nodes[node.name] = {"kind": "external", "model": node.model, "timeout_us": round(timeout * 1e6) if timeout else 0}
+        else:
+            nodes[node.name] = {"kind": "python", "folder": steps[node.model], "model": node.model,
+                                "device": step.options.device}
+    data = {
+        "format": PLAN_FORMAT,
+        "pipeline": pipeline.name,
+        "model": name,
+        "max_batch_size": pipeline.max_batch_size,
+        # Requests of one execute() run as one batch only when every step takes that many rows.
+        "join_rows": _join_rows(plan),
+        "gpu": gpu,
+        "inputs": {n: s.to_dict() for n, s in pipeline.inputs.items()},
+        "outputs": {n: ref.spec.to_dict() for n, ref in pipeline.outputs.items()},
+        "plan": plan.plan.to_json(),
+        "nodes": nodes,
+    }
+    files[f"1/{FUSED_PLAN}"] = plan_json(data)
+    return CompiledModel(name, config, files, needs=lambda: _merged(needs))
+
+
+def _join_rows(plan: CompilePlan) -> int:
+    """The most rows one batched run may hold (0: run each request alone)."""
+    if plan.pipeline.max_batch_size == 0:
+        return 0
+    limits = [m.max_batch_size for m in plan.models]
+    if any(m.step.is_external and m.step.external.fixed_batch is not None for m in plan.models) or 0 in limits:
+        return 0
+    return min([plan.pipeline.max_batch_size, *limits])
+
+
+def _merged(needs: list[Any]) -> ServerNeeds:
+    requirements: list[str] = [NUMPY_REQUIREMENT]
+    python = None
+    for need in needs:
+        need = need() if callable(need) else need
+        requirements += need.requirements
+        python = python or need.python
+    return ServerNeeds(tuple(dict.fromkeys(requirements)), python=python)

@@ -1,0 +1,313 @@
+"""Triton Python-backend model that runs a whole pipeline in its own process (the fused form).
+
+Copied verbatim as ``<model>/1/model.py``, with ``serving.py`` beside it. It reads
+``fused.json`` and loads each Python step from ``steps/<model>/`` in its own
+version folder (by import, or from ``step.pkl`` after the digest and Python
+checks), one instance of each step per instance of this model.
+
+The requests of one ``execute()`` call run as one batch through the plan (a
+failed batch is run again one request at a time, so only the culprit fails),
+and only the nodes that the requested outputs need run. Independent nodes run
+concurrently: sync steps on a thread pool, ``async def`` steps awaited, external
+model steps called with BLS ``async_exec()``. Arrays go from step to step as
+they are, without a copy (a GPU array stays on its device). It imports only the
+standard library, numpy and ``serving``, so a server needs no ``pipelines``
+package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import graphlib
+import json
+import os
+import re
+
+import numpy as np
+
+try:  # present only inside Triton's Python backend stub
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # pragma: no cover - the module is also imported by tests and linters
+    pb_utils = None
+
+try:  # in a repository: the copy beside this file (the stub imports this file as "<version>.model")
+    from . import serving
+except ImportError:  # in the package, for tests and linters
+    from pipelines import serving
+
+
+class NodeFailed(Exception):
+    """A node, or a request's input, failed: ``wire`` says where and why (``serving.WireError``)."""
+
+    def __init__(self, wire):
+        super().__init__(wire.text())
+        self.wire = wire
+
+
+class _Step:
+    """One step's instance in this model, and what is decided about it once."""
+
+    def __init__(self, instance, gives, device):
+        self.instance = instance
+        self.gives = gives  # serving.Contract of its outputs
+        self.device = device
+        self.is_async = instance.is_async
+        self.lock = asyncio.Lock()  # a step shared by two nodes, or two runs, is called one at a time
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        version_dir = os.path.join(args["model_repository"], str(args["model_version"]))
+        if not os.path.isfile(os.path.join(version_dir, "fused.json")):
+            version_dir = os.path.dirname(os.path.abspath(__file__))
+        with open(os.path.join(version_dir, "fused.json"), encoding="utf-8") as f:
+            data = json.load(f)
+        self.pipeline = data["pipeline"]
+        self.max_batch_size = int(data["max_batch_size"])
+        self.join_rows = int(data["join_rows"])
+        self.inputs = {n: serving.Spec.from_dict(s) for n, s in data["inputs"].items()}
+        self.takes = serving.Contract(self.inputs, self.max_batch_size)
+        gpu = bool(data.get("gpu"))
+        self.readers = {n: _where_it_is if gpu and s.dtype != "BF16" else serving.tensor_reader(s, gpu=False)
+                        for n, s in self.inputs.items()}
+        outputs = {n: serving.Spec.from_dict(s) for n, s in data["outputs"].items()}
+        self.writers = {n: serving.tensor_writer(s, pb_utils) for n, s in outputs.items()}
+        self.plan = data["plan"]
+        self.output_names = [out["name"] for out in self.plan["outputs"]]
+        self.nodes = {node["name"]: {**node, **data["nodes"][node["name"]]} for node in self.plan["nodes"]}
+        self.dtypes = {(t["node"], t["name"]): t["dtype"] for t in self.plan["tensors"]}
+        self._schedules = {}
+        self._dtype_writers = {}
+        match = re.search(r"_(\d+)$", args.get("model_instance_name", ""))
+        self.steps = {}
+        try:
+            for name, node in self.nodes.items():
+                if node["kind"] == "python" and node["model"] not in self.steps:
+                    self.steps[node["model"]] = self._load_step(version_dir, name, node, int(match.group(1)) if match else 0)
+        except BaseException:
+            self.finalize()
+            raise
+        widest = max((sum(1 for n in g if self.nodes[n]["kind"] == "python") for g in self.plan["groups"]), default=1)
+        self.pool = concurrent.futures.ThreadPoolExecutor(max(2, widest), thread_name_prefix="fused-step")
+
+    def _load_step(self, version_dir, node_name, node, index):
+        folder = os.path.join(version_dir, node["folder"])
+        with open(os.path.join(folder, "step.json"), encoding="utf-8") as f:
+            step = json.load(f)
+        inputs = {n: serving.Spec.from_dict(s) for n, s in step["inputs"].items()}
+        outputs = {n: serving.Spec.from_dict(s) for n, s in step["outputs"].items()}
+        nodes = step.get("nodes") or [node_name]
+        config = serving.instance_config(
+            step=step["step"],
+            inputs=inputs,
+            outputs=outputs,
+            parameters=step.get("parameters") or {},
+            max_batch_size=int(step["max_batch_size"]),
+            pipeline=self.pipeline,
+            node=nodes[0] if len(nodes) == 1 else None,
+            instance_index=index,
+            device=step.get("device") or "cpu",
+        )
+        try:
+            instance = serving.StepInstance(step["step"], serving.load_impl(step["impl"], folder), list(outputs), config)
+        except Exception as exc:
+            reason = f"could not be loaded: {serving.exception_reason(exc)}"
+            raise RuntimeError(serving.WireError("StepError", self.pipeline, reason, node_name, step["step"]).text()) from exc
+        return _Step(instance, serving.Contract(outputs, int(step["max_batch_size"])), step.get("device"))
+
+    def execute(self, requests):
+        # Returning a coroutine makes the stub run it on its event loop, as for `async def execute`.
+        return self._execute(requests)
+
+    def finalize(self):
+        for step in getattr(self, "steps", {}).values():
+            step.instance.finalize()
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+    # ------------------------------------------------------------------ a batch of requests
+
+    async def _execute(self, requests):
+        responses = [None] * len(requests)
+        runs = []  # (index, arrays, rows, wanted outputs)
+        for i, request in enumerate(requests):
+            try:
+                runs.append((i, *self._read(request)))
+            except NodeFailed as exc:
+                responses[i] = _error(exc.wire.text())
+        rows = [run[2] or 1 for run in runs]
+        if len(runs) > 1 and sum(rows) <= self.join_rows and serving.concatenable([run[1] for run in runs]):
+            wanted = set().union(*(run[3] for run in runs))
+            wanted = tuple(n for n in self.output_names if n in wanted)
+            joined = {name: serving.concat_rows([run[1][name] for run in runs]) for name in self.inputs}
+            try:
+                values = await self._run(joined, sum(rows), wanted)
+            except NodeFailed:
+                values = None  # run one by one below, so only the culprit fails
+            if values is not None:
+                bounds = np.cumsum(rows)[:-1]
+                parts = {name: serving.split_rows(values[name], bounds) for name in wanted}
+                for k, (i, _, _, want) in enumerate(runs):
+                    responses[i] = self._respond(want, {name: parts[name][k] for name in want})
+                return responses
+        answers = await asyncio.gather(*(self._answer(*run[1:]) for run in runs))
+        for run, answer in zip(runs, answers, strict=True):
+            responses[run[0]] = answer
+        return responses
+
+    async def _answer(self, arrays, rows, wanted):
+        try:
+            return self._respond(wanted, await self._run(arrays, rows, wanted))
+        except NodeFailed as exc:
+            return _error(exc.wire.text())
+
+    def _read(self, request):
+        """A request's arrays, its rows (``None`` without batching) and the outputs it wants."""
+        given = {t.name(): t for t in request.inputs()}
+        try:
+            if len(given) != len(self.inputs) or any(n not in given for n in self.inputs):
+                serving.check_names(list(given), self.inputs)
+            arrays = {name: read(given[name]) for name, read in self.readers.items()}
+            rows = self.takes.check_inputs(arrays)
+        except serving.Refused as exc:
+            raise NodeFailed(serving.WireError("InputError", self.pipeline, str(exc), tensor=exc.tensor)) from None
+        asked = list(request.requested_output_names() or ())
+        unknown = [n for n in asked if n not in self.writers]
+        if unknown:
+            reason = f"output {unknown[0]!r} was requested but the pipeline has outputs {self.output_names}"
+            raise NodeFailed(serving.WireError("InputError", self.pipeline, reason, tensor=unknown[0]))
+        wanted = tuple(n for n in self.output_names if n in asked) if asked else tuple(self.output_names)
+        return arrays, rows, wanted
+
+    def _respond(self, wanted, values):
+        return pb_utils.InferenceResponse(output_tensors=[self.writers[n](n, values[n]) for n in wanted])
+
+    # ------------------------------------------------------------------ one run through the plan
+
+    async def _run(self, arrays, rows, wanted):
+        """The ``wanted`` outputs of one run (one request, or several joined) through the plan."""
+        schedule = self._schedules.get(wanted)
+        if schedule is None:
+            schedule = self._schedules[wanted] = serving.Schedule(self.plan, wanted)
+        values = {(None, name): value for name, value in arrays.items()}
+        remaining = dict(schedule.uses)
+        sorter = graphlib.TopologicalSorter(schedule.after)
+        sorter.prepare()
+        running = {}
+        try:
+            while sorter.is_active():
+                ready = sorter.get_ready()
+                inline = len(ready) == 1 and not running
+                for name in ready:
+                    inputs = {}
+                    for source in self.nodes[name]["inputs"]:
+                        key = (source["node"], source["tensor"])
+                        inputs[source["input"]] = values[key]
+                        remaining[key] -= 1
+                        if remaining[key] == 0:
+                            del values[key]  # the step holds its own reference
+                    running[asyncio.ensure_future(self._node(name, inputs, rows, schedule, inline=inline))] = name
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for future in done:
+                    name = running.pop(future)
+                    outputs = future.result()
+                    for out in schedule.returns[name]:
+                        values[(name, out)] = outputs[out]
+                    sorter.done(name)
+        finally:
+            if running:  # a sibling failed: wait for the calls in flight, then drop them
+                await asyncio.gather(*running, return_exceptions=True)
+        plan_outputs = {out["name"]: out for out in self.plan["outputs"]}
+        return {name: values[(plan_outputs[name]["node"], plan_outputs[name]["tensor"])] for name in wanted}
+
+    async def _node(self, name, inputs, rows, schedule, *, inline):
+        node = self.nodes[name]
+        if node["kind"] == "external":
+            return await self._external(node, inputs, schedule.returns[name])
+        step = self.steps[node["model"]]
+        if step.device is not None:
+            inputs = {k: _placed(v, step.device) for k, v in inputs.items()}
+        try:
+            async with step.lock:
+                if step.is_async:
+                    outputs = await step.instance.execute_async(inputs)
+                elif inline:
+                    # The only node ready with nothing in flight: a thread hop would buy no overlap.
+                    outputs = step.instance.execute(inputs)
+                else:
+                    outputs = await asyncio.get_running_loop().run_in_executor(self.pool, step.instance.execute, inputs)
+            for out, value in outputs.items():
+                if not isinstance(value, np.ndarray) and not hasattr(value, "__cuda_array_interface__"):
+                    outputs[out] = np.asarray(value)
+            step.gives.check_outputs(outputs, rows if self.max_batch_size > 0 else None)
+        except serving.Refused as exc:
+            raise NodeFailed(serving.WireError("StepError", self.pipeline, str(exc), name, node["step"], exc.tensor)) from None
+        except Exception as exc:
+            reason = serving.exception_reason(exc)
+            raise NodeFailed(serving.WireError("StepError", self.pipeline, reason, name, node["step"])) from None
+        return outputs
+
+    async def _external(self, node, inputs, returns):
+        """An external model step, called through BLS on its own composing model."""
+        tensors = [self._writer(s["dtype"])(s["input"], inputs[s["input"]]) for s in node["inputs"]]
+        request = pb_utils.InferenceRequest(
+            model_name=node["model"], requested_output_names=list(returns), inputs=tensors, timeout=node["timeout_us"]
+        )
+        try:
+            response = await request.async_exec()
+        except Exception as exc:  # e.g. the composing model is not loaded
+            reason = f"could not be called (model {node['model']!r}): {exc}"
+            raise NodeFailed(serving.WireError("StepError", self.pipeline, reason, node["name"], node["step"])) from exc
+        if response.has_error():
+            message = response.error().message()
+            said = serving.parse_error(message) or serving.WireError(
+                "StepError", self.pipeline, f"failed (model {node['model']!r}): {message}"
+            )
+            raise NodeFailed(
+                serving.WireError(said.kind, self.pipeline, said.reason, node["name"], node["step"], said.tensor)
+            )
+        outputs = {}
+        for out in returns:
+            tensor = pb_utils.get_output_tensor_by_name(response, out)
+            if tensor is None:
+                raise NodeFailed(
+                    serving.WireError("StepError", self.pipeline, f"returned no output {out!r}", node["name"], node["step"], out)
+                )
+            if self.dtypes[(node["name"], out)] == "BF16":  # as_numpy() refuses BF16 (docs/triton.md)
+                outputs[out] = serving.bf16_from_dlpack(tensor.to_dlpack())
+            else:
+                outputs[out] = _where_it_is(tensor)
+        return outputs
+
+    def _writer(self, dtype):
+        writer = self._dtype_writers.get(dtype)
+        if writer is None:
+            writer = self._dtype_writers[dtype] = serving.tensor_writer(serving.Spec(dtype, ()), pb_utils)
+        return writer
+
+
+def _where_it_is(tensor):
+    """A pb tensor as an array where it lies: numpy on the host, CuPy on a GPU (through DLPack)."""
+    if tensor.is_cpu():
+        return tensor.as_numpy()
+    import cupy
+
+    return cupy.from_dlpack(tensor.to_dlpack())
+
+
+def _placed(value, device):
+    """``value`` on the step's ``device`` ("cpu" or "gpu"), moved only when it is elsewhere."""
+    on_host = isinstance(value, np.ndarray)
+    if device == "gpu" and on_host:
+        import cupy
+
+        return cupy.asarray(value)
+    if device == "cpu" and not on_host:
+        return value.get()
+    return value
+
+
+def _error(message):
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
