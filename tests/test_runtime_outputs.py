@@ -110,3 +110,12 @@ def test_naming_no_output_asks_for_every_output_as_in_triton():
         warnings.simplefilter("ignore", DeadNodeWarning)
         out = p.run({"x": X}, outputs=[])
     assert sorted(out) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_dead_node_that_would_raise_is_not_run_and_is_named(mode):
+    """The compiler leaves such a node out, so the server answers; the local runtime must too."""
+    p = edges()
+    with pytest.warns(DeadNodeWarning, match=r"step 'dead' feeds no pipeline output, so no form runs it"):
+        out = p.run({"x": X}, mode=mode)
+    np.testing.assert_array_equal(out["hi"], EXPECTED["hi"])
