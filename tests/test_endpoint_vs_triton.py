@@ -14,6 +14,7 @@ import tritonclient.http as th
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from pipelines.endpoint import LocalServer
+from pipelines.errors import PipelinesError
 from pipelines.examples import text
 from pipelines.triton import TritonServer
 
@@ -201,3 +202,26 @@ def test_model_metadata_matches_the_real_server(servers):
                               else client.get_model_metadata(m) for m in MODELS]
             client.close()
         assert answers["local"] == answers["triton"]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_library_client_reads_the_same_error_from_both(servers, protocol):
+    good = text.sample_inputs(1)
+    cases = [
+        ("text_ensemble", {**good, "count": np.array([[-4]], np.int64)}),
+        ("text_bls_sync", {**good, "count": np.array([[-4]], np.int64)}),
+        ("text_bls", {"text": good["text"]}),
+        ("text_ensemble", {**good, "count": good["count"].astype(np.float32)}),
+    ]
+    for model, inputs in cases:
+        seen = {}
+        for which, server in servers.items():
+            client = server.client(protocol)
+            try:
+                with pytest.raises(PipelinesError) as err:
+                    client.infer(model, inputs)
+            finally:
+                client.close()
+            e = err.value
+            seen[which] = (type(e).__name__, e.pipeline, getattr(e, "node", None), e.step, e.tensor)
+        assert seen["local"] == seen["triton"], (model, seen)

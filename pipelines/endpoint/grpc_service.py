@@ -14,9 +14,8 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from ..errors import PipelinesError
 from .service import InferenceService, Timing, batch_rows
-from .status import INVALID, Refusal, status_of
+from .status import INVALID, Refusal, error_text, status_of
 from .wire import array_from_bytes, array_from_contents, array_to_bytes
 
 __all__ = ["GRPC_OPTIONS", "add_service"]
@@ -29,9 +28,8 @@ def add_service(server: grpc.aio.Server, service: InferenceService) -> None:
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(service), server)
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
-    message = exc.message if isinstance(exc, PipelinesError) else f"{type(exc).__name__}: {exc}"
-    await context.abort(status_of(exc).grpc, message)
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, pipeline: Any = None) -> None:
+    await context.abort(status_of(exc).grpc, error_text(exc, pipeline))
 
 
 class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -76,6 +74,7 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         started = perf_counter_ns()
+        model = None
         try:
             model = self.service.model(request.model_name, request.model_version)
             inputs = _decode(request, model.name)
@@ -92,7 +91,7 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return response
         except Exception as exc:  # every failure is this request's answer; the endpoint keeps serving
             self.service.failed(request.model_name, Timing(started, started))
-            await _abort(context, exc)
+            await _abort(context, exc, model.pipeline if model is not None else None)
 
 
 def _decode(request: Any, model: str) -> dict[str, Any]:

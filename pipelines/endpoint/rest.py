@@ -15,10 +15,9 @@ from typing import Any
 
 from aiohttp import web
 
-from ..errors import PipelinesError
 from ..triton.payloads import message_to_dict
 from .service import InferenceService, Timing, batch_rows
-from .status import INVALID, PARSE, Refusal, status_of
+from .status import INVALID, PARSE, Refusal, error_text, status_of
 from .wire import array_from_bytes, array_from_json, array_to_bytes, array_to_json
 
 __all__ = ["HEADER_LENGTH", "make_app"]
@@ -44,9 +43,8 @@ def make_app(service: InferenceService, *, max_request_bytes: int) -> web.Applic
     return app
 
 
-def _error(exc: BaseException) -> web.Response:
-    message = exc.message if isinstance(exc, PipelinesError) else f"{type(exc).__name__}: {exc}"
-    return web.json_response({"error": message}, status=status_of(exc).http)
+def _error(exc: BaseException, pipeline: Any = None) -> web.Response:
+    return web.json_response({"error": error_text(exc, pipeline)}, status=status_of(exc).http)
 
 
 class _Routes:
@@ -103,6 +101,7 @@ class _Routes:
     async def infer(self, request: web.Request) -> web.Response:
         started = perf_counter_ns()
         name = request.match_info["model"]
+        model = None
         try:
             model = self.service.model(name, request.match_info.get("version", ""))
             body = await request.read()
@@ -115,7 +114,7 @@ class _Routes:
             return response
         except Exception as exc:  # every failure is this request's answer; the endpoint keeps serving
             self.service.failed(name, Timing(started, started))
-            return _error(exc)
+            return _error(exc, model.pipeline if model is not None else None)
 
 
 def _decode(body: bytes, header_length: str | None, model: Any) -> tuple[dict, dict[str, Any]]:

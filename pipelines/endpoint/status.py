@@ -13,13 +13,22 @@ each against it; ``docs/triton_statuses.md`` lists them):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 
 from ..errors import InferenceError, InputError, PipelinesError
+from ..serving import WireError
 
-__all__ = ["INTERNAL", "INVALID", "NOT_FOUND", "PARSE", "Refusal", "Status", "status_of"]
+if TYPE_CHECKING:
+    from ..graph import Pipeline
+
+__all__ = ["INTERNAL", "INVALID", "NOT_FOUND", "PARSE", "Refusal", "Status", "error_text", "status_of"]
+
+# The local runtime opens its messages with where it happened; the wire format says that in its own fields.
+_WHERE = re.compile(r"^pipeline '[^']*'(?: step '[^']*')?:? ")
 
 
 @dataclass(frozen=True)
@@ -60,3 +69,24 @@ def status_of(error: BaseException) -> Status:
     if isinstance(error, PipelinesError):
         return INTERNAL
     return INTERNAL
+
+
+def error_text(error: BaseException, pipeline: Pipeline | None = None) -> str:
+    """The text a model of a compiled repository answers ``error`` with.
+
+    What Triton's front end refuses (an unknown model, an undecodable body, a request
+    that does not fit the model's inputs) keeps plain words, as Triton's own are; an
+    error raised at a step is written in the models' wire format
+    (:class:`pipelines.serving.WireError`). So :class:`~pipelines.triton.TritonClient`
+    reads back the same class, node, step and tensor from both.
+    """
+    if not isinstance(error, PipelinesError):
+        return f"{type(error).__name__}: {error}"
+    node = getattr(error, "node", None) or error.step
+    if isinstance(error, Refusal) or error.pipeline is None or (isinstance(error, InputError) and node is None):
+        return error.message
+    step = None
+    if node is not None and pipeline is not None and node in pipeline.nodes:
+        step = pipeline.nodes[node].step.name
+    reason = _WHERE.sub("", error.message, count=1)
+    return WireError(type(error).__name__, error.pipeline, reason, node=node, step=step, tensor=error.tensor).text()
