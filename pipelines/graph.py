@@ -27,6 +27,7 @@ from .errors import (
     UnknownTensorError,
 )
 from .names import check_name
+from .plan import critical_path
 from .step import Step
 from .tensor import TensorSpec
 
@@ -303,21 +304,7 @@ class Pipeline:
 
     def critical_path(self, costs: Mapping[str, float] | None = None) -> tuple[list[str], float]:
         """The most expensive dependency chain and its cost (each node costs 1 by default)."""
-        costs = costs or {}
-        best: dict[str, tuple[float, str | None]] = {}
-        for n in self.topological_order():
-            preds = list(self._graph.predecessors(n))
-            base, via = max(((best[p][0], p) for p in preds), default=(0.0, None))
-            best[n] = (base + float(costs.get(n, 1.0)), via)
-        if not best:
-            return [], 0.0
-        end = max(best, key=lambda n: (best[n][0], self._order_index[n]))
-        total, path = best[end][0], []
-        node: str | None = end
-        while node is not None:
-            path.append(node)
-            node = best[node][1]
-        return path[::-1], total
+        return critical_path(self.topological_order(), self._graph.predecessors, costs, self._order_index)
 
     def to_mermaid(self) -> str:
         """The graph as a Mermaid flowchart (renders in GitHub and Jupyter)."""

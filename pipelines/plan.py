@@ -31,7 +31,7 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ __all__ = [
     "OutputPlan",
     "Source",
     "TensorPlan",
+    "critical_path",
     "plan_of",
 ]
 
@@ -182,23 +183,10 @@ class ExecutionPlan:
         """The pipeline inputs some live node reads."""
         return tuple(name for name in self.inputs if self.tensor((None, name)) is not None)
 
-    def critical_path(self, costs: dict[str, float] | None = None) -> tuple[list[str], float]:
+    def critical_path(self, costs: Mapping[str, float] | None = None) -> tuple[list[str], float]:
         """The most expensive chain of live nodes and its cost (each node costs 1 by default)."""
-        costs = costs or {}
-        best: dict[str, tuple[float, str | None]] = {}
-        for n in self.nodes:
-            base, via = max(((best[p][0], p) for p in n.after), default=(0.0, None))
-            best[n.name] = (base + float(costs.get(n.name, 1.0)), via)
-        if not best:
-            return [], 0.0
-        position = {name: i for i, name in enumerate(best)}
-        end = max(best, key=lambda name: (best[name][0], position[name]))
-        total, path = best[end][0], []
-        node: str | None = end
-        while node is not None:
-            path.append(node)
-            node = best[node][1]
-        return path[::-1], total
+        after = {n.name: n.after for n in self.nodes}
+        return critical_path(self.order, after.__getitem__, costs)
 
     def _index(self, what: str, build: Any) -> Any:
         found = self._cache.get(what)
@@ -332,6 +320,35 @@ class ExecutionPlan:
 
 
 # -------------------------------------------------------------------- building
+
+
+def critical_path(
+    order: Iterable[str],
+    after: Callable[[str], Iterable[str]],
+    costs: Mapping[str, float] | None = None,
+    rank: Mapping[str, int] | None = None,
+) -> tuple[list[str], float]:
+    """The most expensive dependency chain and its cost (each node costs 1 by default).
+
+    ``order`` is topological and ``after(node)`` gives a node's predecessors; of two
+    chains that cost the same, the one ending at the higher ``rank`` (default: later in
+    ``order``) wins. ``Pipeline.critical_path`` and ``ExecutionPlan.critical_path`` use it.
+    """
+    costs = costs or {}
+    best: dict[str, tuple[float, str | None]] = {}
+    for n in order:
+        base, via = max(((best[p][0], p) for p in after(n)), default=(0.0, None))
+        best[n] = (base + float(costs.get(n, 1.0)), via)
+    if not best:
+        return [], 0.0
+    rank = rank if rank is not None else {name: i for i, name in enumerate(best)}
+    end = max(best, key=lambda name: (best[name][0], rank[name]))
+    total, path = best[end][0], []
+    node: str | None = end
+    while node is not None:
+        path.append(node)
+        node = best[node][1]
+    return path[::-1], total
 
 
 def plan_of(pipeline: Pipeline, *, warn: bool = True) -> ExecutionPlan:
