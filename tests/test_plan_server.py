@@ -1,0 +1,122 @@
+"""The plan on the real server: a request for some outputs runs only the steps they need in
+every form (the composing models' statistics show which ran), answers as the local runtime
+does, and a node that feeds no output is compiled into no model."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from pipelines import Pipeline, TensorSpec, step
+from pipelines.forms import FORMS
+from pipelines.plan import DeadNodeWarning
+
+pytestmark = pytest.mark.server
+
+V = TensorSpec("FP32", [-1])
+X = np.array([[1.0, 2.0]], np.float32)
+
+
+@step(inputs={"x": V}, outputs={"y": V})
+def inc(x):
+    return {"y": x + 1}
+
+
+@step(inputs={"x": V}, outputs={"y": V})
+def twice(x):
+    return {"y": x * 2}
+
+
+@step(inputs={"a": V, "b": V}, outputs={"y": V})
+def add(a, b):
+    return {"y": a + b}
+
+
+@step(inputs={"x": V}, outputs={"lo": V, "hi": V})
+def split(x):
+    return {"lo": x - 1, "hi": x * 10}
+
+
+@step(inputs={"x": V}, outputs={"y": V})
+def explode(x):
+    raise RuntimeError("a dead node must not run")
+
+
+def pruned() -> Pipeline:
+    p = Pipeline("pruned", inputs={"x": V}, max_batch_size=4)
+    a = p.add(inc, name="a", x=p.input("x"))
+    c = p.add(add, name="c", a=a["y"], b=a["y"])
+    d = p.add(split, name="d", x=a["y"])
+    e = p.add(twice, name="e", x=p.input("x"))
+    p.add(explode, name="dead", x=d["lo"])
+    p.output("a", a["y"])  # also read by c and d
+    p.output("c", c["y"])
+    p.output("lo", d["lo"])
+    p.output("hi", d["hi"])
+    p.output("e", e["y"])
+    return p
+
+
+# subset -> the composing models that must run for it (the others must not)
+SUBSETS = {
+    ("e",): {"pruned__twice"},
+    ("hi",): {"pruned__inc", "pruned__split"},
+    ("a", "lo"): {"pruned__inc", "pruned__split"},
+    ("c", "e"): {"pruned__inc", "pruned__add", "pruned__twice"},
+}
+STEP_MODELS = {"pruned__inc", "pruned__add", "pruned__split", "pruned__twice"}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from pipelines.triton import TritonServer
+
+    p = pruned()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeadNodeWarning)
+        repo = p.compile("all")
+        expected = p.run({"x": X})
+    written = repo.write(tmp_path_factory.mktemp("plan") / "repo")
+    with TritonServer(written) as server:
+        yield server, repo, expected
+
+
+def _counts(client) -> dict[str, int]:
+    stats = client.statistics()["model_stats"]
+    return {m["name"]: int(m.get("inference_count", 0)) for m in stats}
+
+
+def test_the_dead_node_has_no_model(served):
+    _, repo, _ = served
+    assert not any("explode" in name or "dead" in name for name in repo.models)
+    assert STEP_MODELS <= set(repo.models)
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_a_subset_of_outputs_runs_only_the_steps_it_needs(served, form):
+    server, _, expected = served
+    client = server.client("grpc", timeout=60)
+    model = FORMS[form].model_name("pruned", side_by_side=True)
+    try:
+        for subset, needed in SUBSETS.items():
+            before = _counts(client)
+            out = client.infer(model, {"x": X}, outputs=list(subset))
+            after = _counts(client)
+            assert sorted(out) == sorted(subset), (form, subset)
+            for name in subset:
+                np.testing.assert_array_equal(out[name], expected[name])
+            ran = {m for m in STEP_MODELS if after.get(m, 0) > before.get(m, 0)}
+            if FORMS[form].in_process:  # fused runs Python steps in its own process: no step model is called
+                assert ran == set(), (form, subset)
+            elif FORMS[form].scheduler == "event":
+                # The ensemble's failure gate (parallel shapes) reads every step's error tensor, so
+                # Triton's pruning keeps every step: it runs at least the needed ones.
+                assert ran >= needed, (form, subset)
+            else:
+                assert ran == needed, (form, subset)
+        everything = client.infer(model, {"x": X})  # naming no output: every output
+        assert sorted(everything) == sorted(expected)
+    finally:
+        client.close()
