@@ -1,4 +1,4 @@
-"""The yolov5-style pipeline, compiled to "both" and served by the real Triton server:
+"""The yolov5-style pipeline, compiled to "all" and served by the real Triton server:
 every true box is found with the right class and nothing else, through the ensemble
 and both BLS forms, over HTTP and gRPC, and the answers equal the local runtime's."""
 
@@ -11,7 +11,7 @@ from pipelines.examples import yolov5
 from pipelines.triton import TritonServer
 
 SIZES = [(480, 640), (720, 1280), (640, 480), (333, 500), (1000, 300)]
-FORMS = ("ensemble", "bls", "bls_sync")
+FORMS = ("ensemble", "bls", "bls_sync", "fused")
 
 
 # A model exported with a fixed batch of 1, as yolov5's default ONNX export is; Python
@@ -56,8 +56,8 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("yolo")
     model_file = root / "fixed_model.py"
     model_file.write_text(_FIXED_BATCH_MODEL)
-    path = yolov5.pipeline.compile("both").write(root / "models")
-    fixed_batch_pipeline(model_file).compile("both").write(path)  # one repository, one server, both pipelines
+    path = yolov5.pipeline.compile("all").write(root / "models")
+    fixed_batch_pipeline(model_file).compile("all").write(path)  # one repository, one server, both pipelines
     with TritonServer(path) as server:
         yield server
 
