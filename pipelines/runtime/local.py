@@ -1,19 +1,23 @@
-"""The local runtime: run a validated pipeline without a server, as Triton would.
+"""The local runtime: run a pipeline's execution plan without a server, as Triton would.
 
-Three modes give the same answers and differ in how steps are scheduled:
+There is one mode per form of :data:`pipelines.forms.FORMS`; all give the same
+answers and run the same plan (:mod:`pipelines.plan`: live nodes only, pruned to
+the requested outputs). They differ in the form's scheduler:
 
-- ``"ensemble"``: event-driven, like Triton's ensemble scheduler. Each finished
+- ``"event"`` (``"ensemble"``): like Triton's ensemble scheduler. Each finished
   step counts down its dependents (precomputed dependency counts) and starts the
   ones that became ready; no orchestrator sits in the middle.
-- ``"bls"``: one orchestrator per request walks a ``graphlib.TopologicalSorter``
-  and awaits the ready steps concurrently (an ``async def execute`` BLS model).
-- ``"bls-sync"``: one orchestrator calls the steps one after another in
-  topological order (a BLS model using ``exec()``).
+- ``"concurrent"`` (``"bls"``, ``"fused"``): one orchestrator per request walks a
+  ``graphlib.TopologicalSorter`` and awaits the ready steps concurrently (an
+  ``async def execute`` Python model).
+- ``"sequential"`` (``"bls-sync"``): one orchestrator calls the steps one after
+  another in topological order (a BLS model using ``exec()``).
 
 In every mode each step is one step model with ``instance_count`` instances, a
 FIFO queue and optional dynamic batching; the nodes of a step used twice share
-it, as they share one composing model in a compiled repository. Parallel work runs in anyio task groups: a failing
-step cancels its siblings and the error names the pipeline and the step.
+it, as they share one composing model in a compiled repository. Parallel work
+runs in anyio task groups: a failing step cancels its siblings and the error
+names the pipeline and the step.
 
 When a sync step runs on a worker thread: a hop costs tens of µs (half a
 millisecond on a busy VM), so with ``offload="auto"`` a sync step without a
