@@ -114,6 +114,7 @@ def main(argv=None) -> int:
         duration=1.0 if args.quick else 2.0,
         warmup=0.5 if args.quick else 1.0,
         max_trials=3 if args.quick else 5,
+        forms=FORMS,  # the three forms issue 14 names ("fused" is measured by pipelines bench)
         profile=profile,
     )
     checks: list[Check] = []

@@ -136,13 +136,14 @@ X = np.ones((1, 1024), np.float32)  # 4 KiB in, 4 KiB out
 COSTS = dict(request=Cost(2000, 100), ensemble_step=Cost(1000, 200), bls_call=Cost(3000, 300), stub=Cost(1500, 400))
 
 
-@pytest.mark.parametrize("mode", ["ensemble", "bls", "bls-sync"])
+@pytest.mark.parametrize("mode", ["ensemble", "bls", "bls-sync", "fused"])
 def test_the_replay_accounts_each_boundary_where_the_server_pays_it(mode):
     profile = _profile(**COSTS)
     nb = X.nbytes
     request = COSTS["request"].us(2 * nb)
-    hop = (COSTS["ensemble_step"] if mode == "ensemble" else COSTS["bls_call"]).us(2 * nb)
-    stubs = 1 if mode == "ensemble" else 2  # in BLS, the BLS model's own stub too
+    # a fused model runs the step in its own process: no call, and only its own stub
+    hop = 0.0 if mode == "fused" else (COSTS["ensemble_step"] if mode == "ensemble" else COSTS["bls_call"]).us(2 * nb)
+    stubs = 1 if mode in ("ensemble", "fused") else 2  # in BLS, the BLS model's own stub too
     half_stub = COSTS["stub"].fixed_us / 2 + COSTS["stub"].us_per_mib * nb / MIB
 
     async def main():

@@ -471,11 +471,11 @@ class LocalRuntime:
             model.inline_ok and (model.cheap or (self._active == 1 and req.inflight == 1))
         )
         if self._replay is not None:  # the ensemble scheduler or the BLS call carries the inputs to the step
-            await self._replay.hop(nbytes_of(inputs))
+            await self._replay.hop(model, nbytes_of(inputs))
         outputs, queue, compute, batch = await model.run(inputs, req.rows, inline=inline)
         del inputs
         if self._replay is not None:
-            await self._replay.hop(sum(nbytes_of(outputs[o]) for o in req.routes.returns[name]))
+            await self._replay.hop(model, sum(nbytes_of(outputs[o]) for o in req.routes.returns[name]))
         for out in req.routes.returns[name]:
             values[(name, out)] = _cross(outputs[out], crossings, req.copies) if crossings else outputs[out]
         req.trace.append((name, queue, compute, perf_counter() - t_ready - queue - compute, batch))

@@ -14,7 +14,10 @@ Where each cost is spent (see :mod:`pipelines.calibration` for how they are meas
   function runs), so they queue, batch and count against ``instance_count`` as the
   Python stub's shared-memory copies do; in the BLS modes the BLS model's own stub
   pays them for the request's inputs and outputs while its instance is held. A step
-  that stands for an external model (another backend) has no stub and pays none.
+  that stands for an external model (another backend) has no stub and pays none;
+- ``"fused"``: the Python steps run in the top-level model's own process, so they
+  pay no call and no stub; the request and the model's own stub are paid as in BLS,
+  and external models are called through BLS.
 
 A cost is spent by sleeping on the event loop, which wakes in steps of about a
 millisecond; each request keeps a ledger of what it owes, so the rounding of one
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from ..forms import FORMS
 from ..tables import format_table
 
 if TYPE_CHECKING:
@@ -40,6 +44,10 @@ if TYPE_CHECKING:
     from .report import Report
 
 __all__ = ["Ledger", "Replay", "ServerPrediction", "nbytes_of"]
+
+def _external(model: object) -> bool:
+    return getattr(getattr(model, "step", None), "external", None) is not None
+
 
 # The event loop oversleeps by about this much past the millisecond it rounds up to.
 _WAKE_S = 150e-6
@@ -118,6 +126,9 @@ class Replay:
         self._request = costs["request"]
         self._hop = costs["ensemble_step"] if mode == "ensemble" else costs["bls_call"]
         self._stub = costs["stub"]
+        # "fused": the Python steps run inside the top-level model's own process, with no call
+        # and no stub of their own; only external models are called, through BLS.
+        self._in_process = bool(getattr(FORMS.get(mode), "in_process", False))
         self._totals = Ledger()
         self._models: dict[int, Ledger] = {}  # for batches, which run outside any one request
 
@@ -157,8 +168,10 @@ class Replay:
     def queued(self, ledger: Ledger, seconds: float) -> None:
         ledger.queue += seconds
 
-    async def hop(self, nbytes: int) -> None:
+    async def hop(self, model: object, nbytes: int) -> None:
         """Half an ensemble step's or a BLS call's cost: on the way to a step, or back."""
+        if self._in_process and not _external(model):
+            return
         ledger = _current.get()
         if ledger is None:  # pragma: no cover - a hop always runs inside a request
             return
@@ -168,8 +181,8 @@ class Replay:
 
     async def stub(self, model: object, nbytes: int, *, leaving: bool) -> None:
         """A step's stub taking its inputs, or giving its outputs; the caller holds the instance."""
-        if getattr(getattr(model, "step", None), "external", None) is not None:
-            return  # an external model (ONNX Runtime, TensorRT...) runs in no Python stub
+        if self._in_process or _external(model):
+            return  # an external model (ONNX Runtime, TensorRT...) runs in no Python stub; nor a fused step
         seconds = self._half(self._stub, nbytes)
         ledger = _current.get()
         if ledger is None:  # a dynamic batch runs for several requests at once: the model keeps the ledger
