@@ -231,7 +231,10 @@ def test_a_step_used_twice_shares_one_model_and_a_renamed_copy_gets_its_own():
     c = p.add(other, name="third", x=b["y"])
     p.output("y", c["y"])
     repo = p.compile("ensemble")
-    assert [s.model_name for s in repo["p"].config.ensemble_scheduling.step] == ["p__double", "p__double", "p__third"]
+    # The shared model cannot tell its two nodes apart when one fails: the gate can.
+    assert [s.model_name for s in repo["p"].config.ensemble_scheduling.step] == [
+        "p__double", "p__double", "p__third", "p__gate",
+    ]
     assert json.loads(repo["p__double"].files["1/step.json"])["nodes"] == ["double", "again"]
     assert repo["p__third"].config.instance_group[0].count == 3
 
@@ -338,3 +341,28 @@ def test_nodes_that_feed_no_output_are_left_out():
     assert "p__dead" not in repo
     plan = json.loads(repo["p_bls"].files["1/bls.json"])["plan"]
     assert [n["name"] for n in plan["nodes"]] == ["used"] and plan["dropped"] == ["dead"]
+
+
+
+def test_the_ensemble_workarounds_apply_only_where_needed():
+    inc = step(lambda x: {"y": x + 1}, name="inc", inputs={"x": F4}, outputs={"y": F4})
+    dbl = step(lambda x: {"y": x * 2}, name="dbl", inputs={"x": F4}, outputs={"y": F4})
+    # A chain whose outputs nothing else reads: the ensemble as one would write it by hand.
+    p = Pipeline("plain", inputs={"x": F4}, max_batch_size=4)
+    p.output("y", p.add(dbl, x=p.add(inc, x=p.input("x"))["y"])["y"])
+    repo = p.compile("ensemble")
+    assert sorted(repo.names) == ["plain", "plain__dbl", "plain__inc"]
+    assert [o.name for o in repo["plain__inc"].config.output] == ["y"]
+    assert "ensemble" not in json.loads(repo["plain__inc"].files["1/step.json"])
+    # The first output is also read by the next step: only `inc` returns a copy, which is the output.
+    q = Pipeline("read", inputs={"x": F4}, max_batch_size=4)
+    a = q.add(inc, x=q.input("x"))
+    q.output("a", a["y"])
+    q.output("y", q.add(dbl, x=a["y"])["y"])
+    repo = q.compile("ensemble")
+    steps = {s.model_name: s for s in repo["read"].config.ensemble_scheduling.step}
+    assert dict(steps["read__inc"].output_map) == {"y": "inc.y", "y__copy": "a"}
+    assert dict(steps["read__dbl"].input_map) == {"x": "inc.y"}
+    assert [o.name for o in repo["read__inc"].config.output] == ["y", "y__copy"]
+    assert [o.name for o in repo["read__dbl"].config.output] == ["y"]
+    assert "read__gate" not in repo.names

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import shutil
 import subprocess
 import sys
@@ -133,6 +134,29 @@ def explode(x):
     return {"y": x + 1}
 
 
+@step(inputs={"x": TensorSpec("FP32", [4])}, outputs={"y": TensorSpec("FP32", [4])})
+def inc(x):
+    return {"y": x + 1}
+
+
+@step(inputs={"a": TensorSpec("FP32", [4]), "b": TensorSpec("FP32", [4])},
+      outputs={"sum": TensorSpec("FP32", [4]), "diff": TensorSpec("FP32", [4])})
+def mix(a, b):
+    return {"sum": a + b, "diff": a - b}
+
+
+@step(inputs={"x": TensorSpec("FP32", [4])}, outputs={"y": TensorSpec("FP32", [4])})
+def explode_on_negative(x):
+    if (x < 0).any():
+        raise ValueError("negative input")
+    return {"y": x + 1}
+
+
+@step(inputs={"x": TensorSpec("FP32", [4])}, outputs={"y": TensorSpec("FP32", [4])})
+def negate(x):
+    return {"y": -x}
+
+
 # ------------------------------------------------------------- the pipelines
 
 
@@ -191,6 +215,60 @@ def faulty_pipeline():
     p = Pipeline("faulty", inputs={"x": TensorSpec("FP32", [4])}, max_batch_size=8)
     e = p.add(explode, x=p.input("x"))
     p.output("y", e["y"])
+    return p
+
+
+def fan_pipeline():
+    """A chain whose first output is read by both later steps and exposed twice; the last step
+    gives two outputs. The ensemble stays plain, with output copies."""
+    p = Pipeline("fan", inputs={"x": TensorSpec("FP32", [4])}, max_batch_size=8)
+    a = p.add(inc, x=p.input("x"))
+    b = p.add(scale, x=a["y"])
+    c = p.add(mix, a=a["y"], b=b["y"])
+    p.output("a", a["y"])
+    p.output("a_again", a["y"])
+    p.output("b", b["y"])
+    p.output("sum", c["sum"])
+    p.output("diff", c["diff"])
+    return p
+
+
+def forked_pipeline():
+    """One output read by two parallel branches, which join; the join's output exposed twice.
+    The ensemble is gated."""
+    p = Pipeline("forked", inputs={"x": TensorSpec("FP32", [4])}, max_batch_size=8)
+    a = p.add(inc, x=p.input("x"))
+    left = p.add(scale, x=a["y"])
+    right = p.add(double, x=a["y"])
+    j = p.add(join, a=left["y"], b=right["y"])
+    p.output("a", a["y"])
+    p.output("left", left["y"])
+    p.output("y", j["y"])
+    p.output("y_again", j["y"])
+    return p
+
+
+def named_chain_pipeline():
+    p = Pipeline("named_chain", inputs={"x": TensorSpec("FP32", [4])}, max_batch_size=8)
+    f = p.add(explode_on_negative, name="fragile_step", x=p.input("x"))
+    p.output("y", p.add(scale, x=f["y"])["y"])
+    return p
+
+
+def named_diamond_pipeline():
+    p = Pipeline("named_diamond", inputs={"x": TensorSpec("FP32", [4])}, max_batch_size=8)
+    f = p.add(explode_on_negative, name="fragile_step", x=p.input("x"))
+    d = p.add(double, x=p.input("x"))
+    p.output("y", p.add(join, a=f["y"], b=d["y"])["y"])
+    return p
+
+
+def named_twice_pipeline():
+    """One step model serving two nodes: which of them failed is known only per request."""
+    p = Pipeline("named_twice", inputs={"x": TensorSpec("FP32", [4])}, max_batch_size=8)
+    first = p.add(explode_on_negative, name="sturdy_step", x=p.input("x"))
+    n = p.add(negate, x=first["y"])
+    p.output("y", p.add(explode_on_negative, name="fragile_step", x=n["y"])["y"])
     return p
 
 
@@ -264,6 +342,11 @@ def pipelines(barrier_dir):
         "flat": flat_pipeline(),
         "twice": twice_pipeline(),
         "faulty": faulty_pipeline(),
+        "fan": fan_pipeline(),
+        "forked": forked_pipeline(),
+        "named_chain": named_chain_pipeline(),
+        "named_diamond": named_diamond_pipeline(),
+        "named_twice": named_twice_pipeline(),
     }
 
 
@@ -303,7 +386,7 @@ def assert_same(got: dict, expected: dict) -> None:
 
 def example_inputs(name: str, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
-    if name in ("chain", "twice", "diamond", "scripted"):
+    if name in ("chain", "twice", "diamond", "scripted", "fan", "forked"):
         return {"x": rng.standard_normal((3, 4)).astype(np.float32)}
     if name == "mixed":
         text = np.array([[b"a", b"hello", b"triton"], [b"bb", b"", b"xyz"]], dtype=object)
@@ -400,3 +483,42 @@ def _execution_count(server, model):
     stats = server.client("grpc").statistics(model)
     entry = stats["model_stats"][0]
     return int(entry.get("execution_count", 0))
+
+
+# ------------------------------------------------- every subset of outputs (issue 12.1)
+
+
+@pytest.mark.parametrize("name", ["fan", "forked", "mixed"])
+def test_every_non_empty_subset_of_outputs_answers_in_every_form(client, pipelines, name):
+    """An output also read by later steps, one read by two, one exposed twice, two from one step:
+    a plain ensemble deadlocks on most of these subsets ("unexpected deadlock")."""
+    inputs = example_inputs(name, seed=7)
+    expected = reference(pipelines[name], inputs)
+    names = list(expected)
+    for size in range(1, len(names) + 1):
+        for subset in itertools.combinations(names, size):
+            for form in FORMS:
+                got = client.infer(f"{name}_{form}", inputs, outputs=list(subset), timeout=30)
+                assert sorted(got) == sorted(subset), (form, subset)
+                for output in subset:
+                    np.testing.assert_array_equal(got[output], expected[output], err_msg=f"{form} {subset}")
+
+
+# ------------------------------------------------- the node as the user named it (issue 12.2)
+
+
+@pytest.mark.parametrize("name", ["named_chain", "named_diamond", "named_twice"])
+@pytest.mark.parametrize("form", FORMS)
+def test_a_failing_node_is_named_as_the_user_named_it(client, name, form):
+    bad = np.full((1, 4), 2.0, np.float32) if name == "named_twice" else np.full((1, 4), -1.0, np.float32)
+    with pytest.raises(InferenceError) as info:
+        client.infer(f"{name}_{form}", {"x": bad})
+    text = str(info.value)
+    assert "step 'fragile_step'" in text and "negative input" in text, text
+    assert "sturdy_step" not in text, text
+    assert info.value.step == "fragile_step" and info.value.pipeline == name
+    assert f"model '{name}__explode_on_negative'" in text  # the step's own name appears too
+    if name == "named_twice":  # the other node of the same model, when it is the one that fails
+        with pytest.raises(InferenceError) as info:
+            client.infer(f"{name}_{form}", {"x": np.full((1, 4), -2.0, np.float32)})
+        assert info.value.step == "sturdy_step", str(info.value)

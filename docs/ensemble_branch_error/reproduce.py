@@ -71,7 +71,7 @@ def make_client(url: str, protocol: str, timeout: float):
 
 
 def hammer(url: str, args) -> dict[str, int]:
-    counts = {"answered": 0, "own error": 0, "wrong": 0, "hung": 0, "server gone": 0}
+    counts = {"answered": 0, "own error": 0, "other error": 0, "hung": 0, "server gone": 0}
     lock = threading.Lock()
     stop = time.monotonic() + args.seconds
 
@@ -86,17 +86,17 @@ def hammer(url: str, args) -> dict[str, int]:
             try:
                 result = client.infer(args.model, [tensor], **kwargs)
                 y = result.as_numpy("y")
-                outcome = "answered" if not failing and np.allclose(y, x * 2 + x + 1) else "wrong"
+                outcome = "answered" if not failing and np.allclose(y, x * 2 + x + 1) else "other error"
             except Exception as exc:  # the client's exception types differ by protocol
                 text = str(exc)
                 if failing and "negative input" in text:
                     outcome = "own error"
                 elif "Deadline" in text or "timed out" in text.lower():
                     outcome = "hung"
-                elif "refused" in text.lower() or "unavailable" in text.lower() or "reset" in text.lower():
+                elif not server_alive(url, args.protocol):
                     outcome = "server gone"
                 else:
-                    outcome = "wrong"
+                    outcome = "other error"
             with lock:
                 counts[outcome] += 1
             if outcome == "server gone":

@@ -16,8 +16,9 @@ scheduler (facts and sources in ``docs/triton_ensemble.md``):
   tensor instead of an error response; a step whose upstream failed skips its
   work and passes the failure on; and a final gate model, which runs after
   every other step, answers the request: the outputs, or one error that names
-  the node as the user named it. Chains keep plain error responses: a chain
-  has no sibling running, and pays nothing.
+  the node as the user named it. The same holds where one step model serves
+  several nodes, because only the gate knows which node failed. Other chains
+  keep plain error responses: a chain has no sibling running, and pays nothing.
 """
 
 from __future__ import annotations
@@ -119,7 +120,12 @@ class EnsembleLayout:
     gate_errors: Mapping[str, tuple[str, str]]
 
     def gate_name(self, ensemble: str) -> str:
-        return f"{ensemble}__gate"
+        """``<ensemble>__gate``, or with a number where a step model (a step named "gate") has that name."""
+        taken = {m.name for m in self.plan.models}
+        name, i = f"{ensemble}__gate", 2
+        while name in taken:
+            name, i = f"{ensemble}__gate_{i}", i + 1
+        return name
 
 
 def layout_ensemble(plan: CompilePlan) -> EnsembleLayout:
@@ -134,7 +140,7 @@ def layout_ensemble(plan: CompilePlan) -> EnsembleLayout:
             pipeline=pipeline.name, tensor=unused[0],
         )
     names = _TensorNames(plan)
-    if _has_concurrent_nodes(plan):
+    if _has_concurrent_nodes(plan) or _has_shared_python_model(plan):
         return _gated_layout(plan, names)
     return _plain_layout(plan, names)
 
@@ -179,6 +185,11 @@ def _has_concurrent_nodes(plan: CompilePlan) -> bool:
     return any(
         a not in upstream[b] and b not in upstream[a] for i, a in enumerate(names) for b in names[i + 1:]
     )
+
+
+def _has_shared_python_model(plan: CompilePlan) -> bool:
+    """Whether a step model serves several nodes: it cannot tell which one called it, the gate can."""
+    return any(len(m.nodes) > 1 for m in plan.models if not m.step.is_external)
 
 
 class _TensorNames:
@@ -382,13 +393,6 @@ def _compile_gate(layout: EnsembleLayout, name: str, *, ensemble: str) -> Compil
     """The Python model that answers a gated ensemble: its outputs, or the first failure."""
     plan = layout.plan
     pipeline = plan.pipeline
-    taken = {m.name for m in plan.models}
-    if name in taken:
-        raise CompileError(
-            f"pipeline {pipeline.name!r}: the ensemble's gate model would be named {name!r}, "
-            "which a step model already has; rename that step",
-            pipeline=pipeline.name,
-        )
     specs = {}
     for output, ref in pipeline.outputs.items():
         specs.setdefault(layout.gate_outputs[output], ref.spec)

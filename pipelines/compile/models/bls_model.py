@@ -12,6 +12,7 @@ requested outputs need are called. It imports only the standard library and
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import graphlib
 import json
 import os
@@ -50,6 +51,7 @@ class TritonPythonModel:
         self.outputs = {out["name"]: out for out in self.plan["outputs"]}
         self.nodes = {node["name"]: node for node in self.plan["nodes"]}
         self._schedules = {}
+        self._pool = None  # threads for sync calls that have a timeout
 
     def execute(self, requests):
         # Returning a coroutine makes the stub run it on its event loop, as for `async def execute`.
@@ -67,7 +69,7 @@ class TritonPythonModel:
             run = self._start(request)
             for name in run.schedule.order:
                 node = self.nodes[name]
-                self._collect(node, run, self._request(node, run).exec())
+                self._collect(node, run, self._exec_within_timeout(node, self._request(node, run)))
             return self._respond(run)
         except RequestFailed as exc:
             return _error(str(exc))
@@ -82,6 +84,9 @@ class TritonPythonModel:
                 while sorter.is_active():
                     for name in sorter.get_ready():
                         call = self._request(self.nodes[name], run).async_exec()
+                        limit = _timeout_s(self.nodes[name])
+                        if limit:  # Triton's own request timeout stops only a queued request
+                            call = asyncio.wait_for(call, limit)
                         running[asyncio.ensure_future(call)] = name
                     done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                     for future in done:
@@ -94,6 +99,20 @@ class TritonPythonModel:
             return self._respond(run)
         except RequestFailed as exc:
             return _error(str(exc))
+
+    def _exec_within_timeout(self, node, request):
+        """``request.exec()``, given up after the step's timeout: Triton's ``timeout=`` only
+        drops a request still queued, so a step that hangs while running would hold this one."""
+        limit = _timeout_s(node)
+        if not limit:
+            return request.exec()
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="bls-exec")
+        call = self._pool.submit(request.exec)
+        try:
+            return call.result(timeout=limit)
+        except concurrent.futures.TimeoutError:
+            raise RequestFailed(_timed_out(self, node)) from None
 
     def _start(self, request):
         values = self._read_inputs(request)
@@ -170,9 +189,22 @@ class _Run:
         return tensor
 
 
+def _timeout_s(node):
+    return int(node.get("timeout_us", 0)) / 1e6
+
+
+def _timed_out(model, node):
+    return (
+        f"{model.where}: step {node['name']!r} (model {node['model']!r}) ran past its timeout of "
+        f"{_timeout_s(node):g} s; the request was answered with this error, and the step may still be running"
+    )
+
+
 def _result(future, name, model):
     try:
         return future.result()
+    except asyncio.TimeoutError:
+        raise RequestFailed(_timed_out(model, model.nodes[name])) from None
     except Exception as exc:  # e.g. the composing model is not loaded
         node = model.nodes[name]
         reason = f"could not be called (model {node['model']!r}): {exc}"

@@ -1,0 +1,63 @@
+"""Soak the compiled failing diamond on the bundled tritonserver: half the requests fail in one branch.
+
+    python benchmarks/failing_branch_soak.py [--seconds 60] [--forms ensemble,bls,bls_sync]
+
+Four client groups run at the same time for the whole window: HTTP and gRPC, 16 and 64
+concurrent clients each, every client cycling over the forms, every other client sending
+requests that `brittle` refuses. Every request must get its answer or its own error (named
+by its tag), none may hang, and the server must be alive at the end. The test suite runs the
+same load for a shorter window (tests/test_server_failures.py, FAILING_BRANCH_WINDOW_S).
+Exits non-zero on any hang, wrong answer or death.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+
+from pipelines.compile import compile_pipeline
+from pipelines.examples.failing_branch import hammer_groups, make_failing_diamond
+from pipelines.triton import TritonServer
+
+GROUPS = [("http", 16), ("http", 64), ("grpc", 16), ("grpc", 64)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--forms", default="ensemble,bls,bls_sync")
+    args = parser.parse_args()
+    forms = args.forms.split(",")
+    p = make_failing_diamond()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = compile_pipeline(p, "both").write(Path(tmp) / "repo")
+        with TritonServer(root, exit_timeout=1) as server:
+            started = time.monotonic()
+            models = [f"{p.name}_{form}" for form in forms]
+            tallies = anyio.run(hammer_groups, server, models, GROUPS, args.seconds)
+            elapsed = time.monotonic() - started
+            alive = True
+            try:
+                server.check_alive()
+            except Exception as exc:
+                alive = False
+                print("server died:", exc)
+    bad = not alive
+    print(f"{elapsed:.0f} s, forms {', '.join(forms)}")
+    for (protocol, clients), t in tallies.items():
+        print(f"{protocol:>4} x {clients:>2}: {t.total:>6} requests, {t.answered} answered, "
+              f"{t.own_errors} own errors, {t.hung} hung, {len(t.wrong)} wrong")
+        for line in t.wrong[:3]:
+            print("   ", line)
+        bad |= bool(t.hung or t.wrong)
+    print("server alive at the end:", alive)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
