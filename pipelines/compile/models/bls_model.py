@@ -84,7 +84,7 @@ class TritonPythonModel:
                 while sorter.is_active():
                     for name in sorter.get_ready():
                         call = self._request(self.nodes[name], run).async_exec()
-                        limit = _timeout_s(self.nodes[name])
+                        limit = self.timeouts_us.get(name, 0) / 1e6
                         if limit:  # Triton's own request timeout stops only a queued request
                             call = asyncio.wait_for(call, limit)
                         running[asyncio.ensure_future(call)] = name
@@ -103,7 +103,7 @@ class TritonPythonModel:
     def _exec_within_timeout(self, node, request):
         """``request.exec()``, given up after the step's timeout: Triton's ``timeout=`` only
         drops a request still queued, so a step that hangs while running would hold this one."""
-        limit = _timeout_s(node)
+        limit = self.timeouts_us.get(node["name"], 0) / 1e6
         if not limit:
             return request.exec()
         if self._pool is None:
@@ -189,14 +189,12 @@ class _Run:
         return tensor
 
 
-def _timeout_s(node):
-    return int(node.get("timeout_us", 0)) / 1e6
 
 
 def _timed_out(model, node):
     return (
         f"{model.where}: step {node['name']!r} (model {node['model']!r}) ran past its timeout of "
-        f"{_timeout_s(node):g} s; the request was answered with this error, and the step may still be running"
+        f"{model.timeouts_us.get(node['name'], 0) / 1e6:g} s; the request was answered with this error, and the step may still be running"
     )
 
 
