@@ -195,11 +195,11 @@ def last(a, b):
     return {"y": a * b}
 
 
-@step(inputs={"x": F4}, outputs={"y": F4}, timeout=0.5, instance_count=2)
-def nap(x):
-    """Sleeps as many seconds as the first value says; its `timeout` bounds it in the BLS forms."""
-    time.sleep(float(x[0, 0]))
-    return {"y": x}
+class Nap(Hang):
+    """Hangs like `Hang` on the marker; declared with a `timeout`, which the BLS forms enforce."""
+
+
+NAP_TIMEOUT_S = 2.0
 
 
 def maze_pipeline(log_dir: Path):
@@ -222,7 +222,11 @@ def maze_reference(x):
     return {"z": (4 * x + 1) * (x + 1), "followed": 2 * x - 1}
 
 
-def nap_pipeline():
+def nap_pipeline(release_dir: Path):
+    nap = step(
+        Nap, name="nap", inputs={"x": F4}, outputs={"y": F4}, timeout=NAP_TIMEOUT_S,
+        instance_count=2, parameters={"release_dir": str(release_dir)},
+    )
     p = Pipeline("napping", inputs={"x": F4}, max_batch_size=MAX_BATCH)
     p.output("y", p.add(nap, x=p.input("x"))["y"])
     return p
@@ -253,7 +257,7 @@ def server(tmp_path_factory, release_dir, log_dir):
         compile_pipeline(flat_pipeline(), "ensemble"),
         compile_pipeline(fb.make_failing_diamond(), "both"),
         compile_pipeline(maze_pipeline(log_dir), "both"),
-        compile_pipeline(nap_pipeline(), "both"),
+        compile_pipeline(nap_pipeline(release_dir), "both"),
     ]
     root = repos[0].merge(*repos[1:]).write(tmp_path_factory.mktemp("failures") / "repo")
     # Nothing is in flight at the end; a short exit timeout spares the wait for Triton's unloading.
@@ -613,22 +617,28 @@ def test_a_failing_last_step_after_two_joins_is_named(client, form):
 
 
 @pytest.mark.parametrize("form", ["bls", "bls_sync"])
-def test_a_bls_form_gives_up_on_a_step_past_its_timeout_and_names_it(client, form):
-    x = np.full((1, 4), 2.5, np.float32)  # sleeps 2.5 s; its timeout is 0.5 s
-    started = time.monotonic()
-    with pytest.raises(StepTimeoutError) as caught:
-        client.infer(f"napping_{form}", {"x": x}, timeout=30)
-    assert time.monotonic() - started < 2.0, "the BLS model waited for the step to finish"
+def test_a_bls_form_gives_up_on_a_step_past_its_timeout_and_names_it(client, release_dir, form):
+    token = next(TOKENS)
+    stuck = np.array([[STUCK_MARKER, token, 0, 0]], np.float32)
+    try:
+        with pytest.raises(StepTimeoutError) as caught:
+            client.infer(f"napping_{form}", {"x": stuck}, timeout=60)
+        # The step is still held (its release file does not exist yet): the BLS model answered without it.
+        assert not (release_dir / f"release-{token}").exists()
+    finally:
+        (release_dir / f"release-{token}").touch()
     text = str(caught.value)
-    assert "step 'nap' (model 'napping__nap') ran past its timeout of 0.5 s" in text, text
+    assert f"step 'nap' (model 'napping__nap') ran past its timeout of {NAP_TIMEOUT_S:g} s" in text, text
     assert caught.value.step == "nap"
-    # Once the abandoned call has returned, the step answers again within its timeout.
-    time.sleep(max(0.0, started + 2.7 - time.monotonic()))
-    quick = np.zeros((1, 4), np.float32)
-    np.testing.assert_array_equal(client.infer(f"napping_{form}", {"x": quick}, timeout=30)["y"], quick)
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    np.testing.assert_array_equal(client.infer(f"napping_{form}", {"x": x}, timeout=60)["y"], x * 3)
 
 
-def test_an_ensemble_has_no_step_timeout_so_the_client_sets_one(client):
+def test_an_ensemble_has_no_step_timeout_so_the_client_sets_one(client, release_dir):
     """An ensemble cannot stop a running step (docs/triton_ensemble.md): the client's timeout bounds the wait."""
-    with pytest.raises(ClientTimeoutError):
-        client.infer("napping_ensemble", {"x": np.full((1, 4), 1.5, np.float32)}, timeout=0.5)
+    token = next(TOKENS)
+    try:
+        with pytest.raises(ClientTimeoutError):
+            client.infer("napping_ensemble", {"x": np.array([[STUCK_MARKER, token, 0, 0]], np.float32)}, timeout=0.5)
+    finally:
+        (release_dir / f"release-{token}").touch()
