@@ -628,7 +628,8 @@ def test_a_bls_form_gives_up_on_a_step_past_its_timeout_and_names_it(client, rel
     finally:
         (release_dir / f"release-{token}").touch()
     text = str(caught.value)
-    assert f"step 'nap' (model 'napping__nap') ran past its timeout of {NAP_TIMEOUT_S:g} s" in text, text
+    said = f"StepTimeoutError in pipeline 'napping', node 'nap', step 'nap': ran past its timeout of {NAP_TIMEOUT_S:g} s"
+    assert said in text, text
     assert caught.value.step == "nap"
     x = np.arange(4, dtype=np.float32).reshape(1, 4)
     np.testing.assert_array_equal(client.infer(f"napping_{form}", {"x": x}, timeout=60)["y"], x * 3)

@@ -192,10 +192,12 @@ class _Run:
 
 
 def _timed_out(model, node):
-    return (
-        f"{model.where}: step {node['name']!r} (model {node['model']!r}) ran past its timeout of "
-        f"{model.timeouts_us.get(node['name'], 0) / 1e6:g} s; the request was answered with this error, and the step may still be running"
+    limit = model.timeouts_us.get(node["name"], 0) / 1e6
+    reason = (
+        f"ran past its timeout of {limit:g} s (model {node['model']!r}); the request was answered "
+        "with this error, and the step may still be running"
     )
+    return serving.WireError("StepTimeoutError", model.pipeline, reason, node["name"], node["step"]).text()
 
 
 def _result(future, name, model):
