@@ -190,8 +190,12 @@ def test_metadata_config_readiness_and_statistics(text_server):
     assert stats["compute_infer"]["ns"] > old["compute_infer"]["ns"]
     assert {b["batch_size"] for b in after["batch_stats"]} >= {1, 8}
     assert after["last_inference"] >= before["last_inference"] > 0 or after["last_inference"] > 0
-    everything = client.get_inference_statistics()["model_stats"]
-    assert [m["name"] for m in everything] == sorted("text" + s for s in MODES.values())
+    everything = {m["name"]: m for m in client.get_inference_statistics()["model_stats"]}
+    # the composing step models too, as a server lists them: one per step, shared by the forms
+    assert list(everything) == sorted("text" + s for s in MODES.values()) + ["text__measure", "text__shout"]
+    shout = client.get_inference_statistics("text__shout")["model_stats"][0]
+    assert shout["inference_count"] >= 2 and shout["execution_count"] >= 1
+    assert shout["inference_stats"]["compute_infer"]["ns"] > 0
     assert text_server.report("text_bls").requests >= 2  # the runtime's own per-step report is there too
     client.close()
     grpc_client.close()

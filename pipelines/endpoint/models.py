@@ -32,6 +32,11 @@ class ServedModel:
     config: mc.ModelConfig
 
     @property
+    def in_process(self) -> bool:
+        """Whether this form runs its Python steps inside its own model (no composing step models)."""
+        return bool(getattr(form(self.mode), "in_process", False))
+
+    @property
     def output_names(self) -> tuple[str, ...]:
         return tuple(self.pipeline.outputs)
 

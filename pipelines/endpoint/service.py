@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
+from ..plan import plan_of
 from ..runtime.local import LocalRuntime
 from ..runtime.report import Report
 from .models import ModelStatistics, ServedModel, statistics_response
@@ -44,6 +45,9 @@ class InferenceService:
         self.runtimes = dict(runtimes)
         self.version = version
         self.stats = {name: ModelStatistics(name) for name in self.models}
+        pipeline = next(iter(self.models.values())).pipeline
+        #: composing step model -> the nodes that call it, as compiled
+        self.composing = {m.name: tuple(m.nodes) for m in plan_of(pipeline, warn=False).models}
         self.ready = False
 
     # ------------------------------------------------------------ look-ups
@@ -62,8 +66,59 @@ class InferenceService:
         return pb.ServerMetadataResponse(name=SERVER_NAME, version=self.version, extensions=list(EXTENSIONS))
 
     def statistics(self, name: str = "", version: str = "") -> pb.ModelStatisticsResponse:
-        names = [self.model(name, version).name] if name else sorted(self.models)
-        return statistics_response(self.stats, names)
+        """Triton's statistics: of one model, or of every model, the composing step models included."""
+        if name in self.composing and version in ("", "1"):
+            return pb.ModelStatisticsResponse(model_stats=[self._composing_statistics(name)])
+        if name:
+            return statistics_response(self.stats, [self.model(name, version).name])
+        response = statistics_response(self.stats, sorted(self.models))
+        for step_model in sorted(self.composing):
+            response.model_stats.append(self._composing_statistics(step_model))
+        return response
+
+    def _composing_statistics(self, name: str) -> pb.ModelStatistics:
+        """A composing step model's counters, from the runtimes' cost reports.
+
+        On a server one step model serves every form, so its counters add up the
+        modes that call it (not the in-process ones, whose steps are no separate
+        model). ``inference_count`` counts requests, ``execution_count`` calls of
+        the step's function (fewer when dynamic batching merged requests); queue,
+        compute (``compute_infer``) and the runtime's overhead around the step, taking
+        its inputs and keeping its outputs (``compute_output``), are the reports'
+        means times the requests.
+        """
+        nodes = self.composing[name]
+        requests = executions = queue_ns = compute_ns = overhead_ns = 0
+        for model_name, runtime in self.runtimes.items():
+            if self.models[model_name].in_process:
+                continue
+            for cost in runtime.report().steps:
+                if cost.step in nodes and cost.calls:
+                    requests += cost.calls
+                    executions += cost.batches
+                    queue_ns += round(cost.queue_wait_us * 1e3 * cost.calls)
+                    compute_ns += round(cost.compute_us * 1e3 * cost.calls)
+                    overhead_ns += round(cost.overhead_us * 1e3 * cost.calls)
+
+        def d(ns: int) -> pb.StatisticDuration:
+            return pb.StatisticDuration(count=requests, ns=ns)
+
+        return pb.ModelStatistics(
+            name=name,
+            version="1",
+            inference_count=requests,
+            execution_count=executions,
+            inference_stats=pb.InferStatistics(
+                success=d(queue_ns + compute_ns + overhead_ns),
+                fail=pb.StatisticDuration(),
+                queue=d(queue_ns),
+                compute_input=d(0),
+                compute_infer=d(compute_ns),
+                compute_output=d(overhead_ns),
+                cache_hit=pb.StatisticDuration(),
+                cache_miss=pb.StatisticDuration(),
+            ),
+        )
 
     def report(self, name: str) -> Report:
         """The local runtime's cost report for model ``name``: per-step queue and compute, copies."""
