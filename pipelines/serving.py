@@ -252,7 +252,9 @@ def expected(spec: Any, max_batch_size: int) -> str:
 
 def normalise_outputs(names: list[str], result: Any, fail: Fail = Refused) -> dict[str, Any]:
     """Accept a dict, a tuple in declaration order, or a lone array for a one-output step."""
-    if isinstance(result, Mapping):
+    if type(result) is dict:  # the common case, before the slower ABC check
+        outputs = dict(result)
+    elif isinstance(result, Mapping):
         outputs = dict(result)
     elif isinstance(result, tuple) and len(result) == len(names):
         outputs = dict(zip(names, result, strict=False))
@@ -370,6 +372,7 @@ class StepInstance:
         self.name = name
         self.config = config
         self.outputs = list(outputs)
+        self._names = frozenset(self.outputs)
         self._fail = fail
         if inspect.isclass(impl):
             obj = impl()
@@ -397,7 +400,10 @@ class StepInstance:
 
     def execute(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Call the step with its inputs as keyword arguments; return a dict of outputs."""
-        return normalise_outputs(self.outputs, self._fn(**inputs), self._fail)
+        result = self._fn(**inputs)
+        if type(result) is dict and result.keys() == self._names:  # the common case, checked cheaply
+            return result
+        return normalise_outputs(self.outputs, result, self._fail)
 
     async def execute_async(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Await an ``async def`` step with its inputs as keyword arguments; return a dict of outputs."""
@@ -561,33 +567,44 @@ class Contract:
     def __init__(self, specs: Mapping[str, Any], max_batch_size: int) -> None:
         self.specs = dict(specs)
         self.max_batch_size = max_batch_size
+        lead = 1 if max_batch_size > 0 else 0
+        # (name, numpy dtype or None for BYTES, rank, the exact shape after the batch or None, fixed axes)
         self._rows = [
             (
                 name,
                 None if spec.dtype == "BYTES" else numpy_dtype(spec.dtype),
-                len(spec.dims) + (1 if max_batch_size > 0 else 0),
-                [(axis + (1 if max_batch_size > 0 else 0), d) for axis, d in enumerate(spec.dims) if d != -1],
+                len(spec.dims) + lead,
+                None if -1 in spec.dims else tuple(spec.dims),
+                [(axis + lead, d) for axis, d in enumerate(spec.dims) if d != -1],
             )
             for name, spec in self.specs.items()
         ]
 
-    def _fits(self, value: Any, dtype: Any, rank: int, fixed: list[tuple[int, int]]) -> bool:
+    def _fits(self, value: Any, dtype: Any, rank: int, body: tuple[int, ...] | None, fixed: list[tuple[int, int]]) -> bool:
         if dtype is None:
             if np.dtype(value.dtype).kind not in "OSU":
                 return False
         elif value.dtype != dtype:
             return False
         shape = value.shape
-        return len(shape) == rank and all(shape[axis] == d for axis, d in fixed)
+        if len(shape) != rank:
+            return False
+        if body is not None:
+            return (shape[1:] if self.max_batch_size > 0 else shape) == body
+        for axis, d in fixed:
+            if shape[axis] != d:
+                return False
+        return True
 
     def check_inputs(self, arrays: Mapping[str, Any], fail: Fail = Refused) -> int | None:
         """The batch size of a request's arrays (``None`` without batching), or raise ``fail``."""
         size = None
-        for name, dtype, rank, fixed in self._rows:
+        batched = self.max_batch_size > 0
+        for name, dtype, rank, body, fixed in self._rows:
             value = arrays[name]
-            if not self._fits(value, dtype, rank, fixed):
+            if not self._fits(value, dtype, rank, body, fixed):
                 break
-            if self.max_batch_size > 0:
+            if batched:
                 rows = value.shape[0]
                 if (size is not None and rows != size) or rows < 1 or rows > self.max_batch_size:
                     break
@@ -599,11 +616,11 @@ class Contract:
 
     def check_outputs(self, outputs: Mapping[str, Any], batch_size: int | None, fail: Fail = Refused) -> None:
         """Raise ``fail`` if an output breaks its declaration (``batch_size``: the request's rows)."""
-        for name, dtype, rank, fixed in self._rows:
+        for name, dtype, rank, body, fixed in self._rows:
             value = outputs[name]
             if not (
                 hasattr(value, "dtype")
-                and self._fits(value, dtype, rank, fixed)
+                and self._fits(value, dtype, rank, body, fixed)
                 and (batch_size is None or value.shape[0] == batch_size)
             ):
                 check_outputs(self.specs, outputs, batched=self.max_batch_size > 0, batch_size=batch_size, fail=fail)
@@ -679,7 +696,7 @@ def tensor_writer(spec: Spec, pb: Any) -> Callable[[str, Any], Any]:
 
     def tensor(name: str, value: Any) -> Any:
         if isinstance(value, np.ndarray):
-            return pb.Tensor(name, np.ascontiguousarray(value))
+            return pb.Tensor(name, value if value.flags.c_contiguous else np.ascontiguousarray(value))
         # A GPU array stays on the GPU. DLPack is never used on a numpy array (docs/triton.md).
         return pb.Tensor.from_dlpack(name, value)
 
@@ -736,6 +753,8 @@ class Schedule:
         needed = {name for out in outputs for name in out["needs"]}
         nodes = [node for node in plan["nodes"] if node["name"] in needed]
         self.order = [node["name"] for node in nodes]
+        # Every node needs the one before it: running them in turn is all an async executor can do.
+        self.chain = all(prev in node["after"] for prev, node in zip(self.order, nodes[1:], strict=False))
         # graphlib wants node -> predecessors; a needed node's predecessors are all needed.
         self.after = {node["name"]: node["after"] for node in nodes}
         exposed = {}

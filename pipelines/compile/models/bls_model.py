@@ -60,6 +60,8 @@ class TritonPythonModel:
         return [self._answer_sync(request) for request in requests]
 
     async def _execute_async(self, requests):
+        if len(requests) == 1:  # no task to make for a lone request
+            return [await self._answer_async(requests[0])]
         return list(await asyncio.gather(*(self._answer_async(request) for request in requests)))
 
     # ------------------------------------------------------------------ one request
@@ -77,6 +79,16 @@ class TritonPythonModel:
     async def _answer_async(self, request):
         try:
             run = self._start(request)
+            if run.schedule.chain:  # each node needs the one before: await them in turn, nothing to schedule
+                for name in run.schedule.order:
+                    node = self.nodes[name]
+                    call = self._request(node, run).async_exec()
+                    try:
+                        response = await call
+                    except Exception as exc:  # e.g. the composing model is not loaded
+                        raise _call_failed(exc, name, self) from exc
+                    self._collect(node, run, response)
+                return self._respond(run)
             sorter = graphlib.TopologicalSorter(run.schedule.after)
             sorter.prepare()
             running = {}
@@ -88,7 +100,15 @@ class TritonPythonModel:
                         if limit:  # Triton's own request timeout stops only a queued request
                             call = asyncio.wait_for(call, limit)
                         running[asyncio.ensure_future(call)] = name
-                    done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    if len(running) == 1:  # one call in flight: await it, without asyncio.wait's own future
+                        future = next(iter(running))
+                        try:
+                            await future
+                        except Exception:
+                            pass  # _result below says what went wrong
+                        done = (future,)
+                    else:
+                        done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                     for future in done:
                         name = running.pop(future)
                         self._collect(self.nodes[name], run, _result(future, name, self))
@@ -206,9 +226,13 @@ def _result(future, name, model):
     except asyncio.TimeoutError:
         raise RequestFailed(_timed_out(model, model.nodes[name])) from None
     except Exception as exc:  # e.g. the composing model is not loaded
-        node = model.nodes[name]
-        reason = f"could not be called (model {node['model']!r}): {exc}"
-        raise RequestFailed(serving.WireError("StepError", model.pipeline, reason, name, node["step"]).text()) from exc
+        raise _call_failed(exc, name, model) from exc
+
+
+def _call_failed(exc, name, model):
+    node = model.nodes[name]
+    reason = f"could not be called (model {node['model']!r}): {exc}"
+    return RequestFailed(serving.WireError("StepError", model.pipeline, reason, name, node["step"]).text())
 
 
 def _renamed(tensor, name, dtype):

@@ -77,6 +77,8 @@ class TritonPythonModel:
         return config
 
     def execute(self, requests):
+        if len(requests) == 1 and not self.ensemble.active:
+            return [self._answer_one(requests[0])]
         inputs, errors = [], []
         for request in requests:
             try:
@@ -98,6 +100,18 @@ class TritonPythonModel:
             instance.finalize()
 
     # ------------------------------------------------------------------ helpers
+
+    def _answer_one(self, request):
+        """A lone request (concurrency 1, or a batcher that found no company): no batch bookkeeping."""
+        try:
+            arrays, size = self._read(request)
+        except Exception as exc:
+            return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(self._message(exc, "InputError")))
+        try:
+            result = self._call(arrays, size)
+        except Exception as exc:
+            return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(self._message(exc, "StepError")))
+        return self._respond(request, result, None)
 
     def _read(self, request):
         arrays = {}
@@ -135,7 +149,9 @@ class TritonPythonModel:
     def _call(self, arrays, batch_size):
         outputs = self.instance.execute(arrays)
         for name, value in outputs.items():
-            if not isinstance(value, np.ndarray) and not hasattr(value, "__cuda_array_interface__"):
+            if type(value) is not np.ndarray and not (
+                isinstance(value, np.ndarray) or hasattr(value, "__cuda_array_interface__")
+            ):
                 outputs[name] = np.asarray(value)
         self.gives.check_outputs(outputs, batch_size)
         return outputs
