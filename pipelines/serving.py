@@ -402,7 +402,7 @@ class StepInstance:
         """Call the step with its inputs as keyword arguments; return a dict of outputs."""
         result = self._fn(**inputs)
         if type(result) is dict and result.keys() == self._names:  # the common case, checked cheaply
-            return result
+            return dict(result)  # a copy: the runtimes may replace values, the step may keep its dict
         return normalise_outputs(self.outputs, result, self._fail)
 
     async def execute_async(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
