@@ -19,6 +19,8 @@ from test_repository_write import models_in, snapshot
 
 from pipelines import Pipeline, PipelinesError, TensorSpec, step
 from pipelines.compile.configs import parse_config
+from pipelines.examples.yolov5 import make_sample
+from pipelines.examples.yolov5 import pipeline as yolov5
 from pipelines.triton import TritonServer
 
 pytestmark = pytest.mark.server
@@ -103,6 +105,7 @@ def shared(tmp_path_factory):
     pipeline_a(plus_one).compile("ensemble").write(root)
     pipeline_b().compile("ensemble").write(root)
     pipeline_a().compile("both").write(root)  # rewrites only alpha's models: its old form goes
+    yolov5.compile("both").write(root)  # the built-in example: its steps live in pipelines, so travel by value
     env = fresh_environment(base_python(), root / "requirements.txt", tmp_path_factory.mktemp("env") / "venv")
     models = models_in(root)
     with TritonServer(root, python_env=env, model_control_mode="explicit", load_models=models) as server:
@@ -111,8 +114,10 @@ def shared(tmp_path_factory):
 
 def test_two_pipelines_and_a_hand_made_model_serve_from_one_repository(shared):
     root, server, hand_made, env = shared
-    assert models_in(root) == ["alpha__Typed", "alpha__double", "alpha_bls", "alpha_bls_sync", "alpha_ensemble",
-                               "beta", "beta__plus_one", "beta__sort", "double"]
+    assert [m for m in models_in(root) if not m.startswith("yolov5")] == [
+        "alpha__Typed", "alpha__double", "alpha_bls", "alpha_bls_sync", "alpha_ensemble",
+        "beta", "beta__plus_one", "beta__sort", "double",
+    ]
     expected_a = (X > 0.5).astype(np.float32) * 2
     with server.client("http") as http, server.client("grpc") as grpc:
         for client in (http, grpc):
@@ -122,6 +127,17 @@ def test_two_pipelines_and_a_hand_made_model_serve_from_one_repository(shared):
             np.testing.assert_array_equal(client.infer("double", {"x": X})["y"], X * 2)
     # Byte for byte as written by hand (the stub adds only its own __pycache__ when it imports model.py).
     assert {k: v for k, v in snapshot(root / "double").items() if "__pycache__" not in k} == hand_made
+
+
+def test_the_yolov5_example_serves_without_pipelines_as_it_runs_locally(shared):
+    _, server, _, _ = shared
+    image = make_sample()["image"][None]
+    local = yolov5.run({"image": image}, mode="ensemble")["detections"]
+    assert (local[0, :, 4] > 0).sum() >= 5  # the sample's objects were found
+    with server.client("grpc") as client:
+        for form in ("ensemble", "bls", "bls_sync"):
+            remote = client.infer(f"yolov5_{form}", {"image": image})["detections"]
+            np.testing.assert_allclose(remote, local, rtol=1e-5, atol=1e-4)
 
 
 def test_the_stub_python_has_only_what_requirements_txt_names(shared):

@@ -6,8 +6,10 @@ whatever names it is given. Also ``remove_pipelines`` and requirements.txt."""
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -16,6 +18,7 @@ import textwrap
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -490,3 +493,30 @@ def test_a_module_beside_the_script_named_like_an_installed_distribution_travels
     monkeypatch.setitem(sys.modules, name, module)
     spec.loader.exec_module(module)
     assert step_reference(step(module.shout, name="shout", inputs={"x": F4}, outputs={"y": F4})) is None
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_table():
+    return np.arange(4, dtype=np.float32)
+
+
+class _Marker:
+    def __reduce__(self):
+        return "MARKER"  # pickled by name: test_repository_write.MARKER, which a server cannot import
+
+
+MARKER = _Marker()
+
+
+def test_a_cached_helper_travels_by_value_and_a_by_name_object_is_refused_at_compile(tmp_path):
+    from pipelines.compile.step_models import _names_imported_by
+
+    cached = step(lambda x: {"y": x + _cached_table()}, name="cached", inputs={"x": F4}, outputs={"y": F4})
+    repo = pipeline("cache", cached).compile("ensemble")
+    data = repo["cache__cached"].files["1/step.pkl"]
+    assert __name__ not in _names_imported_by(data)  # by value, rebuilt as lru_cache(maxsize=2)(...)
+    fn = pickle.loads(data)
+    np.testing.assert_array_equal(fn(np.zeros(4, np.float32))["y"], np.arange(4))
+    marked = step(lambda x: {"y": x if MARKER else x}, name="marked", inputs={"x": F4}, outputs={"y": F4})
+    with pytest.raises(RepositoryWriteError, match=f"refers by name to something in '{__name__}'"):
+        pipeline("mark", marked).compile("ensemble").write(tmp_path / "models")

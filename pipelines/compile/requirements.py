@@ -113,13 +113,20 @@ def is_installed_module(module: ModuleType) -> bool:
     return False
 
 
-def distributions_of(module_names: Iterable[str]) -> tuple[str, ...]:
-    """``dist==version`` for the installed distributions that provide ``module_names`` (not ours, not stdlib)."""
+def distributions_of(module_names: Iterable[str], *, exact: bool = True) -> tuple[str, ...]:
+    """The installed distributions that provide ``module_names`` (not ours, not the standard library).
+
+    ``exact`` pins ``dist==version``: for a step referenced by module, whose code is not in the
+    repository, the version it was compiled against. Otherwise ``dist~=version``: a package a
+    step exported by value refers to by name, whose API it uses.
+    """
     found = set()
     for name in module_names:
         top = (name or "").partition(".")[0]
         if not top or top in getattr(sys, "stdlib_module_names", ()) or top in sys.builtin_module_names:
             continue
+        if top == "cloudpickle":
+            continue  # its own machinery in every by-value pickle; required with its own range
         module = sys.modules.get(top)
         if module is not None and not is_installed_module(module):
             continue
@@ -127,10 +134,17 @@ def distributions_of(module_names: Iterable[str]) -> tuple[str, ...]:
             if dist.lower().replace("_", "-") == _OWN_DISTRIBUTION:
                 continue
             try:
-                found.add(f"{dist}=={importlib.metadata.version(dist)}")
+                found.add(_pin(dist, importlib.metadata.version(dist), exact=exact))
             except importlib.metadata.PackageNotFoundError:
                 continue
     return tuple(sorted(found, key=str.lower))
+
+
+def _pin(dist: str, version: str, *, exact: bool) -> str:
+    if exact:
+        return f"{dist}=={version}"
+    public = version.split("+", 1)[0]  # pip refuses a local label ("+cpu") after ~=
+    return f"{dist}~={public}" if "." in public else f"{dist}>={public}"  # ~= needs two components
 
 
 def render_requirements(markers: Sequence[Mapping[str, Any]], previous: str | None) -> str | None:

@@ -21,6 +21,7 @@ import hashlib
 import importlib
 import io
 import json
+import pickletools
 import sys
 import types
 from dataclasses import dataclass
@@ -245,12 +246,16 @@ class _Export:
         return {"pickle": STEP_PICKLE, "sha256": hashlib.sha256(self.data()).hexdigest(), "python": python_version()}
 
     def needs(self) -> ServerNeeds:
-        requirements = (NUMPY_REQUIREMENT, cloudpickle_requirement(), *distributions_of(self._result[1]))
+        requirements = (NUMPY_REQUIREMENT, cloudpickle_requirement(), *distributions_of(self._result[1], exact=False))
         return ServerNeeds(tuple(dict.fromkeys(requirements)), python=python_version())
 
 
 class _RecordingPickler(cloudpickle.Pickler):
-    """A cloudpickle pickler that notes the module of everything it pickles, to list what the server must import."""
+    """A cloudpickle pickler that notes the module of everything it pickles, to list what the server must import.
+
+    It also sends ``functools.lru_cache`` functions of by-value modules by value: cloudpickle
+    would refer to them by name (they are not plain functions), which a server cannot import.
+    """
 
     def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file)
@@ -263,7 +268,55 @@ class _RecordingPickler(cloudpickle.Pickler):
             module = getattr(obj, "__module__", None) if isinstance(obj, (type, types.FunctionType,
                                                                           types.BuiltinFunctionType)) else None
             self.modules.add(module if isinstance(module, str) else type(obj).__module__)
+        if isinstance(obj, functools._lru_cache_wrapper) and _travels_by_value(getattr(obj, "__module__", None)):
+            params = obj.cache_parameters()
+            # Rebuilt on the server as lru_cache(maxsize, typed)(the function, by value).
+            return functools.lru_cache(maxsize=params["maxsize"], typed=params["typed"]), (obj.__wrapped__,)
         return super().reducer_override(obj)
+
+
+def _travels_by_value(module_name: object) -> bool:
+    if not isinstance(module_name, str):
+        return False
+    if module_name == "__main__":
+        return True
+    registered = cloudpickle.list_registry_pickle_by_value()
+    return any(module_name == r or module_name.startswith(r + ".") for r in registered)
+
+
+def _names_imported_by(data: bytes) -> set[str]:
+    """The modules a pickle imports by name when loaded (its GLOBAL and STACK_GLOBAL opcodes)."""
+    memo: dict[int, Any] = {}
+    pushed: list[Any] = []
+    modules = set()
+    for op, arg, _ in pickletools.genops(data):
+        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"):
+            pushed.append(arg)
+        elif op.name in ("BINGET", "LONG_BINGET", "GET"):
+            pushed.append(memo.get(int(arg)))
+        elif op.name == "MEMOIZE":
+            memo[len(memo)] = pushed[-1] if pushed else None
+        elif op.name in ("BINPUT", "LONG_BINPUT", "PUT"):
+            memo[int(arg)] = pushed[-1] if pushed else None
+        elif op.name == "STACK_GLOBAL":
+            module = pushed[-2] if len(pushed) >= 2 else None
+            if isinstance(module, str):
+                modules.add(module)
+            pushed.append(None)
+        elif op.name in ("GLOBAL", "INST"):
+            modules.add(str(arg).partition(" ")[0])
+            pushed.append(None)
+        else:
+            pushed.append(None)
+    return modules
+
+
+def _unimportable(module_name: str) -> bool:
+    """Whether a server could not import ``module_name``: ours, a script, or a module that is not installed."""
+    if _is_ours(module_name) or module_name == "__main__":
+        return True
+    module = sys.modules.get(module_name)
+    return module is not None and not is_installed_module(module)
 
 
 def _export_by_value(pipeline: str, node: str, step: Step) -> tuple[bytes, frozenset[str]]:
@@ -284,7 +337,8 @@ def _export_by_value(pipeline: str, node: str, step: Step) -> tuple[bytes, froze
         buffer = io.BytesIO()
         pickler = _RecordingPickler(buffer)
         pickler.dump(impl)
-        return buffer.getvalue(), frozenset(pickler.modules)
+        data = buffer.getvalue()
+        by_name = sorted(m for m in _names_imported_by(data) if _unimportable(m))
     except Exception as exc:
         raise CompileError(
             f"pipeline {pipeline!r}: step {node!r} ({step.name!r}) cannot be exported by value with "
@@ -295,3 +349,11 @@ def _export_by_value(pipeline: str, node: str, step: Step) -> tuple[bytes, froze
     finally:
         for m in registered:
             cloudpickle.unregister_pickle_by_value(m)
+    if by_name:
+        raise CompileError(
+            f"pipeline {pipeline!r}: step {node!r} ({step.name!r}) refers by name to something in "
+            f"{', '.join(map(repr, by_name))}, which a server cannot import, and cloudpickle cannot send it "
+            "by value; refer to it from a plain function or class, or move it into an installed package",
+            pipeline=pipeline, step=node,
+        )
+    return data, frozenset(pickler.modules)
