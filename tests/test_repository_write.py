@@ -124,7 +124,7 @@ def test_a_name_collision_with_a_model_not_ours_is_refused_unless_asked(tmp_path
     theirs = hand_made(target, "demo")
     other = pipeline("other").compile("ensemble").write(target)
     before = snapshot(target)
-    with pytest.raises(RepositoryWriteError, match="'demo' \\(not written by pipelines\\).*overwrite=True"):
+    with pytest.raises(RepositoryWriteError, match="'demo' \\(owned by no pipeline: no .pipelines-model.json in it\\).*overwrite=True"):
         pipeline("demo").compile("ensemble").write(target)
     assert snapshot(target) == before
     # A model named like another pipeline's is that pipeline's, not ours.
@@ -475,7 +475,7 @@ def test_bench_out_writes_beside_the_users_models_and_deletes_nothing_it_did_not
     # A user's model named like one of the bench's is refused, never replaced.
     theirs = hand_made(tmp_path / "other" / "model_repository", "demo_bls")
     before = snapshot(theirs)
-    with ExitStack() as stack, pytest.raises(RepositoryWriteError, match="'demo_bls' \\(not written by pipelines\\)"):
+    with ExitStack() as stack, pytest.raises(RepositoryWriteError, match="'demo_bls' \\(owned by no pipeline: no .pipelines-model.json in it\\)"):
         write_bench_repository(pipeline(), tmp_path / "other", stack)
     assert snapshot(theirs) == before
 

@@ -270,7 +270,8 @@ def _read_marker(model_dir: Path) -> dict[str, Any] | None:
 
 
 def _describe_owner(owner: str | None) -> str:
-    return f"owned by pipeline {owner!r}" if owner else "not written by pipelines"
+    # No marker: made by hand, by another tool, or by a version of pipelines that recorded no owner.
+    return f"owned by pipeline {owner!r}" if owner else f"owned by no pipeline: no {MARKER_FILE} in it"
 
 
 def _write_marker(model_dir: Path, model: Any, *, owner: str, write_id: str) -> None:
