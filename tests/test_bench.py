@@ -35,6 +35,7 @@ from pipelines.bench.command import parse_levels
 from pipelines.bench.stats import breakdown, parse_statistics
 from pipelines.bench.verdict import compare_ratios, verdict
 from pipelines.errors import PipelinesError
+from pipelines.forms import FORMS
 from pipelines.percentiles import percentiles
 from pipelines.runtime.report import CostRecorder
 
@@ -418,7 +419,7 @@ def test_the_command_line_runs_a_local_benchmark(tmp_path, capsys):
     assert "local bls-sync" in printed and "verdict:" in printed
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["pipeline"] == "pipelines.examples.basic:chain"
-    assert len(data["measurements"]) == 6
+    assert len(data["measurements"]) == len(FORMS) * 2  # every form of the table, at two loads
 
 
 # ---------------------------------------------------------------- results are never lost
