@@ -28,7 +28,7 @@ __all__ = [
     "render_requirements",
 ]
 
-#: Triton 2.51's Python backend loses tensors between models with numpy 2 (TRITON_NOTES, docs/).
+#: Triton 2.51's Python backend loses tensors between models with numpy 2 (docs/triton.md).
 NUMPY_REQUIREMENT = "numpy<2"
 #: Our own distribution: the in-server code never imports it, and it must not be required.
 _OWN_DISTRIBUTION = "pipelines"
