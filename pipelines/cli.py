@@ -54,7 +54,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from .compile.repository_disk import write_repository
 
     p = load_pipeline(args.pipeline)
-    repo = p.compile(args.target)
+    repo = p.compile(args.target, bls_instance_count=args.bls_instance_count,
+                     fused_instance_count=args.fused_instance_count)
     path = write_repository(repo, args.out, overwrite=args.overwrite, overwrite_hint="--overwrite",
                             write_model=_write_model)
     print(f"wrote {len(repo.models)} models of pipeline {p.name!r} to {path}:")
@@ -213,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", choices=list(TARGETS), default="both",
                    help="one form, or forms side by side: 'both' (ensemble, bls, bls-sync), 'all' (every form)")
     c.add_argument("--out", required=True, metavar="DIR", help="the model repository directory to write into")
+    c.add_argument("--bls-instance-count", type=int, default=1, metavar="N", help="instances of the BLS models (default 1)")
+    c.add_argument("--fused-instance-count", type=int, default=1, metavar="N",
+                   help="instances of the fused model, each with an instance of every Python step (default 1)")
     c.add_argument("--overwrite", action="store_true",
                    help="replace models of the same name that this pipeline does not own, or write into a "
                    "directory that is not a model repository (its other files stay)")

@@ -45,7 +45,7 @@ class Form:
     scheduler: str  # one of SCHEDULERS
     compiler: str  # "module:function(plan, name, form, options) -> [CompiledModel]", imported on use
     one_execute_per_instance: bool  # a Python model: each instance runs one execute() at a time
-    server_copies: int  # copies a server makes of a tensor at each step boundary (process crossings)
+    server_copies: int  # copies a server makes of a tensor at each step boundary (process crossings; none in-process)
     summary: str  # one line for help texts
     # Python steps run inside the top-level model, in its process: no step model, no copy
     # between steps; external model steps are still called through BLS.
@@ -96,7 +96,7 @@ FORMS: MappingProxyType[str, Form] = MappingProxyType({
             scheduler="concurrent",
             compiler="pipelines.compile.fused:compile_form",
             one_execute_per_instance=True,
-            server_copies=0,
+            server_copies=2,  # an external step's BLS call, as in "bls"
             summary="one Python model running the Python steps in-process, concurrently; external models through BLS",
             in_process=True,
         ),

@@ -36,6 +36,7 @@ from pipelines.bench.stats import breakdown, parse_statistics
 from pipelines.bench.verdict import compare_ratios, verdict
 from pipelines.errors import PipelinesError
 from pipelines.forms import FORMS
+from pipelines.forms import form as form_of
 from pipelines.percentiles import percentiles
 from pipelines.runtime.report import CostRecorder
 
@@ -305,7 +306,7 @@ def faulty_diamond() -> Pipeline:
 
 POISONED = 1  # of the four samples, this one makes `fragile` fail
 SAMPLES = [{"x": np.full((1, 8), v, np.float32)} for v in (1.0, -1.0, 2.0, 3.0)]
-LABELS = {f"{where} {form}" for where in ("local", "server") for form in ("ensemble", "bls", "bls-sync")}
+LABELS = {f"{where} {form}" for where in ("local", "server") for form in FORMS}
 LEVELS = (1, 2)
 
 
@@ -364,14 +365,16 @@ def test_the_server_breakdown_covers_every_composing_model(bench):
         rows = {t.model: t for t in m.breakdown}
         assert m.breakdown[0].model == m.config.model
         own = helpers if m.config.form == "ensemble" else set()
-        assert steps | own | {m.config.model} == set(rows), m.config.label
+        called = set() if form_of(m.config.form).in_process else steps  # fused runs its Python steps itself
+        assert called | own | {m.config.model} == set(rows), m.config.label
         for t in m.breakdown:
             assert t.requests > 0
             assert min(t.queue_us, t.compute_input_us, t.compute_infer_us, t.compute_output_us) >= 0
             assert t.total_us > 0
         # Every request reaches `fragile` first, in every form: Triton's count matches the client's,
         # give or take the requests in flight at the two snapshots.
-        reached = rows["faulty_diamond__fragile"].requests + rows["faulty_diamond__fragile"].failures
+        first = rows.get("faulty_diamond__fragile", rows[m.config.model])
+        reached = first.requests + first.failures
         assert abs(reached - m.requests) <= 2 * m.concurrency, (m.config.label, reached, m.requests)
 
 
@@ -416,7 +419,7 @@ def test_the_command_line_runs_a_local_benchmark(tmp_path, capsys):
     ])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "local bls-sync" in printed and "verdict:" in printed
+    assert "local bls-sync" in printed and "local fused" in printed and "verdict:" in printed
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["pipeline"] == "pipelines.examples.basic:chain"
     assert len(data["measurements"]) == len(FORMS) * 2  # every form of the table, at two loads

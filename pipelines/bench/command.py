@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="measure on the embedded Triton server (the default unless --url is given)")
     where.add_argument("--url", metavar="HOST:PORT",
                        help="measure a remote Triton server where the repository compiled with "
-                       "'--target both' is already deployed")
+                       "'--target all' is already deployed")
     parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
     parser.add_argument("--local", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure the local runtime (default: on)")
@@ -67,8 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="let the local runtime copy tensors where a Triton server moves them between "
                         "processes (one copy per step boundary in an ensemble, two in BLS), so that it "
                         "predicts the server (default: on)")
-    parser.add_argument("--forms", type=_forms, default=FORMS, metavar="ensemble,bls,bls-sync",
-                        help="which forms to measure (default: all three)")
+    parser.add_argument("--forms", type=_forms, default=FORMS, metavar=",".join(FORMS),
+                        help="which forms to measure (default: every form)")
     parser.add_argument("--batch", type=int, default=1, help="batch size of each request (default: 1)")
     window = parser.add_mutually_exclusive_group()
     window.add_argument("--duration", type=float, default=2.0, metavar="SECONDS",
@@ -148,7 +148,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     """``benchmarks/ensemble_vs_bls.py`` and ``python -m pipelines.bench``: parse ``argv`` and run."""
     parser = argparse.ArgumentParser(
         prog="ensemble_vs_bls",
-        description="Benchmark a pipeline as ensemble, bls and bls-sync, locally and on a Triton server.",
+        description=f"Benchmark a pipeline in every form ({', '.join(FORMS)}), locally and on a Triton server.",
     )
     add_arguments(parser)
     args = parser.parse_args(argv)

@@ -9,7 +9,9 @@ the requested outputs). They differ in the form's scheduler:
   ones that became ready; no orchestrator sits in the middle.
 - ``"concurrent"`` (``"bls"``, ``"fused"``): one orchestrator per request walks a
   ``graphlib.TopologicalSorter`` and awaits the ready steps concurrently (an
-  ``async def execute`` Python model).
+  ``async def execute`` Python model). In ``"fused"`` the Python steps run inside
+  that one model, so they cross no process: no server copy and no replayed cost
+  at their boundaries; external steps still pay a BLS call each.
 - ``"sequential"`` (``"bls-sync"``): one orchestrator calls the steps one after
   another in topological order (a BLS model using ``exec()``).
 
@@ -148,9 +150,9 @@ class LocalRuntime:
     and outputs cross one process boundary each in an ensemble, and two in BLS,
     where they also pass through the BLS model's stub. Each copy is counted.
     ``offload`` is when sync steps hop to a worker thread (see the module docstring).
-    ``bls_instance_count`` is the BLS model's instance count in the two BLS modes:
-    like Triton, each instance runs one ``execute()`` call at a time (see
-    :mod:`pipelines.runtime.bls_gate`).
+    ``bls_instance_count`` is the BLS model's instance count in the two BLS modes, and
+    ``fused_instance_count`` the fused model's in ``"fused"``: like Triton, each instance
+    runs one ``execute()`` call at a time (see :mod:`pipelines.runtime.bls_gate`).
     ``profile`` (a :class:`~pipelines.calibration.Profile` or the path of its JSON
     file, from ``pipelines calibrate``) replays a server's costs at each boundary, so
     that latency, throughput and the report predict that server (see
@@ -169,6 +171,7 @@ class LocalRuntime:
         offload: str = "auto",
         threads: int | None = None,
         bls_instance_count: int = 1,
+        fused_instance_count: int = 1,
         profile: Any = None,
     ) -> None:
         if not isinstance(pipeline, Pipeline):
@@ -197,6 +200,10 @@ class LocalRuntime:
         if self._replay is not None:
             self._crossings = 0
         self.plan = plan_of(pipeline)
+        # Nodes that run inside the top-level model (the fused form's Python steps): no boundary to pay.
+        self._in_process = frozenset(
+            n for n in self.plan.order if self.form.in_process and not pipeline.nodes[n].step.is_external
+        )
         self._routes = {None: _Routes.of(self.plan)}  # by requested outputs (None: all)
         live = [pipeline.nodes[n] for n in self.plan.order]
         for node in live:
@@ -232,14 +239,13 @@ class LocalRuntime:
         self._schedule = {
             "event": self._run_ensemble, "concurrent": self._run_bls, "sequential": self._run_bls_sync
         }[self.form.scheduler]
-        if isinstance(bls_instance_count, bool) or not isinstance(bls_instance_count, int) or bls_instance_count < 1:
-            raise InferenceError(
-                f"pipeline {name!r}: bls_instance_count must be an int >= 1; got {bls_instance_count!r}", pipeline=name
-            )
+        for option, count in (("bls_instance_count", bls_instance_count), ("fused_instance_count", fused_instance_count)):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise InferenceError(f"pipeline {name!r}: {option} must be an int >= 1; got {count!r}", pipeline=name)
         self._bls_gate = None
         if self.form.one_execute_per_instance:
             self._bls_gate = BlsGate(
-                instances=bls_instance_count,
+                instances=fused_instance_count if self.form.in_process else bls_instance_count,
                 concurrent=self.form.scheduler == "concurrent",
                 max_rows=pipeline.max_batch_size or 1,
             )
@@ -273,7 +279,7 @@ class LocalRuntime:
                     owners[id(node.step)] = model
                 else:
                     model.share(owner)
-                model.replay = self._replay
+                model.replay = None if name in self._in_process else self._replay
                 self._models[name] = model
             if self.offload == "auto":
                 hop = await thread_hop_cost()
@@ -458,7 +464,8 @@ class LocalRuntime:
         model = self._models[name]
         values, remaining = req.values, req.remaining
         inputs = {}
-        crossings = self._crossings
+        outside = name not in self._in_process
+        crossings = self._crossings if outside else 0
         for input_name, key in req.routes.bindings[name]:
             inputs[input_name] = model.place(values[key], req.copies, input_name)
             if crossings:
@@ -470,11 +477,11 @@ class LocalRuntime:
         inline = model.always_inline or (
             model.inline_ok and (model.cheap or (self._active == 1 and req.inflight == 1))
         )
-        if self._replay is not None:  # the ensemble scheduler or the BLS call carries the inputs to the step
+        if self._replay is not None and outside:  # the ensemble scheduler or the BLS call carries the inputs
             await self._replay.hop(model, nbytes_of(inputs))
         outputs, queue, compute, batch = await model.run(inputs, req.rows, inline=inline)
         del inputs
-        if self._replay is not None:
+        if self._replay is not None and outside:
             await self._replay.hop(model, sum(nbytes_of(outputs[o]) for o in req.routes.returns[name]))
         for out in req.routes.returns[name]:
             values[(name, out)] = _cross(outputs[out], crossings, req.copies) if crossings else outputs[out]
