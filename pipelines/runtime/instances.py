@@ -342,6 +342,7 @@ class StepModel:
                 f"pipeline {self.pipeline!r} step {self.name!r}: initialize() raised {type(exc).__name__}: {exc}",
                 pipeline=self.pipeline,
                 step=self.name,
+                node=self.name,
             ) from exc
         self.pool = InstancePool(leases, renew=self._instantiate, pipeline=self.pipeline, step=self.name)
         self.is_async = leases[0].instance.is_async
@@ -480,6 +481,7 @@ class StepModel:
                 f"pipeline {self.pipeline!r} step {self.name!r}: {exc.message}",
                 pipeline=self.pipeline,
                 step=self.name,
+                node=self.name,
                 tensor=exc.tensor,
             ) from exc
         except Exception as exc:
@@ -487,6 +489,7 @@ class StepModel:
                 f"pipeline {self.pipeline!r} step {self.name!r} raised {type(exc).__name__}: {exc}",
                 pipeline=self.pipeline,
                 step=self.name,
+                node=self.name,
             ) from exc
         return outputs, compute
 
@@ -534,4 +537,5 @@ class StepModel:
             "instance replaces the one it holds. Raise the step's timeout, or find why it does not return",
             pipeline=self.pipeline,
             step=self.name,
+            node=self.name,
         )
