@@ -12,7 +12,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -22,6 +24,7 @@ import tritonclient.http as th
 import tritonclient.http.aio as tha
 from tritonclient.utils import InferenceServerException
 
+from pipelines import Pipeline, TensorSpec, step
 from pipelines.endpoint import LocalServer
 from pipelines.errors import InferenceError, ServerError
 from pipelines.examples import text, yolov5
@@ -342,3 +345,34 @@ def test_a_port_in_use_is_a_clear_error(text_server):
     port = int(text_server.http_url.rsplit(":", 1)[1])
     with pytest.raises(ServerStartError, match=f"cannot listen for HTTP on 127.0.0.1:{port}"):
         LocalServer(TEXT, http_port=port).start()
+
+
+_STARTED = __import__("threading").Event()
+
+
+@step(inputs={"x": TensorSpec("FP32", [1])}, outputs={"y": TensorSpec("FP32", [1])})
+def slow_step(x):
+    _STARTED.set()
+    time.sleep(0.5)
+    return {"y": x + 1}
+
+
+def test_stop_lets_requests_in_flight_finish():
+    p = Pipeline("slow", inputs={"x": TensorSpec("FP32", [1])}, max_batch_size=4)
+    p.output("y", p.add(slow_step, x=p.input("x"))["y"])
+    server = LocalServer(p, modes=("ensemble",)).start()
+    url = server.http_url
+    with ThreadPoolExecutor(2) as pool:
+        pending = pool.submit(http_infer, url, "slow_ensemble", {"x": np.ones((1, 1), np.float32)})
+        assert _STARTED.wait(30)  # the request is inside the step now
+        stopping = pool.submit(server.stop)
+        got, _ = pending.result(timeout=30)
+        stopping.result(timeout=30)
+    np.testing.assert_array_equal(got["y"], [[2.0]])
+    assert not server.running
+    # its step holds an Event, which no repository can carry: served all the same, with a signature config
+    config = server._models["slow_ensemble"].config
+    assert "cannot be exported by value" in config.parameters["not_compiled"].string_value
+    assert config.platform == "ensemble" and [i.name for i in config.input] == ["x"]
+    with pytest.raises(Exception):  # noqa: B017 - nothing listens any more: the connection is refused
+        http_infer(url, "slow_ensemble", {"x": np.ones((1, 1), np.float32)})

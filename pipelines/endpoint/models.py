@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
+from ..errors import CompileError
 from ..forms import form
 from ..graph import Pipeline
 
@@ -52,13 +53,38 @@ class ServedModel:
 
 
 def served_models(pipeline: Pipeline, modes: tuple[str, ...]) -> dict[str, ServedModel]:
-    """The served models of ``pipeline``, each with the config ``compile("all")`` writes for it."""
-    repo = pipeline.compile("all")
+    """The served models of ``pipeline``, each with the config ``compile("all")`` writes for it.
+
+    A pipeline that cannot be compiled (a step defined in a notebook that holds a lock
+    cannot be pickled into a repository) still serves locally: its models then answer
+    with the config's signature only (name, platform or backend, batching, inputs,
+    outputs), and the reason is in the config's ``parameters["not_compiled"]``.
+    """
+    try:
+        configs = {name: model.config for name, model in pipeline.compile("all").models.items()}
+        why = None
+    except CompileError as exc:
+        configs, why = {}, exc.message
     models = {}
     for mode in modes:
         name = form(mode).model_name(pipeline.name, side_by_side=True)
-        models[name] = ServedModel(name=name, mode=mode, pipeline=pipeline, config=repo[name].config)
+        config = configs.get(name) or _signature_config(pipeline, name, mode, why or "not compiled")
+        models[name] = ServedModel(name=name, mode=mode, pipeline=pipeline, config=config)
     return models
+
+
+def _signature_config(pipeline: Pipeline, name: str, mode: str, why: str) -> mc.ModelConfig:
+    config = mc.ModelConfig(name=name, max_batch_size=pipeline.max_batch_size)
+    if mode == "ensemble":
+        config.platform = "ensemble"
+    else:
+        config.backend = "python"
+    for tensor, spec in pipeline.inputs.items():
+        config.input.add(name=tensor, data_type=mc.DataType.Value(spec.config_dtype), dims=list(spec.dims))
+    for tensor, spec in pipeline.output_specs.items():
+        config.output.add(name=tensor, data_type=mc.DataType.Value(spec.config_dtype), dims=list(spec.dims))
+    config.parameters["not_compiled"].string_value = why
+    return config
 
 
 @dataclass

@@ -221,7 +221,9 @@ class LocalServer:
                 runtimes[name] = await stack.enter_async_context(runtime)
             service = InferenceService(self._models, runtimes, _version())
 
-            runner = web.AppRunner(make_app(service, max_request_bytes=self._max_request_bytes), access_log=None)
+            # On stop, requests in flight get a few seconds to finish; a stuck step does not hold the exit.
+            runner = web.AppRunner(make_app(service, max_request_bytes=self._max_request_bytes), access_log=None,
+                                   shutdown_timeout=5.0)
             await runner.setup()
             stack.push_async_callback(runner.cleanup)
             site = web.TCPSite(runner, self.host, self._http_port or 0)
