@@ -347,7 +347,7 @@ def test_a_reader_never_sees_a_model_missing_while_writes_are_killed_between_swa
     reader.start()
     try:
         for i, after in enumerate((3, 0)):
-            writer = run_writer(target, "demo", 2.0 + i, rounds=2, **({"KILL_AFTER_SWAPS": str(after)} if after else {}))
+            writer = run_writer(target, "demo", 2.0 + i, rounds=1, **({"KILL_AFTER_SWAPS": str(after)} if after else {}))
             writer.wait(timeout=60)
     finally:
         stop.set()
@@ -358,7 +358,7 @@ def test_a_reader_never_sees_a_model_missing_while_writes_are_killed_between_swa
 
 def test_concurrent_writers_are_serialised(tmp_path):
     target = tmp_path / "models"
-    writers = [run_writer(target, name, 1.0, rounds=3) for name in ("alpha", "beta", "gamma")]
+    writers = [run_writer(target, name, 1.0, rounds=2) for name in ("alpha", "beta", "gamma")]
     errors = [w.communicate(timeout=120)[1] for w in writers]
     assert [w.returncode for w in writers] == [0, 0, 0], errors
     assert sorted(repository_pipelines(target)) == ["alpha", "beta", "gamma"]
