@@ -29,7 +29,8 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from pipelines import Pipeline, TensorSpec, step
-from pipelines.compile import compile_pipeline, plan_pipeline
+from pipelines.compile import compile_pipeline
+from pipelines.compile.bound_plan import bind_plan
 from pipelines.compile.configs import add_io
 from pipelines.compile.repository import CompiledModel, ModelRepository
 from pipelines.triton import TritonServer
@@ -71,7 +72,7 @@ def gate_pipeline() -> Pipeline:
 
 def plain_ensemble(p: Pipeline, name: str) -> CompiledModel:
     """The ensemble as one writes it by hand: no output copy, no failure gate."""
-    plan = plan_pipeline(p)
+    plan = bind_plan(p)
     config = mc.ModelConfig(name=name, platform="ensemble", max_batch_size=p.max_batch_size)
     add_io(config, p.inputs, p.output_specs)
     for node in plan.nodes:

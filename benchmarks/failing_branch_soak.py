@@ -1,6 +1,7 @@
 """Soak the compiled failing diamond on the bundled tritonserver: half the requests fail in one branch.
 
     python benchmarks/failing_branch_soak.py [--seconds 60] [--forms ensemble,bls,bls_sync]
+                                             [--groups http:16,http:64,grpc:16,grpc:64]
 
 Four client groups run at the same time for the whole window: HTTP and gRPC, 16 and 64
 concurrent clients each, every client cycling over the forms, every other client sending
@@ -31,7 +32,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--forms", default="ensemble,bls,bls_sync")
+    parser.add_argument("--groups", default=",".join(f"{p}:{n}" for p, n in GROUPS),
+                        help="protocol:clients, comma-separated; all run at the same time")
     args = parser.parse_args()
+    groups = [(g.split(":")[0], int(g.split(":")[1])) for g in args.groups.split(",")]
     forms = args.forms.split(",")
     p = make_failing_diamond()
     with tempfile.TemporaryDirectory() as tmp:
@@ -39,7 +43,7 @@ def main() -> int:
         with TritonServer(root, exit_timeout=1) as server:
             started = time.monotonic()
             models = [f"{p.name}_{form}" for form in forms]
-            tallies = anyio.run(hammer_groups, server, models, GROUPS, args.seconds)
+            tallies = anyio.run(hammer_groups, server, models, groups, args.seconds)
             elapsed = time.monotonic() - started
             alive = True
             try:
