@@ -242,8 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve a model repository on the embedded Triton server, or a pipeline locally",
                        description="Start the bundled tritonserver (from nvidia-pytriton) on DIR; Ctrl-C stops it. "
                        "With --local, serve the pipeline MODULE:ATTR from the local runtime over Triton's own "
-                       "protocol (HTTP and gRPC), one model per mode named as compiled (<name>_ensemble, <name>_bls, "
-                       "<name>_bls_sync), so tritonclient code runs unchanged against it; no server binary needed.")
+                       "protocol (HTTP and gRPC), one model per form named as compiled (<name>_ensemble, <name>_bls, "
+                       "<name>_bls_sync, ...), so tritonclient code runs unchanged against it; no server binary needed. "
+                       "Ctrl-C or SIGTERM stops it.")
     s.add_argument("repository", metavar="DIR | MODULE:ATTR",
                    help="the model repository to serve, or with --local the pipeline")
     s.add_argument("--local", action="store_true",

@@ -313,7 +313,8 @@ def test_200_concurrent_requests_a_third_malformed(text_server):
 # ------------------------------------------------------------------ the command line
 
 
-def test_serve_local_prints_its_urls_and_stops_on_sigint(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_serve_local_prints_its_urls_and_stops_on_a_signal(tmp_path, stop):
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipelines", "serve", "--local", "pipelines.examples.text:pipeline"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
@@ -330,8 +331,9 @@ def test_serve_local_prints_its_urls_and_stops_on_sigint(tmp_path):
         assert_same(grpc_infer(grpc_url, "text_bls", inputs), TEXT.run(inputs, mode="bls"))
         got, _ = http_infer(http_url, "text_ensemble", inputs)
         assert_same(got, TEXT.run(inputs))
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         assert proc.wait(timeout=30) == 0
+        assert "stopping" in proc.stdout.read()
         assert "Traceback" not in proc.stderr.read()
     finally:
         if proc.poll() is None:

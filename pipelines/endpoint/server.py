@@ -13,6 +13,7 @@ event loop on a thread, so it serves a script, a notebook or a test alike::
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -268,6 +269,9 @@ def serve_local(
     out = out or sys.stdout
     server = LocalServer(pipeline, host=host, http_port=http_port, grpc_port=grpc_port, **options)
     server.start()
+    if threading.current_thread() is threading.main_thread():
+        # a service manager's SIGTERM stops it as cleanly as Ctrl-C
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         print(f"serving pipeline {pipeline.name!r} from the local runtime, models: {', '.join(server.models)}", file=out)
         print(f"  HTTP  {server.http_url}    tritonclient.http.InferenceServerClient({server.http_url!r})", file=out)
