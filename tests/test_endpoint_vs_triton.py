@@ -16,23 +16,24 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from pipelines.endpoint import LocalServer
 from pipelines.errors import PipelinesError
 from pipelines.examples import text
+from pipelines.forms import FORMS
 from pipelines.triton import TritonServer
 
 pytestmark = pytest.mark.server
 
 P = text.pipeline
-MODELS = ("text_ensemble", "text_bls", "text_bls_sync")
+MODELS = tuple(f.model_name("text", side_by_side=True) for f in FORMS.values())  # every form
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     repo = tmp_path_factory.mktemp("endpoint") / "model_repository"
-    P.compile("both").write(repo)
+    P.compile("all").write(repo)
     with TritonServer(repo) as real, LocalServer(P) as local:
         yield {"triton": real, "local": local}
 
 
-def ask(url, protocol, model, inputs, outputs=None):
+def ask(url, protocol, model, inputs, outputs=None, *, binary=True):
     """Client code as a user writes it: tritonclient only, nothing from this library."""
     module = th if protocol == "http" else tg
     client = module.InferenceServerClient(url)
@@ -41,9 +42,17 @@ def ask(url, protocol, model, inputs, outputs=None):
         for name, array in inputs.items():
             tensor = module.InferInput(name, list(array.shape), "BYTES" if array.dtype == object
                                        else np_to_triton_dtype(array.dtype))
-            tensor.set_data_from_numpy(array)
+            if protocol == "http":
+                tensor.set_data_from_numpy(array, binary_data=binary)
+            else:
+                tensor.set_data_from_numpy(array)
             tensors.append(tensor)
-        wanted = None if outputs is None else [module.InferRequestedOutput(n) for n in outputs]
+        if outputs is None:
+            wanted = None
+        elif protocol == "http":
+            wanted = [module.InferRequestedOutput(n, binary_data=binary) for n in outputs]
+        else:
+            wanted = [module.InferRequestedOutput(n) for n in outputs]
         result = client.infer(model, tensors, outputs=wanted)
         response = result.get_response()
         names = [o["name"] for o in response["outputs"]] if protocol == "http" else [o.name for o in response.outputs]
@@ -52,16 +61,18 @@ def ask(url, protocol, model, inputs, outputs=None):
         client.close()
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", ["http", "http-json", "grpc"])
 def test_one_client_two_servers_equal_answers(servers, protocol):
+    binary = protocol != "http-json"
+    protocol = protocol.removesuffix("-json")
     for batch in (1, 8):
         inputs = text.sample_inputs(batch)
         for model in MODELS:
-            for outputs in (None, ["long", "loud"]):
+            for outputs in ((None, ["long", "loud"]) if binary else (list(P.outputs), ["lengths"])):
                 answers = {}
                 for which, server in servers.items():
                     url = server.http_url if protocol == "http" else server.grpc_url
-                    answers[which] = ask(url, protocol, model, inputs, outputs)
+                    answers[which] = ask(url, protocol, model, inputs, outputs, binary=binary)
                 real, local = answers["triton"], answers["local"]
                 assert set(real) == set(local) == set(outputs or P.outputs)
                 for name in real:
