@@ -41,10 +41,10 @@ class Budget:
     """How long each probe is measured: at least ``min_requests``, at most ``max_requests``
     answers, and no longer than ``seconds`` once ``min_requests`` are in."""
 
-    min_requests: int = 5
-    max_requests: int = 40
-    seconds: float = 1.0
-    warmup: int = 2
+    min_requests: int = 4
+    max_requests: int = 30
+    seconds: float = 0.8
+    warmup: int = 1
 
 
 def measure_probes(
