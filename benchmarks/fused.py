@@ -73,12 +73,15 @@ def _load() -> str:
     return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} CPUs"
 
 
-def _measure(target, server, out: Path, levels, args) -> dict:
-    settings = BenchSettings(
-        concurrency=levels, local=False, url=server.http_url, protocol="http", forms=FORMS,
+def _settings(levels, args, url: str = "127.0.0.1:0") -> BenchSettings:
+    return BenchSettings(
+        concurrency=levels, local=False, url=url, protocol="http", forms=FORMS,
         duration=args.duration, warmup=args.warmup, max_trials=args.max_trials, stability=0.15,
     )
-    result = run_benchmark(target, settings, out=out, progress=False)
+
+
+def _measure(target, server, out: Path, levels, args) -> dict:
+    result = run_benchmark(target, _settings(levels, args, server.http_url), out=out, progress=False)
     return {(m.config.form, m.concurrency): m for m in result.measurements}
 
 
@@ -87,9 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench-fused", help="results, plots and the repository (default bench-fused)")
     parser.add_argument("--duration", type=float, default=1.5, help="seconds per measurement window (default 1.5)")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds of unmeasured load first (default 0.5)")
-    parser.add_argument("--max-trials", type=int, default=3, help="windows at most per measurement (default 3)")
+    parser.add_argument("--max-trials", type=int, default=3, help="windows at most per measurement, >= 3 (default 3)")
     parser.add_argument("--quick", action="store_true", help="yolov5 at concurrency 1 and 4 only")
     args = parser.parse_args(argv)
+    _settings((1,), args)  # bad options fail here, before the server starts
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

@@ -458,6 +458,29 @@ def parse_error(text: str) -> WireError | None:
     return WireError(**found.groupdict())
 
 
+def request_tensors(request: Any, specs: Mapping[str, Any]) -> dict[str, Any]:
+    """A pb request's input tensors by name; ``Refused`` names a missing or undeclared one."""
+    given = {t.name(): t for t in request.inputs()}
+    if len(given) != len(specs) or any(n not in given for n in specs):
+        check_names(list(given), specs)
+    return given
+
+
+def unknown_output(asked: list[str], outputs: Any, pipeline: str) -> WireError | None:
+    """The error for a request that asks for an output the pipeline does not have, if it does."""
+    unknown = [n for n in asked if n not in outputs]
+    if not unknown:
+        return None
+    reason = f"output {unknown[0]!r} was requested but the pipeline has outputs {list(outputs)}"
+    return WireError("InputError", pipeline, reason, tensor=unknown[0])
+
+
+def called_model_error(message: str, pipeline: str, node: str, step: str, model: str) -> WireError:
+    """A called composing model's error response, said again with the node that called it."""
+    said = parse_error(message) or WireError("StepError", pipeline, f"failed (model {model!r}): {message}")
+    return WireError(said.kind, pipeline, said.reason, node, step, said.tensor)
+
+
 def exception_reason(exc: BaseException) -> str:
     """How a step's own exception is told: ``raised ValueError: what it said``."""
     return f"raised {type(exc).__name__}: {exc}"
@@ -630,6 +653,21 @@ class Contract:
 # ------------------------------------------------------------------ a step's code, loaded in a server
 
 
+def model_plan(args: Mapping[str, Any], filename: str) -> tuple[str, dict[str, Any]]:
+    """A model's version folder and the JSON file ``filename`` in it, from Triton's ``args``.
+
+    The folder is the one Triton names, or else the one this file was copied into
+    (beside ``model.py``), e.g. when the stub was started on a copy of the model.
+    """
+    import os
+
+    version_dir = os.path.join(args["model_repository"], str(args["model_version"]))
+    if not os.path.isfile(os.path.join(version_dir, filename)):
+        version_dir = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(version_dir, filename), encoding="utf-8") as f:
+        return version_dir, json.load(f)
+
+
 def load_impl(impl: Mapping[str, Any], directory: str) -> Any:
     """A step's function or class from its ``impl`` record (``step.json``): imported by
     ``module``/``qualname``, or unpickled from the file ``impl["pickle"]`` in ``directory``
@@ -734,6 +772,46 @@ def split_rows(value: Any, bounds: Any) -> list[Any]:
     import cupy
 
     return cupy.split(value, [int(b) for b in bounds], axis=0)
+
+
+# ------------------------------------------------------------------ running a plan's nodes concurrently
+
+
+async def run_concurrently(
+    after: Mapping[str, Any], start: Callable[[str, bool], Any], collect: Callable[[str, Any], None]
+) -> None:
+    """Start each node as soon as the nodes it comes ``after`` are done (``graphlib``).
+
+    ``start(name, alone)`` returns the node's awaitable (``alone``: it is the only
+    node ready and nothing else is in flight); ``collect(name, future)`` takes its
+    finished future, and may raise to stop the run: the calls still in flight are
+    then awaited and dropped.
+    """
+    import asyncio
+    import graphlib
+
+    sorter = graphlib.TopologicalSorter(after)
+    sorter.prepare()
+    running: dict[Any, str] = {}
+    try:
+        while sorter.is_active():
+            ready = sorter.get_ready()
+            alone = len(ready) == 1 and not running
+            for name in ready:
+                running[asyncio.ensure_future(start(name, alone))] = name
+            if len(running) == 1:  # one call in flight: await it, without asyncio.wait's own future
+                future = next(iter(running))
+                await asyncio.gather(future, return_exceptions=True)  # collect() says what went wrong
+                done: Any = (future,)
+            else:
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for future in done:
+                name = running.pop(future)
+                collect(name, future)
+                sorter.done(name)
+    finally:
+        if running:  # a sibling failed: wait for the calls in flight, then drop them
+            await asyncio.gather(*running, return_exceptions=True)
 
 
 # ------------------------------------------------------------------ the plan, cut to the outputs a request wants

@@ -8,7 +8,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from .measurement import Measurement
+from .measurement import FORMS, Measurement
 
 __all__ = ["PLOT_EXTRA", "plot_results"]
 
@@ -17,7 +17,7 @@ PLOT_EXTRA = "plot"
 
 # One colour and marker per form; the local runtime dashed, the server solid, so each
 # form's prediction sits next to its measurement.
-_STYLES = {"ensemble": ("o", "C0"), "bls": ("s", "C1"), "bls-sync": ("^", "C2")}
+_STYLES = {form: ("os^Dvp<>"[i % 8], f"C{i % 10}") for i, form in enumerate(FORMS)}
 
 
 def plot_results(measurements: Sequence[Measurement], out: str | os.PathLike[str], *, title: str) -> list[Path]:

@@ -30,7 +30,7 @@ def render(result: BenchmarkResult, *, tables: bool = True, files: bool = True) 
         s = result.settings
         window = f"{s['requests']} requests" if s.get("requests") else f"{s.get('duration')} s"
         parts += [
-            f"\npipeline {result.pipeline}: ensemble vs BLS, batch {s.get('batch')}, "
+            f"\npipeline {result.pipeline}: {', '.join(s.get('forms') or ())}, batch {s.get('batch')}, "
             f"windows of {window}, stability ±{s.get('stability', 0):.0%}\n",
             results_table(result.measurements),
         ]

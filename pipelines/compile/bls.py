@@ -20,12 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tritonclient.grpc import model_config_pb2 as mc
-
 from ..forms import Form
 from ..plan import PLAN_FORMAT
 from .bound_plan import CompilePlan
-from .configs import add_io, set_parameters
+from .configs import set_parameters, top_level_python_config
 from .repository import CompiledModel
 from .step_models import model_files, plan_json
 
@@ -44,11 +42,7 @@ def compile_form(plan: CompilePlan, name: str, form: Form, options: Mapping[str,
 def compile_bls(plan: CompilePlan, name: str, *, form: Form, instance_count: int = 1) -> CompiledModel:
     """The BLS model ``name`` (a form whose scheduler is concurrent or sequential) over ``plan``'s models."""
     pipeline = plan.pipeline
-    config = mc.ModelConfig(name=name, backend="python", max_batch_size=pipeline.max_batch_size)
-    add_io(config, pipeline.inputs, pipeline.output_specs)
-    config.instance_group.add(count=instance_count, kind=mc.ModelInstanceGroup.KIND_CPU)
-    if pipeline.max_batch_size > 0:
-        config.dynamic_batching.SetInParent()
+    config = top_level_python_config(pipeline, name, instance_count)
     # Inputs stay where they are (GPU included) and go on to the steps through DLPack.
     set_parameters(config, {"FORCE_CPU_ONLY_INPUT_TENSORS": "no"})
 

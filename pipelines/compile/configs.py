@@ -8,6 +8,7 @@ proto3 would drop it and Triton needs it for non-batching models.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
@@ -15,7 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..step import ParameterValue, parameter_text
 from ..tensor import TensorSpec
 
-__all__ = ["add_io", "config_text", "parse_config", "set_parameters"]
+__all__ = ["add_io", "config_text", "parse_config", "set_parameters", "top_level_python_config"]
 
 
 def add_io(config: mc.ModelConfig, inputs: Mapping[str, TensorSpec], outputs: Mapping[str, TensorSpec]) -> None:
@@ -24,6 +25,17 @@ def add_io(config: mc.ModelConfig, inputs: Mapping[str, TensorSpec], outputs: Ma
         config.input.add(name=name, data_type=mc.DataType.Value(spec.config_dtype), dims=list(spec.dims))
     for name, spec in outputs.items():
         config.output.add(name=name, data_type=mc.DataType.Value(spec.config_dtype), dims=list(spec.dims))
+
+
+def top_level_python_config(pipeline: Any, name: str, instance_count: int) -> mc.ModelConfig:
+    """A Python model serving the whole ``pipeline`` (the BLS and fused forms): its inputs and
+    outputs, ``instance_count`` CPU instances, and dynamic batching when the pipeline batches."""
+    config = mc.ModelConfig(name=name, backend="python", max_batch_size=pipeline.max_batch_size)
+    add_io(config, pipeline.inputs, pipeline.output_specs)
+    config.instance_group.add(count=instance_count, kind=mc.ModelInstanceGroup.KIND_CPU)
+    if pipeline.max_batch_size > 0:
+        config.dynamic_batching.SetInParent()
+    return config
 
 
 def set_parameters(config: mc.ModelConfig, parameters: Mapping[str, ParameterValue]) -> None:

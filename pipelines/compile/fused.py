@@ -24,11 +24,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tritonclient.grpc import model_config_pb2 as mc
-
 from ..plan import PLAN_FORMAT
 from .bound_plan import CompilePlan
-from .configs import add_io, set_parameters
+from .configs import set_parameters, top_level_python_config
 from .repository import CompiledModel
 from .requirements import NUMPY_REQUIREMENT, ServerNeeds
 from .step_models import STEP_PICKLE, STEP_PLAN, compile_step_model, model_files, plan_json
@@ -47,11 +45,7 @@ def compile_form(plan: CompilePlan, name: str, form: Any, options: Mapping[str, 
 def compile_fused(plan: CompilePlan, name: str, *, instance_count: int = 1) -> CompiledModel:
     """The fused model ``name``: ``plan``'s Python steps inside it, its external steps called by BLS."""
     pipeline = plan.pipeline
-    config = mc.ModelConfig(name=name, backend="python", max_batch_size=pipeline.max_batch_size)
-    add_io(config, pipeline.inputs, pipeline.output_specs)
-    config.instance_group.add(count=instance_count, kind=mc.ModelInstanceGroup.KIND_CPU)
-    if pipeline.max_batch_size > 0:
-        config.dynamic_batching.SetInParent()
+    config = top_level_python_config(pipeline, name, instance_count)
 
     files: dict[str, Any] = dict(model_files("fused_model.py"))
     needs: list[Any] = []

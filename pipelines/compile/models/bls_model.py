@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import graphlib
-import json
-import os
 
 try:  # present only inside Triton's Python backend stub
     import triton_python_backend_utils as pb_utils
@@ -34,11 +31,7 @@ class RequestFailed(Exception):
 
 class TritonPythonModel:
     def initialize(self, args):
-        version_dir = os.path.join(args["model_repository"], str(args["model_version"]))
-        if not os.path.isfile(os.path.join(version_dir, "bls.json")):
-            version_dir = os.path.dirname(os.path.abspath(__file__))
-        with open(os.path.join(version_dir, "bls.json"), encoding="utf-8") as f:
-            plan = json.load(f)
+        version_dir, plan = serving.model_plan(args, "bls.json")
         self.pipeline = plan["pipeline"]
         self.model = plan["model"]
         self.mode = plan["mode"]
@@ -89,33 +82,17 @@ class TritonPythonModel:
                         raise _call_failed(exc, name, self) from exc
                     self._collect(node, run, response)
                 return self._respond(run)
-            sorter = graphlib.TopologicalSorter(run.schedule.after)
-            sorter.prepare()
-            running = {}
-            try:
-                while sorter.is_active():
-                    for name in sorter.get_ready():
-                        call = self._request(self.nodes[name], run).async_exec()
-                        limit = self.timeouts_us.get(name, 0) / 1e6
-                        if limit:  # Triton's own request timeout stops only a queued request
-                            call = asyncio.wait_for(call, limit)
-                        running[asyncio.ensure_future(call)] = name
-                    if len(running) == 1:  # one call in flight: await it, without asyncio.wait's own future
-                        future = next(iter(running))
-                        try:
-                            await future
-                        except Exception:
-                            pass  # _result below says what went wrong
-                        done = (future,)
-                    else:
-                        done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                    for future in done:
-                        name = running.pop(future)
-                        self._collect(self.nodes[name], run, _result(future, name, self))
-                        sorter.done(name)
-            finally:
-                if running:  # a sibling failed: wait for the calls in flight, then drop them
-                    await asyncio.gather(*running, return_exceptions=True)
+
+            def start(name, alone):
+                call = self._request(self.nodes[name], run).async_exec()
+                limit = self.timeouts_us.get(name, 0) / 1e6
+                # Triton's own request timeout stops only a queued request.
+                return asyncio.wait_for(call, limit) if limit else call
+
+            def collect(name, future):
+                self._collect(self.nodes[name], run, _result(future, name, self))
+
+            await serving.run_concurrently(run.schedule.after, start, collect)
             return self._respond(run)
         except RequestFailed as exc:
             return _error(str(exc))
@@ -137,10 +114,9 @@ class TritonPythonModel:
     def _start(self, request):
         values = self._read_inputs(request)
         wanted = list(request.requested_output_names() or ())
-        unknown = [n for n in wanted if n not in self.outputs]
-        if unknown:
-            reason = f"output {unknown[0]!r} was requested but the pipeline has outputs {list(self.outputs)}"
-            raise RequestFailed(serving.WireError("InputError", self.pipeline, reason, tensor=unknown[0]).text())
+        unknown = serving.unknown_output(wanted, self.outputs, self.pipeline)
+        if unknown is not None:
+            raise RequestFailed(unknown.text())
         key = frozenset(wanted or self.outputs)
         schedule = self._schedules.get(key)
         if schedule is None:
@@ -148,10 +124,8 @@ class TritonPythonModel:
         return _Run(schedule, values)
 
     def _read_inputs(self, request):
-        given = {t.name(): t for t in request.inputs()}
         try:
-            if len(given) != len(self.inputs) or any(n not in given for n in self.inputs):
-                serving.check_names(list(given), self.inputs)
+            given = serving.request_tensors(request, self.inputs)
             self.takes.check_inputs({name: _Described(given[name], spec.dtype) for name, spec in self.inputs.items()})
         except serving.Refused as exc:
             raise RequestFailed(serving.WireError("InputError", self.pipeline, str(exc), tensor=exc.tensor).text()) from None
@@ -169,13 +143,10 @@ class TritonPythonModel:
     def _collect(self, node, run, response):
         if response.has_error():
             # The step adapter's words, said again with the node this executor knows.
-            message = response.error().message()
-            said = serving.parse_error(message)
-            if said is None:
-                said = serving.WireError("StepError", self.pipeline, f"failed (model {node['model']!r}): {message}")
-            raise RequestFailed(
-                serving.WireError(said.kind, self.pipeline, said.reason, node["name"], node["step"], said.tensor).text()
+            said = serving.called_model_error(
+                response.error().message(), self.pipeline, node["name"], node["step"], node["model"]
             )
+            raise RequestFailed(said.text())
         for output in run.schedule.returns[node["name"]]:
             tensor = pb_utils.get_output_tensor_by_name(response, output)
             if tensor is None:

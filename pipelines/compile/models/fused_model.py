@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import graphlib
 import json
 import os
 import re
@@ -36,13 +35,8 @@ try:  # in a repository: the copy beside this file (the stub imports this file a
 except ImportError:  # in the package, for tests and linters
     from pipelines import serving
 
-
-class NodeFailed(Exception):
-    """A node, or a request's input, failed: ``wire`` says where and why (``serving.WireError``)."""
-
-    def __init__(self, wire):
-        super().__init__(wire.text())
-        self.wire = wire
+#: The model's plan in its version folder (written by pipelines/compile/fused.py).
+PLAN_FILE = "fused.json"
 
 
 class _Step:
@@ -56,13 +50,17 @@ class _Step:
         self.lock = asyncio.Lock()  # a step shared by two nodes, or two runs, is called one at a time
 
 
+class NodeFailed(Exception):
+    """A node, or a request's input, failed: ``wire`` says where and why (``serving.WireError``)."""
+
+    def __init__(self, wire):
+        super().__init__(wire.text())
+        self.wire = wire
+
+
 class TritonPythonModel:
     def initialize(self, args):
-        version_dir = os.path.join(args["model_repository"], str(args["model_version"]))
-        if not os.path.isfile(os.path.join(version_dir, "fused.json")):
-            version_dir = os.path.dirname(os.path.abspath(__file__))
-        with open(os.path.join(version_dir, "fused.json"), encoding="utf-8") as f:
-            data = json.load(f)
+        version_dir, data = serving.model_plan(args, PLAN_FILE)
         self.pipeline = data["pipeline"]
         self.max_batch_size = int(data["max_batch_size"])
         self.join_rows = int(data["join_rows"])
@@ -165,19 +163,16 @@ class TritonPythonModel:
 
     def _read(self, request):
         """A request's arrays, its rows (``None`` without batching) and the outputs it wants."""
-        given = {t.name(): t for t in request.inputs()}
         try:
-            if len(given) != len(self.inputs) or any(n not in given for n in self.inputs):
-                serving.check_names(list(given), self.inputs)
+            given = serving.request_tensors(request, self.inputs)
             arrays = {name: read(given[name]) for name, read in self.readers.items()}
             rows = self.takes.check_inputs(arrays)
         except serving.Refused as exc:
             raise NodeFailed(serving.WireError("InputError", self.pipeline, str(exc), tensor=exc.tensor)) from None
         asked = list(request.requested_output_names() or ())
-        unknown = [n for n in asked if n not in self.writers]
-        if unknown:
-            reason = f"output {unknown[0]!r} was requested but the pipeline has outputs {self.output_names}"
-            raise NodeFailed(serving.WireError("InputError", self.pipeline, reason, tensor=unknown[0]))
+        unknown = serving.unknown_output(asked, self.output_names, self.pipeline)
+        if unknown is not None:
+            raise NodeFailed(unknown)
         wanted = tuple(n for n in self.output_names if n in asked) if asked else tuple(self.output_names)
         return arrays, rows, wanted
 
@@ -193,32 +188,23 @@ class TritonPythonModel:
             schedule = self._schedules[wanted] = serving.Schedule(self.plan, wanted)
         values = {(None, name): value for name, value in arrays.items()}
         remaining = dict(schedule.uses)
-        sorter = graphlib.TopologicalSorter(schedule.after)
-        sorter.prepare()
-        running = {}
-        try:
-            while sorter.is_active():
-                ready = sorter.get_ready()
-                inline = len(ready) == 1 and not running
-                for name in ready:
-                    inputs = {}
-                    for source in self.nodes[name]["inputs"]:
-                        key = (source["node"], source["tensor"])
-                        inputs[source["input"]] = values[key]
-                        remaining[key] -= 1
-                        if remaining[key] == 0:
-                            del values[key]  # the step holds its own reference
-                    running[asyncio.ensure_future(self._node(name, inputs, rows, schedule, inline=inline))] = name
-                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for future in done:
-                    name = running.pop(future)
-                    outputs = future.result()
-                    for out in schedule.returns[name]:
-                        values[(name, out)] = outputs[out]
-                    sorter.done(name)
-        finally:
-            if running:  # a sibling failed: wait for the calls in flight, then drop them
-                await asyncio.gather(*running, return_exceptions=True)
+
+        def start(name, alone):
+            inputs = {}
+            for source in self.nodes[name]["inputs"]:
+                key = (source["node"], source["tensor"])
+                inputs[source["input"]] = values[key]
+                remaining[key] -= 1
+                if remaining[key] == 0:
+                    del values[key]  # the step holds its own reference
+            return self._node(name, inputs, rows, schedule, inline=alone)
+
+        def collect(name, future):
+            outputs = future.result()
+            for out in schedule.returns[name]:
+                values[(name, out)] = outputs[out]
+
+        await serving.run_concurrently(schedule.after, start, collect)
         plan_outputs = {out["name"]: out for out in self.plan["outputs"]}
         return {name: values[(plan_outputs[name]["node"], plan_outputs[name]["tensor"])] for name in wanted}
 
@@ -255,19 +241,21 @@ class TritonPythonModel:
         request = pb_utils.InferenceRequest(
             model_name=node["model"], requested_output_names=list(returns), inputs=tensors, timeout=node["timeout_us"]
         )
+        limit = node["timeout_us"] / 1e6
         try:
-            response = await request.async_exec()
+            call = request.async_exec()
+            # Triton's own request timeout drops only a queued request, not one that hangs while running.
+            response = await (asyncio.wait_for(call, limit) if limit else call)
+        except asyncio.TimeoutError:
+            reason = (f"ran past its timeout of {limit:g} s (model {node['model']!r}); the request was answered "
+                      "with this error, and the step may still be running")
+            raise NodeFailed(serving.WireError("StepTimeoutError", self.pipeline, reason, node["name"], node["step"])) from None
         except Exception as exc:  # e.g. the composing model is not loaded
             reason = f"could not be called (model {node['model']!r}): {exc}"
             raise NodeFailed(serving.WireError("StepError", self.pipeline, reason, node["name"], node["step"])) from exc
         if response.has_error():
             message = response.error().message()
-            said = serving.parse_error(message) or serving.WireError(
-                "StepError", self.pipeline, f"failed (model {node['model']!r}): {message}"
-            )
-            raise NodeFailed(
-                serving.WireError(said.kind, self.pipeline, said.reason, node["name"], node["step"], said.tensor)
-            )
+            raise NodeFailed(serving.called_model_error(message, self.pipeline, node["name"], node["step"], node["model"]))
         outputs = {}
         for out in returns:
             tensor = pb_utils.get_output_tensor_by_name(response, out)

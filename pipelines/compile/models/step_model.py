@@ -11,7 +11,6 @@ so a server needs no ``pipelines`` package (docs/triton.md).
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import numpy as np
@@ -29,11 +28,7 @@ except ImportError:  # in the package, for tests and linters
 
 class TritonPythonModel:
     def initialize(self, args):
-        version_dir = os.path.join(args["model_repository"], str(args["model_version"]))
-        if not os.path.isfile(os.path.join(version_dir, "step.json")):
-            version_dir = os.path.dirname(os.path.abspath(__file__))
-        with open(os.path.join(version_dir, "step.json"), encoding="utf-8") as f:
-            plan = json.load(f)
+        version_dir, plan = serving.model_plan(args, "step.json")
         self.pipeline = plan["pipeline"]
         self.step_name = plan["step"]
         nodes = plan.get("nodes") or [self.step_name]
