@@ -210,3 +210,56 @@ def test_calibrate_the_bundled_server_with_a_tiny_probe_set(tmp_path):
     assert load_profile(profile.save(tmp_path / "p.json")) == profile
     profile.plot(tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def _measured(where, form, c, p50_ms, throughput, predicted=False):
+    from pipelines.bench.measurement import Configuration, Measurement
+    from pipelines.bench.stats import LatencySummary
+
+    return Measurement(
+        config=Configuration(where, form), concurrency=c, batch=1, throughput=throughput,
+        latency=LatencySummary(10, p50_ms, p50_ms, p50_ms, p50_ms, p50_ms, p50_ms, p50_ms),
+        requests=10, errors=0, error_messages={}, stable=True, windows=3, window_seconds=3.0,
+        window_throughputs=(throughput,) * 3, completed_by_sample=(10,), errors_by_sample=(0,),
+        local_report={"server": {"queue_us": 1.0}} if predicted else None,
+    )
+
+
+def _prediction_module():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "prediction.py"
+    spec = importlib.util.spec_from_file_location("prediction_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_predicted_and_measured_side_by_side_and_the_targets_of_the_check():
+    from types import SimpleNamespace
+
+    from pipelines.bench.report_tables import prediction_table
+
+    server = {"ensemble": (20.0, 50.0), "bls": (25.0, 40.0), "bls-sync": (40.0, 25.0)}
+    good = {"ensemble": (21.0, 48.0), "bls": (26.0, 39.0), "bls-sync": (41.0, 24.0)}
+    ms = []
+    for c in (1, 4):
+        for form in server:
+            ms.append(_measured("server", form, c, server[form][0] * c, server[form][1]))
+            ms.append(_measured("local", form, c, good[form][0] * c, good[form][1], predicted=True))
+    table = prediction_table(ms)
+    row = next(line.split() for line in table.splitlines() if line.startswith("ensemble") and line.split()[1] == "1")
+    assert row == ["ensemble", "1", "21.00", "20.00", "+5.0%", "48.0", "50.0", "-4.0%"]
+    module = _prediction_module()
+    checks, winners = module.checks_of("p", SimpleNamespace(measurements=ms))
+    assert len(checks) == 3 + 2 + 2 and all(c.ok for c in checks)
+    assert winners == [["p", "4", "ensemble", "ensemble", "ok"]]
+    # a form predicted 30 % slow at concurrency 1 misses its ±20 % target, and moves its ratio too
+    ms = [m for m in ms if not (m.config.where == "local" and m.config.form == "bls" and m.concurrency == 1)]
+    ms.append(_measured("local", "bls", 1, 32.5, 30.0, predicted=True))
+    checks, _ = module.checks_of("p", SimpleNamespace(measurements=ms))
+    missed = {c.figure for c in checks if not c.ok}
+    assert missed == {"bls p50 ms", "ensemble/bls"}
