@@ -51,16 +51,27 @@ _IMPORT_LIKE_THE_STUB = textwrap.dedent(
 )
 
 
+@step(inputs={"x": F4}, outputs={"y": F4})
+def twice(x):
+    return {"y": x * 2}
+
+
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
+    # Two branches side by side, so the ensemble has its gate; "all" adds the fused form.
     p = Pipeline("light", inputs={"x": F4}, max_batch_size=4)
     p.output("y", p.add(plus_one, x=p.input("x"))["y"])
+    p.output("z", p.add(twice, x=p.input("x"))["y"])
     root = tmp_path_factory.mktemp("repo")
-    compile_pipeline(p, "both").write(root)
+    compile_pipeline(p, "all").write(root)
     return root
 
 
-@pytest.mark.parametrize("model", ["light__plus_one", "light_bls"], ids=["step_model", "bls_model"])
+IN_SERVER = {"step_model": "light__plus_one", "bls_model": "light_bls", "gate_model": "light_ensemble__gate",
+             "fused_model": "light_fused"}
+
+
+@pytest.mark.parametrize("model", list(IN_SERVER.values()), ids=list(IN_SERVER))
 def test_a_model_py_imports_neither_the_package_nor_networkx_nor_anyio(repository, model):
     out = subprocess.run(
         [sys.executable, "-c", _IMPORT_LIKE_THE_STUB, str(repository / model)],
