@@ -92,7 +92,8 @@ def calibrate(
 def _require_probes(client, url: str, probes: list[Probe], chains: tuple[int, ...], probes_dir) -> None:
     missing = sorted({p.model for p in probes if not client.ready(p.model)})
     if missing:
-        path = probe_repository(chains).write(probes_dir, overwrite=True)
+        # every chain, so that the deployed repository serves --quick and full calibrations alike
+        path = probe_repository(tuple(sorted(set(CHAINS) | set(chains)))).write(probes_dir, overwrite=True)
         raise ProbesNotDeployed(
             f"the server at {url} does not serve the probe models ({', '.join(missing[:3])}"
             f"{', ...' if len(missing) > 3 else ''}); wrote them to {str(path)!r}: deploy that repository "

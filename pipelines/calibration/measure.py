@@ -67,7 +67,7 @@ def measure_probes(
             infer(probe.model, inputs)
         times: list[float] = []
         stubs: list[float] = []
-        before = statistics(probe.step_model) if statistics is not None else None
+        before = statistics("") if statistics is not None else None
         began = perf_counter()
         while len(times) < budget.max_requests and (
             len(times) < budget.min_requests or perf_counter() - began < budget.seconds
@@ -77,8 +77,8 @@ def measure_probes(
             times.append(perf_counter() - t)
             if statistics is not None:
                 # read after every request, so the stub's figure is a median as the latency is
-                after = statistics(probe.step_model)
-                stub_us = _stub_us(before, after, probe.step_model)
+                after = statistics("")  # every model: the probe's step models in one answer
+                stub_us = _stub_us(before, after, probe.step_models)
                 if stub_us is not None:
                     stubs.append(stub_us)
                 before = after
@@ -89,12 +89,12 @@ def measure_probes(
     return samples
 
 
-def _stub_us(before: Any, after: Any, model: str) -> float | None:
-    """Mean time of one execution of ``model`` between two statistics answers (µs), or None."""
+def _stub_us(before: Any, after: Any, models: Sequence[str]) -> float | None:
+    """Mean time of one execution of the ``models`` between two statistics answers (µs), or None."""
     from ..bench.stats import breakdown, parse_statistics
 
-    rows = [t for t in breakdown(parse_statistics(before), parse_statistics(after)) if t.model == model]
-    if not rows or rows[0].requests <= 0:
+    rows = [t for t in breakdown(parse_statistics(before), parse_statistics(after)) if t.model in models]
+    executions = sum(t.requests for t in rows)
+    if not rows or executions <= 0:
         return None
-    t = rows[0]
-    return t.compute_input_us + t.compute_infer_us + t.compute_output_us
+    return sum((t.compute_input_us + t.compute_infer_us + t.compute_output_us) * t.requests for t in rows) / executions

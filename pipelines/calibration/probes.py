@@ -41,11 +41,18 @@ def identity(x):
 
 
 def probe_pipeline(steps: int) -> Pipeline:
-    """``x -> identity -> ... -> y``: ``steps`` nodes sharing one composing model."""
+    """``x -> identity -> ... -> y``: ``steps`` nodes, each its own composing model.
+
+    One model per node, as most pipelines have: a step model shared by several
+    nodes would make the ensemble route failures through a gate model
+    (see :mod:`pipelines.compile.ensemble`), which a chain of distinct steps
+    does not pay.
+    """
     p = Pipeline(f"probe_{steps}", inputs={"x": BYTES}, max_batch_size=8)
     ref = p.input("x")
     for i in range(steps):
-        ref = p.add(identity, name=f"id_{i}", x=ref)["y"]
+        node = identity if i == 0 else identity.with_options()  # a copy: a model of its own
+        ref = p.add(node, name=f"id_{i}", x=ref)["y"]
     p.output("y", ref)
     return p
 
@@ -59,14 +66,17 @@ class Probe:
     size: int
 
     @property
-    def step_model(self) -> str:
-        """The identity step model this probe runs (the one whose statistics price a stub)."""
-        return f"probe_{self.steps}__identity"
+    def step_models(self) -> tuple[str, ...]:
+        """The identity step models this probe runs (their statistics price a stub)."""
+        if self.kind == "step":
+            return (f"probe_{self.steps}__identity",)
+        return tuple(f"probe_{self.steps}__identity" if i == 0 else f"probe_{self.steps}__id_{i}"
+                     for i in range(self.steps))
 
     @property
     def model(self) -> str:
         if self.kind == "step":
-            return f"probe_{self.steps}__identity"
+            return self.step_models[0]
         return model_name(f"probe_{self.steps}", self.kind)
 
     def inputs(self) -> dict[str, np.ndarray]:

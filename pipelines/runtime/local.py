@@ -196,7 +196,7 @@ class LocalRuntime:
         self.force_cpu_only_input_tensors = bool(force_cpu_only_input_tensors)
         # Process boundaries a step's tensors cross on a server, each one a copy (see above).
         self._crossings = self.form.server_copies if server_copies else 0
-        self._replay = Replay(profile, mode) if profile is not None else None
+        self._replay = Replay(profile, mode, pipeline) if profile is not None else None
         if self._replay is not None:
             self._crossings = 0
         self.plan = plan_of(pipeline)

@@ -15,6 +15,9 @@ Where each cost is spent (see :mod:`pipelines.calibration` for how they are meas
   Python stub's shared-memory copies do; in the BLS modes the BLS model's own stub
   pays them for the request's inputs and outputs while its instance is held. A step
   that stands for an external model (another backend) has no stub and pays none;
+- an ensemble that compiles with a **gate model** (steps that can fail side by side,
+  see :mod:`pipelines.compile.ensemble`) pays one more ensemble step and stub per
+  request, for its outputs, holding the gate's one instance;
 - ``"fused"``: the Python steps run in the top-level model's own process, so they
   pay no call and no stub; the request and the model's own stub are paid as in BLS,
   and external models are called through BLS.
@@ -44,6 +47,17 @@ if TYPE_CHECKING:
     from .report import Report
 
 __all__ = ["Ledger", "Replay", "ServerPrediction", "nbytes_of"]
+
+def _gated(pipeline: Any) -> bool:
+    """Whether ``pipeline`` compiles to an ensemble with a gate model."""
+    from ..compile.bound_plan import bind_plan
+    from ..compile.ensemble import layout_ensemble
+
+    try:
+        return bool(layout_ensemble(bind_plan(pipeline)).gated)
+    except Exception:  # a pipeline the compiler refuses runs locally all the same, without a gate
+        return False
+
 
 def _external(model: object) -> bool:
     return getattr(getattr(model, "step", None), "external", None) is not None
@@ -117,7 +131,7 @@ class ServerPrediction:
 class Replay:
     """A profile's costs, ready to be spent by one :class:`~pipelines.runtime.local.LocalRuntime`."""
 
-    def __init__(self, profile: Profile | str | os.PathLike[str], mode: str) -> None:
+    def __init__(self, profile: Profile | str | os.PathLike[str], mode: str, pipeline: Any = None) -> None:
         from ..calibration.profile import load_profile
 
         self.profile = load_profile(profile)
@@ -129,6 +143,9 @@ class Replay:
         # "fused": the Python steps run inside the top-level model's own process, with no call
         # and no stub of their own; only external models are called, through BLS.
         self._in_process = bool(getattr(FORMS.get(mode), "in_process", False))
+        # An ensemble whose steps can fail side by side ends in a gate model (a Python model with
+        # one instance) that every request passes through: one more step, and one more stub.
+        self._gate = anyio.Lock() if mode == "ensemble" and pipeline is not None and _gated(pipeline) else None
         self._totals = Ledger()
         self._models: dict[int, Ledger] = {}  # for batches, which run outside any one request
 
@@ -152,6 +169,8 @@ class Replay:
 
     async def request(self, ledger: Ledger, nbytes: int, *, leaving: bool) -> None:
         """The request entering (its inputs) or leaving (its outputs) the server."""
+        if leaving and self._gate is not None:
+            await self._through_gate(ledger, nbytes)
         seconds = self._half(self._request, nbytes)
         ledger.overhead += seconds
         await _spend(ledger, seconds)
@@ -164,6 +183,26 @@ class Replay:
         else:
             ledger.input += seconds
         await _spend(ledger, seconds)
+
+    async def _through_gate(self, ledger: Ledger, nbytes: int) -> None:
+        """The ensemble's gate model: a step taking the outputs in and giving them back out.
+
+        (Its dynamic batching, which merges concurrent requests' gate calls, is not replayed.)
+        """
+        hop = 2 * self._half(self._hop, nbytes)
+        ledger.overhead += hop
+        await _spend(ledger, hop)
+        assert self._gate is not None
+        queued = perf_counter()
+        async with self._gate:  # its one instance
+            ledger.queue += perf_counter() - queued
+            for leaving in (False, True):
+                seconds = self._half(self._stub, nbytes)
+                if leaving:
+                    ledger.output += seconds
+                else:
+                    ledger.input += seconds
+                await _spend(ledger, seconds)
 
     def queued(self, ledger: Ledger, seconds: float) -> None:
         ledger.queue += seconds
