@@ -1,0 +1,52 @@
+"""The fused form's compiled model: its config (instances, batching), its plan
+(which nodes run in-process, which are called), and its self-contained version folder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipelines import CompileError, Pipeline, TensorSpec, external_model, step
+from pipelines.compile.configs import parse_config
+
+ROW = TensorSpec("FP32", [4])
+
+
+@step(inputs={"x": ROW}, outputs={"y": ROW})
+def inc(x):
+    return {"y": x + 1}
+
+
+def pipeline(*, fixed_batch=None, max_batch_size=8):
+    detector = external_model("detector", inputs={"x": ROW}, outputs={"y": ROW}, backend="onnxruntime",
+                              fixed_batch=fixed_batch, timeout=2.5)
+    p = Pipeline("fz", inputs={"x": ROW}, max_batch_size=max_batch_size)
+    a = p.add(inc, name="first", x=p.input("x"))
+    p.output("y", p.add(inc, name="second", x=p.add(detector, x=a["y"])["y"])["y"])
+    return p
+
+
+def test_the_fused_config_has_its_own_instances_and_batching():
+    config = parse_config(pipeline().compile("fused", fused_instance_count=3).config_text("fz"))
+    assert config.backend == "python" and config.max_batch_size == 8
+    assert [(g.count, g.kind) for g in config.instance_group] == [(3, config.instance_group[0].KIND_CPU)]
+    assert config.HasField("dynamic_batching")
+    assert "FORCE_CPU_ONLY_INPUT_TENSORS" not in config.parameters  # CPU steps take numpy inputs
+    unbatched = parse_config(pipeline(max_batch_size=0).compile("fused").config_text("fz"))
+    assert unbatched.max_batch_size == 0 and not unbatched.HasField("dynamic_batching")
+    with pytest.raises(CompileError, match="fused_instance_count must be an int >= 1; got 0"):
+        pipeline().compile("fused", fused_instance_count=0)
+
+
+def test_the_plan_says_which_nodes_run_inside_and_which_are_called():
+    model = pipeline().compile("all")["fz_fused"]
+    data = json.loads(model.files["1/fused.json"])
+    assert data["nodes"]["first"] == {"kind": "python", "folder": "steps/fz__inc", "model": "fz__inc", "device": None}
+    assert data["nodes"]["second"]["folder"] == "steps/fz__inc"  # one step, one instance, two nodes
+    assert data["nodes"]["detector"] == {"kind": "external", "model": "fz__detector", "timeout_us": 2_500_000}
+    assert data["join_rows"] == 8 and data["plan"]["pipeline"] == "fz"
+    step_plan = json.loads(model.files["1/steps/fz__inc/step.json"])
+    assert step_plan["step"] == "inc" and step_plan["impl"]["pickle"] == "step.pkl"  # by value: a test module
+    # A model exported with a fixed batch takes one request's rows at a time: no joined batches.
+    assert json.loads(pipeline(fixed_batch=1).compile("fused")["fz"].files["1/fused.json"])["join_rows"] == 0
