@@ -8,8 +8,11 @@ Two pipelines, each served twice from one repository over the same step models:
   scale) and ``b``. Compiled, inc returns ``a`` twice (the output copy that keeps every
   subset of outputs answering); the plain config maps inc's output straight to ``a`` and to
   scale, as one would by hand, which deadlocks on a subset but answers when all are asked.
-- ``gate``: a diamond ``x -> inc, x -> scale -> join``. Compiled, each step also returns
-  its ``__err__`` and a gate model answers last; the plain config has neither.
+- ``join_gate``: a diamond ``x -> inc, x -> scale -> join``, every output from the join.
+  Compiled, the branches also return their ``__err__``, which the join reads: it answers
+  for them; the plain config has none of it.
+- ``gate``: the same diamond exposing ``inc``'s output too, so no one step produces every
+  output: each step returns its ``__err__`` and a gate model answers last.
 
 Requests alternate between the two configs of a pair, asking for all outputs, so drift on a
 busy machine hits both alike. Prints median and p90 latency in ms and the difference.
@@ -62,11 +65,13 @@ def copy_pipeline() -> Pipeline:
     return p
 
 
-def gate_pipeline() -> Pipeline:
-    p = Pipeline("gate", inputs={"x": V}, max_batch_size=8)
+def diamond_pipeline(name: str, *, expose_branch: bool) -> Pipeline:
+    p = Pipeline(name, inputs={"x": V}, max_batch_size=8)
     a = p.add(inc, x=p.input("x"))
     b = p.add(scale, x=p.input("x"))
     p.output("y", p.add(join, a=a["y"], b=b["y"])["y"])
+    if expose_branch:
+        p.output("a", a["y"])
     return p
 
 
@@ -106,18 +111,23 @@ def main() -> int:
     args = parser.parse_args()
 
     models: dict[str, CompiledModel] = {}
-    for p in (copy_pipeline(), gate_pipeline()):
+    pipelines = (
+        copy_pipeline(),
+        diamond_pipeline("join_gate", expose_branch=False),
+        diamond_pipeline("gate", expose_branch=True),
+    )
+    for p in pipelines:
         models.update(compile_pipeline(p, "ensemble").models)
         plain = plain_ensemble(p, f"{p.name}_plain")
         models[plain.name] = plain
-    repo = ModelRepository(models, top_level=("copy", "copy_plain", "gate", "gate_plain"))
+    repo = ModelRepository(models, top_level=tuple(n for p in pipelines for n in (p.name, f"{p.name}_plain")))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = repo.write(Path(tmp) / "repo")
         with TritonServer(root, exit_timeout=1) as server, server.client(args.protocol, timeout=60) as client:
             for elements in (int(e) for e in args.elements.split(",")):
                 x = np.random.default_rng(0).standard_normal((1, elements)).astype(np.float32)
-                for construction in ("copy", "gate"):
+                for construction in (p.name for p in pipelines):
                     times = measure(client, [f"{construction}_plain", construction], x, args.requests)
                     plain, built = times[f"{construction}_plain"], times[construction]
                     rows.append({

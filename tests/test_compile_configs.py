@@ -366,3 +366,22 @@ def test_the_ensemble_workarounds_apply_only_where_needed():
     assert [o.name for o in repo["read__inc"].config.output] == ["y", "y__copy"]
     assert [o.name for o in repo["read__dbl"].config.output] == ["y"]
     assert "read__gate" not in repo.names
+
+
+def test_a_join_that_produces_every_output_is_the_gate_itself():
+    left = step(lambda x: {"y": x + 1}, name="left", inputs={"x": F4}, outputs={"y": F4})
+    right = step(lambda x: {"y": x * 2}, name="right", inputs={"x": F4}, outputs={"y": F4})
+    join = step(lambda a, b: {"y": a + b}, name="join", inputs={"a": F4, "b": F4}, outputs={"y": F4})
+    p = Pipeline("d", inputs={"x": F4}, max_batch_size=4)
+    j = p.add(join, a=p.add(left, x=p.input("x"))["y"], b=p.add(right, x=p.input("x"))["y"])
+    p.output("y", j["y"])
+    p.output("y_again", j["y"])
+    repo = p.compile("ensemble")
+    assert "d__gate" not in repo.names  # the join runs last and alone: it answers for the branches
+    steps = {s.model_name: s for s in repo["d"].config.ensemble_scheduling.step}
+    assert dict(steps["d__join"].output_map) == {"y": "y", "y__copy": "y_again"}
+    assert {steps["d__join"].input_map["__err_in_0"], steps["d__join"].input_map["__err_in_1"]} == {
+        steps["d__left"].output_map["__err__"], steps["d__right"].output_map["__err__"],
+    }
+    assert "__err__" not in [o.name for o in repo["d__join"].config.output]
+    _assert_ensemble_is_well_formed(repo["d"].config)

@@ -16,7 +16,9 @@ scheduler (facts and sources in ``docs/triton_ensemble.md``):
   tensor instead of an error response; a step whose upstream failed skips its
   work and passes the failure on; and a final gate model, which runs after
   every other step, answers the request: the outputs, or one error that names
-  the node as the user named it. The same holds where one step model serves
+  the node as the user named it. Where one Python node produces every output
+  (a diamond's join), that node is the gate: it answers with the first failure
+  upstream, or its own, at no extra model call. The same holds where one step model serves
   several nodes, because only the gate knows which node failed. Other chains
   keep plain error responses: a chain has no sibling running, and pays nothing.
 """
@@ -158,7 +160,7 @@ def compile_ensemble(plan: CompilePlan, name: str, layout: EnsembleLayout | None
         for key, value in wiring.outputs.items():
             step.output_map[key] = value
     models = [CompiledModel(name, config, {})]
-    if layout.gated:
+    if layout.gate_inputs:  # a gated ensemble whose last node is not the gate itself
         gate = _compile_gate(layout, layout.gate_name(name), ensemble=name)
         step = config.ensemble_scheduling.step.add(model_name=gate.name, model_version=-1)
         for key, value in layout.gate_inputs.items():
@@ -287,18 +289,35 @@ def _plain_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
 # ------------------------------------------------------------------ gated ensembles
 
 
+def _last_node_answers(plan: CompilePlan, python_nodes: set[str]) -> str | None:
+    """The node that can be the gate itself, if there is one, else ``None``.
+
+    That is a Python node that produces every pipeline output: every other live node
+    is then upstream of it, so it runs last and alone, and no subset of outputs can
+    prune it. It also needs every failure text to name its node, so no Python step
+    model may serve several nodes (a shared model cannot tell which node it ran as).
+    """
+    producers = {ref.node for ref in plan.pipeline.outputs.values()}
+    if len(producers) != 1 or _has_shared_python_model(plan):
+        return None
+    (last,) = producers
+    return last if last in python_nodes else None
+
+
 def _gated_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
     pipeline = plan.pipeline
     python_nodes = {n.name for n in plan.nodes if not n.step.is_external}
     by_name = {n.name: n for n in plan.nodes}
+    last = _last_node_answers(plan, python_nodes)
 
-    # Every pipeline output now comes out of the gate; the steps write internal tensors.
+    # Every pipeline output comes out of the gate, and the steps write internal tensors;
+    # unless the last node is the gate, which then writes the outputs itself.
     renamed = {}
     for node in plan.nodes:
         for output, tensor in node.outputs.items():
-            if tensor in pipeline.outputs:
+            if tensor in pipeline.outputs and node.name != last:
                 renamed[tensor] = names.fresh(f"{node.name}.{output}")
-    err_tensor = {n: names.fresh(f"{n}.{ERR_OUTPUT}") for n in sorted(python_nodes)}
+    err_tensor = {n: names.fresh(f"{n}.{ERR_OUTPUT}") for n in sorted(python_nodes - {last})}
 
     # The failures a node must look at: its nearest Python producers (an external model
     # cannot carry a failure, so one upstream of it is looked through).
@@ -329,8 +348,14 @@ def _gated_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
                 f"starting with {ERR_INPUT!r}; the ensemble uses those names to carry failures, so rename it",
                 pipeline=pipeline.name, step=model.nodes[0],
             )
+        err_inputs = tuple(f"{ERR_INPUT}{i}" for i in range(err_counts.get(model.name, 0)))
+        if model.nodes == (last,):
+            # It answers with the first failure upstream, or its own, as an error response.
+            copies = _exposure_copies(plan, by_name[last])
+            extras[model.name] = ModelExtras(copies=MappingProxyType(copies), err_inputs=err_inputs)
+            continue
         extras[model.name] = ModelExtras(
-            err_inputs=tuple(f"{ERR_INPUT}{i}" for i in range(err_counts.get(model.name, 0))),
+            err_inputs=err_inputs,
             err_output=ERR_OUTPUT,
             placeholders=MappingProxyType(_placeholders(plan, model.name, by_name)),
         )
@@ -342,8 +367,19 @@ def _gated_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
         if node.name in python_nodes:
             for i, source in enumerate(sources[node.name]):
                 inputs[f"{ERR_INPUT}{i}"] = err_tensor[source]
-            outputs[ERR_OUTPUT] = err_tensor[node.name]
+            if node.name == last:
+                copies = extras[node.model].copies
+                exposed = _exposures(plan)
+                for output in node.step.outputs:
+                    aliases = [a for a, original in copies.items() if original == output]
+                    for alias, exposure in zip(aliases, exposed.get((last, output), [])[1:], strict=True):
+                        outputs[alias] = exposure
+            else:
+                outputs[ERR_OUTPUT] = err_tensor[node.name]
         wiring.append(_NodeWiring(node, MappingProxyType(inputs), MappingProxyType(outputs)))
+    if last is not None:
+        empty = MappingProxyType({})
+        return EnsembleLayout(plan, True, MappingProxyType(extras), tuple(wiring), empty, empty, empty)
 
     gate_inputs: dict[str, str] = {}
     gate_outputs: dict[str, str] = {}
@@ -364,6 +400,16 @@ def _gated_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
         plan, True, MappingProxyType(extras), tuple(wiring),
         MappingProxyType(gate_inputs), MappingProxyType(gate_outputs), MappingProxyType(gate_errors),
     )
+
+
+def _exposure_copies(plan: CompilePlan, node: BoundNode) -> dict[str, str]:
+    """Extra outputs of ``node`` for the second and later exposures of one of its outputs."""
+    taken = set(node.step.inputs) | set(node.step.outputs)
+    copies = {}
+    for output in node.step.outputs:
+        for _ in _exposures(plan).get((node.name, output), [])[1:]:
+            copies[_fresh_output(taken, f"{output}__copy")] = output
+    return copies
 
 
 def _tensor_of(plan: CompilePlan, ref: TensorRef, renamed: Mapping[str, str]) -> str:

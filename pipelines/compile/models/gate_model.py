@@ -24,10 +24,6 @@ try:  # in a repository: the copy beside this file (the stub imports this file a
 except ImportError:  # in the package, for tests and linters
     from pipelines import serving
 
-# What a step writes in its __err__ when it did not run because a step upstream failed.
-UPSTREAM_FAILED = b"\x00upstream"
-
-
 class TritonPythonModel:
     def initialize(self, args):
         version_dir = os.path.join(args["model_repository"], str(args["model_version"]))
@@ -48,8 +44,9 @@ class TritonPythonModel:
             if tensor is None:
                 continue
             text = _first(tensor.as_numpy())
-            if text and text != UPSTREAM_FAILED:
-                # The step wrote the wire text (serving.WireError); the gate knows which node it was.
+            if text:
+                # The first in topological order is where the failure began: a step that did not run
+                # because of it comes later and passes its text on. The gate knows which node that was.
                 said = serving.parse_error(text.decode("utf-8", errors="replace"))
                 if said is None:
                     reason = f"failed (model {entry['model']!r}): {text.decode('utf-8', errors='replace')}"

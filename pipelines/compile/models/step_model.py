@@ -77,9 +77,10 @@ class TritonPythonModel:
         inputs, errors = [], []
         for request in requests:
             try:
-                if self.ensemble.upstream_failed(request):
+                upstream = self.ensemble.upstream_error(request)
+                if upstream is not None:
                     inputs.append(None)  # a step upstream failed: running on its stand-ins would be garbage
-                    errors.append(UPSTREAM_FAILED)
+                    errors.append(upstream)  # passed on, to the gate or as this step's error response
                     continue
                 inputs.append(self._read(request))
                 errors.append(None)
@@ -175,10 +176,6 @@ class TritonPythonModel:
         return serving.WireError(kind, self.pipeline, reason, self.node, self.step_name, tensor).text()
 
 
-# What a step writes in its __err__ when it did not run because a step upstream failed.
-UPSTREAM_FAILED = b"\x00upstream"
-
-
 class _EnsembleExtras:
     """What an ensemble adds to a step model: output copies, and failures carried as data.
 
@@ -195,12 +192,17 @@ class _EnsembleExtras:
         self.dims = data.get("placeholders") or {}
         self.active = bool(self.copies or self.err_inputs or self.err_output)
 
-    def upstream_failed(self, request):
+    def upstream_error(self, request):
+        """The failure text a step upstream wrote (the first, in the order of the inputs), or ``None``."""
         for name in self.err_inputs:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
-            if tensor is not None and any(tensor.as_numpy().reshape(-1)):
-                return True
-        return False
+            if tensor is None:
+                continue
+            values = tensor.as_numpy().reshape(-1)
+            if values.size and values[0]:
+                first = values[0]
+                return first.decode("utf-8", errors="replace") if isinstance(first, bytes) else str(first)
+        return None
 
     def placeholders(self, request, outputs, max_batch_size):
         """Stand-in outputs of the declared dtypes, for the steps downstream to skip and the gate to drop."""
@@ -221,7 +223,7 @@ class _EnsembleExtras:
         if self.err_output in wanted:
             text = b""
             if error is not None:  # the wire text (serving.WireError); the gate says which node this was
-                text = error if isinstance(error, bytes) else error.encode("utf-8")
+                text = error.encode("utf-8")
             rows = len(next(iter(result.values()))) if max_batch_size > 0 and result else None
             shape = [rows, 1] if rows is not None else [1]
             tensors.append(pb_utils.Tensor(self.err_output, np.full(shape, text, dtype=np.object_)))
