@@ -18,9 +18,10 @@ scheduler (facts and sources in ``docs/triton_ensemble.md``):
   every other step, answers the request: the outputs, or one error that names
   the node as the user named it. Where one Python node produces every output
   (a diamond's join), that node is the gate: it answers with the first failure
-  upstream, or its own, at no extra model call. The same holds where one step model serves
-  several nodes, because only the gate knows which node failed. Other chains
-  keep plain error responses: a chain has no sibling running, and pays nothing.
+  upstream, or its own, at no extra model call. A gate model is also used where
+  one step model serves several nodes, because only the gate knows which node
+  failed. Other chains keep plain error responses: a chain has no sibling
+  running, and pays nothing.
 """
 
 from __future__ import annotations

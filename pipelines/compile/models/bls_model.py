@@ -76,8 +76,12 @@ class TritonPythonModel:
                 for name in run.schedule.order:
                     node = self.nodes[name]
                     call = self._request(node, run).async_exec()
+                    limit = self.timeouts_us.get(name, 0) / 1e6
                     try:
-                        response = await call
+                        # Triton's own request timeout stops only a queued request: wait no longer than it.
+                        response = await (asyncio.wait_for(call, limit) if limit else call)
+                    except asyncio.TimeoutError:
+                        raise RequestFailed(_timed_out(self, node)) from None
                     except Exception as exc:  # e.g. the composing model is not loaded
                         raise _call_failed(exc, name, self) from exc
                     self._collect(node, run, response)
