@@ -10,9 +10,11 @@ batch, naming the pipeline, the node and the step.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -72,6 +74,27 @@ def post(x):
     return {"y": x - 1, "flag": x > 20}
 
 
+@step(inputs={"x": ROW}, outputs={"y": ROW}, parameters={"init_dir": ""})
+class Counted:
+    """Leaves one file per initialize() in ``init_dir``, so a test can count the instances."""
+
+    def initialize(self, config):
+        directory = config["parameters"]["init_dir"]
+        if directory:
+            Path(directory, f"init-{os.getpid()}-{id(self)}").touch()
+
+    def execute(self, x):
+        return {"y": x * 3}
+
+
+def counted_pipeline(init_dir):
+    counted = Counted.with_options(parameters={"init_dir": init_dir})
+    p = Pipeline("counted", inputs={"x": ROW}, max_batch_size=8)
+    a = p.add(counted, name="a", x=p.input("x"))
+    p.output("y", p.add(counted, name="b", x=a["y"])["y"])
+    return p
+
+
 def touchy_pipeline():
     p = Pipeline("touchy", inputs={"x": ROW}, max_batch_size=8)
     p.output("y", p.add(touchy, name="guard", x=p.input("x"))["y"])
@@ -114,8 +137,15 @@ def pipelines(barrier_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(pipelines, tmp_path_factory):
+def init_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("inits")
+
+
+@pytest.fixture(scope="module")
+def server(pipelines, init_dir, tmp_path_factory):
     repos = [p.compile("all") for p in pipelines.values()]
+    # Two fused instances, each with one instance of the step its two nodes share.
+    repos.append(counted_pipeline(str(init_dir)).compile("fused", fused_instance_count=2))
     path = repos[0].merge(*repos[1:]).write(tmp_path_factory.mktemp("fused") / "repo")
     with TritonServer(path) as running:
         yield running
@@ -179,6 +209,13 @@ def test_compiled_alone_the_fused_form_keeps_only_the_external_models(pipelines)
         "1/steps/withext__post/step.json", "1/steps/withext__post/step.pkl",
         "1/steps/withext__pre/step.json", "1/steps/withext__pre/step.pkl",
     ]
+
+
+def test_each_step_is_initialized_once_per_fused_instance(server, init_dir):
+    x = np.ones((1, 4), np.float32)
+    with server.client("grpc", timeout=60) as c:
+        np.testing.assert_array_equal(c.infer("counted", {"x": x})["y"], x * 9)
+    assert len(list(init_dir.iterdir())) == 2  # two fused instances; nodes a and b share one step instance
 
 
 def test_a_failing_request_does_not_fail_the_others_of_its_batch(server):
