@@ -200,7 +200,7 @@ class LocalRuntime:
         if self._replay is not None:
             self._crossings = 0
         self.plan = plan_of(pipeline)
-        # Nodes that run inside the top-level model (the fused form's Python steps): no boundary to pay.
+        # Nodes that run inside the top-level model (the fused form's Python steps): no server copy.
         self._in_process = frozenset(
             n for n in self.plan.order if self.form.in_process and not pipeline.nodes[n].step.is_external
         )
@@ -279,7 +279,7 @@ class LocalRuntime:
                     owners[id(node.step)] = model
                 else:
                     model.share(owner)
-                model.replay = None if name in self._in_process else self._replay
+                model.replay = self._replay
                 self._models[name] = model
             if self.offload == "auto":
                 hop = await thread_hop_cost()
@@ -464,8 +464,7 @@ class LocalRuntime:
         model = self._models[name]
         values, remaining = req.values, req.remaining
         inputs = {}
-        outside = name not in self._in_process
-        crossings = self._crossings if outside else 0
+        crossings = self._crossings if name not in self._in_process else 0  # the replay decides its own costs
         for input_name, key in req.routes.bindings[name]:
             inputs[input_name] = model.place(values[key], req.copies, input_name)
             if crossings:
@@ -477,11 +476,11 @@ class LocalRuntime:
         inline = model.always_inline or (
             model.inline_ok and (model.cheap or (self._active == 1 and req.inflight == 1))
         )
-        if self._replay is not None and outside:  # the ensemble scheduler or the BLS call carries the inputs
+        if self._replay is not None:  # the ensemble scheduler or the BLS call carries the inputs to the step
             await self._replay.hop(model, nbytes_of(inputs))
         outputs, queue, compute, batch = await model.run(inputs, req.rows, inline=inline)
         del inputs
-        if self._replay is not None and outside:
+        if self._replay is not None:
             await self._replay.hop(model, sum(nbytes_of(outputs[o]) for o in req.routes.returns[name]))
         for out in req.routes.returns[name]:
             values[(name, out)] = _cross(outputs[out], crossings, req.copies) if crossings else outputs[out]
