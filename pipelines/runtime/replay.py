@@ -15,8 +15,8 @@ Where each cost is spent (see :mod:`pipelines.calibration` for how they are meas
   Python stub's shared-memory copies do; in the BLS modes the BLS model's own stub
   pays them for the request's inputs and outputs while its instance is held. A step
   that stands for an external model (another backend) has no stub and pays none;
-- an ensemble that compiles with a **gate model** (steps that can fail side by side,
-  see :mod:`pipelines.compile.ensemble`) pays one more ensemble step and stub per
+- an ensemble that compiles with a **gate model** of its own (see
+  :mod:`pipelines.compile.ensemble`) pays one more ensemble step and stub per
   request, for its outputs, holding the gate's one instance;
 - ``"fused"``: the Python steps run in the top-level model's own process, so they
   pay no call and no stub; the request and the model's own stub are paid as in BLS,
@@ -49,12 +49,18 @@ if TYPE_CHECKING:
 __all__ = ["Ledger", "Replay", "ServerPrediction", "nbytes_of"]
 
 def _gated(pipeline: Any) -> bool:
-    """Whether ``pipeline`` compiles to an ensemble with a gate model."""
+    """Whether ``pipeline`` compiles to an ensemble with a gate model of its own (where the
+    gate is one of the pipeline's nodes, it costs no extra call)."""
     from ..compile.bound_plan import bind_plan
-    from ..compile.ensemble import layout_ensemble
+    from ..compile.ensemble import compile_ensemble, layout_ensemble
 
     try:
-        return bool(layout_ensemble(bind_plan(pipeline)).gated)
+        plan = bind_plan(pipeline)
+        layout = layout_ensemble(plan)
+        if not layout.gated:
+            return False
+        gate = layout.gate_name(pipeline.name)
+        return any(model.name == gate for model in compile_ensemble(plan, pipeline.name, layout))
     except Exception:  # a pipeline the compiler refuses runs locally all the same, without a gate
         return False
 
