@@ -22,7 +22,8 @@ message that says what is wrong, what was expected, and the fix::
     │   ├── InputError              the request's tensors do not match the pipeline's inputs
     │   ├── StepError               a step raised or returned something wrong
     │   │   └── StepTimeoutError    a step ran past its timeout
-    │   └── ClientTimeoutError      a client gave up waiting for the server's answer
+    │   ├── ClientTimeoutError      a client gave up waiting for the server's answer
+    │   └── StubDiedError           a model's Python stub process died (retry once it is reloaded)
     └── ServerError                 the embedded Triton server misbehaved
         ├── ServerStartError        it did not become ready (holds the log's tail)
         └── ServerDiedError         it exited while in use
@@ -50,6 +51,7 @@ __all__ = [
     "StepDeclarationError",
     "StepError",
     "StepTimeoutError",
+    "StubDiedError",
     "TensorProducedTwiceError",
     "TensorSpecError",
     "UnboundInputError",
@@ -166,6 +168,19 @@ class ClientTimeoutError(InferenceError):
 
     ``step`` names the model that was asked. The request may still run on the server.
     """
+
+
+class StubDiedError(InferenceError):
+    """The Python stub process of a model died, so Triton could not run the request.
+
+    ``model`` names that model. An embedded :class:`~pipelines.triton.TritonServer` reloads it
+    (``reloading`` is then True): retry after a few seconds. A stock Triton 2.51 never does.
+    """
+
+    def __init__(self, message: str, *, model: str = "", reloading: bool = False, **context) -> None:
+        super().__init__(message, **context)
+        self.model = model
+        self.reloading = reloading
 
 
 class ServerError(PipelinesError):

@@ -26,8 +26,16 @@ from pipelines.errors import (
     ServerStartError,
     StepTimeoutError,
 )
-from pipelines.triton import AsyncTritonClient, Ports, TritonClient, TritonServer, find_tritonserver
+from pipelines.triton import (
+    AsyncTritonClient,
+    Ports,
+    PythonBackendSettings,
+    TritonClient,
+    TritonServer,
+    find_tritonserver,
+)
 from pipelines.triton.cleanup import SHM_TAG
+from pipelines.triton.stubs import server_stubs
 
 try:  # tests/ may or may not be a package
     from .server_fixtures import (
@@ -56,9 +64,13 @@ def repository(tmp_path_factory):
     return write_test_repository(tmp_path_factory.mktemp("repo"), ("double", "echo", "slow", "fail"))
 
 
+SHM_DEFAULT, SHM_GROWTH = 2 * 2**20, 4 * 2**20
+
+
 @pytest.fixture(scope="module")
 def server(repository):
-    with TritonServer(repository) as running:
+    settings = PythonBackendSettings(shm_default_byte_size=SHM_DEFAULT, shm_growth_byte_size=SHM_GROWTH)
+    with TritonServer(repository, python_backend=settings) as running:
         yield running
     assert leftovers(running.shm_prefix, str(repository)) == []
 
@@ -100,6 +112,32 @@ def test_bytes_bool_and_int64_travel_both_ways(server, protocol):
     assert out["flag_out"].dtype == np.bool_
     np.testing.assert_array_equal(out["count_out"], [3, -6, 3 * 2**40])
     assert out["count_out"].dtype == np.int64
+
+
+def test_a_stubs_shared_memory_grows_by_the_step_it_is_given_and_stays(server):
+    (stub,) = [s for s in server_stubs(server.pid) if s.model == "echo"]
+    with open(f"/proc/{stub.pid}/cmdline", "rb") as f:
+        region = Path("/dev/shm") / f.read().split(b"\0")[2].decode()  # the stub's own region
+    assert region.name.startswith(server.shm_prefix)
+    small = {"text": np.array([b"a"], dtype=object), "flag": np.array([True]), "count": np.array([1], np.int64)}
+    big = {**small, "count": np.zeros(4 * 2**20, np.int64)}  # 32 MiB in, 32 MiB out
+    with server.client("grpc") as client:
+        client.infer("echo", small)
+        before = region.stat().st_size
+        client.infer("echo", big)
+        grown = region.stat().st_size
+        client.infer("echo", small)
+    assert before >= SHM_DEFAULT and (grown - SHM_DEFAULT) % SHM_GROWTH == 0 and grown >= before + 2 * 32 * 2**20
+    assert region.stat().st_size == grown, "the region shrank; docs/triton_failures.md says it never does"
+
+
+def test_python_backend_settings_are_data_and_not_passed_twice(tmp_path):
+    with pytest.raises(ServerStartError, match=r"positive int"):
+        PythonBackendSettings(shm_growth_byte_size=0)
+    with pytest.raises(ServerStartError, match=r"python_backend=PythonBackendSettings\(shm_default_byte_size=\.\.\.\)"):
+        TritonServer(tmp_path, extra_args=["--backend-config=python,shm-default-byte-size=4096"])
+    with pytest.raises(ServerStartError, match=r"pass it as the TritonServer keyword"):
+        TritonServer(tmp_path, extra_args=["--http-port=1234"])
 
 
 def test_one_blocking_client_serves_many_threads(server):

@@ -4,7 +4,7 @@ clients that talk to it, or to any remote Triton, over HTTP or gRPC. Shares no c
 
 from __future__ import annotations
 
-from .arguments import Ports, ServerArguments
+from .arguments import Ports, PythonBackendSettings, ServerArguments
 from .async_client import AsyncTritonClient
 from .client import TritonClient
 from .installation import TritonInstallation, find_installation, find_tritonserver
@@ -15,6 +15,7 @@ from .server import TritonServer
 __all__ = [
     "AsyncTritonClient",
     "Ports",
+    "PythonBackendSettings",
     "ServerArguments",
     "TritonClient",
     "TritonInstallation",

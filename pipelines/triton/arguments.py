@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import ServerStartError
 
-__all__ = ["MODEL_CONTROL_MODES", "Ports", "ServerArguments"]
+__all__ = ["MODEL_CONTROL_MODES", "Ports", "PythonBackendSettings", "ServerArguments"]
 
 MODEL_CONTROL_MODES = ("none", "explicit", "poll")
 # Flags this dataclass renders itself; passing them again in ``extra`` would contradict it.
@@ -30,6 +30,48 @@ _OWNED_FLAGS = (
     "--log-verbose",
     "--allow-grpc",
     "--allow-metrics",
+)
+
+
+@dataclass(frozen=True)
+class PythonBackendSettings:
+    """The Python backend's shared-memory settings (``--backend-config=python,...``); None keeps Triton's.
+
+    Each model instance's stub talks to the server through one shared-memory region in
+    ``/dev/shm``. It starts at ``shm_default_byte_size`` (Triton: 1 MiB) and grows by
+    ``shm_growth_byte_size`` (1 MiB) steps whenever a request's tensors do not fit, and it
+    never shrinks until the server stops: one request with large tensors holds that memory
+    for good. A larger default avoids growth for requests that fit; a larger growth step
+    means fewer, larger increments (fewer remaps on large tensors, more memory held).
+    ``stub_timeout_seconds`` (30) is how long the backend waits for a stub's handshakes.
+    """
+
+    shm_default_byte_size: int | None = None
+    shm_growth_byte_size: int | None = None
+    stub_timeout_seconds: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("shm_default_byte_size", "shm_growth_byte_size", "stub_timeout_seconds"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ServerStartError(f"PythonBackendSettings.{name} must be a positive int (or None); got {value!r}")
+
+    def flags(self, shm_region_prefix: str) -> list[str]:
+        """The ``--backend-config=python,KEY=VALUE`` flags, one per setting that is set."""
+        settings = {
+            "shm-region-prefix-name": shm_region_prefix or None,
+            "shm-default-byte-size": self.shm_default_byte_size,
+            "shm-growth-byte-size": self.shm_growth_byte_size,
+            "stub-timeout-seconds": self.stub_timeout_seconds,
+        }
+        return [f"--backend-config=python,{key}={value}" for key, value in settings.items() if value is not None]
+
+
+_PYTHON_BACKEND_KEYS = (
+    "shm-region-prefix-name",
+    "shm-default-byte-size",
+    "shm-growth-byte-size",
+    "stub-timeout-seconds",
 )
 
 
@@ -56,6 +98,7 @@ class ServerArguments:
     allow_metrics: bool = True
     #: The Python backend names its shared-memory regions ``<prefix><uuid>``.
     shm_region_prefix: str = ""
+    python_backend: PythonBackendSettings = field(default_factory=PythonBackendSettings)
     extra: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -70,7 +113,18 @@ class ServerArguments:
                 f"in mode {self.model_control_mode!r} Triton loads every model of the repository itself"
             )
         for arg in self.extra:
-            flag = arg.split("=", 1)[0]
+            flag, _, value = arg.partition("=")
+            key = value.removeprefix("python,").split("=", 1)[0]
+            if flag == "--backend-config" and value.startswith("python,") and key in _PYTHON_BACKEND_KEYS:
+                raise ServerStartError(
+                    f"extra argument {arg!r} sets the Python backend's {key}; pass "
+                    f"python_backend=PythonBackendSettings({key.replace('-', '_')}=...) instead"
+                    + (
+                        " (the region prefix is the server's own: clean-up finds its regions by it)"
+                        if key == "shm-region-prefix-name"
+                        else ""
+                    )
+                )
             if flag in _OWNED_FLAGS:
                 raise ServerStartError(
                     f"extra argument {arg!r} sets {flag}, which TritonServer sets itself; "
@@ -97,8 +151,7 @@ class ServerArguments:
             args.append("--allow-grpc=false")
         if not self.allow_metrics:
             args.append("--allow-metrics=false")
-        if self.shm_region_prefix:
-            args.append(f"--backend-config=python,shm-region-prefix-name={self.shm_region_prefix}")
+        args += self.python_backend.flags(self.shm_region_prefix)
         args += [f"--load-model={name}" for name in self.load_models]
         args += self.extra
         return args

@@ -125,8 +125,13 @@ class AsyncTritonClient:
         )
 
     async def ready(self, model: str | None = None) -> bool:
+        # Triton 2.51 keeps a model whose stub died READY (and answers only once its reload
+        # is done); the server that owns it knows better, and says so at once.
+        liveness = self._errors.liveness
+        if liveness is not None and liveness.broken(model) is not None:
+            return False
         try:
-            return bool(
+            answer = bool(
                 await self._call(
                     "readiness of",
                     model,
@@ -139,6 +144,7 @@ class AsyncTritonClient:
             )
         except (ServerError, InferenceError):
             return False
+        return answer and (liveness is None or liveness.broken(model) is None)
 
     async def metadata(self) -> dict:
         async def over_grpc(c: Any, t: float | None) -> dict:

@@ -138,9 +138,18 @@ class TritonClient:
         )
 
     def ready(self, model: str | None = None) -> bool:
-        """Whether the server (or ``model`` on it) is ready; ``False`` when it cannot be reached."""
+        """Whether the server (or ``model`` on it) is ready; ``False`` when it cannot be reached.
+
+        On a server this process owns, a model whose stub died counts as not ready until it is
+        reloaded (and the server too, as Triton counts a server ready when all its models are).
+        """
+        # Triton 2.51 keeps a model whose stub died READY (and answers only once its reload
+        # is done); the server that owns it knows better, and says so at once.
+        liveness = self._errors.liveness
+        if liveness is not None and liveness.broken(model) is not None:
+            return False
         try:
-            return bool(
+            answer = bool(
                 self._call(
                     "readiness of",
                     model,
@@ -153,6 +162,7 @@ class TritonClient:
             )
         except (ServerError, InferenceError):
             return False
+        return answer and (liveness is None or liveness.broken(model) is None)
 
     def metadata(self) -> dict:
         """The server's name, version and protocol extensions."""

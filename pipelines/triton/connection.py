@@ -16,9 +16,11 @@ from ..errors import (
     ServerError,
     StepError,
     StepTimeoutError,
+    StubDiedError,
 )
 from ..serving import parse_error
 from .rejections import REJECTED_STATUSES
+from .stubs import dead_stub_instance, model_of_instance
 
 __all__ = ["PROTOCOLS", "ErrorTranslator", "Liveness", "check_protocol", "rejected", "strip_scheme"]
 
@@ -37,6 +39,15 @@ class Liveness(Protocol):
 
     def check_after_failure(self) -> None:
         """Like :meth:`check`, but allows a server being killed a moment to finish exiting."""
+
+    def stub_died(self, instance: str) -> bool:
+        """A request found ``instance``'s stub dead; whether the server reloads its model."""
+
+    def broken(self, model: str | None) -> str | None:
+        """Why ``model`` (None: any model) cannot answer although Triton says it is ready; None if it can."""
+
+    def broken_models(self) -> list[str]:
+        """The models whose stub died and that are not reloaded yet, or were a moment ago."""
 
 
 def check_protocol(protocol: str) -> str:
@@ -103,6 +114,13 @@ class ErrorTranslator:
                 # The server's text stays first and intact: it names the failing step.
                 status_note = f"status {status}, " if status else ""
                 text = exc.message() or ""
+                instance = dead_stub_instance(text)
+                context = f"{what} {subject}, {status_note}{where}"
+                if instance is not None:
+                    return self._stub_died(text, context, model, dead=model_of_instance(instance), instance=instance)
+                reloading = self._reloading(text, model)
+                if reloading is not None:
+                    return self._stub_died(text, context, model, dead=reloading)
                 return _server_error(text, model=model, suffix=f" ({what} {subject}, {status_note}{where})")
         elif _is_timeout(exc):
             return self._timeout(what, subject, model, timeout, where)
@@ -112,6 +130,44 @@ class ErrorTranslator:
         return ServerError(
             f"cannot reach the Triton server at {where} ({what} {subject}): {detail}; "
             "check that the server runs and that the URL and protocol are right"
+        )
+
+    def _reloading(self, text: str, model: str | None) -> str | None:
+        """The model whose reload (after its stub died) made this request fail, if it is one.
+
+        While the owning server reloads a model, Triton answers "unknown model" or "not
+        ready" for it and for the ensembles that use it.
+        """
+        if self.liveness is None:
+            return None
+        names = self.liveness.broken_models()
+        for name in names:
+            if name == model or f"'{name}'" in text:
+                return name
+        if names and model is not None and self.liveness.broken(model) is not None:
+            return names[0]  # an ensemble that holds it
+        return None
+
+    def _stub_died(
+        self, text: str, context: str, model: str | None, *, dead: str, instance: str | None = None
+    ) -> StubDiedError:
+        reloading = self.liveness is not None and self.liveness.stub_died(instance or dead)
+        if reloading:
+            advice = "the server is reloading it, retry in a few seconds"
+        else:
+            advice = (
+                "Triton 2.51 does not restart it and still reports the model READY; "
+                "reload the model (explicit model control) or restart the server"
+            )
+        which = f" (instance {instance})" if instance else ""
+        said = parse_error(text)  # a BLS model names the pipeline and the step that met the dead stub
+        return StubDiedError(
+            f"model {dead!r}'s stub process died{which}; {advice} [Triton: {text}] ({context})",
+            model=dead,
+            reloading=reloading,
+            pipeline=said.pipeline if said else None,
+            node=said.node if said else None,
+            step=(said.node or said.step) if said else model,
         )
 
     @staticmethod

@@ -7,6 +7,7 @@ own process group; on stop it leaves no process, shared-memory region or tempora
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -21,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import ServerDiedError, ServerError, ServerStartError
-from .arguments import Ports, ServerArguments
+from ..errors import PipelinesError, ServerDiedError, ServerError, ServerStartError
+from .arguments import Ports, PythonBackendSettings, ServerArguments
 from .cleanup import (
     REGISTRY,
     SHM_TAG,
@@ -35,6 +36,7 @@ from .cleanup import (
 from .installation import TritonInstallation, backend_directory, find_installation
 from .ports import choose_ports, health_ready, listens, taken_port
 from .python_env import current_environment, probe_environment
+from .stubs import StubWatcher
 from .supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -42,6 +44,8 @@ if TYPE_CHECKING:
     from .client import TritonClient
 
 __all__ = ["TritonServer", "describe_exit"]
+
+log = logging.getLogger("pipelines.triton")
 
 _PORT_ATTEMPTS = 4
 _ERROR_LINE = re.compile(r"E\d{4} |error:", re.IGNORECASE)
@@ -59,6 +63,11 @@ class TritonServer:
     holds to it, since Triton would otherwise spend its exit timeout waiting for them. ``python_env`` is the root
     of a virtual (or conda) environment the Python models run in instead of this one's; it
     needs ``numpy<2`` and whatever the models import, not ``pipelines``.
+
+    ``restart_dead_stubs`` (default): a model whose Python stub process dies is reloaded
+    (Triton 2.51 would keep it READY and failing); model control mode ``"none"`` is then
+    served as ``"explicit"`` with every model loaded at start, which loads the same models.
+    ``python_backend`` sets the Python backend's shared-memory sizes (:class:`PythonBackendSettings`).
     """
 
     def __init__(
@@ -79,10 +88,16 @@ class TritonServer:
         allow_grpc: bool = True,
         allow_metrics: bool = True,
         python_env: str | os.PathLike[str] | None = None,
+        restart_dead_stubs: bool = True,
+        python_backend: PythonBackendSettings | None = None,
         installation: TritonInstallation | None = None,
     ) -> None:
         # Unique per server: the python backend names its regions <prefix><uuid>.
         self.shm_prefix = f"{SHM_TAG}-{os.getpid()}-{uuid.uuid4().hex[:12]}-"
+        if model_control_mode == "none" and restart_dead_stubs and not load_models:
+            # Reloading a model needs explicit model control; loading "*" at start loads
+            # exactly what mode "none" would.
+            model_control_mode, load_models = "explicit", ("*",)
         self.arguments = ServerArguments(
             repository=Path(repository).resolve(),
             model_control_mode=model_control_mode,
@@ -93,6 +108,7 @@ class TritonServer:
             allow_grpc=allow_grpc,
             allow_metrics=allow_metrics,
             shm_region_prefix=self.shm_prefix,
+            python_backend=python_backend or PythonBackendSettings(),
             extra=tuple(str(a) for a in extra_args),
         )
         self.startup_timeout = float(startup_timeout)
@@ -105,6 +121,9 @@ class TritonServer:
         self._pgid: int | None = None
         self._workdir: Path | None = None
         self._supervisor: Supervisor | None = None
+        self.restart_dead_stubs = restart_dead_stubs
+        self._watcher: StubWatcher | None = None
+        self._ensemble_steps: dict[str, frozenset[str]] = {}
         self._log_path: Path | None = None
         self._stopped = False
         self._reaped = False
@@ -224,6 +243,7 @@ class TritonServer:
                     self._launch(installation, backends, attempt)
                     try:
                         self._wait_ready(deadline)
+                        self._watch_stubs()
                         return self
                     except _PortTaken:
                         kill_server(self._proc, self._pgid, self.shm_prefix)
@@ -249,7 +269,9 @@ class TritonServer:
         if installation.libs is not None:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(installation.libs), env.get("LD_LIBRARY_PATH")]))
         self._log_path = self._workdir / f"tritonserver.{attempt}.log"
-        with open(self._log_path, "wb") as log:  # a file, never a pipe that fills up and stalls the server
+        # A file, never a pipe that fills up and stalls the server; appended to, so that our
+        # own notes (a stub reloaded) can go in the same log without overwriting its lines.
+        with open(self._log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 args,
                 stdin=subprocess.DEVNULL,
@@ -296,6 +318,9 @@ class TritonServer:
         with sigint_deferred(), self._lock:
             proc = self._proc
             try:
+                if self._watcher is not None:
+                    self._watcher.stop()  # stubs exit now on purpose
+                    self._watcher = None
                 if proc is not None and proc.poll() is None:
                     self._close_connections()
                     signal_group(self._pgid, signal.SIGTERM)
@@ -310,6 +335,99 @@ class TritonServer:
                     self._supervisor = None
                 self._stopped = True
                 REGISTRY.discard(self)
+
+    # ---------------------------------------------------------------- dead stubs
+
+    def _watch_stubs(self) -> None:
+        if not self.restart_dead_stubs or self._proc is None:
+            return
+        reload = self._reload_model if self.model_control_mode == "explicit" else None
+        self._watcher = StubWatcher(
+            server_pid=self._proc.pid,
+            state=self._model_state,
+            reload=reload,
+            note=self._note,
+            prepare=self._learn_ensembles,
+        ).start()
+
+    def _model_state(self, model: str) -> str | None:
+        from .client import TritonClient
+
+        with TritonClient(self.http_url, timeout=30) as client:
+            states = {m["state"] for m in client.repository_index() if m["name"] == model}
+        return "READY" if "READY" in states else next(iter(states), None)
+
+    def _learn_ensembles(self, client: TritonClient | None = None) -> None:
+        """Which ensembles hold which models, so an ensemble whose step is reloading counts as not ready.
+
+        Learnt ahead: while a model loads, Triton answers config queries only once the load is done.
+        """
+        from .client import TritonClient
+
+        with contextlib.ExitStack() as stack:
+            if client is None:
+                client = stack.enter_context(TritonClient(self.http_url, timeout=30))
+            for entry in client.repository_index():
+                name = entry["name"]
+                if name not in self._ensemble_steps and entry["state"] == "READY":
+                    with contextlib.suppress(PipelinesError):
+                        scheduling = client.model_config(name).get("ensemble_scheduling") or {}
+                        steps = scheduling.get("step", ())
+                        self._ensemble_steps[name] = frozenset(step.get("model_name", "") for step in steps)
+
+    def _reload_model(self, model: str) -> None:
+        from .client import TritonClient
+
+        with TritonClient(self.http_url, timeout=max(self.startup_timeout, 60.0)) as client:
+            self._learn_ensembles(client)  # models loaded since the start
+            # Loading a model that is loaded and unchanged is a no-op in 2.51 (its dead stub
+            # stays dead), so unload it first. That unload never finishes (it waits for the
+            # dead stub), but once it has begun a load starts a fresh instance. Triton unloads
+            # the ensembles that use the model, and loads them again with it.
+            client.unload_model(model)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                if all(m["state"] != "READY" for m in client.repository_index() if m["name"] == model):
+                    break
+                time.sleep(0.02)
+            client.load_model(model)
+
+    def _note(self, line: str) -> None:
+        """Say something in the server's log (and Python's logging), in Triton's line format."""
+        log.warning("Triton server for %s: %s", self.repository, line)
+        if self._log_path is None:
+            return
+        now = time.time()
+        stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
+        with contextlib.suppress(OSError), open(self._log_path, "a") as f:
+            f.write(f"W{stamp} {os.getpid()} pipelines.triton] {line}\n")
+
+    def unhealthy_models(self) -> dict[str, str]:
+        """Models whose stub died and that are not reloaded yet (Triton still says READY), with why."""
+        return self._watcher.broken() if self._watcher is not None else {}
+
+    @property
+    def stub_restarts(self) -> list[tuple[str, float]]:
+        """Each model reloaded after its stub died: the model, and seconds from noticing to reloaded."""
+        return self._watcher.restarts if self._watcher is not None else []
+
+    def broken_reason(self, model: str | None = None) -> str | None:
+        """Why ``model`` (None: any model) cannot answer although Triton says ready; None if it can.
+
+        An ensemble is broken while one of its steps is (a BLS model, whose callees are not
+        in its config, is not: its requests fail with the step's :class:`StubDiedError`).
+        """
+        broken = self.unhealthy_models()
+        if not broken:
+            return None
+        if model is None:
+            name, why = next(iter(broken.items()))
+            return f"model {name!r}: {why}"
+        if model in broken:
+            return f"model {model!r}: {broken[model]}"
+        for step in sorted(self._ensemble_steps.get(model, frozenset()) & broken.keys()):
+            return f"its step model {step!r}: {broken[step]}"
+        return None
 
     def _close_connections(self) -> None:
         for client in list(self._clients):
@@ -412,6 +530,20 @@ class _Liveness:
         # A connection error while the process is being killed comes just before its exit.
         self._server._wait_dead(0.5)
         self._server.check_alive()
+
+    def stub_died(self, instance: str) -> bool:
+        watcher = self._server._watcher
+        if watcher is None:
+            return False
+        watcher.suspect(instance)
+        return self._server.model_control_mode == "explicit"
+
+    def broken(self, model: str | None) -> str | None:
+        return self._server.broken_reason(model)
+
+    def broken_models(self) -> list[str]:
+        watcher = self._server._watcher
+        return watcher.reloading() if watcher is not None else []
 
 
 class _PortTaken(Exception):

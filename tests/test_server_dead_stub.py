@@ -1,0 +1,120 @@
+"""A step's stub process dies on the embedded server (kill -9, or a step that segfaults): the
+server notices, says so in its log and in the client's error, reports the model not ready,
+and reloads it; requests succeed again with no action from the user."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pipelines import Pipeline, TensorSpec, step
+from pipelines.compile import compile_pipeline
+from pipelines.errors import InferenceError, StubDiedError
+from pipelines.triton import TritonServer
+from pipelines.triton.stubs import server_stubs
+
+pytestmark = pytest.mark.server
+
+F4 = TensorSpec("FP32", [4])
+CRASH = 666.0  # a row starting with this makes the step segfault
+RELOAD_LIMIT_S = 60.0  # generous: the machine is shared; the bound is what matters, not its size
+
+
+class Fragile:
+    """Adds one; a row marked CRASH takes its whole stub process down, as a bug in native code would."""
+
+    def execute(self, x):
+        if (x[:, 0] == CRASH).any():
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return {"y": x + 1}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    fragile = step(Fragile, name="fragile", inputs={"x": F4}, outputs={"y": F4})
+    pipeline = Pipeline("brittle", inputs={"x": F4}, max_batch_size=4)
+    pipeline.output("y", pipeline.add(fragile, x=pipeline.input("x"))["y"])
+    repository = compile_pipeline(pipeline, "both").write(tmp_path_factory.mktemp("dead_stub") / "repo")
+    with TritonServer(repository, exit_timeout=5) as running:
+        yield running
+
+
+def stub_of(server, model):
+    (stub,) = [s for s in server_stubs(server.pid) if s.model == model]
+    return stub
+
+
+def wait_for(condition, what):
+    deadline = time.monotonic() + RELOAD_LIMIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen within {RELOAD_LIMIT_S:g} s"
+        time.sleep(0.02)
+
+
+def test_a_killed_stub_is_reloaded_under_load_and_the_client_is_told(server):
+    models = {"brittle_ensemble": "http", "brittle_bls": "grpc", "brittle__fragile": "http"}
+    x = np.ones((1, 4), np.float32)
+    done, outcomes = threading.Event(), []  # (model, time the request was sent, error or None)
+
+    def load(model, protocol):
+        with server.client(protocol, timeout=RELOAD_LIMIT_S) as client:
+            while not done.is_set():
+                sent = time.monotonic()
+                try:
+                    np.testing.assert_array_equal(client.infer(model, {"x": x})["y"], 2)
+                    outcomes.append((model, sent, None))
+                except InferenceError as error:
+                    outcomes.append((model, sent, error))
+
+    threads = [threading.Thread(target=load, args=item) for item in models.items()]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: {m for m, _, e in outcomes if e is None} == set(models), "a first answer from each form")
+        victim = stub_of(server, "brittle__fragile")
+        os.kill(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(lambda: server.unhealthy_models(), "noticing the dead stub")
+        with server.client("grpc") as probe:
+            # Triton itself still says READY here; the server that owns it does not.
+            assert not probe.ready("brittle__fragile") and not probe.ready("brittle_ensemble")
+            assert not probe.ready()
+            wait_for(lambda: server.stub_restarts, "the reload")
+            reloaded = time.monotonic()
+            assert probe.ready("brittle__fragile") and probe.ready("brittle_ensemble") and probe.ready()
+        count = len(outcomes)
+        wait_for(
+            lambda: all(any(m == model and e is None for m, _, e in outcomes[count:]) for model in models),
+            "answers after the reload",
+        )
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
+    assert stub_of(server, "brittle__fragile").pid != victim.pid
+    failures = [(m, t, e) for m, t, e in outcomes if e is not None]
+    assert failures, "no request saw the dead stub"
+    for _, sent, error in failures:
+        assert isinstance(error, StubDiedError), error
+        assert sent >= killed - 1 and error.model == "brittle__fragile" and error.reloading
+        assert "stub process died" in error.message and "the server is reloading it, retry" in error.message
+    # Every request sent after the reload is answered.
+    assert [e for _, sent, e in outcomes if sent > reloaded and e is not None] == []
+    log = server.log_tail(400)
+    assert "model 'brittle__fragile': its stub process died" in log and "reloaded in" in log
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_step_that_segfaults_fails_its_request_and_the_model_comes_back(server, protocol):
+    before = len(server.stub_restarts)
+    with server.client(protocol, timeout=RELOAD_LIMIT_S) as client:
+        with pytest.raises(StubDiedError, match=r"model 'brittle__fragile''s stub process died") as caught:
+            client.infer("brittle_bls", {"x": np.full((1, 4), CRASH, np.float32)})
+        assert caught.value.step == "fragile" and caught.value.pipeline == "brittle"
+        wait_for(lambda: len(server.stub_restarts) > before, "the reload")
+        np.testing.assert_array_equal(client.infer("brittle_ensemble", {"x": np.ones((1, 4), np.float32)})["y"], 2)
