@@ -43,6 +43,9 @@ class Liveness(Protocol):
     def stub_died(self, instance: str) -> bool:
         """A request found ``instance``'s stub dead; whether the server reloads its model."""
 
+    def model_of(self, instance: str) -> str:
+        """The model that a stub instance runs."""
+
     def broken(self, model: str | None) -> str | None:
         """Why ``model`` (None: any model) cannot answer although Triton says it is ready; None if it can."""
 
@@ -85,7 +88,9 @@ def _server_error(text: str, *, model: str | None, suffix: str) -> InferenceErro
     if said is None:
         return InferenceError(f"{text}{suffix}", step=model)
     cls = _WIRE_KINDS.get(said.kind, InferenceError)
-    return cls(f"{text}{suffix}", pipeline=said.pipeline, node=said.node, step=said.node or said.step, tensor=said.tensor)
+    return cls(
+        f"{text}{suffix}", pipeline=said.pipeline, node=said.node, step=said.node or said.step, tensor=said.tensor
+    )
 
 
 _WIRE_KINDS = {"InputError": InputError, "StepError": StepError, "StepTimeoutError": StepTimeoutError}
@@ -117,7 +122,8 @@ class ErrorTranslator:
                 instance = dead_stub_instance(text)
                 context = f"{what} {subject}, {status_note}{where}"
                 if instance is not None:
-                    return self._stub_died(text, context, model, dead=model_of_instance(instance), instance=instance)
+                    dead = self.liveness.model_of(instance) if self.liveness else model_of_instance(instance)
+                    return self._stub_died(text, context, model, dead=dead, instance=instance)
                 reloading = self._reloading(text, model)
                 if reloading is not None:
                     return self._stub_died(text, context, model, dead=reloading)

@@ -36,7 +36,7 @@ from .cleanup import (
 from .installation import TritonInstallation, backend_directory, find_installation
 from .ports import choose_ports, health_ready, listens, taken_port
 from .python_env import current_environment, probe_environment
-from .stubs import StubWatcher
+from .stubs import StubWatcher, model_of_instance, server_stubs
 from .supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ log = logging.getLogger("pipelines.triton")
 _PORT_ATTEMPTS = 4
 _ERROR_LINE = re.compile(r"E\d{4} |error:", re.IGNORECASE)
 _UNLOAD_GRACE = 2.0  # the server polls its shutdown once a second; give it that long past its exit timeout
+_STUBLESS_GRACE = 0.5  # after a stub died: how long no stub may be left before the server counts as done
 
 
 class TritonServer:
@@ -317,15 +318,16 @@ class TritonServer:
         """Stop the server (gracefully, then by force) and remove everything it left. Safe to call twice."""
         with sigint_deferred(), self._lock:
             proc = self._proc
+            stub_died = False
             try:
                 if self._watcher is not None:
+                    stub_died = bool(self._watcher.restarts or self._watcher.broken())
                     self._watcher.stop()  # stubs exit now on purpose
                     self._watcher = None
                 if proc is not None and proc.poll() is None:
                     self._close_connections()
                     signal_group(self._pgid, signal.SIGTERM)
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(timeout=self.exit_timeout + _UNLOAD_GRACE)
+                    self._wait_exit(proc, stub_died)
             finally:
                 kill_server(self._proc, self._pgid, self.shm_prefix)
                 if self._workdir is not None:
@@ -436,6 +438,27 @@ class TritonServer:
         if self._ports is not None:
             shutdown_connections({self._ports.http, self._ports.grpc})
 
+    def _wait_exit(self, proc: subprocess.Popen[bytes], stub_died: bool) -> None:
+        """Wait for the server to exit, up to its exit timeout and a grace.
+
+        The unload of a model whose stub died never finishes, and holds Triton for its whole
+        exit timeout. So once a stub has died, the server is done as soon as no stub is left:
+        every model it could finalize is finalized by then.
+        """
+        deadline = time.monotonic() + self.exit_timeout + _UNLOAD_GRACE
+        stubless_since: float | None = None
+        while time.monotonic() < deadline:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.1)
+                return
+            if stub_died:
+                if server_stubs(proc.pid):
+                    stubless_since = None
+                elif stubless_since is None:
+                    stubless_since = time.monotonic()
+                elif time.monotonic() - stubless_since > _STUBLESS_GRACE:
+                    return
+
     def wait(self, timeout: float | None = None) -> int | None:
         """Wait for the server process to exit on its own; its exit code, or None past ``timeout``."""
         if self._proc is None:
@@ -540,6 +563,10 @@ class _Liveness:
 
     def broken(self, model: str | None) -> str | None:
         return self._server.broken_reason(model)
+
+    def model_of(self, instance: str) -> str:
+        watcher = self._server._watcher
+        return watcher.model_of(instance) if watcher is not None else model_of_instance(instance)
 
     def broken_models(self) -> list[str]:
         watcher = self._server._watcher

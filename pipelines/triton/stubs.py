@@ -30,8 +30,8 @@ log = logging.getLogger("pipelines.triton")
 _STUB_BINARY = "triton_python_backend_stub"
 # How the Python backend answers a request for an instance whose stub is gone.
 _NOT_HEALTHY = re.compile(r"Stub process '([^']+)' is not healthy")
-# An instance is named <model>_<group index>_<instance index> by Triton.
-_INSTANCE = re.compile(r"^(.+)_\d+_\d+$")
+# Triton names an instance <model>_<index>, or <group>_<index> with a group named <model>_<index>.
+_INSTANCE = re.compile(r"^(.+?)(?:_\d+){1,2}$")
 # New stubs appear only when models load; look for them this often besides.
 _RESCAN_S = 2.0
 # Errors of requests sent while a model reloaded may arrive a little after; they are still the reload's.
@@ -71,6 +71,7 @@ def dead_stub_instance(text: str) -> str | None:
 
 
 def model_of_instance(instance: str) -> str:
+    """The model an instance name belongs to, read from the name (a model named like ``m_0`` is misread)."""
     found = _INSTANCE.match(instance)
     return found.group(1) if found else instance
 
@@ -102,6 +103,7 @@ class StubWatcher:
         self._broken: dict[str, str] = {}  # model -> why
         self._restarts: list[tuple[str, float]] = []  # (model, seconds from death to reloaded)
         self._reloaded_at: dict[str, float] = {}
+        self._models: dict[str, str] = {}  # instance -> model, from the stubs' command lines
         self._wake_read, self._wake_write = os.pipe()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"stub-watcher-{server_pid}", daemon=True)
@@ -139,6 +141,11 @@ class StubWatcher:
         with self._lock:
             return list(self._restarts)
 
+    def model_of(self, instance: str) -> str:
+        """The model of a stub instance, as its command line said (its name alone can mislead)."""
+        with self._lock:
+            return self._models.get(instance) or model_of_instance(instance)
+
     def suspect(self, instance: str) -> None:
         """A client saw ``instance`` reported unhealthy: look now, not at the next rescan."""
         with contextlib.suppress(OSError):
@@ -158,6 +165,8 @@ class StubWatcher:
         try:
             while not self._stopping:
                 current = {stub.pid: stub for stub in server_stubs(self._server_pid)}
+                with self._lock:
+                    self._models.update({stub.instance: stub.model for stub in current.values()})
                 known = {stub.pid for _, stub in watched.values()}
                 for pid in current.keys() - known:
                     with contextlib.suppress(OSError):
