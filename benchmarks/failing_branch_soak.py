@@ -34,10 +34,12 @@ def main() -> int:
     parser.add_argument("--forms", default="ensemble,bls,bls_sync")
     parser.add_argument("--groups", default=",".join(f"{p}:{n}" for p, n in GROUPS),
                         help="protocol:clients, comma-separated; all run at the same time")
+    parser.add_argument("--expose-branch", action="store_true",
+                        help="expose a branch's output too, so the ensemble answers through a gate model")
     args = parser.parse_args()
     groups = [(g.split(":")[0], int(g.split(":")[1])) for g in args.groups.split(",")]
     forms = args.forms.split(",")
-    p = make_failing_diamond()
+    p = make_failing_diamond(expose_branch=args.expose_branch)
     with tempfile.TemporaryDirectory() as tmp:
         root = compile_pipeline(p, "both").write(Path(tmp) / "repo")
         with TritonServer(root, exit_timeout=1) as server:

@@ -256,6 +256,8 @@ def server(tmp_path_factory, release_dir, log_dir):
         # Triton refuses bad requests before any model runs, the same for every form: one form will do.
         compile_pipeline(flat_pipeline(), "ensemble"),
         compile_pipeline(fb.make_failing_diamond(), "both"),
+        # The same diamond answering through a gate model (a branch's output is exposed too).
+        compile_pipeline(fb.make_failing_diamond("failing_gated", expose_branch=True), "ensemble"),
         compile_pipeline(maze_pipeline(log_dir), "both"),
         compile_pipeline(nap_pipeline(release_dir), "both"),
     ]
@@ -566,9 +568,10 @@ FAILING_BRANCH_GROUPS = [("http", 16), ("http", 64), ("grpc", 16), ("grpc", 64)]
 
 def test_a_failing_branch_under_concurrency_leaves_the_server_alive_and_every_request_answered(server):
     """Half the requests fail in one branch of the diamond while the other branch runs, at 16 and
-    64 clients over HTTP and gRPC at once, against every form. A plain ensemble crashes Triton 2.51
-    within seconds here (docs/ensemble_branch_error); the compiled one carries the failure to its gate."""
-    models = [f"failing_diamond_{form}" for form in FORMS]
+    64 clients over HTTP and gRPC at once, against every form, and against the ensemble that answers
+    through a gate model. A plain ensemble crashes Triton 2.51 within seconds here
+    (docs/ensemble_branch_error); the compiled ones carry the failure to the join, or to the gate."""
+    models = [f"failing_diamond_{form}" for form in FORMS] + ["failing_gated"]
     tallies = anyio.run(fb.hammer_groups, server, models, FAILING_BRANCH_GROUPS, FAILING_BRANCH_WINDOW_S)
     server.check_alive()
     for group, tally in tallies.items():
@@ -577,7 +580,8 @@ def test_a_failing_branch_under_concurrency_leaves_the_server_alive_and_every_re
         assert tally.answered > 0 and tally.own_errors > 0, (group, tally)
     for model in models:  # and it goes on answering
         x = fb.request_for(0, failing=False)
-        np.testing.assert_array_equal(server.client("grpc", timeout=30).infer(model, {"x": x})["y"], fb.expected_answer(x))
+        got = server.client("grpc", timeout=30).infer(model, {"x": x}, outputs=["y"])
+        np.testing.assert_array_equal(got["y"], fb.expected_answer(x))
 
 
 def _follow_tags(log_dir: Path) -> set[str]:

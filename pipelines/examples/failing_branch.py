@@ -45,11 +45,15 @@ def join(a, b):
     return {"y": a + b}
 
 
-def make_failing_diamond(name: str = "failing_diamond", *, max_batch_size: int = 8) -> Pipeline:
+def make_failing_diamond(name: str = "failing_diamond", *, max_batch_size: int = 8, expose_branch: bool = False) -> Pipeline:
+    """The diamond; ``expose_branch`` also exposes the sound branch's output as ``right``, so that no
+    one step produces every output and the compiled ensemble answers through a gate model."""
     p = Pipeline(name, inputs={"x": F4}, max_batch_size=max_batch_size)
     left = p.add(brittle, x=p.input("x"))
     right = p.add(plus_one, x=p.input("x"))
     p.output("y", p.add(join, a=left["y"], b=right["y"])["y"])
+    if expose_branch:
+        p.output("right", right["y"])
     return p
 
 
@@ -100,7 +104,8 @@ async def _group(server, models, protocol, clients, seconds, request_limit, tags
                     else:
                         tally.wrong.append(f"{model} tag {tag}: {exc}")
                     continue
-                if not failing and np.array_equal(got.get("y"), expected_answer(x)):
+                right_ok = "right" not in got or np.array_equal(got["right"], x + 1)
+                if not failing and right_ok and np.array_equal(got.get("y"), expected_answer(x)):
                     tally.answered += 1
                 else:
                     tally.wrong.append(f"{model} tag {tag}: got {got}")
