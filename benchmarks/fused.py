@@ -92,15 +92,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds of unmeasured load first (default 0.5)")
     parser.add_argument("--max-trials", type=int, default=3, help="windows at most per measurement, >= 3 (default 3)")
     parser.add_argument("--quick", action="store_true", help="yolov5 at concurrency 1 and 4 only")
+    parser.add_argument("--fused-instance-count", type=int, default=1, metavar="N",
+                        help="instances of each fused model (default 1, as compiled by default)")
     args = parser.parse_args(argv)
     _settings((1,), args)  # bad options fail here, before the server starts
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    print(f"before: {_load()}")
+    print(f"before: {_load()}; fused models with {args.fused_instance_count} instance(s)")
 
     big, diamond = big_pipeline(), make_diamond(ms=DIAMOND_MS, name="diamond50")
-    repos = [p.compile("all") for p in (big, yolov5.pipeline, diamond)]
+    repos = [p.compile("all", fused_instance_count=args.fused_instance_count) for p in (big, yolov5.pipeline, diamond)]
     repo_dir = repos[0].merge(*repos[1:]).write(out / "model_repository")
     summary: dict = {}
     with TritonServer(repo_dir) as server:
