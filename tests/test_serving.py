@@ -21,6 +21,7 @@ from pipelines.serving import (
     bf16_from_dlpack,
     bf16_to_dlpack,
     bfloat16,
+    config_declares,
     parse_error,
 )
 
@@ -154,3 +155,24 @@ def test_bf16_goes_into_a_dlpack_capsule_and_comes_back_bit_for_bit():
 def test_a_capsule_of_another_dtype_is_refused():
     with pytest.raises(Refused, match="expected a host BF16 tensor"):
         bf16_from_dlpack(np.zeros(3, np.float32).__dlpack__())
+
+
+def test_inputs_are_left_to_triton_only_where_its_config_declares_exactly_them():
+    specs = {"x": Spec("FP32", (4,)), "t": Spec("BYTES", (-1,))}
+    config = {
+        "max_batch_size": 4,
+        "input": [
+            {"name": "x", "data_type": "TYPE_FP32", "dims": ["4"], "optional": False},
+            {"name": "t", "data_type": "TYPE_STRING", "dims": [-1]},
+        ],
+    }
+    assert config_declares(config, specs, 4)
+    assert not config_declares(config, specs, 8)
+    assert not config_declares({**config, "input": config["input"][:1]}, specs, 4)
+    assert not config_declares({**config, "input": [{**config["input"][0], "dims": [5]}, config["input"][1]]}, specs, 4)
+    assert not config_declares({**config, "input": [{**config["input"][0], "optional": True}, config["input"][1]]}, specs, 4)
+    assert not config_declares(None, specs, 4)
+    trusted = Contract(specs, 4, checked_by_triton=True)
+    assert trusted.check_inputs({"x": np.zeros((3, 4), np.float32), "t": np.zeros((3, 2), object)}) == 3
+    with pytest.raises(Refused):  # outputs are always checked
+        trusted.check_outputs({"x": np.zeros((3, 4), np.float64), "t": np.zeros((3, 2), object)}, 3)

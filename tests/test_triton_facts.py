@@ -102,6 +102,47 @@ class TritonPythonModel:
 """
 
 
+# A BLS model sends requests that break the receiver's config; the receiver says if it ran.
+_SENDER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+CASES = {
+    "dtype": {"x": np.ones((1, 4), np.float64), "k": np.ones((1, 1), np.int32)},
+    "dims": {"x": np.ones((1, 3), np.float32), "k": np.ones((1, 1), np.int32)},
+    "rank": {"x": np.ones((1, 4, 1), np.float32), "k": np.ones((1, 1), np.int32)},
+    "batch_above_max": {"x": np.ones((3, 4), np.float32), "k": np.ones((3, 1), np.int32)},
+    "batch_sizes_differ": {"x": np.ones((2, 4), np.float32), "k": np.ones((1, 1), np.int32)},
+    "missing": {"x": np.ones((1, 4), np.float32)},
+}
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        said = []
+        for case, tensors in CASES.items():
+            call = pb_utils.InferenceRequest(
+                model_name="receiver", requested_output_names=["said"],
+                inputs=[pb_utils.Tensor(n, v) for n, v in tensors.items()],
+            )
+            response = call.exec()
+            text = response.error().message() if response.has_error() else "answered"
+            said.append(f"{case}: {text}")
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("said", np.array([s.encode() for s in said], dtype=object))])
+                for _ in requests]
+"""
+
+_RECEIVER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError("EXECUTED")) for _ in requests]
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("facts") / "models"
@@ -116,6 +157,20 @@ def server(tmp_path_factory):
         _CONFIG.format(name="one_at_a_time", input="x", dtype="TYPE_FP32") + "instance_group [{ count: 1 kind: KIND_CPU }]\n"
     )
     (root / "one_at_a_time" / "1" / "model.py").write_text(_ONE_AT_A_TIME)
+    (root / "sender" / "1").mkdir(parents=True)
+    (root / "sender" / "config.pbtxt").write_text(
+        'name: "sender" backend: "python" max_batch_size: 0\n'
+        'input [{ name: "x" data_type: TYPE_FP32 dims: [ 2 ] }]\n'
+        'output [{ name: "said" data_type: TYPE_STRING dims: [ -1 ] }]\n'
+    )
+    (root / "sender" / "1" / "model.py").write_text(_SENDER)
+    (root / "receiver" / "1").mkdir(parents=True)
+    (root / "receiver" / "config.pbtxt").write_text(
+        'name: "receiver" backend: "python" max_batch_size: 2\n'
+        'input [{ name: "x" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "k" data_type: TYPE_INT32 dims: [ 1 ] }]\n'
+        'output [{ name: "said" data_type: TYPE_STRING dims: [ 1 ] }]\n'
+    )
+    (root / "receiver" / "1" / "model.py").write_text(_RECEIVER)
     # The model whose stub dies cannot unload: do not wait Triton's default 30 s for it at exit.
     with TritonServer(root, exit_timeout=5) as s, s.client("http", timeout=60) as client:
         yield client
@@ -148,6 +203,14 @@ def test_one_instance_runs_one_execute_at_a_time_even_an_async_one(server):
     assert answers == ["alone", "alone"], answers
 
 
+def test_triton_refuses_a_bls_request_that_breaks_the_config_before_execute(server):
+    answers = server.infer("sender", {"x": np.ones(2, np.float32)})["said"]
+    said = dict(a.decode().split(": ", 1) for a in answers)
+    assert sorted(said) == sorted(["dtype", "dims", "rank", "batch_above_max", "batch_sizes_differ", "missing"])
+    for case, text in said.items():
+        assert "EXECUTED" not in text and text != "answered", (case, text)
+
+
 def test_the_bundled_server_declares_numpy_below_2():
     requires = importlib.metadata.requires("nvidia-pytriton") or []
     assert any(r.replace(" ", "").startswith("numpy") and "<2" in r.replace(" ", "") for r in requires), requires
@@ -161,5 +224,6 @@ def test_the_docs_state_each_fact_with_its_test():
         "test_bf16_cannot_be_numpy_but_travels_by_dlpack",
         "test_one_instance_runs_one_execute_at_a_time_even_an_async_one",
         "test_the_bundled_server_declares_numpy_below_2",
+        "test_triton_refuses_a_bls_request_that_breaks_the_config_before_execute",
     ):
         assert name in text, name

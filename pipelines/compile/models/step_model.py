@@ -38,7 +38,10 @@ class TritonPythonModel:
         gpu = plan.get("device") == "gpu"
         inputs = {n: serving.Spec.from_dict(s) for n, s in plan["inputs"].items()}
         outputs = {n: serving.Spec.from_dict(s) for n, s in plan["outputs"].items()}
-        self.takes = serving.Contract(inputs, self.max_batch_size)
+        model_config = json.loads(args["model_config"]) if "model_config" in args else None
+        self.takes = serving.Contract(
+            inputs, self.max_batch_size, checked_by_triton=serving.config_declares(model_config, inputs, self.max_batch_size)
+        )
         self.gives = serving.Contract(outputs, self.max_batch_size)
         # Decided once here, not per request: how each tensor is read and written.
         self.readers = [(name, serving.tensor_reader(spec, gpu=gpu)) for name, spec in inputs.items()]
