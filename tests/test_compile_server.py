@@ -248,6 +248,17 @@ def forked_pipeline():
     return p
 
 
+def joined_pipeline():
+    """Two branches into one step with two outputs, one exposed twice: that step answers for the
+    branches (no gate model), and returns a copy for the second exposure."""
+    p = Pipeline("joined", inputs={"x": TensorSpec("FP32", [4])}, max_batch_size=8)
+    m = p.add(mix, a=p.add(inc, x=p.input("x"))["y"], b=p.add(scale, x=p.input("x"))["y"])
+    p.output("sum", m["sum"])
+    p.output("sum_again", m["sum"])
+    p.output("diff", m["diff"])
+    return p
+
+
 def named_chain_pipeline():
     p = Pipeline("named_chain", inputs={"x": TensorSpec("FP32", [4])}, max_batch_size=8)
     f = p.add(explode_on_negative, name="fragile_step", x=p.input("x"))
@@ -344,6 +355,7 @@ def pipelines(barrier_dir):
         "faulty": faulty_pipeline(),
         "fan": fan_pipeline(),
         "forked": forked_pipeline(),
+        "joined": joined_pipeline(),
         "named_chain": named_chain_pipeline(),
         "named_diamond": named_diamond_pipeline(),
         "named_twice": named_twice_pipeline(),
@@ -386,7 +398,7 @@ def assert_same(got: dict, expected: dict) -> None:
 
 def example_inputs(name: str, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
-    if name in ("chain", "twice", "diamond", "scripted", "fan", "forked"):
+    if name in ("chain", "twice", "diamond", "scripted", "fan", "forked", "joined"):
         return {"x": rng.standard_normal((3, 4)).astype(np.float32)}
     if name == "mixed":
         text = np.array([[b"a", b"hello", b"triton"], [b"bb", b"", b"xyz"]], dtype=object)
@@ -488,7 +500,7 @@ def _execution_count(server, model):
 # ------------------------------------------------- every subset of outputs (issue 12.1)
 
 
-@pytest.mark.parametrize("name", ["fan", "forked", "mixed"])
+@pytest.mark.parametrize("name", ["fan", "forked", "joined", "mixed"])
 def test_every_non_empty_subset_of_outputs_answers_in_every_form(client, pipelines, name):
     """An output also read by later steps, one read by two, one exposed twice, two from one step:
     a plain ensemble deadlocks on most of these subsets ("unexpected deadlock")."""
