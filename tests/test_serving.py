@@ -42,12 +42,15 @@ _IMPORT_LIKE_THE_STUB = textwrap.dedent(
     sys.modules["triton_python_backend_utils"] = types.ModuleType("triton_python_backend_utils")
     sys.path += [model_dir + "/1", model_dir]
     import numpy
+    before = set(sys.modules)
     start = time.perf_counter()
     import importlib
     module = importlib.import_module("1.model")
     took = time.perf_counter() - start
     assert hasattr(module, "TritonPythonModel")
-    print(json.dumps({"modules": sorted(sys.modules), "seconds": took, "serving": module.serving.__file__}))
+    new = sorted({m.partition(".")[0] for m in set(sys.modules) - before})
+    print(json.dumps({"modules": sorted(sys.modules), "new": new, "stdlib": sorted(sys.stdlib_module_names),
+                      "seconds": took, "serving": module.serving.__file__}))
     """
 )
 
@@ -83,6 +86,8 @@ def test_a_model_py_imports_neither_the_package_nor_networkx_nor_anyio(repositor
     modules = set(seen["modules"])
     assert "networkx" not in modules and "anyio" not in modules
     assert not {m for m in modules if m == "pipelines" or m.startswith("pipelines.")}, "the package was imported"
+    # Only the standard library, numpy and the model's own folder ("1": model.py, serving.py).
+    assert set(seen["new"]) - set(seen["stdlib"]) - {"numpy", "1"} == set(), seen["new"]
     assert seen["serving"] == str(repository / model / "1" / "serving.py")  # the copy beside model.py
 
 
