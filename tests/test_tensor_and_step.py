@@ -103,3 +103,12 @@ def test_bad_step_declarations():
         step(lambda x: x, name="f", inputs={}, outputs={"y": TensorSpec("FP32", [1])}, device="tpu")
     with pytest.raises(StepDeclarationError, match="give it a name"):
         step(lambda x: x, inputs={}, outputs={"y": TensorSpec("FP32", [1])})
+
+
+def test_a_bad_tensor_spec_is_a_pipelines_error_and_still_a_value_error():
+    from pipelines import PipelinesError, TensorSpecError
+
+    for bad in (lambda: TensorSpec("FP33", [1]), lambda: TensorSpec("FP32", [-2]), lambda: TensorSpec("FP32", "3")):
+        with pytest.raises(TensorSpecError) as info:
+            bad()
+        assert isinstance(info.value, PipelinesError) and isinstance(info.value, ValueError)
