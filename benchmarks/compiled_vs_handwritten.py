@@ -113,14 +113,33 @@ def measure(url: str, models: list[str], rounds: int, requests: int) -> dict[str
         for _ in range(20):
             np.testing.assert_array_equal(client.infer(model, [given], outputs=wanted).as_numpy("y"), x)
     samples: dict[str, list[float]] = {m: [] for m in models}
-    for _ in range(rounds):
-        for model in models:
+    for round_ in range(rounds):
+        # Every other round in reverse order, so no model always follows the same one.
+        for model in models if round_ % 2 == 0 else models[::-1]:
             for _ in range(requests):
                 start = time.perf_counter()
                 client.infer(model, [given], outputs=wanted)
                 samples[model].append(time.perf_counter() - start)
     client.close()
     return samples
+
+
+def paired_ratios(samples: dict[str, list[float]], requests: int) -> dict[str, float]:
+    """Compiled over hand-written per step, round by round (the two ran back to back), then the median.
+
+    Less moved by a machine whose load drifts than the ratio of overall medians.
+    """
+    out = {}
+    for form in ("ensemble", "bls"):
+        per_round = []
+        rounds = len(samples[f"compiled{LENGTHS[1]}_{form}"]) // requests
+        for r in range(rounds):
+            window = slice(r * requests, (r + 1) * requests)
+            med = {m: statistics.median(v[window]) for m, v in samples.items() if m.endswith(f"_{form}")}
+            slope = {k: med[f"{k}{LENGTHS[1]}_{form}"] - med[f"{k}{LENGTHS[0]}_{form}"] for k in ("compiled", "hand")}
+            per_round.append(slope["compiled"] / slope["hand"])
+        out[form] = statistics.median(per_round)
+    return out
 
 
 def step_model_times(statistics: dict) -> dict[str, float]:
@@ -181,12 +200,15 @@ def main() -> None:
         ])
     print(format_table(["form", "compiled", "hand-written", "ratio"], rows))
     print(f"(median of {args.rounds} x {args.requests} interleaved HTTP requests per model, concurrency 1)")
+    paired = paired_ratios(samples, args.requests)
+    print("per step, compiled / hand-written, round by round then the median: "
+          + ", ".join(f"{form} {ratio:.2f}x" for form, ratio in paired.items()))
     print(
         "inside a step model, per execution (Triton's statistics, input + infer + output, mean over the 10 steps): "
         f"compiled {inside['compiled'] * 1e6:.1f} us, hand-written {inside['hand'] * 1e6:.1f} us"
     )
     if args.json:
-        args.json.write_text(json.dumps({"summary": summary, "inside": inside, "samples": samples}, indent=1))
+        args.json.write_text(json.dumps({"summary": summary, "paired": paired, "inside": inside, "samples": samples}, indent=1))
 
 
 if __name__ == "__main__":
