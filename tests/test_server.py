@@ -71,8 +71,10 @@ SHM_DEFAULT, SHM_GROWTH = 2 * 2**20, 4 * 2**20
 def server(repository):
     settings = PythonBackendSettings(shm_default_byte_size=SHM_DEFAULT, shm_growth_byte_size=SHM_GROWTH)
     with TritonServer(repository, python_backend=settings) as running:
+        workdir = running.workdir
         yield running
     assert leftovers(running.shm_prefix, str(repository)) == []
+    assert workdir.name.startswith(SHM_TAG) and not workdir.exists(), "the temporary folder outlived the server"
 
 
 @pytest.fixture(scope="module")

@@ -49,8 +49,8 @@ class Liveness(Protocol):
     def broken(self, model: str | None) -> str | None:
         """Why ``model`` (None: any model) cannot answer although Triton says it is ready; None if it can."""
 
-    def broken_models(self) -> list[str]:
-        """The models whose stub died and that are not reloaded yet, or were a moment ago."""
+    def reloading_models(self) -> dict[str, str]:
+        """Each model that fails now, or did a moment ago, because a stub died: the model whose stub died."""
 
 
 def check_protocol(protocol: str) -> str:
@@ -146,18 +146,20 @@ class ErrorTranslator:
         """
         if self.liveness is None:
             return None
-        names = self.liveness.broken_models()
-        for name in names:
-            if name == model or f"'{name}'" in text:
-                return name
-        if names and model is not None and self.liveness.broken(model) is not None:
-            return names[0]  # an ensemble that holds it
-        return None
+        reloading = self.liveness.reloading_models()
+        if model in reloading:
+            return reloading[model]
+        return next((dead for name, dead in reloading.items() if f"'{name}'" in text), None)
 
     def _stub_died(
         self, text: str, context: str, model: str | None, *, dead: str, instance: str | None = None
     ) -> StubDiedError:
-        reloading = self.liveness is not None and self.liveness.stub_died(instance or dead)
+        if self.liveness is None:
+            reloading = False
+        elif instance is not None:
+            reloading = self.liveness.stub_died(instance)
+        else:  # the request met the reload itself
+            reloading = True
         if reloading:
             advice = "the server is reloading it, retry in a few seconds"
         else:

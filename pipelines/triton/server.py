@@ -408,6 +408,18 @@ class TritonServer:
         """Models whose stub died and that are not reloaded yet (Triton still says READY), with why."""
         return self._watcher.broken() if self._watcher is not None else {}
 
+    def reloading_models(self) -> dict[str, str]:
+        """Each model failing now, or a moment ago, because a stub died (the step and the ensembles
+        that use it): the model whose stub died."""
+        if self._watcher is None:
+            return {}
+        dead = self._watcher.reloading()
+        found = {name: name for name in dead}
+        for ensemble, steps in self._ensemble_steps.items():
+            for step in sorted(steps & set(dead)):
+                found.setdefault(ensemble, step)
+        return found
+
     @property
     def stub_restarts(self) -> list[tuple[str, float]]:
         """Each model reloaded after its stub died: the model, and seconds from noticing to reloaded."""
@@ -518,6 +530,8 @@ class TritonServer:
         """Load (or reload) model ``name``; needs ``model_control_mode='explicit'``."""
         with self.client() as client:
             client.load_model(name)
+        if self._watcher is not None:
+            self._watcher.rescan()  # watch the new stubs
 
     def unload_model(self, name: str, *, wait: float = 30.0) -> None:
         """Unload model ``name``; Triton answers at once, so wait up to ``wait`` s until it has."""
@@ -568,9 +582,8 @@ class _Liveness:
         watcher = self._server._watcher
         return watcher.model_of(instance) if watcher is not None else model_of_instance(instance)
 
-    def broken_models(self) -> list[str]:
-        watcher = self._server._watcher
-        return watcher.reloading() if watcher is not None else []
+    def reloading_models(self) -> dict[str, str]:
+        return self._server.reloading_models()
 
 
 class _PortTaken(Exception):

@@ -32,8 +32,9 @@ _STUB_BINARY = "triton_python_backend_stub"
 _NOT_HEALTHY = re.compile(r"Stub process '([^']+)' is not healthy")
 # Triton names an instance <model>_<index>, or <group>_<index> with a group named <model>_<index>.
 _INSTANCE = re.compile(r"^(.+?)(?:_\d+){1,2}$")
-# New stubs appear only when models load; look for them this often besides.
-_RESCAN_S = 2.0
+# New stubs appear only when models load, and a load through this package rescans at once;
+# look this often besides (a scan of /proc costs milliseconds, or tens of them on a busy machine).
+_RESCAN_S = 15.0
 # Errors of requests sent while a model reloaded may arrive a little after; they are still the reload's.
 _RECENT_S = 10.0
 # A reload swaps stubs: the new instance is up before the old one exits; a moment settles the swap.
@@ -104,6 +105,7 @@ class StubWatcher:
         self._restarts: list[tuple[str, float]] = []  # (model, seconds from death to reloaded)
         self._reloaded_at: dict[str, float] = {}
         self._models: dict[str, str] = {}  # instance -> model, from the stubs' command lines
+        self._suspects: set[str] = set()  # instances a client reported unhealthy
         self._wake_read, self._wake_write = os.pipe()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"stub-watcher-{server_pid}", daemon=True)
@@ -147,7 +149,13 @@ class StubWatcher:
             return self._models.get(instance) or model_of_instance(instance)
 
     def suspect(self, instance: str) -> None:
-        """A client saw ``instance`` reported unhealthy: look now, not at the next rescan."""
+        """A client saw ``instance`` reported unhealthy: look now (its stub may not have been watched yet)."""
+        with self._lock:
+            self._suspects.add(instance)
+        self.rescan()
+
+    def rescan(self) -> None:
+        """Look for new stubs now (a model was loaded)."""
         with contextlib.suppress(OSError):
             os.write(self._wake_write, b"s")
 
@@ -184,6 +192,10 @@ class StubWatcher:
                     with contextlib.suppress(OSError):
                         os.read(self._wake_read, 4096)
                 exited = [watched.pop(fd)[1] for fd, _ in events if fd in watched]
+                with self._lock:
+                    suspects, self._suspects = self._suspects, set()
+                alive = {stub.instance for _, stub in watched.values()}
+                exited += [Stub(0, self.model_of(i), i) for i in suspects - alive - {s.instance for s in exited}]
                 for fd in [fd for fd, _ in events if fd not in (server_fd, self._wake_read)]:
                     with contextlib.suppress(OSError):
                         os.close(fd)
@@ -205,7 +217,11 @@ class StubWatcher:
         for model in sorted({stub.model for stub in exited if stub.instance not in alive}):
             if self._state(model) != "READY":
                 continue  # unloaded (or being unloaded) on purpose
-            dead = ", ".join(f"{s.instance} (pid {s.pid})" for s in exited if s.model == model)
+            dead = ", ".join(
+                f"{s.instance} (pid {s.pid})" if s.pid else f"{s.instance}, reported unhealthy"
+                for s in exited
+                if s.model == model
+            )
             self._died(model, dead)
 
     def _died(self, model: str, dead: str) -> None:
