@@ -3,24 +3,5 @@ server and its clients live in :mod:`pipelines.triton`."""
 
 from __future__ import annotations
 
-from ..triton import (
-    AsyncTritonClient,
-    TritonClient,
-    TritonInstallation,
-    TritonServer,
-    find_installation,
-    find_tritonserver,
-    message_to_dict,
-    serve_main,
-)
-
-__all__ = [
-    "AsyncTritonClient",
-    "TritonClient",
-    "TritonInstallation",
-    "TritonServer",
-    "find_installation",
-    "find_tritonserver",
-    "message_to_dict",
-    "serve_main",
-]
+from ..triton import *  # noqa: F403  (a re-export of the whole public API, nothing else)
+from ..triton import __all__  # noqa: F401

@@ -19,6 +19,7 @@ __all__ = [
     "REGISTRY",
     "kill_server",
     "shutdown_connections",
+    "tcp_socket_inodes",
     "live_processes",
     "remove_shm",
     "sigint_deferred",
@@ -58,6 +59,28 @@ def kill_server(proc: subprocess.Popen[bytes] | None, pgid: int | None, shm_pref
     remove_shm(shm_prefix)
 
 
+_ESTABLISHED, LISTEN = "01", "0A"  # TCP states as /proc/net/tcp writes them
+
+
+def tcp_socket_inodes(*, state: str, ports: set[int], remote: bool) -> set[str]:
+    """The sockets (as ``socket:[inode]``, how /proc/PID/fd links read) in TCP ``state`` whose
+    local (or ``remote``) port is one of ``ports``."""
+    inodes: set[str] = set()
+    column = 2 if remote else 1  # rem_address or local_address, each HEXIP:HEXPORT
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            # Field 3 is the state, field 9 the socket's inode.
+            if len(fields) > 9 and fields[3] == state and int(fields[column].rsplit(":", 1)[1], 16) in ports:
+                inodes.add(f"socket:[{fields[9]}]")
+    return inodes
+
+
 def shutdown_connections(ports: set[int]) -> int:
     """Shut down every TCP connection this process holds to one of ``ports`` on this machine; how many.
 
@@ -67,18 +90,7 @@ def shutdown_connections(ports: set[int]) -> int:
     would hold it. ``shutdown`` (not ``close``) ends the connection for the server while
     the owner's file descriptor stays valid; its next use fails instead of hanging.
     """
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            # rem_address is HEXIP:HEXPORT; state 01 is ESTABLISHED; field 9 is the socket's inode.
-            if len(fields) > 9 and fields[3] == "01" and int(fields[2].rsplit(":", 1)[1], 16) in ports:
-                inodes.add(f"socket:[{fields[9]}]")
+    inodes = tcp_socket_inodes(state=_ESTABLISHED, ports=ports, remote=True)
     done = 0
     if not inodes:
         return done

@@ -11,32 +11,21 @@ from typing import Any
 import numpy as np
 
 from ..errors import InferenceError, PipelinesError, ServerError
-from .connection import ErrorTranslator, Liveness, check_protocol, rejected, strip_scheme
+from .connection import ClientBase, rejected
 from .payloads import infer_inputs, message_to_dict, requested_outputs, result_arrays
 from .rejections import explain_rejection
 
 __all__ = ["TritonClient"]
 
 
-class TritonClient:
+class TritonClient(ClientBase):
     """A blocking client of one Triton server.
 
     ``timeout`` (seconds) is the default client-side limit for each call; ``None`` waits as
     long as the server takes. Safe to share between threads.
     """
 
-    def __init__(
-        self,
-        url: str,
-        protocol: str = "http",
-        *,
-        timeout: float | None = None,
-        liveness: Liveness | None = None,
-    ) -> None:
-        self.url = strip_scheme(url)
-        self.protocol = check_protocol(protocol)
-        self.timeout = timeout
-        self._errors = ErrorTranslator(self.url, self.protocol, liveness)
+    def _init_connection(self) -> None:
         self._lock = threading.Lock()
         self._closed = False
         # tritonclient's HTTP client is gevent-based and neither thread-safe nor able to change
@@ -143,26 +132,13 @@ class TritonClient:
         On a server this process owns, a model whose stub died counts as not ready until it is
         reloaded (and the server too, as Triton counts a server ready when all its models are).
         """
-        # Triton 2.51 keeps a model whose stub died READY (and answers only once its reload
-        # is done); the server that owns it knows better, and says so at once.
-        liveness = self._errors.liveness
-        if liveness is not None and liveness.broken(model) is not None:
+        if self._known_broken(model):
             return False
         try:
-            answer = bool(
-                self._call(
-                    "readiness of",
-                    model,
-                    self.timeout,
-                    lambda c: c.is_model_ready(model) if model else c.is_server_ready(),
-                    lambda c, t: (
-                        c.is_model_ready(model, client_timeout=t) if model else c.is_server_ready(client_timeout=t)
-                    ),
-                )
-            )
+            answer = bool(self._call("readiness of", model, self.timeout, *self._readiness(model)))
         except (ServerError, InferenceError):
             return False
-        return answer and (liveness is None or liveness.broken(model) is None)
+        return answer and not self._known_broken(model)
 
     def metadata(self) -> dict:
         """The server's name, version and protocol extensions."""

@@ -22,7 +22,7 @@ from ..serving import parse_error
 from .rejections import REJECTED_STATUSES
 from .stubs import dead_stub_instance, model_of_instance
 
-__all__ = ["PROTOCOLS", "ErrorTranslator", "Liveness", "check_protocol", "rejected", "strip_scheme"]
+__all__ = ["PROTOCOLS", "ClientBase", "ErrorTranslator", "Liveness", "check_protocol", "rejected", "strip_scheme"]
 
 PROTOCOLS = ("http", "grpc")
 # The server's own words for a request that a client-side deadline cut short (gRPC).
@@ -185,4 +185,43 @@ class ErrorTranslator:
             f"{what} {subject} got no answer {limit} (client-side timeout, {where}); "
             "pass a larger timeout= if the model is slow, or check the server log",
             step=model,
+        )
+
+
+class ClientBase:
+    """What the blocking and the asyncio client share: where they connect, and how they read answers.
+
+    ``ClientClass(url, protocol="http", *, timeout=None)``: ``url`` is ``host:port`` (a scheme
+    is dropped), ``protocol`` "http" or "grpc", ``timeout`` the default per-call limit in seconds.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        protocol: str = "http",
+        *,
+        timeout: float | None = None,
+        liveness: Liveness | None = None,
+    ) -> None:
+        self.url = strip_scheme(url)
+        self.protocol = check_protocol(protocol)
+        self.timeout = timeout
+        self._errors = ErrorTranslator(self.url, self.protocol, liveness)
+        self._init_connection()
+
+    def _init_connection(self) -> None:
+        """Set up what the subclass holds per connection (nothing is opened before first use)."""
+
+    def _known_broken(self, model: str | None) -> bool:
+        # Triton 2.51 keeps a model whose stub died READY (and answers only once its reload
+        # is done); the server that owns it knows better, and says so at once.
+        liveness = self._errors.liveness
+        return liveness is not None and liveness.broken(model) is not None
+
+    @staticmethod
+    def _readiness(model: str | None):
+        """The readiness call over HTTP and over gRPC (a model's, or the server's)."""
+        return (
+            lambda c: c.is_model_ready(model) if model else c.is_server_ready(),
+            lambda c, t: c.is_model_ready(model, client_timeout=t) if model else c.is_server_ready(client_timeout=t),
         )

@@ -11,6 +11,7 @@ import socket
 import threading
 
 from .arguments import Ports
+from .cleanup import LISTEN, tcp_socket_inodes
 
 __all__ = ["choose_ports", "health_ready", "listens", "taken_port"]
 
@@ -61,18 +62,7 @@ def taken_port(log: str) -> int | None:
 
 def listens(pid: int, port: int) -> bool:
     """Whether process ``pid`` holds a listening TCP socket on ``port`` (True where /proc cannot tell)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            # local_address is HEXIP:HEXPORT; state 0A is LISTEN; field 9 is the socket's inode.
-            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(f"socket:[{fields[9]}]")
+    inodes = tcp_socket_inodes(state=LISTEN, ports={port}, remote=False)
     if not os.path.exists("/proc/net/tcp"):
         return True
     try:
