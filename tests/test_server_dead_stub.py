@@ -83,7 +83,9 @@ def test_a_killed_stub_is_reloaded_under_load_and_the_client_is_told(server):
         with server.client("grpc") as probe:
             # Triton itself still says READY here; the server that owns it does not.
             assert not probe.ready("brittle__fragile") and not probe.ready("brittle_ensemble")
-            assert not probe.ready()
+            assert not probe.ready() and not server.ready("brittle_ensemble")
+            state, reason = next((m["state"], m["reason"]) for m in server.models() if m["name"] == "brittle__fragile")
+            assert state != "READY" and "stub process died" in reason
             wait_for(lambda: server.stub_restarts, "the reload")
             reloaded = time.monotonic()
             assert probe.ready("brittle__fragile") and probe.ready("brittle_ensemble") and probe.ready()

@@ -545,9 +545,23 @@ class TritonServer:
                 time.sleep(0.05)
 
     def models(self) -> list[dict]:
-        """The repository index: each model's name, version, state and reason."""
+        """The repository index: each model's name, version, state and reason.
+
+        A model whose stub died, and an ensemble that uses it, are not READY (Triton itself would
+        still say READY) and give the reason until it is reloaded.
+        """
         with self.client() as client:
-            return client.repository_index()
+            index = client.repository_index()
+        for entry in index:
+            why = self.broken_reason(entry["name"])
+            if why is not None:  # Triton's state while it reloads (LOADING...), or UNAVAILABLE for its READY
+                entry.update(state="UNAVAILABLE" if entry["state"] == "READY" else entry["state"], reason=why)
+        return index
+
+    def ready(self, model: str | None = None) -> bool:
+        """Whether the server (or ``model``) is ready; a model whose stub died is not, until reloaded."""
+        with self.client() as client:
+            return client.ready(model)
 
     def __repr__(self) -> str:
         state = f"pid {self._proc.pid}, http {self.http_url}" if self.running else "not running"
