@@ -405,6 +405,15 @@ class StepInstance:
             return dict(result)  # a copy: the runtimes may replace values, the step may keep its dict
         return normalise_outputs(self.outputs, result, self._fail)
 
+    @property
+    def function(self) -> Callable[..., Any]:
+        """What :meth:`execute` calls with the inputs as keyword arguments (for a caller that must save a call)."""
+        return self._fn
+
+    def normalise(self, result: Any) -> dict[str, Any]:
+        """A result of :attr:`function` as the dict of outputs, or this instance's error."""
+        return normalise_outputs(self.outputs, result, self._fail)
+
     async def execute_async(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Await an ``async def`` step with its inputs as keyword arguments; return a dict of outputs."""
         return normalise_outputs(self.outputs, await self._fn(**inputs), self._fail)
