@@ -183,6 +183,10 @@ class Replay:
 
     async def bls_stub(self, ledger: Ledger, nbytes: int, *, leaving: bool) -> None:
         """The BLS model's own stub taking the request's inputs, or giving its outputs."""
+        await self._stub_half(ledger, nbytes, leaving=leaving)
+
+    async def _stub_half(self, ledger: Ledger, nbytes: int, *, leaving: bool) -> None:
+        """A Python stub taking a request's tensors in, or giving them back out."""
         seconds = self._half(self._stub, nbytes)
         if leaving:
             ledger.output += seconds
@@ -203,12 +207,7 @@ class Replay:
         async with self._gate:  # its one instance
             ledger.queue += perf_counter() - queued
             for leaving in (False, True):
-                seconds = self._half(self._stub, nbytes)
-                if leaving:
-                    ledger.output += seconds
-                else:
-                    ledger.input += seconds
-                await _spend(ledger, seconds)
+                await self._stub_half(ledger, nbytes, leaving=leaving)
 
     def queued(self, ledger: Ledger, seconds: float) -> None:
         ledger.queue += seconds

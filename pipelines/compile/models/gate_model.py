@@ -11,9 +11,6 @@ named it.
 
 from __future__ import annotations
 
-import json
-import os
-
 try:  # present only inside Triton's Python backend stub
     import triton_python_backend_utils as pb_utils
 except ImportError:  # pragma: no cover - the module is also imported by tests and linters
@@ -24,13 +21,10 @@ try:  # in a repository: the copy beside this file (the stub imports this file a
 except ImportError:  # in the package, for tests and linters
     from pipelines import serving
 
+
 class TritonPythonModel:
     def initialize(self, args):
-        version_dir = os.path.join(args["model_repository"], str(args["model_version"]))
-        if not os.path.isfile(os.path.join(version_dir, "gate.json")):
-            version_dir = os.path.dirname(os.path.abspath(__file__))
-        with open(os.path.join(version_dir, "gate.json"), encoding="utf-8") as f:
-            plan = json.load(f)
+        _, plan = serving.model_plan(args, "gate.json")
         self.pipeline = plan["pipeline"]
         self.outputs = plan["outputs"]
         self.errors = plan["errors"]
