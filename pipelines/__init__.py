@@ -3,32 +3,8 @@ ensemble and to BLS, run them locally, and measure one against the other."""
 
 from __future__ import annotations
 
-from .errors import (
-    BatchingMismatchError,
-    ClientTimeoutError,
-    CompileError,
-    CycleError,
-    DeclarationError,
-    DtypeMismatchError,
-    DuplicateNameError,
-    InferenceError,
-    InputError,
-    InvalidNameError,
-    PipelinesError,
-    RepositoryWriteError,
-    ServerDiedError,
-    ServerError,
-    ServerStartError,
-    ShapeMismatchError,
-    StepDeclarationError,
-    StepError,
-    StepTimeoutError,
-    StubDiedError,
-    TensorProducedTwiceError,
-    TensorSpecError,
-    UnboundInputError,
-    UnknownTensorError,
-)
+from . import errors
+from .errors import *  # noqa: F403 - every error class, named once: in errors.__all__
 from .graph import Node, Pipeline, TensorRef
 from .step import DynamicBatching, ExternalModel, ModelOptions, Step, external_model, step
 from .tensor import DATATYPES, TensorSpec
@@ -57,43 +33,21 @@ def __getattr__(name: str):
 
 __all__ = [
     "DATATYPES",
-    "BatchingMismatchError",
-    "ClientTimeoutError",
-    "CompileError",
-    "CycleError",
-    "DeclarationError",
-    "DtypeMismatchError",
-    "DuplicateNameError",
     "DynamicBatching",
     "ExternalModel",
-    "InferenceError",
-    "InputError",
-    "InvalidNameError",
-    "LocalRuntime",
+    "LocalRuntime",  # noqa: F405 - imported on first use (_LAZY)
     "ModelOptions",
-    "ModelRepository",
+    "ModelRepository",  # noqa: F405 - imported on first use (_LAZY)
     "Node",
     "Pipeline",
-    "PipelinesError",
-    "RepositoryWriteError",
-    "ServerDiedError",
-    "ServerError",
-    "ServerStartError",
-    "ShapeMismatchError",
     "Step",
-    "StepDeclarationError",
-    "StepError",
-    "StepTimeoutError",
-    "StubDiedError",
-    "TensorProducedTwiceError",
-    "TensorSpecError",
     "TensorRef",
     "TensorSpec",
-    "UnboundInputError",
-    "UnknownTensorError",
     "__version__",
-    "compare",
-    "compile_pipeline",
+    "compare",  # noqa: F405 - imported on first use (_LAZY)
+    "compile_pipeline",  # noqa: F405 - imported on first use (_LAZY)
     "external_model",
     "step",
 ]
+# The errors: the same names, read from the module that defines them (pyright follows this form).
+__all__ += errors.__all__

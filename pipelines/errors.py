@@ -24,14 +24,24 @@ message that says what is wrong, what was expected, and the fix::
     │   │   └── StepTimeoutError    a step ran past its timeout
     │   ├── ClientTimeoutError      a client gave up waiting for the server's answer
     │   └── StubDiedError           a model's Python stub process died (retry once it is reloaded)
-    └── ServerError                 the embedded Triton server misbehaved
-        ├── ServerStartError        it did not become ready (holds the log's tail)
-        └── ServerDiedError         it exited while in use
+    ├── ServerError                 the embedded Triton server misbehaved
+    │   ├── ServerStartError        it did not become ready (holds the log's tail)
+    │   └── ServerDiedError         it exited while in use
+    ├── ArgumentError               a call got a value it has no meaning for: an unknown form,
+    │                               target, device or output, no values, a plan of another format
+    │                               (also a ValueError)
+    └── NotFoundError               a lookup by name found nothing: a model of a repository, a step
+                                    or figure of a report, a measurement (also a KeyError)
+
+The only ``RuntimeError`` left is raised inside a Triton stub by ``serving.py`` (a model
+whose files are broken); the client sees it as the server's error response, an
+:class:`InferenceError`.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentError",
     "BatchingMismatchError",
     "ClientTimeoutError",
     "CompileError",
@@ -42,6 +52,7 @@ __all__ = [
     "InferenceError",
     "InputError",
     "InvalidNameError",
+    "NotFoundError",
     "PipelinesError",
     "RepositoryWriteError",
     "ServerDiedError",
@@ -193,3 +204,20 @@ class ServerStartError(ServerError):
 
 class ServerDiedError(ServerError):
     """The server process exited while it was in use."""
+
+
+class ArgumentError(PipelinesError, ValueError):
+    """A call got a value it has no meaning for; the message lists what it accepts.
+
+    A ``ValueError`` too, so code that caught the ``ValueError`` these calls raised before
+    keeps working.
+    """
+
+
+class NotFoundError(PipelinesError, KeyError):
+    """A lookup by name found nothing; the message lists the names there are.
+
+    A ``KeyError`` too, as these lookups always were; printed as its message, not quoted.
+    """
+
+    __str__ = Exception.__str__  # KeyError's str() would repr() the message

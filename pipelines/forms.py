@@ -8,7 +8,7 @@ demo and the notebook all read this table, so a form has one name, one
 model-name suffix and one scheduling rule everywhere.
 
 Adding a form is one entry in :data:`FORMS` and one compiler module.
-This module imports only the standard library.
+This module imports only the standard library and :mod:`pipelines.errors`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
+
+from .errors import ArgumentError
 
 __all__ = [
     "FORMS",
@@ -118,21 +120,21 @@ def form_names() -> tuple[str, ...]:
 
 
 def form(name: str, *, what: str = "form") -> Form:
-    """The form called ``name``; an unknown name is a ``ValueError`` listing the valid ones."""
+    """The form called ``name``; an unknown name is an :class:`~pipelines.errors.ArgumentError` (a ``ValueError``) listing the valid ones."""
     found = FORMS.get(name) if isinstance(name, str) else None
     if found is None:
         hint = ""
         if isinstance(name, str) and name.replace("_", "-") in FORMS:
             hint = f" (did you mean {name.replace('_', '-')!r}?)"
-        raise ValueError(f"unknown {what} {name!r}{hint}; choose one of {', '.join(FORMS)}")
+        raise ArgumentError(f"unknown {what} {name!r}{hint}; choose one of {', '.join(FORMS)}")
     return found
 
 
 def forms_of_target(target: str) -> tuple[Form, ...]:
-    """The forms a compile target builds; an unknown target is a ``ValueError`` listing the valid ones."""
+    """The forms a compile target builds; an unknown target is an :class:`~pipelines.errors.ArgumentError` (a ``ValueError``) listing the valid ones."""
     names = TARGETS.get(target) if isinstance(target, str) else None
     if names is None:
-        raise ValueError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+        raise ArgumentError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
     return tuple(FORMS[n] for n in names)
 
 

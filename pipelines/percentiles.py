@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .errors import ArgumentError
+
 __all__ = ["PERCENTILE_METHOD", "percentiles"]
 
 PERCENTILE_METHOD = "nearest"
@@ -23,5 +25,5 @@ def percentiles(values: Sequence[float] | np.ndarray, ps: Sequence[float]) -> tu
     """The ``ps`` percentiles (0..100) of ``values``; ``values`` must not be empty."""
     values = np.asarray(values, dtype=np.float64)
     if values.size == 0:
-        raise ValueError("percentile of no values")
+        raise ArgumentError("percentiles of no values: give at least one value")
     return tuple(float(v) for v in np.percentile(values, list(ps), method=PERCENTILE_METHOD))

@@ -21,8 +21,8 @@ all run from this one plan, so they agree on:
 :meth:`ExecutionPlan.for_outputs` prunes the plan to the nodes a subset of the
 outputs needs (cached per subset), for requests that ask for fewer outputs.
 
-This module imports only the standard library, so the BLS executor inside
-Triton can load it without the rest of the package.
+This module imports only the standard library and :mod:`pipelines.errors`. It is not
+copied into a model repository: the BLS executor inside Triton reads the plan as JSON.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from .errors import ArgumentError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .graph import Pipeline
@@ -200,8 +202,8 @@ class ExecutionPlan:
         """The plan that answers only the outputs ``names``.
 
         ``None``, an empty selection or all of them give this plan: as in Triton,
-        a request that names no output gets every output. Raises ``ValueError``
-        naming an unknown output and the valid ones.
+        a request that names no output gets every output. An unknown output is an
+        :class:`~pipelines.errors.ArgumentError` (a ``ValueError``) naming it and the valid ones.
         """
         if names is None:
             return self
@@ -216,7 +218,7 @@ class ExecutionPlan:
         valid = self.output_names
         unknown = sorted(n for n in wanted if n not in valid)
         if unknown:
-            raise ValueError(
+            raise ArgumentError(
                 f"pipeline {self.pipeline!r} has no output {unknown[0]!r}; its outputs are {list(valid)}"
             )
         plan = self if wanted == frozenset(valid) else _project(self, wanted)
@@ -276,7 +278,7 @@ class ExecutionPlan:
         if isinstance(data, (str, bytes)):
             data = json.loads(data)
         if data.get("format") != PLAN_FORMAT:
-            raise ValueError(
+            raise ArgumentError(
                 f"execution plan format {data.get('format')!r} is not {PLAN_FORMAT}; "
                 "recompile the repository with this version of pipelines"
             )

@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..errors import NotFoundError
 from .measurement import Measurement
 from .verdict import RatioComparison
 
@@ -101,7 +102,10 @@ class BenchmarkResult:
         for m in self.measurements:
             if m.config.label == label and m.concurrency == concurrency:
                 return m
-        raise KeyError(f"no measurement of {label!r} at concurrency {concurrency}")
+        raise NotFoundError(
+            f"no measurement of {label!r} at concurrency {concurrency}; measured: "
+            f"{sorted({(m.config.label, m.concurrency) for m in self.measurements})}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

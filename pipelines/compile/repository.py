@@ -16,7 +16,7 @@ from types import MappingProxyType
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..errors import CompileError, RepositoryWriteError
+from ..errors import CompileError, NotFoundError, RepositoryWriteError
 from .configs import config_text
 from .repository_disk import remove_pipelines, repository_pipelines, write_repository
 from .requirements import ServerNeeds
@@ -141,7 +141,7 @@ class ModelRepository:
     def config_text(self, name: str) -> str:
         """The ``config.pbtxt`` of model ``name``, exactly as :meth:`write` writes it."""
         if name not in self._models:
-            raise KeyError(f"no model {name!r} in this repository; it holds {self.names}")
+            raise NotFoundError(f"no model {name!r} in this repository; it holds {self.names}")
         return self._models[name].config_text
 
     @property

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InferenceError
+from ..errors import ArgumentError, InferenceError
 
 __all__ = [
     "DEVICES",
@@ -50,7 +50,7 @@ def resolve_device(device: str | None) -> str | None:
     if device == "auto":
         return "gpu" if gpu_available() else "cpu"
     if device not in (None, *DEVICES):
-        raise ValueError(f"device must be 'cpu', 'gpu', 'auto' or None; got {device!r}")
+        raise ArgumentError(f"device must be 'cpu', 'gpu', 'auto' or None; got {device!r}")
     return device
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import NotFoundError
 from ..percentiles import percentiles
 from ..tables import format_table
 
@@ -93,7 +94,7 @@ class Report:
         for s in self.steps:
             if s.step == name:
                 return s
-        raise KeyError(
+        raise NotFoundError(
             f"report of pipeline {self.pipeline!r} has no step {name!r}; it has {[s.step for s in self.steps]}"
         )
 
@@ -149,7 +150,7 @@ class Comparison:
         for name, x, y in self.rows:
             if name == figure:
                 return y / x if x else math.nan
-        raise KeyError(f"no figure {figure!r}; figures are {[r[0] for r in self.rows]}")
+        raise NotFoundError(f"no figure {figure!r}; figures are {[r[0] for r in self.rows]}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
