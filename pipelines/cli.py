@@ -5,6 +5,7 @@ holding a :class:`~pipelines.Pipeline`)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import pickle
 import sys
 from collections.abc import Sequence
@@ -258,22 +259,25 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Measure the pipeline as ensemble, bls and bls-sync, in the local runtime and on "
                        "a real Triton server, side by side: throughput, latency percentiles, per-model breakdown, "
                        "plots and a verdict.")
-    from .bench.command import add_arguments
-    from .bench.command import main as bench_main
-
-    add_arguments(b)
-    b.set_defaults(func=bench_main)
+    _delegate(b, "pipelines.bench.command")
 
     k = sub.add_parser("calibrate", help="measure a Triton server's costs into a profile",
                        description="Run generated probe models on a Triton server (the bundled one by default) and "
                        "fit a fixed cost plus a cost per byte for each boundary a request crosses; the profile "
                        "lets the local runtime predict that server (LocalRuntime(..., profile=...), bench --profile).")
-    from .calibration.cli import add_arguments as calibrate_arguments
-    from .calibration.cli import main as calibrate_main
-
-    calibrate_arguments(k)
-    k.set_defaults(func=calibrate_main)
+    _delegate(k, "pipelines.calibration.cli")
     return parser
+
+
+def _delegate(parser: argparse.ArgumentParser, module: str) -> None:
+    """A subcommand whose ``add_arguments(parser)`` and ``main(args)`` live in ``module``.
+
+    Imported when the parser is built, so importing ``pipelines.cli`` does not import the
+    benchmark or the calibration.
+    """
+    command = importlib.import_module(module)
+    command.add_arguments(parser)
+    parser.set_defaults(func=command.main)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

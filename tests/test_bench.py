@@ -517,3 +517,18 @@ def test_ctrl_c_in_a_running_event_loop_stops_the_worker_and_keeps_the_levels(tm
     assert data["status"] == "interrupted"
     assert 1 <= len(data["measurements"]) < 40
     assert stdout.strip() == f"kept {len(data['measurements'])}"
+
+
+def test_settings_from_reads_every_field_from_the_cli_options():
+    # settings_from reads each BenchSettings field from the option of the same name: every
+    # field must have one, and --requests replaces the duration.
+    from pipelines.bench.command import settings_from
+    from pipelines.bench.settings import BenchSettings
+    from pipelines.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--concurrency", "2,1", "--batch", "3", "--no-local"])
+    settings = settings_from(args)
+    assert (settings.concurrency, settings.batch, settings.local, settings.duration) == ((1, 2), 3, False, 2.0)
+    assert settings.requests is None and settings.size == BenchSettings().size
+    by_count = settings_from(build_parser().parse_args(["bench", "--requests", "50"]))
+    assert (by_count.requests, by_count.duration) == (50, None)

@@ -7,6 +7,7 @@ returns the exit status. ``benchmarks/ensemble_vs_bls.py`` uses both as they are
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import threading
 from collections.abc import Iterator, Sequence
@@ -94,24 +95,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def settings_from(args: argparse.Namespace) -> BenchSettings:
     """The :class:`BenchSettings` that parsed ``args`` describe (checked: bad values raise PipelinesError)."""
-    return BenchSettings(
-        concurrency=args.concurrency,
-        local=args.local,
-        server_copies=args.server_copies,
-        server=args.server,
-        url=args.url,
-        protocol=args.protocol,
-        batch=args.batch,
-        duration=None if args.requests is not None else args.duration,
-        requests=args.requests,
-        warmup=args.warmup,
-        stability=args.stability,
-        max_trials=args.max_trials,
-        forms=args.forms,
-        timeout=args.timeout,
-        size=args.size,
-        profile=args.profile,
-    )
+    # Each option is stored under its field's name (add_arguments keeps them in step);
+    # --requests replaces the duration.
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(BenchSettings)}
+    if args.requests is not None:
+        values["duration"] = None
+    return BenchSettings(**values)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -338,12 +338,7 @@ class StepModel:
             raise
         except Exception as exc:
             self._finalize(leases)
-            raise StepError(
-                f"pipeline {self.pipeline!r} step {self.name!r}: initialize() raised {type(exc).__name__}: {exc}",
-                pipeline=self.pipeline,
-                step=self.name,
-                node=self.name,
-            ) from exc
+            raise self._raised(exc, "initialize()") from exc
         self.pool = InstancePool(leases, renew=self._instantiate, pipeline=self.pipeline, step=self.name)
         self.is_async = leases[0].instance.is_async
         self.inline_ok = not self.is_async and self.timeout is None and self.offload != "always"
@@ -485,13 +480,15 @@ class StepModel:
                 tensor=exc.tensor,
             ) from exc
         except Exception as exc:
-            raise StepError(
-                f"pipeline {self.pipeline!r} step {self.name!r} raised {type(exc).__name__}: {exc}",
-                pipeline=self.pipeline,
-                step=self.name,
-                node=self.name,
-            ) from exc
+            raise self._raised(exc) from exc
         return outputs, compute
+
+    def _raised(self, exc: BaseException, what: str = "") -> StepError:
+        """The step's own exception told as a StepError: ``raised ValueError: what it said``."""
+        where = f"pipeline {self.pipeline!r} step {self.name!r}" + (f": {what}" if what else "")
+        return StepError(
+            f"{where} raised {type(exc).__name__}: {exc}", pipeline=self.pipeline, step=self.name, node=self.name
+        )
 
     def _learn(self, compute: float) -> None:
         # an exponential average follows a step that changes pace without storing a history
