@@ -704,6 +704,10 @@ def load_impl(impl: Mapping[str, Any], directory: str) -> Any:
     """A step's function or class from its ``impl`` record (``step.json``): imported by
     ``module``/``qualname``, or unpickled from the file ``impl["pickle"]`` in ``directory``
     after two checks (the sha256 recorded at compile time, and the Python that wrote it).
+
+    A failed check is a ``RuntimeError``, the one builtin error the package still raises: this
+    runs only inside a Triton stub, where the ``pipelines`` package (and its errors) may be
+    absent. The model then fails to load; the server's log holds these words.
     """
     import hashlib
     import importlib
