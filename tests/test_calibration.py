@@ -82,13 +82,29 @@ def test_a_profile_round_trips_through_json(tmp_path):
     costs, points = fit_costs(_synthetic())
     profile = Profile(costs=costs, server_version="2.51.0", protocol="grpc", machine={"cpu": "x", "cpu_count": 2},
                       date="2026-01-01T00:00:00+00:00", url="host:8001", points=points,
-                      samples=tuple(_synthetic()))
+                      samples=tuple(_synthetic()), lanes=1.4)
     path = profile.save(tmp_path / "profile.json")
     again = load_profile(path)
-    assert again == profile
+    assert again == profile and again.lanes == pytest.approx(1.4)
     assert load_profile(str(path)) == profile and load_profile(profile) is profile
     assert json.loads(path.read_text())["costs"]["stub"]["fixed_us"] == pytest.approx(150.0)
-    assert "bls_call" in profile.table() and "2.51.0" in profile.table()
+    assert json.loads(path.read_text())["lanes"] == pytest.approx(1.4)
+    assert "bls_call" in profile.table() and "2.51.0" in profile.table() and "1.40 lanes" in profile.table()
+
+
+@pytest.mark.parametrize(("machine", "lanes"), [({"cpu_count": 8, "usable_cpus": 3}, 3.0), ({"cpu_count": 2}, 2.0),
+                                               ({}, 1.0)], ids=["usable-cpus", "cpu-count", "unknown"])
+def test_a_profile_saved_without_lanes_gets_the_cores_of_its_machine(tmp_path, machine, lanes):
+    data = _profile().to_dict()
+    del data["lanes"]  # as profiles written before lanes were measured
+    data["machine"] = machine
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    assert load_profile(path).lanes == lanes
+    data["lanes"] = 0.5
+    path.write_text(json.dumps(data))
+    with pytest.raises(PipelinesError, match="lanes is a number >= 1"):
+        load_profile(path)
 
 
 def test_a_file_that_is_not_a_profile_is_refused_by_name(tmp_path):
@@ -188,6 +204,29 @@ def test_a_stub_cost_holds_the_instance_so_requests_queue_behind_it():
     assert report.server.queue_us >= 6 * 80_000 * 0.9 / 4
 
 
+def _lanes_profile(lanes: float) -> Profile:
+    return Profile(costs={**{k: Cost(0.0, 0.0) for k in TRUE}, "request": Cost(40_000, 0)}, server_version="2.51.0",
+                   protocol="http", machine={"cpu_count": 2}, date="2026-01-01T00:00:00+00:00", lanes=lanes)
+
+
+def test_with_one_lane_concurrent_requests_take_turns_for_the_servers_cpu():
+    # a request costs 40 ms of boundary (20 in, 20 out); two at once on one lane: one waits for the other
+    from time import perf_counter
+
+    began = perf_counter()
+    _, one = run_many(one_step(), [{"x": X}] * 2, mode="ensemble", concurrency=2, profile=_lanes_profile(1.0))
+    elapsed = perf_counter() - began
+    # the first half of one request waits for the first half of the other at least: 20 ms of 80
+    assert one.server.overhead_us * 2 >= (2 * 40_000 + 20_000) * 0.9
+    assert elapsed >= 2 * 0.040 * 0.95  # the two requests' costs one after another (sleep never ends early)
+    # two lanes: neither waits, and the accounting is the profile's cost exactly
+    _, two = run_many(one_step(), [{"x": X}] * 2, mode="ensemble", concurrency=2, profile=_lanes_profile(2.0))
+    assert two.server.overhead_us == pytest.approx(40_000)
+    # 1.5 lanes: two slots, but two requests in them share one and a half cores, so costs stretch
+    _, half = run_many(one_step(), [{"x": X}] * 2, mode="ensemble", concurrency=2, profile=_lanes_profile(1.5))
+    assert half.server.overhead_us * 2 >= 2 * 40_000 + 20_000 / 3 * 0.9
+
+
 def test_calibrate_on_a_remote_server_without_probes_writes_them_to_deploy(tmp_path, capsys):
     probes = tmp_path / "probes"
     code = cli_main(["calibrate", "--url", "127.0.0.1:1", "--out", str(tmp_path / "p.json"), "--probes", str(probes)])
@@ -202,6 +241,7 @@ def test_calibrate_on_a_remote_server_without_probes_writes_them_to_deploy(tmp_p
 def test_calibrate_the_bundled_server_with_a_tiny_probe_set(tmp_path):
     profile = calibrate(chains=(1, 2), sizes=(1 << 10, 256 << 10), budget=Budget(3, 4, 0.05, 1), progress=False)
     assert profile.server_version and profile.protocol == "http" and profile.machine.get("cpu_count")
+    assert 1.0 <= profile.lanes <= profile.machine["cpu_count"]  # measured: a throughput ratio, capped by cores
     assert len(profile.samples) == 2 * (1 + 2 + 2)
     assert all(s[3] > 0 and s[4] is not None and s[4] > 0 for s in profile.samples)
     assert all(c.fixed_us >= 0 and c.us_per_mib >= 0 for c in profile.costs.values())

@@ -7,12 +7,13 @@ import tempfile
 from collections.abc import Sequence
 from contextlib import ExitStack
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from time import perf_counter
 
 from ..errors import PipelinesError
 from .fit import fit_costs
-from .measure import Budget, measure_probes
+from .measure import Budget, measure_lanes, measure_probes
 from .probes import CHAINS, SIZES, Probe, probe_plan, probe_repository
 from .profile import Profile
 
@@ -48,13 +49,16 @@ def calibrate(
     from ..bench.progress import Progress
     from ..bench.results import machine_info
     from ..runtime.triton import TritonClient, TritonServer
+    from ..triton.async_client import AsyncTritonClient
 
     if protocol not in PROTOCOLS:
         raise PipelinesError(f"protocol must be 'http' or 'grpc'; got {protocol!r}")
     chains, sizes = tuple(sorted(set(chains))), tuple(sorted(set(sizes)))
+    budget = budget or Budget()
     if not chains or min(chains) < 1 or not sizes or min(sizes) < 1:
         raise PipelinesError(f"chains and sizes must be positive; got chains {chains}, sizes {sizes}")
     probes = probe_plan(chains, sizes)
+    machine = machine_info()
     bar = Progress(enabled=progress)
     began = perf_counter()
     with ExitStack() as stack:
@@ -64,9 +68,13 @@ def calibrate(
             bar.note(f"starting the bundled Triton server on {len(probe_repository(chains))} probe models")
             server = stack.enter_context(TritonServer(repo))
             client = stack.enter_context(server.client(protocol, timeout=120))
+            connect = partial(server.async_client, protocol, timeout=120)
+            cores = machine.get("usable_cpus") or machine.get("cpu_count")
         else:
             client = stack.enter_context(TritonClient(url, protocol, timeout=120))
             _require_probes(client, url, probes, chains, probes_dir)
+            connect = partial(AsyncTritonClient, url, protocol, timeout=120)
+            cores = None  # the remote machine's are not known here
         version = client.metadata().get("version")
 
         def tick(done: int, total: int, probe: Probe) -> None:
@@ -75,18 +83,31 @@ def calibrate(
         samples = measure_probes(
             lambda model, inputs: client.infer(model, inputs), probes, budget, tick, statistics=client.statistics
         )
+        bar.update("calibrating", "lanes", 1.0, "requests at once")
+        lanes, _ = measure_lanes(connect, _lane_probes(chains, sizes), cores, budget.lanes_seconds)
     costs, points = fit_costs([s.row for s in samples])
     bar.finish("calibrated", f"{len(samples)} probes in {perf_counter() - began:.0f} s")
     return Profile(
         costs=costs,
         server_version=version,
         protocol=protocol,
-        machine=machine_info(),
+        machine=machine,
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         url=url,
         points=points,
         samples=tuple(s.row for s in samples),
+        lanes=lanes,
     )
+
+
+def _lane_probes(chains: tuple[int, ...], sizes: tuple[int, ...]) -> list[Probe]:
+    """The longest ensemble chain with the smallest tensor (fixed costs), and with the smallest
+    of 1 MiB or more (costs per byte), where there is one."""
+    probes = [Probe("ensemble", chains[-1], sizes[0])]
+    large = [s for s in sizes if s >= 1 << 20]
+    if large:
+        probes.append(Probe("ensemble", chains[-1], large[0]))
+    return probes
 
 
 def _require_probes(client, url: str, probes: list[Probe], chains: tuple[int, ...], probes_dir) -> None:

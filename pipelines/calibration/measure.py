@@ -1,8 +1,13 @@
-"""Measuring the probes: requests one at a time, the median latency of each probe.
+"""Measuring the probes: requests one at a time, the median latency of each probe; and the
+server's lanes, how many requests' boundary work it does at once.
 
-Calibration measures at concurrency 1 on purpose: a fitted cost is what one
+Costs are measured at concurrency 1 on purpose: a fitted cost is what one
 boundary costs when nothing else runs, and the local runtime's replay adds
-the queueing that concurrency brings.
+the queueing that concurrency brings. That queueing includes the server's CPU:
+its boundary costs burn cores, so requests at once compete for them.
+:func:`measure_lanes` sees how much by the throughput of one probe at
+concurrency 1 and at a high one (one asyncio client, as ``pipelines bench``
+drives a server).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 
 from .probes import Probe
 
-__all__ = ["Budget", "Sample", "measure_probes"]
+__all__ = ["Budget", "Sample", "measure_lanes", "measure_probes"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class Budget:
     max_requests: int = 30
     seconds: float = 0.8
     warmup: int = 1
+    lanes_seconds: float = 1.0  # each window of measure_lanes
 
 
 def measure_probes(
@@ -98,3 +104,58 @@ def _stub_us(before: Any, after: Any, models: Sequence[str]) -> float | None:
     if not rows or executions <= 0:
         return None
     return sum((t.compute_input_us + t.compute_infer_us + t.compute_output_us) * t.requests for t in rows) / executions
+
+
+def measure_lanes(
+    connect: Callable[[], Any], probes: Sequence[Probe], cores: int | None, seconds: float = 1.0
+) -> tuple[float, list[tuple[str, float, float]]]:
+    """The server's lanes: per probe, its throughput at concurrency ``2 * cores`` (at least 4;
+    8 where the server's cores are not known) over its throughput at concurrency 1 (medians
+    of three windows of ``seconds / 2`` each, taken in turn), the mean over ``probes``,
+    between 1 and ``cores`` (the high concurrency where they are not known).
+
+    ``connect()`` makes an asyncio client (``infer(model, inputs)``, ``close()``). Returns
+    the lanes and, per probe, ``(label, infer/s at 1, infer/s at the high concurrency)``.
+    """
+    import anyio
+
+    high = min(32, max(4, 2 * cores)) if cores else 8
+
+    async def window(client: Any, probe: Probe, concurrency: int) -> float:
+        inputs = probe.inputs()
+        done = 0
+
+        async def caller(until: float) -> None:
+            nonlocal done
+            while perf_counter() < until:
+                await client.infer(probe.model, inputs)
+                done += 1
+
+        async with anyio.create_task_group() as tg:  # warm: every connection opened, every stub awake
+            for _ in range(concurrency):
+                tg.start_soon(client.infer, probe.model, inputs)
+        began = perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(concurrency):
+                tg.start_soon(caller, began + seconds / 2)
+        return done / (perf_counter() - began)
+
+    async def main() -> list[tuple[str, float, float]]:
+        client = connect()
+        rows = []
+        try:
+            for p in probes:
+                # short windows taken in turn, medians: a machine whose load drifts shifts both alike
+                ones, highs = [], []
+                for _ in range(3):
+                    ones.append(await window(client, p, 1))
+                    highs.append(await window(client, p, high))
+                rows.append((p.label, median(ones), median(highs)))
+        finally:
+            await client.close()
+        return rows
+
+    rows = anyio.run(main)
+    ratios = [at_high / at_one for _, at_one, at_high in rows if at_one > 0]
+    lanes = sum(ratios) / len(ratios) if ratios else 1.0
+    return min(float(cores or high), max(1.0, lanes)), rows

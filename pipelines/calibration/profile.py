@@ -21,6 +21,7 @@ __all__ = [
     "Point",
     "Profile",
     "ProfileMismatchWarning",
+    "default_lanes",
     "load_profile",
 ]
 
@@ -69,6 +70,13 @@ class Profile:
 
     ``costs`` maps each of :data:`BOUNDARIES` to its :class:`Cost`; ``points``
     are the per-probe figures the fit went through (kept for the plot).
+
+    ``lanes`` is how many requests' boundary work the server does at once: its
+    throughput on a probe at high concurrency over its throughput at concurrency
+    1, at least 1 and at most the machine's cores. The replay spends every
+    boundary cost holding one of that many lanes, as the server burns CPU on its
+    cores. A profile saved without it (older ones) gets the machine's usable
+    cores as recorded (``usable_cpus``, else ``cpu_count``), or 1 where neither is.
     """
 
     costs: Mapping[str, Cost]
@@ -80,11 +88,17 @@ class Profile:
     points: tuple[Point, ...] = ()
     # per probe: (kind, steps, tensor bytes, median latency µs, stub µs per execution or None)
     samples: tuple[tuple[str, int, int, float, float | None], ...] = ()
+    lanes: float | None = None  # None: the machine's cores (see above)
 
     def __post_init__(self) -> None:
         missing = [b for b in BOUNDARIES if b not in self.costs]
         if missing:
             raise PipelinesError(f"a profile needs a cost for every boundary; missing {missing}")
+        lanes = self.lanes if self.lanes is not None else default_lanes(self.machine)
+        if not isinstance(lanes, (int, float)) or isinstance(lanes, bool) or not lanes >= 1:
+            raise PipelinesError(f"a profile's lanes is a number >= 1 (requests the server works on at once); "
+                                 f"got {lanes!r}")
+        object.__setattr__(self, "lanes", float(lanes))
         object.__setattr__(self, "costs", MappingProxyType(dict(self.costs)))
         object.__setattr__(self, "machine", MappingProxyType(dict(self.machine)))
 
@@ -104,6 +118,7 @@ class Profile:
             "costs": {name: asdict(cost) for name, cost in self.costs.items()},
             "points": [asdict(p) for p in self.points],
             "samples": [list(s) for s in self.samples],
+            "lanes": self.lanes,
         }
 
     def to_json(self) -> str:
@@ -129,6 +144,7 @@ class Profile:
                     (str(s[0]), int(s[1]), int(s[2]), float(s[3]), None if s[4] is None else float(s[4]))
                     for s in data.get("samples", ())
                 ),
+                lanes=None if data.get("lanes") is None else float(data["lanes"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PipelinesError(f"not a server profile: {type(exc).__name__}: {exc}") from None
@@ -201,6 +217,15 @@ class Profile:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def default_lanes(machine: Mapping[str, Any]) -> float:
+    """The lanes of a profile that did not measure them: the cores its machine had, or 1."""
+    for key in ("usable_cpus", "cpu_count"):
+        cores = machine.get(key)
+        if isinstance(cores, int) and cores >= 1:
+            return float(cores)
+    return 1.0
 
 
 def load_profile(profile: Profile | str | os.PathLike[str]) -> Profile:

@@ -19,7 +19,8 @@ def profile_table(profile: Profile) -> str:
     where = profile.url or "the bundled server"
     head = (
         f"server profile: Triton {profile.server_version or '?'} at {where} over {profile.protocol}, "
-        f"{profile.machine.get('cpu') or '?'} ({profile.machine.get('cpu_count') or '?'} cores), {profile.date}\n"
+        f"{profile.machine.get('cpu') or '?'} ({profile.machine.get('cpu_count') or '?'} cores), {profile.date}; "
+        f"{profile.lanes:.2f} lanes (requests whose boundaries it works on at once)\n"
     )
     rows = []
     for name in BOUNDARIES:

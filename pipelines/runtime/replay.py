@@ -27,10 +27,22 @@ millisecond; each request keeps a ledger of what it owes, so the rounding of one
 sleep is made up by the next and a request's total is right to within half a
 millisecond. The ledger also keeps the accounting that the cost report shows in
 Triton's statistics columns.
+
+On the server these costs burn CPU, and requests at once compete for its cores.
+So every sleep is taken holding one of the profile's ``lanes`` (``ceil(lanes)``
+slots shared by one runtime's requests; while more than ``lanes`` are held, each
+holder's sleep stretches by ``held / lanes``, so 1.4 lanes serve 1.4 requests'
+worth at once): a boundary that finds every slot busy waits for one, as it waits
+for a core on the server. At concurrency 1 nothing waits or stretches. The wait
+and the stretch count in the column of the boundary they delay (compute input or
+output for a stub, request+hops for the others): a starved boundary takes longer
+on the server too, and Triton's statistics show it inside that boundary's own
+figures, not as queueing for an instance.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -96,13 +108,51 @@ def nbytes_of(tensors: Any) -> int:
     return int(getattr(tensors, "nbytes", 0))
 
 
-async def _spend(ledger: Ledger, seconds: float) -> None:
+class _Lanes:
+    """The server's CPU as the replay sees it: ``ceil(lanes)`` slots, and while more than
+    ``lanes`` of them are held, each holder's sleep stretches by ``held / lanes`` (that many
+    requests sharing ``lanes`` cores), so a fractional ``lanes`` gives that throughput."""
+
+    def __init__(self, lanes: float) -> None:
+        self.lanes = max(1.0, lanes)
+        self.slots = math.ceil(self.lanes - 1e-9)
+        self.held = 0
+        self._semaphore: anyio.Semaphore | None = None
+
+    @property
+    def semaphore(self) -> anyio.Semaphore:
+        if self._semaphore is None:  # made on first use, inside the event loop that runs the requests
+            self._semaphore = anyio.Semaphore(self.slots)
+        return self._semaphore
+
+
+async def _spend(ledger: Ledger, seconds: float, lanes: _Lanes) -> float:
+    """Pay ``seconds`` on ``ledger``'s account, sleeping while holding a lane; returns what the
+    lanes added: the wait for one, and the stretch of a shared one (0.0 when one was free)."""
     ledger.debt += seconds
     whole_ms = round((ledger.debt - _WAKE_S) * 1e3)
-    if whole_ms >= 1:
+    if whole_ms < 1:
+        return 0.0
+    added = 0.0
+    semaphore = lanes.semaphore
+    try:
+        semaphore.acquire_nowait()
+    except anyio.WouldBlock:
+        queued = perf_counter()
+        await semaphore.acquire()
+        added = perf_counter() - queued
+    lanes.held += 1
+    try:
+        stretch = max(1.0, lanes.held / lanes.lanes)
         t = perf_counter()
-        await anyio.sleep(whole_ms * 1e-3 - 50e-6)  # the loop rounds the timeout up to whole_ms
-        ledger.debt -= perf_counter() - t
+        await anyio.sleep(whole_ms * 1e-3 * stretch - 50e-6)  # the loop rounds the timeout up to whole ms
+        slept = perf_counter() - t
+        ledger.debt -= slept / stretch  # what was paid; the rest is the stretch
+        added += slept - slept / stretch
+    finally:
+        lanes.held -= 1
+        semaphore.release()
+    return added
 
 
 @dataclass(frozen=True)
@@ -154,6 +204,7 @@ class Replay:
         self._gate = anyio.Lock() if mode == "ensemble" and pipeline is not None and _gated(pipeline) else None
         self._totals = Ledger()
         self._models: dict[int, Ledger] = {}  # for batches, which run outside any one request
+        self._lanes = _Lanes(self.profile.lanes or 1.0)  # the server's cores, shared by this runtime's requests
 
     def reset(self) -> None:
         self._totals = Ledger()
@@ -179,7 +230,7 @@ class Replay:
             await self._through_gate(ledger, nbytes)
         seconds = self._half(self._request, nbytes)
         ledger.overhead += seconds
-        await _spend(ledger, seconds)
+        ledger.overhead += await _spend(ledger, seconds, self._lanes)
 
     async def bls_stub(self, ledger: Ledger, nbytes: int, *, leaving: bool) -> None:
         """The BLS model's own stub taking the request's inputs, or giving its outputs."""
@@ -188,11 +239,11 @@ class Replay:
     async def _stub_half(self, ledger: Ledger, nbytes: int, *, leaving: bool) -> None:
         """A Python stub taking a request's tensors in, or giving them back out."""
         seconds = self._half(self._stub, nbytes)
+        seconds += await _spend(ledger, seconds, self._lanes)  # what it costs, starved of a core or not
         if leaving:
             ledger.output += seconds
         else:
             ledger.input += seconds
-        await _spend(ledger, seconds)
 
     async def _through_gate(self, ledger: Ledger, nbytes: int) -> None:
         """The ensemble's gate model: a step taking the outputs in and giving them back out.
@@ -201,7 +252,7 @@ class Replay:
         """
         hop = 2 * self._half(self._hop, nbytes)
         ledger.overhead += hop
-        await _spend(ledger, hop)
+        ledger.overhead += await _spend(ledger, hop, self._lanes)
         assert self._gate is not None
         queued = perf_counter()
         async with self._gate:  # its one instance
@@ -221,7 +272,7 @@ class Replay:
             return
         seconds = self._half(self._hop, nbytes)
         ledger.overhead += seconds
-        await _spend(ledger, seconds)
+        ledger.overhead += await _spend(ledger, seconds, self._lanes)
 
     async def stub(self, model: object, nbytes: int, *, leaving: bool) -> None:
         """A step's stub taking its inputs, or giving its outputs; the caller holds the instance."""
@@ -234,11 +285,11 @@ class Replay:
             accounts = self._totals
         else:
             accounts = ledger
+        seconds += await _spend(ledger, seconds, self._lanes)
         if leaving:
             accounts.output += seconds
         else:
             accounts.input += seconds
-        await _spend(ledger, seconds)
 
     @staticmethod
     def _half(cost: Any, nbytes: int) -> float:
