@@ -3,8 +3,8 @@ where a Triton server pays it, so the local figures predict the server's.
 
 Where each cost is spent (see :mod:`pipelines.calibration` for how they are measured):
 
-- **request** in and out: before the first step and after the last, holding nothing
-  (the client, the protocol and the server's front end);
+- **request** in and out: before the first step and after the last
+  (the client, the protocol and the server's front end), holding no instance;
 - **ensemble step** (``"ensemble"``) or **BLS call** (``"bls"``, ``"bls-sync"``):
   around each step's execution, outside the step's instance. A BLS call is made
   while the request holds its place in the BLS model's instance
