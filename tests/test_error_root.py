@@ -46,9 +46,6 @@ ALLOWED = {
     # The executor contract of concurrent.futures (submit after shutdown); the threads are
     # private to a LocalRuntime, which never submits after closing them.
     "runtime/workers.py": "internal executor",
-    # fit_costs' checks of its samples: the calibration area was another helper's during
-    # this change (issue 13 names it for them); they become ArgumentErrors there.
-    "calibration/fit.py": "pending, other area",
 }
 
 

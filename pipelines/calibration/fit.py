@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import ArgumentError
 from .profile import BOUNDARIES, MIB, Cost, Point
 
 __all__ = ["crossings", "fit_costs", "predict_us"]
@@ -56,7 +57,7 @@ def crossings(kind: str, steps: int, size: int) -> dict[str, tuple[int, int]]:
         return {"request": (1, both), "ensemble_step": (steps, both), "stub": (steps, both)}
     if kind == "bls":  # the BLS model's own stub, and one stub per step it calls
         return {"request": (1, both), "bls_call": (steps, both), "stub": (steps + 1, both)}
-    raise ValueError(f"unknown probe kind {kind!r}")
+    raise ArgumentError(f"unknown probe kind {kind!r}; expected one of 'step', 'ensemble', 'bls'")
 
 
 def predict_us(costs: dict[str, Cost], kind: str, steps: int, size: int) -> float:
@@ -136,10 +137,10 @@ def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...
     taken away (and the stub's own measured cost, where there is one).
     """
     if not samples:
-        raise ValueError("no samples to fit")
+        raise ArgumentError("no samples to fit: give at least one (kind, steps, size, latency_us) row per boundary")
     rows = [(str(r[0]), int(r[1]), int(r[2]), float(r[3]), r[4] if len(r) > 4 else None) for r in samples]
     if not all(r[3] > 0 for r in rows):
-        raise ValueError("latencies must be positive")
+        raise ArgumentError("every latency must be positive (microseconds > 0); a sample of 0 or less was given")
     costs: dict[str, Cost] = {}
     points: list[Point] = []
     stub_rows = [r for r in rows if r[4] is not None and r[4] > 0]
