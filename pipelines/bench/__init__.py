@@ -1,4 +1,4 @@
-"""Benchmark a pipeline as ensemble, bls and bls-sync, in the local runtime and on a
+"""Benchmark a pipeline in every form of the forms table, in the local runtime and on a
 Triton server, side by side: ``run_benchmark(target, BenchSettings(...))`` or ``pipelines bench MODULE:ATTR``.
 """
 

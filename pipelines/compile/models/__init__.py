@@ -1,4 +1,3 @@
-"""The real ``model.py`` files copied verbatim into compiled repositories:
-``step_model.py`` (the adapter that serves one step) and ``bls_model.py`` (the
-BLS executor). Each reads its plan as JSON from its version directory.
+"""The real ``model.py`` files copied verbatim into compiled repositories, with ``serving.py``:
+the step adapter, the BLS executor, the ensemble's failure gate and the fused model; each reads its JSON plan.
 """
