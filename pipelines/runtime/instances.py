@@ -30,7 +30,7 @@ import anyio.to_thread
 
 from ..errors import PipelinesError, StepError, StepTimeoutError
 from ..graph import Node
-from ..step import StepInstance, check_outputs, instance_config
+from ..step import DynamicBatching, StepInstance, check_outputs, instance_config
 from .batching import DynamicBatcher
 from .device import CopyCounter, Placement
 from .replay import nbytes_of
@@ -297,8 +297,14 @@ class StepModel:
         placement: Placement,
         offload: str,
         threads: StepThreads,
+        in_model: int | None = None,
     ) -> None:
         step = node.step
+        # Inside a fused model (``in_model`` = its instance count) a step has one instance per
+        # fused instance and no batcher of its own: the fused model runs the requests of one
+        # execute() through it as one batch, which a batcher without delay stands in for.
+        self.instance_count = in_model if in_model is not None else step.options.instance_count
+        self.dynamic_batching = DynamicBatching() if in_model is not None else step.options.dynamic_batching
         self.name = node.name
         self.step = step
         self.pipeline = pipeline
@@ -328,7 +334,7 @@ class StepModel:
 
     def start(self) -> None:
         """Create the instances (each runs ``initialize(config)`` once) and the batcher."""
-        count = self.step.options.instance_count
+        count = self.instance_count
         leases = []
         try:
             for i in range(count):
@@ -343,7 +349,7 @@ class StepModel:
         self.is_async = leases[0].instance.is_async
         self.inline_ok = not self.is_async and self.timeout is None and self.offload != "always"
         self.always_inline = self.inline_ok and self.offload == "never"
-        db = self.step.options.dynamic_batching
+        db = self.dynamic_batching
         if db is not None and self.batched:
             self.batcher = DynamicBatcher(
                 step=self.name,

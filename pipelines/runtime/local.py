@@ -242,6 +242,7 @@ class LocalRuntime:
         for option, count in (("bls_instance_count", bls_instance_count), ("fused_instance_count", fused_instance_count)):
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise InferenceError(f"pipeline {name!r}: {option} must be an int >= 1; got {count!r}", pipeline=name)
+        self._fused_instances = fused_instance_count
         self._bls_gate = None
         if self.form.one_execute_per_instance:
             self._bls_gate = BlsGate(
@@ -271,6 +272,7 @@ class LocalRuntime:
                     placement=Placement(node.step.options.device, self.force_cpu_only_input_tensors),
                     offload=self.offload,
                     threads=self._executor,
+                    in_model=self._fused_instances if name in self._in_process else None,
                 )
                 owner = owners.get(id(node.step))
                 if owner is None:
@@ -289,7 +291,7 @@ class LocalRuntime:
             await self._service.__aenter__()
             for model in self._models.values():
                 if model.batcher is not None and not model.shared:
-                    self._service.start_soon(model.batcher.serve, model.step.options.instance_count)
+                    self._service.start_soon(model.batcher.serve, model.instance_count)
             if self._bls_gate is not None:
                 self._service.start_soon(self._bls_gate.serve)
         except BaseException:
