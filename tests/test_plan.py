@@ -12,33 +12,12 @@ import warnings
 from pathlib import Path
 
 import pytest
+from toy_steps import V, add, explode, inc, split
 
-from pipelines import Pipeline, TensorSpec, step
+from pipelines import Pipeline
 from pipelines.examples.basic import make_diamond
 from pipelines.plan import DeadNodeWarning, ExecutionPlan, plan_of
 from pipelines.runtime import MODES, LocalRuntime
-
-V = TensorSpec("FP32", [-1])
-
-
-@step(inputs={"x": V}, outputs={"y": V})
-def inc(x):
-    return {"y": x + 1}
-
-
-@step(inputs={"a": V, "b": V}, outputs={"y": V})
-def add(a, b):
-    return {"y": a + b}
-
-
-@step(inputs={"x": V}, outputs={"lo": V, "hi": V})
-def split(x):
-    return {"lo": x - 1, "hi": x + 1}
-
-
-@step(inputs={"x": V}, outputs={"y": V})
-def explode(x):
-    raise RuntimeError("a dead node must not run")
 
 
 def edges() -> Pipeline:

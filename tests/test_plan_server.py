@@ -8,40 +8,15 @@ import warnings
 
 import numpy as np
 import pytest
+from toy_steps import V, add, explode, inc, split, twice
 
-from pipelines import Pipeline, TensorSpec, step
+from pipelines import Pipeline
 from pipelines.forms import FORMS
 from pipelines.plan import DeadNodeWarning
 
 pytestmark = pytest.mark.server
 
-V = TensorSpec("FP32", [-1])
 X = np.array([[1.0, 2.0]], np.float32)
-
-
-@step(inputs={"x": V}, outputs={"y": V})
-def inc(x):
-    return {"y": x + 1}
-
-
-@step(inputs={"x": V}, outputs={"y": V})
-def twice(x):
-    return {"y": x * 2}
-
-
-@step(inputs={"a": V, "b": V}, outputs={"y": V})
-def add(a, b):
-    return {"y": a + b}
-
-
-@step(inputs={"x": V}, outputs={"lo": V, "hi": V})
-def split(x):
-    return {"lo": x - 1, "hi": x * 10}
-
-
-@step(inputs={"x": V}, outputs={"y": V})
-def explode(x):
-    raise RuntimeError("a dead node must not run")
 
 
 def pruned() -> Pipeline:

@@ -9,32 +9,11 @@ import warnings
 import anyio
 import numpy as np
 import pytest
+from toy_steps import V, add, explode, inc, split
 
-from pipelines import InputError, Pipeline, TensorSpec, step
+from pipelines import InputError, Pipeline
 from pipelines.plan import DeadNodeWarning
 from pipelines.runtime import MODES, LocalRuntime, run_many
-
-V = TensorSpec("FP32", [-1])
-
-
-@step(inputs={"x": V}, outputs={"y": V})
-def inc(x):
-    return {"y": x + 1}
-
-
-@step(inputs={"a": V, "b": V}, outputs={"y": V})
-def add(a, b):
-    return {"y": a + b}
-
-
-@step(inputs={"x": V}, outputs={"lo": V, "hi": V})
-def split(x):
-    return {"lo": x - 1, "hi": x * 10}
-
-
-@step(inputs={"x": V}, outputs={"y": V})
-def explode(x):
-    raise RuntimeError("a dead node must not run")
 
 
 def edges() -> Pipeline:
