@@ -192,8 +192,8 @@ def _cmd_serve_local(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pipelines",
-        description="Declare Triton pipeline steps once; compile them to an ensemble and to BLS, "
-        "run them locally, and measure one against the other.",
+        description="Declare Triton pipeline steps once; compile them to an ensemble, BLS models and a "
+        "fused model, run them locally, and measure the forms against each other.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -255,8 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grpc-port", type=int, default=None, help="default: a free port")
     s.set_defaults(func=_cmd_serve)
 
-    b = sub.add_parser("bench", help="benchmark ensemble against BLS",
-                       description="Measure the pipeline as ensemble, bls and bls-sync, in the local runtime and on "
+    b = sub.add_parser("bench", help="benchmark every form (ensemble, BLS, fused) locally and on a server",
+                       description="Measure the pipeline in every form (ensemble, bls, bls-sync, fused; --forms picks "
+                       "some), in the local runtime and on "
                        "a real Triton server, side by side: throughput, latency percentiles, per-model breakdown, "
                        "plots and a verdict.")
     _delegate(b, "pipelines.bench.command")
