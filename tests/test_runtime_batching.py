@@ -128,3 +128,32 @@ def test_two_instances_batch_in_parallel():
     results = anyio.run(main)
     for i in range(2):
         np.testing.assert_array_equal(results[i]["y"], np.full((1, 2), 2.0 * i))
+
+
+@pytest.mark.parametrize("mode", ["ensemble", "fused"])
+def test_requests_whose_rows_differ_in_shape_are_not_batched_together(mode):
+    # As Triton's dynamic batcher: only rows of one shape join a batch (no ragged batching).
+    seen = []
+
+    def model(x):
+        seen.append((x.shape, set(np.unique(x).tolist())))  # every row of request n is filled with n
+        return {"y": x * 2}
+
+    ragged = TensorSpec("FP64", [-1])
+    s = step(model, inputs={"x": ragged}, outputs={"y": ragged}, name="model", max_batch_size=8,
+             dynamic_batching={"max_queue_delay_us": 50_000})
+    p = Pipeline(f"ragged_{mode}", inputs={"x": ragged}, max_batch_size=4)
+    p.output("y", p.add(s, x=p.input("x"))["y"])
+    requests = [{"x": np.full((1, n), float(n))} for n in (2, 2, 3, 2, 3)]
+
+    async def main():
+        async with LocalRuntime(p, mode) as rt:
+            return await fire(rt, requests)
+
+    results = anyio.run(main)
+    for i, req in enumerate(requests):
+        assert not isinstance(results[i], Exception), results[i]
+        np.testing.assert_array_equal(results[i]["y"], req["x"] * 2)
+    assert all(values == {float(shape[1])} for shape, values in seen)  # each call: requests of one width
+    assert {shape[1] for shape, _ in seen} == {2, 3}
+    assert sum(shape[0] for shape, _ in seen) == len(requests) and len(seen) < len(requests)  # some joined

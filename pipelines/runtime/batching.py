@@ -117,6 +117,8 @@ class DynamicBatcher:
             try:
                 batch = await self._gather()
                 await self._run(lease, batch)
+                # Its answers hold the outputs: keep none of them while waiting for the next batch.
+                del batch
             finally:
                 self._pool.give_back(lease)
 
@@ -131,15 +133,18 @@ class DynamicBatcher:
             await self._next_arrival().wait()
         batch = [queue.popleft()]
         rows = batch[0].rows
+        shape = _row_shapes(batch[0])
         deadline = perf_counter() + self._delay
         while rows < self._max and rows not in self._preferred:
-            while queue and (queue[0].gone or rows + queue[0].rows <= self._max):
+            while queue and (
+                queue[0].gone or (rows + queue[0].rows <= self._max and _row_shapes(queue[0]) == shape)
+            ):
                 pending = queue.popleft()
                 if not pending.gone:
                     batch.append(pending)
                     rows += pending.rows
             if rows >= self._max or rows in self._preferred or queue:
-                break  # full, preferred, or the next request does not fit
+                break  # full, preferred, or the next request does not fit (its rows, or their shape)
             left = deadline - perf_counter()
             if left <= 0:
                 break
@@ -201,6 +206,12 @@ class DynamicBatcher:
             pending.answer(None, exc, 0.0, 1)
         else:
             pending.answer(outputs, None, compute, 1)
+
+
+def _row_shapes(pending: _Pending) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Each input's shape without the batch dimension: as Triton's dynamic batcher, only
+    requests whose rows have the same shapes join one batch (ragged batching is not modelled)."""
+    return tuple((name, tuple(value.shape[1:])) for name, value in pending.inputs.items())
 
 
 def _concatenate(requests: list[dict[str, Any]]) -> dict[str, Any]:
