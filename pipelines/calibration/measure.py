@@ -18,6 +18,7 @@ from statistics import median
 from time import perf_counter
 from typing import Any
 
+from ..blocking import run_blocking
 from .probes import Probe
 
 __all__ = ["Budget", "Sample", "measure_lanes", "measure_probes"]
@@ -155,7 +156,7 @@ def measure_lanes(
             await client.close()
         return rows
 
-    rows = anyio.run(main)
+    rows = run_blocking(main)  # calibrate() from a notebook cell, whose loop is running
     ratios = [at_high / at_one for _, at_one, at_high in rows if at_one > 0]
     lanes = sum(ratios) / len(ratios) if ratios else 1.0
     return min(float(cores or high), max(1.0, lanes)), rows

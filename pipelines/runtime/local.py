@@ -38,8 +38,6 @@ so that a stuck call can be abandoned.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import dataclasses
 import graphlib
 import math
@@ -52,6 +50,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
+from ..blocking import run_blocking
 from ..errors import InferenceError, InputError, PipelinesError, StepError
 from ..forms import form, form_names
 from ..graph import Pipeline
@@ -603,7 +602,7 @@ def run_pipeline(
         async with runtime as rt:
             return await rt.infer(inputs, outputs)
 
-    return _blocking(main)
+    return run_blocking(main)
 
 
 def run_many(
@@ -653,22 +652,4 @@ def run_many(
             raise errors[0]
         return results, report
 
-    return _blocking(main)
-
-
-def _blocking(main: Any) -> Any:
-    if not _loop_running():
-        # Outside an `except RuntimeError` block: an error of the run must not be chained to
-        # "no running event loop" in every traceback.
-        return anyio.run(main)
-    # A loop already runs in this thread (Jupyter): it cannot be re-entered, so use another thread.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipelines-run") as pool:
-        return pool.submit(anyio.run, main).result()
-
-
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
+    return run_blocking(main)
