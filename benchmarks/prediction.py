@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pipelines.bench import BenchSettings, run_benchmark
 from pipelines.calibration import calibrate, load_profile
-from pipelines.calibration.cli import QUICK
+from pipelines.calibration.calibrate_command import QUICK
 from pipelines.tables import format_table
 
 PIPELINES = {

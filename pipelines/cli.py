@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run generated probe models on a Triton server (the bundled one by default) and "
                        "fit a fixed cost plus a cost per byte for each boundary a request crosses; the profile "
                        "lets the local runtime predict that server (LocalRuntime(..., profile=...), bench --profile).")
-    _delegate(k, "pipelines.calibration.cli")
+    _delegate(k, "pipelines.calibration.calibrate_command")
     return parser
 
 
