@@ -14,6 +14,7 @@ import pytest
 from pipelines import Pipeline, TensorSpec, step
 from pipelines.calibration import Cost, Profile, ProfileMismatchWarning, calibrate, fit_costs, load_profile
 from pipelines.calibration.fit import crossings, predict_us
+from pipelines.calibration.profile import BOUNDARIES
 from pipelines.calibration.measure import Budget
 from pipelines.calibration.probes import probe_plan, probe_repository
 from pipelines.cli import main as cli_main
@@ -46,7 +47,7 @@ def test_the_fit_recovers_known_costs_exactly(stub):
         assert costs[name].fixed_us == pytest.approx(cost.fixed_us, rel=1e-6, abs=1e-6), name
         assert costs[name].us_per_mib == pytest.approx(cost.us_per_mib, rel=1e-6), name
     # every plotted point lies on its boundary's line when the data has no noise
-    assert {p.boundary for p in points} == set(TRUE)
+    assert {p.boundary for p in points} == set(BOUNDARIES)
     for p in points:
         assert p.cost_us == pytest.approx(costs[p.boundary].us(p.nbytes), rel=1e-6, abs=1e-3), p
 
@@ -64,8 +65,9 @@ def test_the_fit_stays_close_under_noise_and_never_goes_negative():
 
 
 def test_crossings_count_the_bls_models_own_stub():
-    assert crossings("bls", 4, 10) == {"request": (1, 20), "bls_call": (4, 20), "stub": (5, 20)}
-    assert crossings("ensemble", 4, 10) == {"request": (1, 20), "ensemble_step": (4, 20), "stub": (4, 20)}
+    assert crossings("bls", 4, 10) == {"request": (1, 20), "bls_model": (1, 20), "bls_call": (4, 20), "stub": (4, 20)}
+    assert crossings("ensemble", 4, 10) == {"request": (1, 20), "ensemble": (1, 20), "ensemble_step": (4, 20),
+                                            "stub": (4, 20)}
 
 
 def _profile(**costs: Cost) -> Profile:
@@ -319,3 +321,98 @@ def test_an_ensemble_with_a_gate_model_pays_one_more_step_and_stub():
         _, report = run_many(pipeline, [x] * 3, mode="ensemble", concurrency=1, profile=profile)
         assert report.server.compute_input_us == pytest.approx(steps * 500), pipeline.name
         assert report.server.overhead_us == pytest.approx(steps * 200), pipeline.name
+
+
+def test_a_cost_curve_prices_each_way_at_its_sizes_and_between_them(tmp_path):
+    curve = Cost(100.0, 500.0, (1 << 10, MIB, 4 * MIB), (10.0, 100.0, 1000.0), (20.0, 300.0, 2000.0))
+    assert curve.way_us(MIB, leaving=False) == pytest.approx(100.0)
+    assert curve.way_us(MIB, leaving=True) == pytest.approx(300.0)
+    # linear between two sizes, the last slope past the largest, the smallest's figure below it
+    assert curve.way_us(2.5 * MIB, leaving=True) == pytest.approx(1150.0)
+    assert curve.way_us(7 * MIB, leaving=False) == pytest.approx(1000.0 + 300.0 * 3)
+    assert curve.way_us(0, leaving=True) == pytest.approx(20.0)
+    # without a curve: half the fixed cost, and the cost per byte of the bytes going that way
+    assert Cost(100.0, 500.0).way_us(MIB, leaving=True) == pytest.approx(550.0)
+    with pytest.raises(PipelinesError, match="one in and one out figure per size"):
+        Cost(0.0, 0.0, (1, 2), (1.0,), (1.0, 2.0))
+    profile = Profile(costs={**{k: Cost(0.0, 0.0) for k in TRUE}, "request": curve}, server_version="2.51.0",
+                      protocol="http", machine={"cpu_count": 2}, date="2026-01-01T00:00:00+00:00")
+    assert load_profile(profile.save(tmp_path / "p.json")).costs["request"] == curve
+
+
+def test_the_fit_keeps_each_sizes_cost_where_costs_per_byte_grow_with_size():
+    sizes = (1 << 10, 64 << 10, MIB, 4 * MIB, 16 * MIB)
+
+    def grows(fixed, per_mib, power):  # costs per byte that grow with the size, as HTTP bodies' do
+        ways = tuple(fixed / 2 + per_mib * (s / MIB) ** power for s in sizes)
+        return Cost(0.0, 0.0, sizes, ways, ways)
+
+    stub = Cost(0.0, 0.0, sizes, tuple(20 + 100 * s / MIB for s in sizes), tuple(300 + 400 * s / MIB for s in sizes))
+    true = {"request": grows(300, 2000, 1.5), "ensemble": grows(40, 0, 1), "ensemble_step": grows(60, 150, 1.2),
+            "bls_call": grows(400, 300, 1.1), "bls_model": grows(700, 200, 1), "stub": stub}
+    rows = []
+    for p in probe_plan(sizes=sizes):
+        s = p.size
+        stub_in, stub_out = stub.way_us(s, leaving=False), stub.way_us(s, leaving=True)
+        rows.append((p.kind, p.steps, s, predict_us(true, p.kind, p.steps, s), stub_in + stub_out, stub_in))
+    fitted, _ = fit_costs(rows)
+    for name, cost in true.items():
+        for s in sizes:
+            for leaving in (False, True):
+                assert fitted[name].way_us(s, leaving=leaving) == pytest.approx(
+                    cost.way_us(s, leaving=leaving), rel=1e-6, abs=1e-6), (name, s, leaving)
+    # the straight line through them, which the table shows, cannot follow the curve
+    line = fitted["request"]
+    assert abs(line.us(2 * MIB) - true["request"].way_us(MIB, leaving=False) * 2) > 0.05 * line.us(2 * MIB)
+
+
+def test_a_bls_round_answers_all_its_requests_when_its_last_one_is_done():
+    # async execute: the requests of one call run at once, and every response returns with the call
+    import anyio
+    from time import perf_counter
+
+    from pipelines.runtime.bls_gate import BlsGate
+
+    gate = BlsGate(instances=1, concurrent=True, max_rows=8)
+    done: dict[str, float] = {}
+    opened: list[bool] = []
+
+    async def request(name: str, seconds: float) -> None:
+        async with gate.slot(1) as opens:
+            opened.append(opens)
+            await anyio.sleep(seconds)
+            done[name + " ran"] = perf_counter()
+        done[name] = perf_counter()
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(request, "fast", 0.0)
+            tg.start_soon(request, "slow", 0.15)
+            await anyio.sleep(0.01)  # both queued before the instance takes its first round
+            tg.start_soon(gate.serve)
+            await anyio.sleep(0.3)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert sorted(opened) == [False, True]  # one round, opened by one of them: its fixed costs are paid once
+    assert done["fast ran"] < done["slow ran"] - 0.1
+    assert done["fast"] >= done["slow ran"]  # answered with the round, not when its own work ended
+
+
+def test_the_bls_models_own_fixed_cost_is_paid_once_per_round():
+    import anyio
+
+    from pipelines.runtime.replay import Replay
+
+    profile = _profile(bls_model=Cost(10_000.0, 1_000.0))
+    replay = Replay(profile, "bls")
+
+    async def main():
+        opening, joining = replay.begin(), replay.begin()
+        await replay.bls_stub(opening, MIB, leaving=False, opens_round=True)
+        await replay.bls_stub(joining, MIB, leaving=False, opens_round=False)
+        return opening, joining
+
+    opening, joining = anyio.run(main)
+    assert opening.input * 1e6 == pytest.approx(5_000 + 1_000)
+    assert joining.input * 1e6 == pytest.approx(1_000)

@@ -1,31 +1,37 @@
-"""Fitting boundary costs to probe latencies with numpy's least squares.
+"""Fitting boundary costs to probe latencies, one tensor size at a time.
 
-Each probe's latency is a sum over the boundaries it crosses: a request
-(in and out), ``n`` ensemble steps or ``n`` BLS calls, and the Python stubs
-of its steps (plus the BLS model's own stub). Every boundary costs
-``fixed + per_byte * bytes``, so latencies are linear in the unknowns.
+At one tensor size, a probe's latency is a sum over the boundaries it crosses:
 
-A stub's cost cannot be told apart from the boundary that feeds it by
-end-to-end latency alone (every stub is reached through a request, an
-ensemble step or a BLS call), so the stub is priced from Triton's own
-statistics of the identity step model (compute input + infer + output per
-execution) when the samples carry them; the other three boundaries are then
-fitted to what remains of the latencies. Without statistics all four are
-fitted together.
+- a step model called directly: ``request + stub``;
+- an ensemble of ``n`` steps: ``request + ensemble + n * (ensemble_step + stub)``;
+- a BLS model calling ``n`` steps: ``request + bls_model + n * (bls_call + stub)``.
 
-Fixed costs come from the small probes (1 to 64 KiB) and costs per byte from
-the large ones (1 MiB and up), fitted in turn until they agree, each fit
-subtracting what the other explains: under noise a straight line through all
-sizes at once is pulled by whichever sizes the weighting favours. Fits
-minimise relative errors (a probe's noise grows with its latency), with
-numpy's least squares; the stub's own figures take medians. A cost cannot be
-negative: a coefficient the fit puts below zero is fixed at zero and the
-others are fitted again.
+The stub is priced from Triton's own statistics of the probe's identity step
+models (compute input on the way in; compute infer and output on the way
+out), because end-to-end latency cannot tell a
+stub from the boundary that feeds it. Then the step probe gives the request,
+and a straight line through each kind's latencies over its chain lengths
+gives, from its slope, the cost of one more step (ensemble step or BLS call)
+and, from its intercept, what the kind pays once per request (the ensemble
+scheduler's own work, or the BLS model's own stub). Without statistics the
+stub is what the step probe leaves once the ensemble's intercept has priced
+the request (the ensemble's and the BLS model's own costs are then taken as
+nothing and as one stub).
+
+Fitting each size on its own keeps what a line through every size loses: on
+a real server, costs per byte grow with the size (an HTTP body of 16 MiB
+costs about twice as much per byte as one of 1 MiB), so the profile keeps each boundary's cost at each
+measured size, and the replay interpolates between them. The straight line
+through those figures (numpy's least squares, relative errors, no cost below
+zero) is what the table and the plot show. A cost the noise puts below zero
+is zero.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
+from statistics import median
 
 import numpy as np
 
@@ -35,14 +41,15 @@ from .profile import BOUNDARIES, MIB, Cost, Point
 __all__ = ["crossings", "fit_costs", "predict_us"]
 
 _NAMES = tuple(BOUNDARIES)
-# Which probe shows each boundary best: its points on the plot come from these probes.
-_SHOWN_BY = {"request": "step", "ensemble_step": "ensemble", "bls_call": "bls"}
+# The kind of probe whose line (over chain lengths) prices each boundary: "slope" or "intercept".
+_FROM_LINE = {
+    "ensemble_step": ("ensemble", "slope"),
+    "bls_call": ("bls", "slope"),
+    "ensemble": ("ensemble", "intercept"),
+    "bls_model": ("bls", "intercept"),
+}
 
-Row = tuple  # (kind, steps, size, latency_us[, stub_us])
-#: Probes this small price the fixed costs; probes this large, the costs per byte.
-SMALL = 64 << 10
-LARGE = 1 << 20
-_ROUNDS = 30
+Row = tuple  # (kind, steps, size, latency_us[, stub_us[, stub_in_us]])
 
 
 def crossings(kind: str, steps: int, size: int) -> dict[str, tuple[int, int]]:
@@ -54,15 +61,21 @@ def crossings(kind: str, steps: int, size: int) -> dict[str, tuple[int, int]]:
     if kind == "step":
         return {"request": (1, both), "stub": (1, both)}
     if kind == "ensemble":
-        return {"request": (1, both), "ensemble_step": (steps, both), "stub": (steps, both)}
-    if kind == "bls":  # the BLS model's own stub, and one stub per step it calls
-        return {"request": (1, both), "bls_call": (steps, both), "stub": (steps + 1, both)}
+        return {"request": (1, both), "ensemble": (1, both), "ensemble_step": (steps, both), "stub": (steps, both)}
+    if kind == "bls":
+        return {"request": (1, both), "bls_model": (1, both), "bls_call": (steps, both), "stub": (steps, both)}
     raise ArgumentError(f"unknown probe kind {kind!r}; expected one of 'step', 'ensemble', 'bls'")
 
 
 def predict_us(costs: dict[str, Cost], kind: str, steps: int, size: int) -> float:
-    """A probe's latency according to ``costs`` (µs)."""
-    return sum(times * costs[name].us(nbytes) for name, (times, nbytes) in crossings(kind, steps, size).items())
+    """A probe's latency according to ``costs`` (µs): the line's figures, or the curve's where
+    a cost has one."""
+    total = 0.0
+    for name, (times, nbytes) in crossings(kind, steps, size).items():
+        cost = costs.get(name) or (costs["stub"] if name == "bls_model" else Cost(0.0, 0.0))
+        one_way = nbytes // 2
+        total += times * (cost.way_us(one_way, leaving=False) + cost.way_us(one_way, leaving=True))
+    return total
 
 
 def _nonnegative_lstsq(a: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -80,90 +93,92 @@ def _nonnegative_lstsq(a: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.
     return coef
 
 
-def _counts(rows: Sequence[Row], names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: times each boundary is crossed, and MiB crossing it in all."""
-    times = np.zeros((len(rows), len(names)))
-    mib = np.zeros((len(rows), len(names)))
-    for r, (kind, steps, size, *_) in enumerate(rows):
-        for name, (t, nbytes) in crossings(kind, steps, size).items():
-            if name in names:
-                i = names.index(name)
-                times[r, i] = t
-                mib[r, i] = t * nbytes / MIB
-    return times, mib
+def _line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
+    """Intercept and slope of latency over chain length (medians per length), or None with
+    fewer than two lengths."""
+    by_steps: dict[int, list[float]] = defaultdict(list)
+    for steps, latency in points:
+        by_steps[steps].append(latency)
+    if len(by_steps) < 2:
+        return None
+    n = np.array(sorted(by_steps), float)
+    y = np.array([median(by_steps[k]) for k in sorted(by_steps)])
+    slope, intercept = np.polyfit(n, y, 1)
+    return float(intercept), float(slope)
 
 
-def _fit_lines(rows: Sequence[Row], y: np.ndarray, names: Sequence[str]) -> dict[str, Cost]:
-    """Fixed costs from the small probes, costs per byte from the large ones, in turn until
-    they agree: each fit subtracts what the other explains. Relative errors, so a probe's
-    noise counts in proportion to its latency."""
-    times, mib = _counts(rows, names)
-    sizes = np.array([r[2] for r in rows])
-    small, large = sizes <= SMALL, sizes >= LARGE
-    if not small.any() or not large.any():  # no split possible: one fit of both
-        coef = _nonnegative_lstsq(np.hstack([times, mib]), y, 1.0 / y)
-        return {n: Cost(float(coef[i]), float(coef[len(names) + i])) for i, n in enumerate(names)}
-    fixed = np.zeros(len(names))
-    per_mib = np.zeros(len(names))
-    scale = y.copy()  # what each row's noise is in proportion to: its latency, then the fit's own prediction
-    for _ in range(_ROUNDS):
-        fixed = _nonnegative_lstsq(times[small], y[small] - mib[small] @ per_mib, 1.0 / y[small])
-        per_mib = _nonnegative_lstsq(mib[large], y[large] - times[large] @ fixed, 1.0 / scale[large])
-        # weighting by the measured latency would favour the probes that happened to run fast
-        scale = np.maximum(times @ fixed + mib @ per_mib, 0.1 * y)
-    return {n: Cost(float(fixed[i]), float(per_mib[i])) for i, n in enumerate(names)}
+def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
+    """Every boundary's (way in, way out) cost in µs at one tensor size."""
+    latency = defaultdict(list)
+    for kind, steps, _, lat, *_ in rows:
+        latency[kind].append((steps, lat))
+    stub_rows = [r for r in rows if r[4] is not None and r[4] > 0]
+    lines = {kind: _line(latency[kind]) for kind in ("ensemble", "bls")}
+    step = median(lat for _, lat in latency["step"]) if latency["step"] else None
+    if stub_rows:
+        stub_in = median(float(r[5]) if len(r) > 5 and r[5] is not None else r[4] / 2 for r in stub_rows)
+        stub = median(float(r[4]) for r in stub_rows)
+        stub_pair = (min(stub_in, stub), max(0.0, stub - stub_in))
+        request = step - stub if step is not None else (lines["ensemble"] or (0.0, 0.0))[0]
+    else:  # no statistics: the ensemble's intercept is the request, the step probe's rest the stub
+        request = (lines["ensemble"] or (0.0, 0.0))[0]
+        stub = max(0.0, step - request) if step is not None else 0.0
+        stub_pair = (stub / 2, stub / 2)
+    stub = sum(stub_pair)
+    costs = {"request": max(0.0, request), "stub": stub}
+    for name, (kind, part) in _FROM_LINE.items():
+        line = lines[kind]
+        if line is None:  # one chain length: the whole rest is per step, nothing per request
+            one = [(s, lat) for s, lat in latency[kind]]
+            per_step = median((lat - request) / s - stub for s, lat in one) if one else 0.0
+            line = (request, per_step + stub)
+        intercept, slope = line
+        costs[name] = slope - stub if part == "slope" else intercept - request
+    if not stub_rows:
+        costs["bls_model"] = stub  # as the ensemble's own cost, beyond what three equations can tell apart
+        costs["ensemble"] = 0.0
+    pairs = {name: (max(0.0, us) / 2, max(0.0, us) / 2) for name, us in costs.items()}
+    pairs["stub"] = stub_pair
+    return pairs
 
 
-def _fit_stub(rows: Sequence[Row]) -> Cost:
-    """The stub's line through its own figures: medians, fixed from small probes, per byte from large."""
-    sizes = np.array([2 * r[2] / MIB for r in rows])
-    cost = np.array([float(r[4]) for r in rows])
-    small, large = sizes <= 2 * SMALL / MIB, sizes >= 2 * LARGE / MIB
-    if not small.any() or not large.any():
-        fixed, per_mib = _nonnegative_lstsq(np.stack([np.ones_like(sizes), sizes], 1), cost, 1.0 / cost)
-        return Cost(float(fixed), float(per_mib))
-    fixed = per_mib = 0.0
-    for _ in range(_ROUNDS):
-        fixed = max(0.0, float(np.median(cost[small] - per_mib * sizes[small])))
-        per_mib = max(0.0, float(np.median((cost[large] - fixed) / sizes[large])))
-    return Cost(fixed, per_mib)
+def _summary_line(sizes: Sequence[int], totals: Sequence[float]) -> tuple[float, float]:
+    """Fixed µs and µs per MiB of the straight line through (in + out bytes, µs), relative errors."""
+    x = np.array([2 * s / MIB for s in sizes])
+    y = np.array(totals, float)
+    if len(x) == 1:
+        return float(y[0]), 0.0
+    weights = 1.0 / np.maximum(y, max(1.0, 1e-3 * float(y.max())))
+    fixed, per_mib = _nonnegative_lstsq(np.stack([np.ones_like(x), x], 1), y, weights)
+    return float(fixed), float(per_mib)
 
 
 def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...]]:
-    """Fit every boundary's cost to ``(kind, steps, size, latency_us[, stub_us])`` samples.
+    """Fit every boundary's cost to ``(kind, steps, size, latency_us[, stub_us[, stub_in_us]])`` samples.
 
-    Returns the costs and the points to plot: per sample, the cost of the
-    boundary that sample shows best once the fitted costs of the others are
-    taken away (and the stub's own measured cost, where there is one).
+    ``stub_us`` is what one execution of a probe's step cost inside the server (Triton's
+    statistics); ``stub_in_us`` the part of it on the way in.
+    Returns the costs and the points to plot: each boundary's cost at each size.
     """
     if not samples:
-        raise ArgumentError("no samples to fit: give at least one (kind, steps, size, latency_us) row per boundary")
-    rows = [(str(r[0]), int(r[1]), int(r[2]), float(r[3]), r[4] if len(r) > 4 else None) for r in samples]
+        raise ArgumentError("no samples to fit: give at least one (kind, steps, size, latency_us) row per size")
+    rows = [(str(r[0]), int(r[1]), int(r[2]), float(r[3]), *(tuple(r[4:6]) + (None, None))[:2]) for r in samples]
     if not all(r[3] > 0 for r in rows):
         raise ArgumentError("every latency must be positive (microseconds > 0); a sample of 0 or less was given")
+    by_size: dict[int, list[Row]] = defaultdict(list)
+    for r in rows:
+        by_size[r[2]].append(r)
+    sizes = sorted(by_size)
+    at = {s: _at_size(by_size[s]) for s in sizes}
     costs: dict[str, Cost] = {}
     points: list[Point] = []
-    stub_rows = [r for r in rows if r[4] is not None and r[4] > 0]
-    names: tuple[str, ...] = _NAMES
-    if stub_rows:
-        costs["stub"] = _fit_stub(stub_rows)
-        points += [Point("stub", 2 * r[2], float(r[4]), f"{r[0]} x{r[1]}") for r in stub_rows]
-        names = tuple(n for n in _NAMES if n != "stub")
-    known = dict(costs)
-
-    def rest(kind: str, steps: int, size: int) -> float:  # the part of a latency priced already
-        return sum(t * known[b].us(nb) for b, (t, nb) in crossings(kind, steps, size).items() if b in known)
-
-    y = np.array([lat - rest(k, n, s) for k, n, s, lat, _ in rows])
-    keep = y > 0  # a probe faster than its stubs alone says nothing about the other boundaries
-    costs.update(_fit_lines([r for r, k in zip(rows, keep, strict=True) if k], y[keep], names))
-    shown = dict(_SHOWN_BY) if stub_rows else {**_SHOWN_BY, "request": "ensemble", "stub": "step"}
-    for kind, steps, size, latency, _ in rows:
-        parts = crossings(kind, steps, size)
-        for name, shown_by in shown.items():
-            if shown_by != kind or name not in parts:
-                continue
-            others = sum(t * costs[b].us(nb) for b, (t, nb) in parts.items() if b != name)
-            times, nbytes = parts[name]
-            points.append(Point(name, nbytes, (latency - others) / times, f"{kind} x{steps}"))
-    return {name: costs[name] for name in _NAMES}, tuple(points)
+    for name in _NAMES:
+        ins = tuple(at[s][name][0] for s in sizes)
+        outs = tuple(at[s][name][1] for s in sizes)
+        fixed, per_mib = _summary_line(sizes, [i + o for i, o in zip(ins, outs, strict=True)])
+        costs[name] = Cost(fixed, per_mib, tuple(sizes), ins, outs)
+        points += [Point(name, 2 * s, i + o, "fitted at this size") for s, i, o in zip(sizes, ins, outs, strict=True)]
+    for kind, steps, size, _, stub_us, _ in rows:
+        if stub_us is not None and stub_us > 0:
+            points.append(Point("stub", 2 * size, float(stub_us), f"{kind} x{steps}"))
+    return costs, tuple(points)

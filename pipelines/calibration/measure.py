@@ -29,17 +29,18 @@ class Sample:
     """One probe's measurement: the median latency over ``requests`` answers (µs), and
     ``stub_us``, what one execution of the identity step model cost inside the server
     (Triton's compute input + infer + output for it, the median over the requests;
-    ``None`` without statistics).
+    ``None`` without statistics), of which ``stub_in_us`` on the way in (compute input).
     """
 
     probe: Probe
     latency_us: float
     requests: int
     stub_us: float | None = None
+    stub_in_us: float | None = None
 
     @property
-    def row(self) -> tuple[str, int, int, float, float | None]:
-        return self.probe.kind, self.probe.steps, self.probe.size, self.latency_us, self.stub_us
+    def row(self) -> tuple[str, int, int, float, float | None, float | None]:
+        return self.probe.kind, self.probe.steps, self.probe.size, self.latency_us, self.stub_us, self.stub_in_us
 
 
 @dataclass(frozen=True)
@@ -61,50 +62,66 @@ def measure_probes(
     progress: Callable[[int, int, Probe], None] | None = None,
     statistics: Callable[[str], Any] | None = None,
 ) -> list[Sample]:
-    """Time ``infer(model, inputs)`` on each probe; ``progress(done, total, probe)`` after each.
+    """Time ``infer(model, inputs)`` on each probe; ``progress(done, total, probe)`` as they finish.
 
-    ``statistics(model)`` (Triton's statistics API answer), when given, is read
-    around each timed request for the stub's own cost (the median per execution).
+    The probes of one tensor size are measured in turns, one request each per
+    turn, so that a drift of the machine (a busy neighbour, memory being
+    reclaimed) moves them all alike: the fit reads a size's costs from the
+    differences between its probes. ``statistics(model)`` (Triton's statistics
+    API answer), when given, is read around each timed request for the stub's own
+    cost (the median per execution).
     """
     budget = budget or Budget()
-    samples = []
+    groups: dict[int, list[int]] = {}
     for i, probe in enumerate(probes):
-        inputs = probe.inputs()
-        for _ in range(budget.warmup):  # the first calls of a stub allocate its shared memory
-            infer(probe.model, inputs)
-        times: list[float] = []
-        stubs: list[float] = []
-        before = statistics("") if statistics is not None else None
+        groups.setdefault(probe.size, []).append(i)
+    found: dict[int, Sample] = {}
+    for members in groups.values():
+        times: dict[int, list[float]] = {i: [] for i in members}
+        stubs: dict[int, list[tuple[float, float]]] = {i: [] for i in members}
+        inputs = probes[members[0]].inputs()
+        for i in members:
+            for _ in range(budget.warmup):  # the first calls of a stub allocate its shared memory
+                infer(probes[i].model, inputs)
         began = perf_counter()
-        while len(times) < budget.max_requests and (
-            len(times) < budget.min_requests or perf_counter() - began < budget.seconds
+        turns = 0
+        last = statistics("") if statistics is not None else None
+        while turns < budget.max_requests and (
+            turns < budget.min_requests or perf_counter() - began < budget.seconds * len(members)
         ):
-            t = perf_counter()
-            infer(probe.model, inputs)
-            times.append(perf_counter() - t)
-            if statistics is not None:
-                # read after every request, so the stub's figure is a median as the latency is
-                after = statistics("")  # every model: the probe's step models in one answer
-                stub_us = _stub_us(before, after, probe.step_models)
-                if stub_us is not None:
-                    stubs.append(stub_us)
-                before = after
-        stub = median(stubs) if stubs else None
-        samples.append(Sample(probe, median(times) * 1e6, len(times), stub))
-        if progress is not None:
-            progress(i + 1, len(probes), probe)
-    return samples
+            for i in members:
+                probe = probes[i]
+                t = perf_counter()
+                infer(probe.model, inputs)
+                times[i].append(perf_counter() - t)
+                if statistics is not None:
+                    # read around every request, so the stub's figure is a median as the latency is
+                    now = statistics("")  # every model: the probe's step models in one answer
+                    stub = _stub_us(last, now, probe.step_models)
+                    last = now
+                    if stub is not None:
+                        stubs[i].append(stub)
+            turns += 1
+        for i in members:
+            stub_us = median(s[0] for s in stubs[i]) if stubs[i] else None
+            stub_in_us = median(s[1] for s in stubs[i]) if stubs[i] else None
+            found[i] = Sample(probes[i], median(times[i]) * 1e6, len(times[i]), stub_us, stub_in_us)
+            if progress is not None:
+                progress(len(found), len(probes), probes[i])
+    return [found[i] for i in range(len(probes))]
 
 
-def _stub_us(before: Any, after: Any, models: Sequence[str]) -> float | None:
-    """Mean time of one execution of the ``models`` between two statistics answers (µs), or None."""
+def _stub_us(before: Any, after: Any, models: Sequence[str]) -> tuple[float, float] | None:
+    """Mean time of one execution of the ``models`` between two statistics answers, and of its
+    compute input (µs), or None."""
     from ..bench.stats import breakdown, parse_statistics
 
     rows = [t for t in breakdown(parse_statistics(before), parse_statistics(after)) if t.model in models]
     executions = sum(t.requests for t in rows)
     if not rows or executions <= 0:
         return None
-    return sum((t.compute_input_us + t.compute_infer_us + t.compute_output_us) * t.requests for t in rows) / executions
+    total = sum((t.compute_input_us + t.compute_infer_us + t.compute_output_us) * t.requests for t in rows)
+    return total / executions, sum(t.compute_input_us * t.requests for t in rows) / executions
 
 
 def measure_lanes(

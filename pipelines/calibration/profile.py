@@ -13,6 +13,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+
 from ..errors import PipelinesError
 
 __all__ = [
@@ -28,10 +30,15 @@ __all__ = [
 #: The kinds of boundary a profile prices, with what each one is.
 BOUNDARIES = {
     "request": "a request entering and leaving the server (client, protocol, front end); bytes in + out",
+    "ensemble": "the ensemble scheduler's own work per request, beyond its steps; bytes in + out",
     "ensemble_step": "an ensemble step's input and output, passed by the ensemble scheduler; bytes in + out",
     "bls_call": "a BLS call made from a stub and its response; bytes in + out",
-    "stub": "a Python stub's input and output (shared memory to and from the stub process); bytes in + out",
+    "bls_model": "the BLS model's own stub taking the request's tensors in and giving them out; bytes in + out",
+    "stub": "a Python step's stub: its inputs in, its fresh outputs out (shared memory, the stub process); "
+    "bytes in + out",
 }
+#: Boundaries a profile may lack (profiles written before they were measured): what stands in for them.
+_STAND_INS = {"ensemble": None, "bls_model": "stub"}
 _FORMAT = 1
 MIB = float(1 << 20)
 
@@ -42,16 +49,49 @@ class ProfileMismatchWarning(UserWarning):
 
 @dataclass(frozen=True)
 class Cost:
-    """``fixed_us`` per crossing plus ``us_per_mib`` for each MiB that crosses."""
+    """``fixed_us`` per crossing plus ``us_per_mib`` for each MiB that crosses (in + out): the
+    straight line through the boundary's measured costs, for the table and the plot.
+
+    ``sizes`` are the tensor sizes the boundary was measured at, and ``in_us`` and
+    ``out_us`` its cost at each of them on the way in and on the way out. Where they
+    are given, they price a crossing (:meth:`way_us`), linear between two sizes: a
+    server's cost per byte is not one number from 1 KiB to 32 MiB (HTTP bodies and
+    fresh outputs cost more per byte the larger they are), and the way in and the
+    way out differ (a step's fresh output costs its stub more than its input).
+    """
 
     fixed_us: float
     us_per_mib: float
+    sizes: tuple[int, ...] = ()
+    in_us: tuple[float, ...] = ()
+    out_us: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not len(self.sizes) == len(self.in_us) == len(self.out_us):
+            raise PipelinesError(f"a cost's curve needs one in and one out figure per size; got {len(self.sizes)} "
+                                 f"sizes, {len(self.in_us)} in and {len(self.out_us)} out")
+        if list(self.sizes) != sorted(set(self.sizes)):
+            raise PipelinesError(f"a cost's sizes must increase; got {list(self.sizes)}")
 
     def seconds(self, nbytes: float) -> float:
-        return (self.fixed_us + self.us_per_mib * nbytes / MIB) * 1e-6
+        return self.us(nbytes) * 1e-6
 
     def us(self, nbytes: float) -> float:
+        """The line's cost of ``nbytes`` crossing in all (in + out)."""
         return self.fixed_us + self.us_per_mib * nbytes / MIB
+
+    def way_us(self, nbytes: float, *, leaving: bool) -> float:
+        """What ``nbytes`` cost on the way in (or out, ``leaving``): the measured curve where there is
+        one (linear between sizes, the last slope past the largest), else half the line's fixed
+        cost plus its cost per byte."""
+        if not self.sizes:
+            return self.fixed_us / 2 + self.us_per_mib * nbytes / MIB
+        ys = self.out_us if leaving else self.in_us
+        xs = self.sizes
+        if nbytes <= xs[-1] or len(xs) == 1:
+            return float(np.interp(nbytes, xs, ys))
+        slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+        return ys[-1] + slope * (nbytes - xs[-1])
 
 
 @dataclass(frozen=True)
@@ -86,11 +126,17 @@ class Profile:
     date: str
     url: str | None = None
     points: tuple[Point, ...] = ()
-    # per probe: (kind, steps, tensor bytes, median latency µs, stub µs per execution or None)
-    samples: tuple[tuple[str, int, int, float, float | None], ...] = ()
+    # per probe: (kind, steps, tensor bytes, median latency µs, stub µs per execution or None,
+    # of which on the way in or None)
+    samples: tuple[tuple, ...] = ()
     lanes: float | None = None  # None: the machine's cores (see above)
 
     def __post_init__(self) -> None:
+        costs = dict(self.costs)
+        for name, stand_in in _STAND_INS.items():
+            if name not in costs:
+                costs[name] = costs[stand_in] if stand_in in costs else Cost(0.0, 0.0)
+        object.__setattr__(self, "costs", costs)
         missing = [b for b in BOUNDARIES if b not in self.costs]
         if missing:
             raise PipelinesError(f"a profile needs a cost for every boundary; missing {missing}")
@@ -130,7 +176,7 @@ class Profile:
             if data.get("format") != _FORMAT:
                 raise PipelinesError(f"profile format {data.get('format')!r}; this version reads format {_FORMAT}")
             return cls(
-                costs={name: Cost(float(c["fixed_us"]), float(c["us_per_mib"])) for name, c in data["costs"].items()},
+                costs={name: _cost(c) for name, c in data["costs"].items()},
                 server_version=data.get("server_version"),
                 protocol=str(data["protocol"]),
                 machine=dict(data.get("machine") or {}),
@@ -141,7 +187,7 @@ class Profile:
                     for p in data.get("points", ())
                 ),
                 samples=tuple(
-                    (str(s[0]), int(s[1]), int(s[2]), float(s[3]), None if s[4] is None else float(s[4]))
+                    (str(s[0]), int(s[1]), int(s[2]), float(s[3]), *(None if v is None else float(v) for v in s[4:6]))
                     for s in data.get("samples", ())
                 ),
                 lanes=None if data.get("lanes") is None else float(data["lanes"]),
@@ -217,6 +263,11 @@ class Profile:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _cost(data: Mapping[str, Any]) -> Cost:
+    return Cost(float(data["fixed_us"]), float(data["us_per_mib"]), tuple(int(v) for v in data.get("sizes", ())),
+                tuple(float(v) for v in data.get("in_us", ())), tuple(float(v) for v in data.get("out_us", ())))
 
 
 def default_lanes(machine: Mapping[str, Any]) -> float:

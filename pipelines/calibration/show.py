@@ -1,5 +1,5 @@
 """A profile as a small table and as a plot of cost against bytes (measured points,
-fitted line), one panel per boundary."""
+the replayed cost per size, the straight line through them), one panel per boundary."""
 
 from __future__ import annotations
 
@@ -37,8 +37,10 @@ def plot_profile(profile: Profile, path: str | os.PathLike[str] | None = None) -
         matplotlib.use("Agg")  # a file only: no display needed
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(BOUNDARIES), figsize=(4 * len(BOUNDARIES), 3.6), dpi=100, squeeze=False)
-    for ax, name in zip(axes[0], BOUNDARIES, strict=True):
+    columns = 3
+    rows = -(-len(BOUNDARIES) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3.4 * rows), dpi=100, squeeze=False)
+    for ax, name in zip(axes.flat, BOUNDARIES, strict=False):
         points = [p for p in profile.points if p.boundary == name]
         cost = profile.costs[name]
         if points:
@@ -50,13 +52,18 @@ def plot_profile(profile: Profile, path: str | os.PathLike[str] | None = None) -
         else:
             grid = np.geomspace(1 << 10, 64 << 20, 50)
         ax.plot(grid, [cost.us(b) / 1e3 for b in grid], "C1", label=f"{cost.fixed_us:.0f} µs + {cost.us_per_mib:.0f} µs/MiB")
+        if cost.sizes:  # what the replay spends: the cost at each measured size, in + out
+            ax.plot([2 * s for s in cost.sizes], [(i + o) / 1e3 for i, o in zip(cost.in_us, cost.out_us, strict=True)],
+                    "C2.--", label="replayed (per size)")
         ax.set_xscale("log")
-        ax.set_yscale("log")
+        if any(p.cost_us > 0 for p in points) or cost.fixed_us > 0 or cost.us_per_mib > 0:
+            ax.set_yscale("log")
         ax.set_title(name)
         ax.set_xlabel("bytes crossing (in + out)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("cost (ms)")
+    for row in axes:
+        row[0].set_ylabel("cost (ms)")
     fig.suptitle(f"Triton {profile.server_version or '?'} over {profile.protocol}, {profile.date}", fontsize=9)
     fig.tight_layout()
     if path is not None:

@@ -8,6 +8,11 @@ wait, and the BLS model's dynamic batcher hands them to the next call together:
   ends when the last of them is answered;
 - ``"bls-sync"``: the requests of one call run one after another.
 
+Either way the call returns every response of its round at once, when the last
+request is done: a request that finishes early waits for its round, as it does
+on the server. The call's own fixed costs (its stub taking the batch in and
+giving it out) are paid once per round, by the request that opens it.
+
 Without this gate the local runtime would overlap requests that the server
 serialises, and predict throughput that the server never reaches.
 """
@@ -25,13 +30,15 @@ __all__ = ["BlsGate"]
 
 
 class _Waiter:
-    __slots__ = ("rows", "start", "finished", "gone")
+    __slots__ = ("rows", "start", "finished", "released", "gone", "opens")
 
     def __init__(self, rows: int) -> None:
         self.rows = rows
         self.start = anyio.Event()
         self.finished = anyio.Event()
+        self.released = anyio.Event()  # its round is over: the execute call returned its response
         self.gone = False  # cancelled while queued: it never joins a round
+        self.opens = False  # the first request of its round
 
 
 class BlsGate:
@@ -50,13 +57,18 @@ class BlsGate:
         self._held: deque[_Waiter] = deque()  # taken off the stream, but did not fit in a round
 
     @asynccontextmanager
-    async def slot(self, rows: int) -> AsyncIterator[None]:
-        """Hold one request's place in a round of the BLS model."""
+    async def slot(self, rows: int) -> AsyncIterator[bool]:
+        """Hold one request's place in a round of the BLS model; gives whether it opens the round.
+
+        Leaving it waits for the round's end, when the execute call returns every response.
+        """
         waiter = _Waiter(rows)
         self._send.send_nowait(waiter)
         try:
             await waiter.start.wait()
-            yield
+            yield waiter.opens
+            waiter.finished.set()
+            await waiter.released.wait()
         finally:
             waiter.gone = True
             waiter.finished.set()
@@ -87,6 +99,7 @@ class BlsGate:
                 first = await self._receive.receive()
                 if first.gone:
                     continue
+            first.opens = True
             round_, rows = [first], first.rows
             while rows < self.max_rows:
                 waiter = self._next()
@@ -103,3 +116,5 @@ class BlsGate:
                     await waiter.finished.wait()
             for waiter in round_:
                 await waiter.finished.wait()
+            for waiter in round_:
+                waiter.released.set()

@@ -420,13 +420,13 @@ class LocalRuntime:
                     await self._schedule(req)
                 else:
                     queued = perf_counter()
-                    async with self._bls_gate.slot(req.rows if p.max_batch_size > 0 else 1):
+                    async with self._bls_gate.slot(req.rows if p.max_batch_size > 0 else 1) as opens:
                         if ledger is not None:
                             replay.queued(ledger, perf_counter() - queued)
-                            await replay.bls_stub(ledger, in_bytes, leaving=False)
+                            await replay.bls_stub(ledger, in_bytes, leaving=False, opens_round=opens)
                         await self._schedule(req)
                         if ledger is not None:
-                            await replay.bls_stub(ledger, self._output_bytes(req), leaving=True)
+                            await replay.bls_stub(ledger, self._output_bytes(req), leaving=True, opens_round=opens)
                 if ledger is not None:
                     await replay.request(ledger, self._output_bytes(req), leaving=True)
                     replay.finish(ledger)
@@ -478,11 +478,12 @@ class LocalRuntime:
             model.inline_ok and (model.cheap or (self._active == 1 and req.inflight == 1))
         )
         if self._replay is not None:  # the ensemble scheduler or the BLS call carries the inputs to the step
-            await self._replay.hop(model, nbytes_of(inputs))
+            await self._replay.hop(model, nbytes_of(inputs), leaving=False)
         outputs, queue, compute, batch = await model.run(inputs, req.rows, inline=inline)
         del inputs
         if self._replay is not None:
-            await self._replay.hop(model, sum(nbytes_of(outputs[o]) for o in req.routes.returns[name]))
+            returned = sum(nbytes_of(outputs[o]) for o in req.routes.returns[name])
+            await self._replay.hop(model, returned, leaving=True)
         for out in req.routes.returns[name]:
             values[(name, out)] = _cross(outputs[out], crossings, req.copies) if crossings else outputs[out]
         req.trace.append((name, queue, compute, perf_counter() - t_ready - queue - compute, batch))

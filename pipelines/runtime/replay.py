@@ -196,6 +196,9 @@ class Replay:
         self._request = costs["request"]
         self._hop = costs["ensemble_step"] if mode == "ensemble" else costs["bls_call"]
         self._stub = costs["stub"]
+        self._bls_model = costs["bls_model"]
+        # the ensemble scheduler's own work per request rides with the request's way in and out
+        self._ensemble = costs["ensemble"] if mode == "ensemble" else None
         # "fused": the Python steps run inside the top-level model's own process, with no call
         # and no stub of their own; only external models are called, through BLS.
         self._in_process = bool(getattr(FORMS.get(mode), "in_process", False))
@@ -228,17 +231,24 @@ class Replay:
         """The request entering (its inputs) or leaving (its outputs) the server."""
         if leaving and self._gate is not None:
             await self._through_gate(ledger, nbytes)
-        seconds = self._half(self._request, nbytes)
+        seconds = self._way(self._request, nbytes, leaving)
+        if self._ensemble is not None:
+            seconds += self._way(self._ensemble, nbytes, leaving)
         ledger.overhead += seconds
         ledger.overhead += await _spend(ledger, seconds, self._lanes)
 
-    async def bls_stub(self, ledger: Ledger, nbytes: int, *, leaving: bool) -> None:
-        """The BLS model's own stub taking the request's inputs, or giving its outputs."""
-        await self._stub_half(ledger, nbytes, leaving=leaving)
+    async def bls_stub(self, ledger: Ledger, nbytes: int, *, leaving: bool, opens_round: bool = True) -> None:
+        """The BLS model's own stub taking the request's inputs, or giving its outputs. Its fixed
+        cost is paid once per execute call, by the request that opens the round."""
+        await self._stub_half(ledger, nbytes, leaving=leaving, cost=self._bls_model, fixed=opens_round)
 
-    async def _stub_half(self, ledger: Ledger, nbytes: int, *, leaving: bool) -> None:
+    async def _stub_half(self, ledger: Ledger, nbytes: int, *, leaving: bool, cost: Any = None,
+                         fixed: bool = True) -> None:
         """A Python stub taking a request's tensors in, or giving them back out."""
-        seconds = self._half(self._stub, nbytes)
+        cost = self._stub if cost is None else cost
+        seconds = self._way(cost, nbytes, leaving)
+        if not fixed:  # only what its bytes add
+            seconds = max(0.0, seconds - self._way(cost, 0, leaving))
         seconds += await _spend(ledger, seconds, self._lanes)  # what it costs, starved of a core or not
         if leaving:
             ledger.output += seconds
@@ -250,7 +260,7 @@ class Replay:
 
         (Its dynamic batching, which merges concurrent requests' gate calls, is not replayed.)
         """
-        hop = 2 * self._half(self._hop, nbytes)
+        hop = self._way(self._hop, nbytes, False) + self._way(self._hop, nbytes, True)
         ledger.overhead += hop
         ledger.overhead += await _spend(ledger, hop, self._lanes)
         assert self._gate is not None
@@ -263,14 +273,14 @@ class Replay:
     def queued(self, ledger: Ledger, seconds: float) -> None:
         ledger.queue += seconds
 
-    async def hop(self, model: object, nbytes: int) -> None:
-        """Half an ensemble step's or a BLS call's cost: on the way to a step, or back."""
+    async def hop(self, model: object, nbytes: int, *, leaving: bool) -> None:
+        """An ensemble step's or a BLS call's cost on the way to a step, or back (``leaving``)."""
         if self._in_process and not _external(model):
             return
         ledger = _current.get()
         if ledger is None:  # pragma: no cover - a hop always runs inside a request
             return
-        seconds = self._half(self._hop, nbytes)
+        seconds = self._way(self._hop, nbytes, leaving)
         ledger.overhead += seconds
         ledger.overhead += await _spend(ledger, seconds, self._lanes)
 
@@ -278,7 +288,7 @@ class Replay:
         """A step's stub taking its inputs, or giving its outputs; the caller holds the instance."""
         if self._in_process or _external(model):
             return  # an external model (ONNX Runtime, TensorRT...) runs in no Python stub; nor a fused step
-        seconds = self._half(self._stub, nbytes)
+        seconds = self._way(self._stub, nbytes, leaving)
         ledger = _current.get()
         if ledger is None:  # a dynamic batch runs for several requests at once: the model keeps the ledger
             ledger = self._models.setdefault(id(model), Ledger())
@@ -292,9 +302,9 @@ class Replay:
             accounts.input += seconds
 
     @staticmethod
-    def _half(cost: Any, nbytes: int) -> float:
-        # a boundary's fixed cost is split between its way in and its way out
-        return (cost.fixed_us / 2 + cost.us_per_mib * nbytes / (1 << 20)) * 1e-6
+    def _way(cost: Any, nbytes: int, leaving: bool) -> float:
+        """Seconds ``nbytes`` cost crossing ``cost``'s boundary one way (see :meth:`Cost.way_us`)."""
+        return cost.way_us(nbytes, leaving=leaving) * 1e-6
 
     # --------------------------------------------------------------- report
 
