@@ -133,6 +133,23 @@ def test_a_stubs_shared_memory_grows_by_the_step_it_is_given_and_stays(server):
     assert region.stat().st_size == grown, "the region shrank; docs/triton_failures.md says it never does"
 
 
+def _stub_environment(server) -> dict[str, str]:
+    stub = server_stubs(server.pid)[0]
+    with open(f"/proc/{stub.pid}/environ", "rb") as f:
+        return dict(item.split("=", 1) for item in f.read().decode(errors="replace").split("\0") if "=" in item)
+
+
+def test_stubs_keep_the_memory_their_arrays_free_unless_told_not_to(server, small_repository):
+    # glibc's malloc reads these at start: arrays under 32 MiB come from a heap that keeps what is freed
+    env = _stub_environment(server)
+    assert env.get("MALLOC_MMAP_THRESHOLD_") == str(32 << 20) and env.get("MALLOC_TRIM_THRESHOLD_") == str(64 << 20)
+    with TritonServer(small_repository, python_backend=PythonBackendSettings(keep_freed_memory=False)) as plain:
+        assert "MALLOC_MMAP_THRESHOLD_" not in _stub_environment(plain) or "MALLOC_MMAP_THRESHOLD_" in os.environ
+    # a variable the user set wins over the setting
+    with TritonServer(small_repository, env={"MALLOC_TRIM_THRESHOLD_": "4096"}) as mine:
+        assert _stub_environment(mine)["MALLOC_TRIM_THRESHOLD_"] == "4096"
+
+
 def test_python_backend_settings_are_data_and_not_passed_twice(tmp_path):
     with pytest.raises(ServerStartError, match=r"positive int"):
         PythonBackendSettings(shm_growth_byte_size=0)

@@ -263,7 +263,7 @@ class TritonServer:
         assert self._workdir is not None
         self._ports = choose_ports(self._fixed_ports, self.host)
         args = self.arguments.command(binary=installation.binary, backend_directory=backends, ports=self._ports)
-        env = {**os.environ, **self.env}
+        env = {**self.arguments.python_backend.environment(), **os.environ, **self.env}
         # The stub's embedded interpreter finds its site-packages through the python on PATH;
         # the stub (unlike the server binary) has no RPATH to the wheel's libraries.
         env["PATH"] = os.pathsep.join(filter(None, [str(self.python_env.bin), env.get("PATH")]))
