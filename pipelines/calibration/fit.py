@@ -153,6 +153,19 @@ def _summary_line(sizes: Sequence[int], totals: Sequence[float]) -> tuple[float,
     return float(fixed), float(per_mib)
 
 
+def _theil_sen(sizes: Sequence[int], totals: Sequence[float]) -> tuple[float, float]:
+    """Fixed µs and µs per MiB of the Theil–Sen line through (in + out bytes, µs): the median
+    of the slopes between every two sizes, then the median intercept. One size in four that
+    noise throws far off does not move it."""
+    x = np.array([2 * s / MIB for s in sizes])
+    y = np.array(totals, float)
+    if len(x) == 1:
+        return max(0.0, float(y[0])), 0.0
+    i, j = np.triu_indices(len(x), 1)
+    per_mib = max(0.0, float(np.median((y[j] - y[i]) / (x[j] - x[i]))))
+    return max(0.0, float(np.median(y - per_mib * x))), per_mib
+
+
 def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...]]:
     """Fit every boundary's cost to ``(kind, steps, size, latency_us[, stub_us[, stub_in_us]])`` samples.
 
@@ -175,9 +188,17 @@ def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...
     for name in _NAMES:
         ins = tuple(at[s][name][0] for s in sizes)
         outs = tuple(at[s][name][1] for s in sizes)
-        fixed, per_mib = _summary_line(sizes, [i + o for i, o in zip(ins, outs, strict=True)])
+        totals = [i + o for i, o in zip(ins, outs, strict=True)]
+        points += [Point(name, 2 * s, t, "fitted at this size") for s, t in zip(sizes, totals, strict=True)]
+        if name in _FROM_LINE:
+            # Read off differences between probes, these carry every probe's noise (a 4 MiB HTTP
+            # request varies by tens of ms); they are nearly straight on a quiet server, so a
+            # line that shrugs off an outlier prices them.
+            fixed, per_mib = _theil_sen(sizes, totals)
+            costs[name] = Cost(fixed, per_mib)
+            continue
+        fixed, per_mib = _summary_line(sizes, totals)
         costs[name] = Cost(fixed, per_mib, tuple(sizes), ins, outs)
-        points += [Point(name, 2 * s, i + o, "fitted at this size") for s, i, o in zip(sizes, ins, outs, strict=True)]
     for kind, steps, size, _, stub_us, _ in rows:
         if stub_us is not None and stub_us > 0:
             points.append(Point("stub", 2 * size, float(stub_us), f"{kind} x{steps}"))
