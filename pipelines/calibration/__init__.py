@@ -1,7 +1,8 @@
 """Server profiles: what a Triton server pays at each boundary, so the local runtime can predict it.
 
 ``calibrate()`` (``pipelines calibrate``) runs generated probe models on a
-server and fits, for each kind of boundary, a fixed cost plus a cost per byte;
+server and fits, for each kind of boundary, a fixed cost plus a cost per byte
+(the request and the stub also at each probe size, on the way in and out);
 the :class:`Profile` saves as JSON and is replayed by
 ``LocalRuntime(p, mode, profile=...)``.
 """
