@@ -5,6 +5,7 @@ Where each cost is spent (see :mod:`pipelines.calibration` for how they are meas
 
 - **request** in and out: before the first step and after the last
   (the client, the protocol and the server's front end), holding no instance;
+  in the ensemble form, with the **ensemble** scheduler's own cost per request;
 - **ensemble step** (``"ensemble"``) or **BLS call** (``"bls"``, ``"bls-sync"``):
   around each step's execution, outside the step's instance. A BLS call is made
   while the request holds its place in the BLS model's instance
@@ -13,7 +14,8 @@ Where each cost is spent (see :mod:`pipelines.calibration` for how they are meas
 - **stub** input and output: while the step's instance is held (before and after its
   function runs), so they queue, batch and count against ``instance_count`` as the
   Python stub's shared-memory copies do; in the BLS modes the BLS model's own stub
-  pays them for the request's inputs and outputs while its instance is held. A step
+  (**bls_model**) pays for the request's inputs and outputs while its instance is
+  held, its fixed cost once per round (execute call). A step
   that stands for an external model (another backend) has no stub and pays none;
 - an ensemble that compiles with a **gate model** of its own (see
   :mod:`pipelines.compile.ensemble`) pays one more ensemble step and stub per
@@ -21,6 +23,9 @@ Where each cost is spent (see :mod:`pipelines.calibration` for how they are meas
 - ``"fused"``: the Python steps run in the top-level model's own process, so they
   pay no call and no stub; the request and the model's own stub are paid as in BLS,
   and external models are called through BLS.
+
+Each way is priced by :meth:`~pipelines.calibration.profile.Cost.way_us`: the
+profile's figure at that many bytes, between its measured sizes.
 
 A cost is spent by sleeping on the event loop, which wakes in steps of about a
 millisecond; each request keeps a ledger of what it owes, so the rounding of one
