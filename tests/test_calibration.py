@@ -14,9 +14,9 @@ import pytest
 from pipelines import Pipeline, TensorSpec, step
 from pipelines.calibration import Cost, Profile, ProfileMismatchWarning, calibrate, fit_costs, load_profile
 from pipelines.calibration.fit import crossings, predict_us
-from pipelines.calibration.profile import BOUNDARIES
 from pipelines.calibration.measure import Budget
 from pipelines.calibration.probes import probe_plan, probe_repository
+from pipelines.calibration.profile import BOUNDARIES
 from pipelines.cli import main as cli_main
 from pipelines.errors import PipelinesError
 from pipelines.runtime.local import LocalRuntime, run_many
@@ -375,8 +375,9 @@ def test_the_fit_keeps_each_sizes_cost_where_costs_per_byte_grow_with_size():
 
 def test_a_bls_round_answers_all_its_requests_when_its_last_one_is_done():
     # async execute: the requests of one call run at once, and every response returns with the call
-    import anyio
     from time import perf_counter
+
+    import anyio
 
     from pipelines.runtime.bls_gate import BlsGate
 

@@ -36,7 +36,7 @@ from statistics import median
 import numpy as np
 
 from ..errors import ArgumentError
-from .profile import BOUNDARIES, MIB, Cost, Point
+from .profile import BOUNDARIES, MIB, Cost, Point, with_stand_ins
 
 __all__ = ["crossings", "fit_costs", "predict_us"]
 
@@ -70,9 +70,10 @@ def crossings(kind: str, steps: int, size: int) -> dict[str, tuple[int, int]]:
 def predict_us(costs: dict[str, Cost], kind: str, steps: int, size: int) -> float:
     """A probe's latency according to ``costs`` (µs): the line's figures, or the curve's where
     a cost has one."""
+    costs = with_stand_ins(costs)
     total = 0.0
     for name, (times, nbytes) in crossings(kind, steps, size).items():
-        cost = costs.get(name) or (costs["stub"] if name == "bls_model" else Cost(0.0, 0.0))
+        cost = costs[name]
         one_way = nbytes // 2
         total += times * (cost.way_us(one_way, leaving=False) + cost.way_us(one_way, leaving=True))
     return total
@@ -124,12 +125,12 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
         request = (lines["ensemble"] or (0.0, 0.0))[0]
         stub = max(0.0, step - request) if step is not None else 0.0
         stub_pair = (stub / 2, stub / 2)
-    stub = sum(stub_pair)
+    stub = sum(stub_pair)  # at least the way in, where noise put the total below it
     costs = {"request": max(0.0, request), "stub": stub}
     for name, (kind, part) in _FROM_LINE.items():
         line = lines[kind]
         if line is None:  # one chain length: the whole rest is per step, nothing per request
-            one = [(s, lat) for s, lat in latency[kind]]
+            one = latency[kind]
             per_step = median((lat - request) / s - stub for s, lat in one) if one else 0.0
             line = (request, per_step + stub)
         intercept, slope = line

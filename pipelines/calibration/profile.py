@@ -132,11 +132,7 @@ class Profile:
     lanes: float | None = None  # None: the machine's cores (see above)
 
     def __post_init__(self) -> None:
-        costs = dict(self.costs)
-        for name, stand_in in _STAND_INS.items():
-            if name not in costs:
-                costs[name] = costs[stand_in] if stand_in in costs else Cost(0.0, 0.0)
-        object.__setattr__(self, "costs", costs)
+        object.__setattr__(self, "costs", with_stand_ins(self.costs))
         missing = [b for b in BOUNDARIES if b not in self.costs]
         if missing:
             raise PipelinesError(f"a profile needs a cost for every boundary; missing {missing}")
@@ -268,6 +264,15 @@ class Profile:
 def _cost(data: Mapping[str, Any]) -> Cost:
     return Cost(float(data["fixed_us"]), float(data["us_per_mib"]), tuple(int(v) for v in data.get("sizes", ())),
                 tuple(float(v) for v in data.get("in_us", ())), tuple(float(v) for v in data.get("out_us", ())))
+
+
+def with_stand_ins(costs: Mapping[str, Cost]) -> dict[str, Cost]:
+    """``costs`` with a stand-in for each boundary a profile may lack (see ``_STAND_INS``)."""
+    filled = dict(costs)
+    for name, stand_in in _STAND_INS.items():
+        if name not in filled:
+            filled[name] = filled[stand_in] if stand_in in filled else Cost(0.0, 0.0)
+    return filled
 
 
 def default_lanes(machine: Mapping[str, Any]) -> float:
