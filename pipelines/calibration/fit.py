@@ -136,7 +136,7 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
         intercept, slope = line
         costs[name] = slope - stub if part == "slope" else intercept - request
     if not stub_rows:
-        costs["bls_model"] = stub  # as the ensemble's own cost, beyond what three equations can tell apart
+        costs["bls_model"] = stub  # without statistics, the BLS model's own stub is taken as one stub
         costs["ensemble"] = 0.0
     pairs = {name: (max(0.0, us) / 2, max(0.0, us) / 2) for name, us in costs.items()}
     pairs["stub"] = stub_pair
