@@ -281,8 +281,6 @@ def _prediction_module():
 
 
 def test_predicted_and_measured_side_by_side_and_the_targets_of_the_check():
-    from types import SimpleNamespace
-
     from pipelines.bench.report_tables import prediction_table
 
     server = {"ensemble": (20.0, 50.0), "bls": (25.0, 40.0), "bls-sync": (40.0, 25.0)}
@@ -296,15 +294,23 @@ def test_predicted_and_measured_side_by_side_and_the_targets_of_the_check():
     row = next(line.split() for line in table.splitlines() if line.startswith("ensemble") and line.split()[1] == "1")
     assert row == ["ensemble", "1", "21.00", "20.00", "+5.0%", "48.0", "50.0", "-4.0%"]
     module = _prediction_module()
-    checks, winners = module.checks_of("p", SimpleNamespace(measurements=ms))
+    checks, winners = module.checks_of("p", module.figures_of(ms))
     assert len(checks) == 3 + 2 + 2 and all(c.ok for c in checks)
     assert winners == [["p", "4", "ensemble", "ensemble", "ok"]]
     # a form predicted 30 % slow at concurrency 1 misses its ±20 % target, and moves its ratio too
     ms = [m for m in ms if not (m.config.where == "local" and m.config.form == "bls" and m.concurrency == 1)]
     ms.append(_measured("local", "bls", 1, 32.5, 30.0, predicted=True))
-    checks, _ = module.checks_of("p", SimpleNamespace(measurements=ms))
+    checks, _ = module.checks_of("p", module.figures_of(ms))
     missed = {c.figure for c in checks if not c.ok}
     assert missed == {"bls p50 ms", "ensemble/bls"}
+
+
+def test_the_check_judges_the_median_of_its_rounds():
+    module = _prediction_module()
+    key = ("server", "bls", 1)
+    rounds = [{key: (20.0, 50.0)}, {key: (31.0, 30.0)}, {key: (21.0, 48.0)}]  # the second round hit a burst
+    assert module.median_figures(rounds) == {key: (21.0, 48.0)}
+    assert module.median_figures(rounds[:2]) == {key: (25.5, 40.0)}
 
 
 def test_an_ensemble_with_a_gate_model_pays_one_more_step_and_stub():

@@ -25,6 +25,7 @@ import anyio
 
 from ..calibration.profile import load_profile
 from ..errors import PipelinesError
+from ..freed_memory import keep_freed_memory_here
 from ..graph import Pipeline
 from ..loading import load_pipeline_and_module
 from .inputs import sample_requests
@@ -73,6 +74,9 @@ def run_benchmark(
     if not isinstance(settings, BenchSettings):
         raise PipelinesError(f"run_benchmark takes a BenchSettings as settings; got {type(settings).__name__}")
     pipeline, module, spec = _resolve(target)
+    # One memory behaviour for every measurement of this process, local or the server's
+    # client side, as calibration had (see pipelines.freed_memory).
+    keep_freed_memory_here()
     samples = sample_requests(pipeline, module=module, inputs=inputs, batch=settings.batch, size=settings.size)
     bar = Progress(enabled=progress)
     out_dir = Path(out) if out is not None else None

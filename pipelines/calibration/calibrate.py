@@ -12,6 +12,7 @@ from pathlib import Path
 from time import perf_counter
 
 from ..errors import PipelinesError
+from ..freed_memory import keep_freed_memory_here
 from .fit import fit_costs
 from .measure import Budget, measure_lanes, measure_probes
 from .probes import CHAINS, SIZES, Probe, probe_plan, probe_repository
@@ -58,6 +59,9 @@ def calibrate(
     if not chains or min(chains) < 1 or not sizes or min(sizes) < 1:
         raise PipelinesError(f"chains and sizes must be positive; got chains {chains}, sizes {sizes}")
     probes = probe_plan(chains, sizes)
+    # The client's request and response buffers are this process's: they page-fault alike
+    # here, in the bench and in the local runtime (see pipelines.freed_memory).
+    keep_freed_memory_here()
     machine = machine_info()
     bar = Progress(enabled=progress)
     began = perf_counter()

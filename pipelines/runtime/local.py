@@ -53,6 +53,7 @@ import anyio.lowlevel
 from ..blocking import run_blocking
 from ..errors import InferenceError, InputError, PipelinesError, StepError
 from ..forms import form, form_names
+from ..freed_memory import keep_freed_memory_here
 from ..graph import Pipeline
 from ..plan import ExecutionPlan, plan_of
 from ..requests import check_request
@@ -157,6 +158,11 @@ class LocalRuntime:
     that latency, throughput and the report predict that server (see
     :mod:`pipelines.runtime.replay`); it replaces ``server_copies``, whose copies
     the profile's costs include.
+    ``keep_freed_memory`` (on by default) gives this process, when the runtime
+    opens, the ``malloc`` thresholds the bundled server gives its stubs, so that a
+    step's fresh arrays cost what they cost there and the same from run to run
+    (see :mod:`pipelines.freed_memory`; process-wide, once; variables the user
+    set win).
     """
 
     def __init__(
@@ -172,6 +178,7 @@ class LocalRuntime:
         bls_instance_count: int = 1,
         fused_instance_count: int = 1,
         profile: Any = None,
+        keep_freed_memory: bool = True,
     ) -> None:
         if not isinstance(pipeline, Pipeline):
             raise InferenceError(f"LocalRuntime needs a Pipeline; got {type(pipeline).__name__}")
@@ -193,6 +200,7 @@ class LocalRuntime:
         self.mode = mode
         self.offload = offload
         self.force_cpu_only_input_tensors = bool(force_cpu_only_input_tensors)
+        self.keep_freed_memory = bool(keep_freed_memory)
         # Process boundaries a step's tensors cross on a server, each one a copy (see above).
         self._crossings = self.form.server_copies if server_copies else 0
         self._replay = Replay(profile, mode, pipeline) if profile is not None else None
@@ -257,6 +265,8 @@ class LocalRuntime:
             raise InferenceError(
                 f"pipeline {self.pipeline.name!r}: this LocalRuntime is already open", pipeline=self.pipeline.name
             )
+        if self.keep_freed_memory:
+            keep_freed_memory_here()
         self._executor = StepThreads(self._threads)
         routes = self._routes[None]
         owners: dict[int, StepModel] = {}  # one step model per step, shared by its nodes

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ServerStartError
+from ..freed_memory import VARIABLES
 
 __all__ = ["MODEL_CONTROL_MODES", "Ports", "PythonBackendSettings", "ServerArguments"]
 
@@ -49,7 +50,7 @@ class PythonBackendSettings:
     its arrays free, for the next call, instead of handing it back to the kernel
     after each one: a step that makes one fresh 4 MiB array per call then spends
     1.2 ms in its stub rather than 3.7 ms, the difference being page faults
-    (measured on Triton 2.51, docs/server_profiles.md). It sets glibc's
+    (measured on Triton 2.51, docs/server_profiles.md; see :mod:`pipelines.freed_memory`). It sets glibc's
     ``MALLOC_MMAP_THRESHOLD_`` (32 MiB) and ``MALLOC_TRIM_THRESHOLD_`` (64 MiB) in the
     server's environment, which its stubs inherit: arrays under 32 MiB come from the
     heap, and each process keeps up to 64 MiB of freed heap. Variables of the same
@@ -71,7 +72,7 @@ class PythonBackendSettings:
         """The variables these settings add to the server's environment."""
         if not self.keep_freed_memory:
             return {}
-        return {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
+        return dict(VARIABLES)
 
     def flags(self, shm_region_prefix: str) -> list[str]:
         """The ``--backend-config=python,KEY=VALUE`` flags, one per setting that is set."""
