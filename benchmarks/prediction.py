@@ -3,10 +3,10 @@
 Calibrates the bundled server (or reads --profile), then for each of four pipelines
 predicts every form (ensemble, bls, bls-sync) in the local runtime and measures it on the
 server, side by side in one run per pipeline, at concurrency 1 and 4. It does so
-``--rounds`` times (3 by default), the pipelines in turns, and judges the median of each
-figure over the rounds: on a shared machine a burst of load slows one round, and one round
-alone moved a figure by up to 50 % (docs/server_profiles.md). It prints the errors against
-the targets of issue 14:
+``--rounds`` times (3 by default), each round calibrating first and then running the
+pipelines in turns, and judges the median of each figure over the rounds: on a shared
+machine a burst of load slows one round, and the machine's speed drifts over minutes
+(docs/server_profiles.md). It prints the errors against the targets of issue 14:
 
 - concurrency 1: every form's p50 latency within ±20 %; the ensemble/bls and
   ensemble/bls-sync p50 ratios within ±10 %;
@@ -15,7 +15,7 @@ the targets of issue 14:
 
 Exits 1 when a target is missed, so it runs as a check::
 
-    .venv/bin/python benchmarks/prediction.py --quick          # about 12 minutes
+    .venv/bin/python benchmarks/prediction.py --quick          # about 13 minutes
     .venv/bin/python benchmarks/prediction.py --out prediction  # the full run, 30 to 45
 """
 
@@ -109,7 +109,7 @@ def checks_of(name: str, figures: Figures) -> tuple[list[Check], list[list[str]]
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="quick calibration and short windows (about 4 minutes a round)")
-    parser.add_argument("--profile", help="use this profile instead of calibrating")
+    parser.add_argument("--profile", help="use this profile instead of calibrating before each round")
     parser.add_argument("--pipelines", default=",".join(PIPELINES), help=f"some of {','.join(PIPELINES)}")
     parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
     parser.add_argument("--out", default="prediction-results", help="where results go (default: prediction-results)")
@@ -120,28 +120,36 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
-    if args.profile:
-        profile = load_profile(args.profile)
-    else:
-        options = QUICK if args.quick else {}
-        profile = calibrate(protocol=args.protocol, progress=not args.quiet, **options)
-        profile.save(out / "profile.json")
-        profile.plot(out / "profile.png")
-    print(profile.table())
-    settings = BenchSettings(
-        concurrency=(1, 4),
-        protocol=args.protocol,
-        duration=1.0 if args.quick else 2.0,
-        warmup=0.5 if args.quick else 1.0,
-        max_trials=3 if args.quick else 5,
-        forms=FORMS,  # the three forms issue 14 names ("fused" is measured by pipelines bench)
-        profile=profile,
-    )
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1; got {args.rounds}")
     names = args.pipelines.split(",")
+    profiles = []
+
+    def profile_for(r: int):
+        """The given profile, or one calibrated now: each round calibrates before it measures,
+        so that what the machine does over the run's minutes moves both alike."""
+        if args.profile:
+            return load_profile(args.profile)
+        options = QUICK if args.quick else {}
+        profile = calibrate(protocol=args.protocol, progress=not args.quiet, **options)
+        profile.save(out / f"profile_round_{r + 1}.json")
+        profile.plot(out / f"profile_round_{r + 1}.png")
+        return profile
+
     rounds: dict[str, list[Figures]] = {name: [] for name in names}
     for r in range(args.rounds):  # pipelines in turns: a slow minute of the machine touches one round of each
+        profile = profile_for(r)
+        profiles.append(profile)
+        print(f"round {r + 1}: {profile.table()}")
+        settings = BenchSettings(
+            concurrency=(1, 4),
+            protocol=args.protocol,
+            duration=1.0 if args.quick else 2.0,
+            warmup=0.5 if args.quick else 1.0,
+            max_trials=3 if args.quick else 5,
+            forms=FORMS,  # the three forms issue 14 names ("fused" is measured by pipelines bench)
+            profile=profile,
+        )
         for name in names:
             where = out / name if args.rounds == 1 else out / name / f"round_{r + 1}"
             result = run_benchmark(PIPELINES[name], settings, out=where, progress=not args.quiet, echo=False)
@@ -158,7 +166,7 @@ def main(argv=None) -> int:
     print(format_table(["pipeline", "conc", "predicted winner", "measured winner", ""], winners))
     missed = [c for c in checks if not c.ok] + [w for w in winners if w[-1] != "ok"]
     summary = {
-        "profile": profile.to_dict() | {"points": len(profile.points)},
+        "profiles": [p.to_dict() | {"points": len(p.points)} for p in profiles],
         "checks": [dict(zip(("pipeline", "conc", "figure", "predicted", "measured", "error", "target", "ok"),
                             c.row(), strict=True)) for c in checks],
         "winners": winners,

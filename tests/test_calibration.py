@@ -15,7 +15,7 @@ from pipelines import Pipeline, TensorSpec, step
 from pipelines.calibration import Cost, Profile, ProfileMismatchWarning, calibrate, fit_costs, load_profile
 from pipelines.calibration.fit import crossings, predict_us
 from pipelines.calibration.measure import Budget
-from pipelines.calibration.probes import probe_plan, probe_repository
+from pipelines.calibration.probes import KINDS, probe_plan, probe_repository
 from pipelines.calibration.profile import BOUNDARIES
 from pipelines.cli import main as cli_main
 from pipelines.errors import PipelinesError
@@ -26,14 +26,15 @@ TRUE = {
     "request": Cost(300.0, 8000.0),
     "ensemble_step": Cost(60.0, 400.0),
     "bls_call": Cost(500.0, 900.0),
+    "bls_sync_call": Cost(350.0, 700.0),
     "stub": Cost(150.0, 1200.0),
 }
 
 
 def _synthetic(noise: float = 0.0, seed: int = 0, stub: bool = True):
-    rng = np.random.default_rng(seed)
     rows = []
     for p in probe_plan():
+        rng = np.random.default_rng((seed, KINDS.index(p.kind), p.steps, p.size))  # a probe's noise is its own
         latency = predict_us(TRUE, p.kind, p.steps, p.size) * (1 + noise * rng.uniform(-1, 1))
         stub_us = TRUE["stub"].us(2 * p.size) * (1 + noise * rng.uniform(-1, 1)) if stub else None
         rows.append((p.kind, p.steps, p.size, latency, stub_us))
@@ -53,9 +54,12 @@ def test_the_fit_recovers_known_costs_exactly(stub):
 
 
 def test_the_fit_stays_close_under_noise_and_never_goes_negative():
-    costs, _ = fit_costs(_synthetic(noise=0.05, seed=3))
-    for name, cost in TRUE.items():
-        assert costs[name].us(4 * MIB) == pytest.approx(cost.us(4 * MIB), rel=0.15), name
+    # ±2 % on latencies that a 4 MiB request dominates moves the costs read off differences
+    # between probes by up to 16 % (the worst of 20 seeds)
+    for seed in range(5):
+        costs, _ = fit_costs(_synthetic(noise=0.02, seed=seed))
+        for name, cost in TRUE.items():
+            assert costs[name].us(4 * MIB) == pytest.approx(cost.us(4 * MIB), rel=0.2), (name, seed)
     # a boundary that costs nothing comes out as zero, not as a negative cost
     free = dict(TRUE, ensemble_step=Cost(0.0, 0.0))
     rows = [(p.kind, p.steps, p.size, predict_us(free, p.kind, p.steps, p.size) * (1.03 if i % 2 else 0.97),
@@ -66,6 +70,8 @@ def test_the_fit_stays_close_under_noise_and_never_goes_negative():
 
 def test_crossings_count_the_bls_models_own_stub():
     assert crossings("bls", 4, 10) == {"request": (1, 20), "bls_model": (1, 20), "bls_call": (4, 20), "stub": (4, 20)}
+    assert crossings("bls-sync", 2, 10) == {"request": (1, 20), "bls_sync_model": (1, 20), "bls_sync_call": (2, 20),
+                                            "stub": (2, 20)}
     assert crossings("ensemble", 4, 10) == {"request": (1, 20), "ensemble": (1, 20), "ensemble_step": (4, 20),
                                             "stub": (4, 20)}
 
@@ -92,6 +98,14 @@ def test_a_profile_round_trips_through_json(tmp_path):
     assert json.loads(path.read_text())["costs"]["stub"]["fixed_us"] == pytest.approx(150.0)
     assert json.loads(path.read_text())["lanes"] == pytest.approx(1.4)
     assert "bls_call" in profile.table() and "2.51.0" in profile.table() and "1.40 lanes" in profile.table()
+    # a profile saved before some boundaries were measured loads, with their stand-ins
+    data = json.loads(path.read_text())
+    for name in ("ensemble", "bls_model", "bls_sync_call", "bls_sync_model"):
+        del data["costs"][name]
+    older = Profile.from_dict(data)
+    assert older.costs["bls_sync_call"] == older.costs["bls_call"] == profile.costs["bls_call"]
+    assert older.costs["bls_sync_model"] == older.costs["bls_model"] == profile.costs["stub"]
+    assert older.costs["ensemble"] == Cost(0.0, 0.0)
 
 
 @pytest.mark.parametrize(("machine", "lanes"), [({"cpu_count": 8, "usable_cpus": 3}, 3.0), ({"cpu_count": 2}, 2.0),
@@ -151,7 +165,9 @@ def one_step() -> Pipeline:
 
 
 X = np.ones((1, 1024), np.float32)  # 4 KiB in, 4 KiB out
-COSTS = dict(request=Cost(2000, 100), ensemble_step=Cost(1000, 200), bls_call=Cost(3000, 300), stub=Cost(1500, 400))
+COSTS = dict(request=Cost(2000, 100), ensemble_step=Cost(1000, 200), bls_call=Cost(3000, 300),
+             bls_sync_call=Cost(2500, 250), stub=Cost(1500, 400))
+HOP = {"ensemble": "ensemble_step", "bls": "bls_call", "bls-sync": "bls_sync_call"}  # each mode's calls
 
 
 @pytest.mark.parametrize("mode", ["ensemble", "bls", "bls-sync", "fused"])
@@ -160,7 +176,7 @@ def test_the_replay_accounts_each_boundary_where_the_server_pays_it(mode):
     nb = X.nbytes
     request = COSTS["request"].us(2 * nb)
     # a fused model runs the step in its own process: no call, and only its own stub
-    hop = 0.0 if mode == "fused" else (COSTS["ensemble_step"] if mode == "ensemble" else COSTS["bls_call"]).us(2 * nb)
+    hop = 0.0 if mode == "fused" else COSTS[HOP[mode]].us(2 * nb)
     stubs = 1 if mode in ("ensemble", "fused") else 2  # in BLS, the BLS model's own stub too
     half_stub = COSTS["stub"].fixed_us / 2 + COSTS["stub"].us_per_mib * nb / MIB
 
@@ -244,7 +260,7 @@ def test_calibrate_the_bundled_server_with_a_tiny_probe_set(tmp_path):
     profile = calibrate(chains=(1, 2), sizes=(1 << 10, 256 << 10), budget=Budget(3, 4, 0.05, 1), progress=False)
     assert profile.server_version and profile.protocol == "http" and profile.machine.get("cpu_count")
     assert 1.0 <= profile.lanes <= profile.machine["cpu_count"]  # measured: a throughput ratio, capped by cores
-    assert len(profile.samples) == 2 * (1 + 2 + 2)
+    assert len(profile.samples) == 2 * (1 + 2 + 2 + 2)  # per size: the step, then two chains of each kind
     assert all(s[3] > 0 and s[4] is not None and s[4] > 0 for s in profile.samples)
     assert all(c.fixed_us >= 0 and c.us_per_mib >= 0 for c in profile.costs.values())
     # a request to a Python model costs something: the fit found it somewhere
@@ -354,9 +370,10 @@ def test_the_fit_keeps_each_sizes_cost_where_costs_per_byte_grow_with_size():
         return Cost(0.0, 0.0, sizes, ways, ways)
 
     stub = Cost(0.0, 0.0, sizes, tuple(20 + 100 * s / MIB for s in sizes), tuple(300 + 400 * s / MIB for s in sizes))
-    # the request's and the stub's costs are kept per size; the four read off differences are lines
+    # the request's and the stub's costs are kept per size; the six read off differences are lines
     true = {"request": grows(300, 2000, 1.5), "ensemble": grows(40, 0, 1), "ensemble_step": grows(60, 150, 1),
-            "bls_call": grows(400, 300, 1), "bls_model": grows(700, 200, 1), "stub": stub}
+            "bls_call": grows(400, 300, 1), "bls_model": grows(700, 200, 1), "bls_sync_call": grows(300, 250, 1),
+            "bls_sync_model": grows(600, 150, 1), "stub": stub}
     rows = []
     for p in probe_plan(sizes=sizes):
         s = p.size
@@ -371,7 +388,7 @@ def test_the_fit_keeps_each_sizes_cost_where_costs_per_byte_grow_with_size():
     # the straight line through them, which the table shows, cannot follow the curve
     line = fitted["request"]
     assert abs(line.us(2 * MIB) - true["request"].way_us(MIB, leaving=False) * 2) > 0.05 * line.us(2 * MIB)
-    # one size thrown far off by noise moves none of the four lines read off differences
+    # one size thrown far off by noise moves none of the six lines read off differences
     wild = [(k, n, s, lat * (3.0 if (s == 4 * MIB and k == "bls" and n == 8) else 1.0), *rest)
             for k, n, s, lat, *rest in rows]
     refitted, _ = fit_costs(wild)

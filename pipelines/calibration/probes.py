@@ -31,7 +31,7 @@ CHAINS = (1, 2, 4, 8)
 #: Tensor sizes in bytes, 1 KiB to 32 MiB.
 SIZES = (1 << 10, 64 << 10, 1 << 20, 4 << 20, 12 << 20, 32 << 20)
 #: ``"step"`` calls a step model directly; the others call a chain's top-level model.
-KINDS = ("step", "ensemble", "bls")
+KINDS = ("step", "ensemble", "bls", "bls-sync")
 
 
 @step(inputs={"x": BYTES}, outputs={"y": BYTES})
@@ -92,19 +92,14 @@ def probe_plan(chains: tuple[int, ...] = CHAINS, sizes: tuple[int, ...] = SIZES)
     plan = []
     for size in sorted(sizes):
         plan.append(Probe("step", 1, size))
-        for kind in ("ensemble", "bls"):
+        for kind in KINDS[1:]:
             plan += [Probe(kind, n, size) for n in sorted(chains)]
     return plan
 
 
 def probe_repository(chains: tuple[int, ...] = CHAINS) -> ModelRepository:
-    """The probe pipelines compiled as ensembles and async BLS models, in one repository."""
-    repos = []
-    for n in sorted(chains):
-        ensemble = probe_pipeline(n).compile("both")
-        unused = model_name(f"probe_{n}", "bls-sync")
-        keep = {name: model for name, model in ensemble.models.items() if name != unused}
-        repos.append(ModelRepository(keep, top_level=tuple(t for t in ensemble.top_level if t in keep)))
+    """The probe pipelines compiled as ensembles and BLS models (async and sync), in one repository."""
+    repos = [probe_pipeline(n).compile("both") for n in sorted(chains)]
     first, *rest = repos
     return first.merge(*rest) if rest else first
 

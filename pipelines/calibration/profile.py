@@ -32,13 +32,16 @@ BOUNDARIES = {
     "request": "a request entering and leaving the server (client, protocol, front end); bytes in + out",
     "ensemble": "the ensemble scheduler's own work per request, beyond its steps; bytes in + out",
     "ensemble_step": "an ensemble step's input and output, passed by the ensemble scheduler; bytes in + out",
-    "bls_call": "a BLS call made from a stub and its response; bytes in + out",
+    "bls_call": "a BLS call made from a stub and its response (async execute); bytes in + out",
     "bls_model": "the BLS model's own stub taking the request's tensors in and giving them out; bytes in + out",
+    "bls_sync_call": "a BLS call made from a stub and its response (sync execute); bytes in + out",
+    "bls_sync_model": "the sync BLS model's own stub, as bls_model; bytes in + out",
     "stub": "a Python step's stub: its inputs in, its fresh outputs out (shared memory, the stub process); "
     "bytes in + out",
 }
 #: Boundaries a profile may lack (profiles written before they were measured): what stands in for them.
-_STAND_INS = {"ensemble": None, "bls_model": "stub"}
+# In order: a stand-in may itself stand in.
+_STAND_INS = {"ensemble": None, "bls_model": "stub", "bls_sync_call": "bls_call", "bls_sync_model": "bls_model"}
 _FORMAT = 1
 MIB = float(1 << 20)
 

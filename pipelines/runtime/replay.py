@@ -6,7 +6,8 @@ Where each cost is spent (see :mod:`pipelines.calibration` for how they are meas
 - **request** in and out: before the first step and after the last
   (the client, the protocol and the server's front end), holding no instance;
   in the ensemble form, with the **ensemble** scheduler's own cost per request;
-- **ensemble step** (``"ensemble"``) or **BLS call** (``"bls"``, ``"bls-sync"``):
+- **ensemble step** (``"ensemble"``) or **BLS call** (``"bls"``; **BLS sync call** in
+  ``"bls-sync"``, whose ``exec()`` costs less than ``async_exec()``):
   around each step's execution, outside the step's instance. A BLS call is made
   while the request holds its place in the BLS model's instance
   (:class:`~pipelines.runtime.bls_gate.BlsGate`), so it occupies that instance as on
@@ -14,7 +15,7 @@ Where each cost is spent (see :mod:`pipelines.calibration` for how they are meas
 - **stub** input and output: while the step's instance is held (before and after its
   function runs), so they queue, batch and count against ``instance_count`` as the
   Python stub's shared-memory copies do; in the BLS modes the BLS model's own stub
-  (**bls_model**) pays for the request's inputs and outputs while its instance is
+  (**bls_model**, **bls_sync_model**) pays for the request's inputs and outputs while its instance is
   held, its fixed cost once per round (execute call). A step
   that stands for an external model (another backend) has no stub and pays none;
 - an ensemble that compiles with a **gate model** of its own (see
@@ -199,9 +200,11 @@ class Replay:
         self.mode = mode
         costs = self.profile.costs
         self._request = costs["request"]
-        self._hop = costs["ensemble_step"] if mode == "ensemble" else costs["bls_call"]
+        # the sync BLS model calls with exec(), the async one and the fused model with async_exec()
+        sync = mode == "bls-sync"
+        self._hop = costs["ensemble_step" if mode == "ensemble" else "bls_sync_call" if sync else "bls_call"]
         self._stub = costs["stub"]
-        self._bls_model = costs["bls_model"]
+        self._bls_model = costs["bls_sync_model" if sync else "bls_model"]
         # the ensemble scheduler's own work per request rides with the request's way in and out
         self._ensemble = costs["ensemble"] if mode == "ensemble" else None
         # "fused": the Python steps run inside the top-level model's own process, with no call
