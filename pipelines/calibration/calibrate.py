@@ -15,7 +15,7 @@ from ..errors import PipelinesError
 from ..freed_memory import keep_freed_memory_here
 from .fit import fit_costs
 from .measure import Budget, measure_lanes, measure_probes
-from .probes import CHAINS, SIZES, Probe, probe_plan, probe_repository
+from .probes import BUSY_MS, CHAINS, SIZES, Probe, probe_plan, probe_repository
 from .profile import Profile
 
 __all__ = ["ProbesNotDeployed", "calibrate"]
@@ -85,7 +85,8 @@ def calibrate(
             bar.update("calibrating", probe.label, done / total, f"{done}/{total} probes")
 
         samples = measure_probes(
-            lambda model, inputs: client.infer(model, inputs), probes, budget, tick, statistics=client.statistics
+            lambda model, inputs: client.infer(model, inputs), probes, budget, tick, statistics=client.statistics,
+            busy_ms=BUSY_MS,
         )
         bar.update("calibrating", "lanes", 1.0, "requests at once")
         lanes, _ = measure_lanes(connect, _lane_probes(chains, sizes), cores, budget.lanes_seconds)

@@ -26,7 +26,8 @@ __all__ = ["Budget", "Sample", "measure_lanes", "measure_probes"]
 
 @dataclass(frozen=True)
 class Sample:
-    """One probe's measurement: the median latency over ``requests`` answers (µs), and
+    """One probe's measurement: the median latency over ``requests`` answers (µs), less its
+    steps' own work, and
     ``stub_us``, what one execution of the identity step model cost inside the server
     (Triton's compute input + infer + output for it, the median over the requests;
     ``None`` without statistics), of which ``stub_in_us`` on the way in (compute input).
@@ -61,6 +62,7 @@ def measure_probes(
     budget: Budget | None = None,
     progress: Callable[[int, int, Probe], None] | None = None,
     statistics: Callable[[str], Any] | None = None,
+    busy_ms: float = 0.0,
 ) -> list[Sample]:
     """Time ``infer(model, inputs)`` on each probe; ``progress(done, total, probe)`` as they finish.
 
@@ -69,8 +71,11 @@ def measure_probes(
     reclaimed) moves them all alike: the fit reads a size's costs from the
     differences between its probes. ``statistics(model)`` (Triton's statistics
     API answer), when given, is read around each timed request for the stub's own
-    cost (the median per execution).
+    cost (the median per execution). ``busy_ms`` is what each probe step works before it
+    answers (:data:`~pipelines.calibration.probes.BUSY_MS`): it is taken off both, so that
+    a sample holds the server's costs only.
     """
+    busy_us = busy_ms * 1e3
     budget = budget or Budget()
     groups: dict[int, list[int]] = {}
     for i, probe in enumerate(probes):
@@ -103,9 +108,10 @@ def measure_probes(
                         stubs[i].append(stub)
             turns += 1
         for i in members:
-            stub_us = median(s[0] for s in stubs[i]) if stubs[i] else None
+            stub_us = max(0.0, median(s[0] for s in stubs[i]) - busy_us) if stubs[i] else None
             stub_in_us = median(s[1] for s in stubs[i]) if stubs[i] else None
-            found[i] = Sample(probes[i], median(times[i]) * 1e6, len(times[i]), stub_us, stub_in_us)
+            latency_us = max(1.0, median(times[i]) * 1e6 - probes[i].steps * busy_us)
+            found[i] = Sample(probes[i], latency_us, len(times[i]), stub_us, stub_in_us)
             if progress is not None:
                 progress(len(found), len(probes), probes[i])
     return [found[i] for i in range(len(probes))]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from time import perf_counter
 
 import numpy as np
 
@@ -22,7 +23,7 @@ from ..graph import Pipeline
 from ..step import step
 from ..tensor import TensorSpec
 
-__all__ = ["CHAINS", "KINDS", "SIZES", "Probe", "identity", "probe_pipeline", "probe_plan", "probe_repository"]
+__all__ = ["BUSY_MS", "CHAINS", "KINDS", "SIZES", "Probe", "identity", "probe_pipeline", "probe_plan", "probe_repository"]
 
 BYTES = TensorSpec("UINT8", [-1])
 
@@ -34,10 +35,32 @@ SIZES = (1 << 10, 64 << 10, 1 << 20, 4 << 20, 12 << 20, 32 << 20)
 KINDS = ("step", "ensemble", "bls", "bls-sync")
 
 
-@step(inputs={"x": BYTES}, outputs={"y": BYTES})
-def identity(x):
-    """Hands its input back: whatever a call costs on the server is the server's."""
-    return {"y": x}
+#: How long each probe step works (busy, so exactly) before it answers, in ms.
+BUSY_MS = 0.5
+
+
+@step(inputs={"x": BYTES}, outputs={"y": BYTES}, name="identity", parameters={"busy_ms": BUSY_MS})
+class identity:  # noqa: N801 - the probe step models are named after it
+    """Works ``busy_ms`` on the CPU, then hands its input back: whatever a call costs on the
+    server beyond that is the server's.
+
+    It works a while, as real steps do, because that is what the server's hand-offs
+    cost: a thread waiting on an instant step is still awake when the answer comes,
+    one waiting on a step that takes a while has gone to sleep and must be woken.
+    Measured on this machine, a 1 ms step made each hand-off 30–130 µs dearer than
+    an instant one, in every form (docs/server_profiles.md). Busy, not asleep, so that
+    the time is exact and :func:`pipelines.calibration.measure.measure_probes` can
+    take it off.
+    """
+
+    def initialize(self, config):
+        self.seconds = float(config.get("parameters", {}).get("busy_ms", BUSY_MS)) / 1e3
+
+    def execute(self, x):
+        end = perf_counter() + self.seconds
+        while perf_counter() < end:
+            pass
+        return {"y": x}
 
 
 def probe_pipeline(steps: int) -> Pipeline:
