@@ -124,12 +124,13 @@ def main(argv=None) -> int:
         parser.error(f"--rounds must be at least 1; got {args.rounds}")
     names = args.pipelines.split(",")
     profiles = []
+    given = load_profile(args.profile) if args.profile else None
 
     def profile_for(r: int):
         """The given profile, or one calibrated now: each round calibrates before it measures,
         so that what the machine does over the run's minutes moves both alike."""
-        if args.profile:
-            return load_profile(args.profile)
+        if given is not None:
+            return given
         options = QUICK if args.quick else {}
         profile = calibrate(protocol=args.protocol, progress=not args.quiet, **options)
         profile.save(out / f"profile_round_{r + 1}.json")

@@ -49,6 +49,10 @@ class Form:
     one_execute_per_instance: bool  # a Python model: each instance runs one execute() at a time
     server_copies: int  # copies a server makes of a tensor at each step boundary (process crossings; none in-process)
     summary: str  # one line for help texts
+    # The server-profile boundaries (pipelines.calibration) this form pays: per step call, and
+    # once per request for its top-level model (the ensemble scheduler, or the BLS model's stub).
+    call_cost: str
+    own_cost: str
     # Python steps run inside the top-level model, in its process: no step model, no copy
     # between steps; external model steps are still called through BLS.
     in_process: bool = False
@@ -73,6 +77,8 @@ FORMS: MappingProxyType[str, Form] = MappingProxyType({
             one_execute_per_instance=False,
             server_copies=1,
             summary="platform: ensemble; Triton's scheduler starts each step when its inputs are ready",
+            call_cost="ensemble_step",
+            own_cost="ensemble",
         ),
         Form(
             name="bls",
@@ -82,6 +88,8 @@ FORMS: MappingProxyType[str, Form] = MappingProxyType({
             one_execute_per_instance=True,
             server_copies=2,
             summary="a Python model; async def execute, independent steps concurrent with async_exec()",
+            call_cost="bls_call",
+            own_cost="bls_model",
         ),
         Form(
             name="bls-sync",
@@ -91,6 +99,8 @@ FORMS: MappingProxyType[str, Form] = MappingProxyType({
             one_execute_per_instance=True,
             server_copies=2,
             summary="a Python model calling the steps one after another with exec()",
+            call_cost="bls_sync_call",
+            own_cost="bls_sync_model",
         ),
         Form(
             name="fused",
@@ -100,6 +110,8 @@ FORMS: MappingProxyType[str, Form] = MappingProxyType({
             one_execute_per_instance=True,
             server_copies=2,  # an external step's BLS call, as in "bls"
             summary="one Python model running the Python steps in-process, concurrently; external models through BLS",
+            call_cost="bls_call",  # external models, with async_exec()
+            own_cost="bls_model",
             in_process=True,
         ),
     )

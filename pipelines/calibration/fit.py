@@ -38,22 +38,19 @@ from statistics import median
 import numpy as np
 
 from ..errors import ArgumentError
-from .profile import BOUNDARIES, MIB, Cost, Point, with_stand_ins
+from ..forms import FORMS
+from .probes import KINDS
+from .profile import BOUNDARIES, MIB, STAND_INS, Cost, Point, with_stand_ins
 
 __all__ = ["crossings", "fit_costs", "predict_us"]
 
 _NAMES = tuple(BOUNDARIES)
-# The kind of probe whose line (over chain lengths) prices each boundary: "slope" or "intercept".
-_FROM_LINE = {
-    "ensemble_step": ("ensemble", "slope"),
-    "bls_call": ("bls", "slope"),
-    "ensemble": ("ensemble", "intercept"),
-    "bls_model": ("bls", "intercept"),
-    "bls_sync_call": ("bls-sync", "slope"),
-    "bls_sync_model": ("bls-sync", "intercept"),
-}
-_KINDS_OF = {"ensemble": ("ensemble", "ensemble_step"), "bls": ("bls_model", "bls_call"),
-             "bls-sync": ("bls_sync_model", "bls_sync_call")}  # what a kind pays once, and per step
+# What each chained probe kind (a form) pays once per request, and per step.
+_KINDS_OF = {kind: (FORMS[kind].own_cost, FORMS[kind].call_cost) for kind in KINDS if kind in FORMS}
+# The kind of probe whose line (over chain lengths) prices each boundary: "slope" or "intercept"
+# (in the kinds' order: a boundary's stand-in is priced before it).
+_FROM_LINE = {name: (kind, part) for kind, (once, per_step) in _KINDS_OF.items()
+              for name, part in ((per_step, "slope"), (once, "intercept"))}
 
 Row = tuple  # (kind, steps, size, latency_us[, stub_us[, stub_in_us]])
 
@@ -134,8 +131,9 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
     costs = {"request": max(0.0, request), "stub": stub}
     for name, (kind, part) in _FROM_LINE.items():
         line = lines[kind]
-        if line is None and not latency[kind] and kind == "bls-sync":  # samples from before it was probed
-            costs[name] = costs["bls_call" if part == "slope" else "bls_model"]
+        if line is None and not latency[kind] and name in STAND_INS:  # a kind not probed (older samples)
+            stand_in = STAND_INS[name]
+            costs[name] = costs[stand_in] if stand_in else 0.0
             continue
         if line is None:  # one chain length: the whole rest is per step, nothing per request
             one = latency[kind]

@@ -19,6 +19,7 @@ from ..errors import PipelinesError
 
 __all__ = [
     "BOUNDARIES",
+    "STAND_INS",
     "Cost",
     "Point",
     "Profile",
@@ -41,7 +42,7 @@ BOUNDARIES = {
 }
 #: Boundaries a profile may lack (profiles written before they were measured): what stands in for them.
 # In order: a stand-in may itself stand in.
-_STAND_INS = {"ensemble": None, "bls_model": "stub", "bls_sync_call": "bls_call", "bls_sync_model": "bls_model"}
+STAND_INS = {"ensemble": None, "bls_model": "stub", "bls_sync_call": "bls_call", "bls_sync_model": "bls_model"}
 _FORMAT = 1
 MIB = float(1 << 20)
 
@@ -270,9 +271,9 @@ def _cost(data: Mapping[str, Any]) -> Cost:
 
 
 def with_stand_ins(costs: Mapping[str, Cost]) -> dict[str, Cost]:
-    """``costs`` with a stand-in for each boundary a profile may lack (see ``_STAND_INS``)."""
+    """``costs`` with a stand-in for each boundary a profile may lack (see ``STAND_INS``)."""
     filled = dict(costs)
-    for name, stand_in in _STAND_INS.items():
+    for name, stand_in in STAND_INS.items():
         if name not in filled:
             filled[name] = filled[stand_in] if stand_in in filled else Cost(0.0, 0.0)
     return filled

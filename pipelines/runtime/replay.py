@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ..forms import FORMS
+from ..forms import form
 from ..tables import format_table
 
 if TYPE_CHECKING:
@@ -200,16 +200,17 @@ class Replay:
         self.mode = mode
         costs = self.profile.costs
         self._request = costs["request"]
-        # the sync BLS model calls with exec(), the async one and the fused model with async_exec()
-        sync = mode == "bls-sync"
-        self._hop = costs["ensemble_step" if mode == "ensemble" else "bls_sync_call" if sync else "bls_call"]
+        the_form = form(mode, what="mode")
+        self._hop = costs[the_form.call_cost]
         self._stub = costs["stub"]
-        self._bls_model = costs["bls_sync_model" if sync else "bls_model"]
-        # the ensemble scheduler's own work per request rides with the request's way in and out
-        self._ensemble = costs["ensemble"] if mode == "ensemble" else None
+        own = costs[the_form.own_cost]
+        # a Python top-level model's own stub (BLS, fused); the ensemble scheduler's own work per
+        # request rides with the request's way in and out instead
+        self._bls_model = own
+        self._ensemble = None if the_form.one_execute_per_instance else own
         # "fused": the Python steps run inside the top-level model's own process, with no call
         # and no stub of their own; only external models are called, through BLS.
-        self._in_process = bool(getattr(FORMS.get(mode), "in_process", False))
+        self._in_process = the_form.in_process
         # An ensemble whose steps can fail side by side ends in a gate model (a Python model with
         # one instance) that every request passes through: one more step, and one more stub.
         self._gate = anyio.Lock() if mode == "ensemble" and pipeline is not None and _gated(pipeline) else None
