@@ -447,3 +447,27 @@ def test_the_bls_models_own_fixed_cost_is_paid_once_per_round():
     opening, joining = anyio.run(main)
     assert opening.input * 1e6 == pytest.approx(5_000 + 1_000)
     assert joining.input * 1e6 == pytest.approx(1_000)
+
+
+def test_a_stub_pays_its_own_debt_while_its_instance_is_held_not_the_requests():
+    # A request's way in (0.6 ms) is too little to sleep for, so it stays owed. Were the stub after it
+    # to pay that debt, its instance would be held a whole millisecond where the server's is held for
+    # the stub's 0.2 ms, and a concurrency bound by that instance would lose throughput the server keeps.
+    import anyio
+
+    from pipelines.runtime.replay import Replay
+
+    replay = Replay(_profile(request=Cost(1200, 0), stub=Cost(400, 0)), "ensemble")
+    model = object()
+
+    async def main():
+        ledger = replay.begin()
+        await replay.request(ledger, 0, leaving=False)
+        for _ in range(2):
+            await replay.stub(model, 0, leaving=False)
+        return ledger
+
+    ledger = anyio.run(main)
+    assert ledger.debt == pytest.approx(600e-6)  # still owed by the request, to be paid outside any instance
+    assert ledger.input == pytest.approx(400e-6)  # the statistics still tell the request's stubs
+    assert ledger.overhead == pytest.approx(600e-6)

@@ -31,8 +31,13 @@ profile's figure at that many bytes, between its measured sizes.
 A cost is spent by sleeping on the event loop, which wakes in steps of about a
 millisecond; each request keeps a ledger of what it owes, so the rounding of one
 sleep is made up by the next and a request's total is right to within half a
-millisecond. The ledger also keeps the accounting that the cost report shows in
-Triton's statistics columns.
+millisecond. A stub's costs, paid while an instance is held, draw on a ledger of
+that model's own instead: were they to pay the request's debt from the way in or
+a hop, a 0.3 ms stub would sometimes hold its instance a whole millisecond more,
+and at a concurrency where the instance is the bottleneck the replay would lose
+throughput the server keeps (the diamond at concurrency 4 predicted 44 infer/s
+against the server's 48 that way). The request's ledger keeps the accounting that
+the cost report shows in Triton's statistics columns.
 
 On the server these costs burn CPU, and requests at once compete for its cores.
 So every sleep is taken holding one of the profile's ``lanes`` (``ceil(lanes)``
@@ -215,7 +220,7 @@ class Replay:
         # one instance) that every request passes through: one more step, and one more stub.
         self._gate = anyio.Lock() if mode == "ensemble" and pipeline is not None and _gated(pipeline) else None
         self._totals = Ledger()
-        self._models: dict[int, Ledger] = {}  # for batches, which run outside any one request
+        self._models: dict[int, Ledger] = {}  # what each model's held instances owe, by id
         self._lanes = _Lanes(self.profile.lanes or 1.0)  # the server's cores, shared by this runtime's requests
 
     def reset(self) -> None:
@@ -249,20 +254,26 @@ class Replay:
     async def bls_stub(self, ledger: Ledger, nbytes: int, *, leaving: bool, opens_round: bool = True) -> None:
         """The BLS model's own stub taking the request's inputs, or giving its outputs. Its fixed
         cost is paid once per execute call, by the request that opens the round."""
-        await self._stub_half(ledger, nbytes, leaving=leaving, cost=self._bls_model, fixed=opens_round)
+        await self._stub_half(ledger, self._holder(self), nbytes, leaving=leaving, cost=self._bls_model,
+                              fixed=opens_round)
 
-    async def _stub_half(self, ledger: Ledger, nbytes: int, *, leaving: bool, cost: Any = None,
-                         fixed: bool = True) -> None:
-        """A Python stub taking a request's tensors in, or giving them back out."""
+    def _holder(self, model: object) -> Ledger:
+        """The debt of what ``model``'s instances pay while held (see the module docstring)."""
+        return self._models.setdefault(id(model), Ledger())
+
+    async def _stub_half(self, accounts: Ledger, holder: Ledger, nbytes: int, *, leaving: bool,
+                         cost: Any = None, fixed: bool = True) -> None:
+        """A Python stub taking tensors in, or giving them back out: paid on ``holder``'s debt,
+        told in ``accounts``' statistics."""
         cost = self._stub if cost is None else cost
         seconds = self._way(cost, nbytes, leaving)
         if not fixed:  # only what its bytes add
             seconds = max(0.0, seconds - self._way(cost, 0, leaving))
-        seconds += await _spend(ledger, seconds, self._lanes)  # what it costs, starved of a core or not
+        seconds += await _spend(holder, seconds, self._lanes)  # what it costs, starved of a core or not
         if leaving:
-            ledger.output += seconds
+            accounts.output += seconds
         else:
-            ledger.input += seconds
+            accounts.input += seconds
 
     async def _through_gate(self, ledger: Ledger, nbytes: int) -> None:
         """The ensemble's gate model: a step taking the outputs in and giving them back out.
@@ -277,7 +288,7 @@ class Replay:
         async with self._gate:  # its one instance
             ledger.queue += perf_counter() - queued
             for leaving in (False, True):
-                await self._stub_half(ledger, nbytes, leaving=leaving)
+                await self._stub_half(ledger, self._holder(self._gate), nbytes, leaving=leaving)
 
     def queued(self, ledger: Ledger, seconds: float) -> None:
         ledger.queue += seconds
@@ -297,18 +308,9 @@ class Replay:
         """A step's stub taking its inputs, or giving its outputs; the caller holds the instance."""
         if self._in_process or _external(model):
             return  # an external model (ONNX Runtime, TensorRT...) runs in no Python stub; nor a fused step
-        seconds = self._way(self._stub, nbytes, leaving)
-        ledger = _current.get()
-        if ledger is None:  # a dynamic batch runs for several requests at once: the model keeps the ledger
-            ledger = self._models.setdefault(id(model), Ledger())
-            accounts = self._totals
-        else:
-            accounts = ledger
-        seconds += await _spend(ledger, seconds, self._lanes)
-        if leaving:
-            accounts.output += seconds
-        else:
-            accounts.input += seconds
+        # a dynamic batch runs for several requests at once: its statistics go to the totals
+        accounts = _current.get() or self._totals
+        await self._stub_half(accounts, self._holder(model), nbytes, leaving=leaving)
 
     @staticmethod
     def _way(cost: Any, nbytes: int, leaving: bool) -> float:
