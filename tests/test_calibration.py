@@ -473,26 +473,3 @@ def test_a_stub_pays_its_own_debt_while_its_instance_is_held_not_the_requests():
     assert ledger.input == pytest.approx(400e-6)  # the statistics still tell the request's stubs
     assert ledger.overhead == pytest.approx(600e-6)
 
-
-def test_the_hand_off_to_a_worker_thread_is_taken_off_what_the_stub_still_owes():
-    # The server's hand-off to a stub is inside the stub's calibrated fixed cost; the local runtime's
-    # hand-off to a worker thread stands in for it, so what that took is not slept again (up to the
-    # stub's fixed cost), while the statistics still tell the stub's whole cost.
-    import anyio
-
-    from pipelines.runtime.replay import Replay
-
-    replay = Replay(_profile(stub=Cost(800, 0)), "ensemble")  # 0.4 ms each way: too little to sleep for
-    quick, slow = object(), object()
-
-    async def main():
-        ledger = replay.begin()
-        for model, handed in ((quick, 300e-6), (slow, 5e-3)):
-            await replay.stub(model, 0, leaving=False)
-            await replay.stub(model, 0, leaving=True, handed=handed)
-        return ledger
-
-    ledger = anyio.run(main)
-    assert replay._holder(quick).debt == pytest.approx(800e-6 - 300e-6)
-    assert replay._holder(slow).debt == pytest.approx(0.0)  # a slow hand-off is credited the stub's cost, no more
-    assert ledger.input == pytest.approx(2 * 400e-6) and ledger.output == pytest.approx(2 * 400e-6)

@@ -458,7 +458,6 @@ class StepModel:
     ) -> tuple[dict[str, Any], float]:
         """Run the step on one instance and check its outputs: ``(outputs, compute_s)``."""
         instance = lease.instance
-        handed = 0.0
         if self.replay is not None:
             await self.replay.stub(self, nbytes_of(inputs), leaving=False, instance=lease.index)
         try:
@@ -471,13 +470,11 @@ class StepModel:
                 outputs = instance.execute(inputs)
                 compute = perf_counter() - t
             else:
-                t = perf_counter()
                 outputs, compute = await self._in_thread(lease, inputs)
-                handed = perf_counter() - t - compute  # to the worker thread and back
             check_outputs(self.step, outputs, batched=self.batched, batch_size=rows if self.batched else None)
             self._learn(compute)
             if self.replay is not None:
-                await self.replay.stub(self, nbytes_of(outputs), leaving=True, handed=handed, instance=lease.index)
+                await self.replay.stub(self, nbytes_of(outputs), leaving=True, instance=lease.index)
         except PipelinesError as exc:
             if exc.pipeline == self.pipeline and exc.step == self.name:
                 raise

@@ -33,22 +33,12 @@ millisecond; each request keeps a ledger of what it owes, so the rounding of one
 sleep is made up by the next and a request's total is right to within half a
 millisecond. A stub's costs, paid while one of its model's instances is held,
 draw on a ledger of that instance's own instead (one instance pays one thing at a
-time, so its sleeps make up for each other), and what a request pays inside the
-BLS model's execute (its calls, that model's stub) on a second ledger of the
-request's: were they to pay the request's debt from its way in, a 0.3 ms stub
-would sometimes hold its instance a whole millisecond more,
+time, so its sleeps make up for each other): were they to pay the request's debt from the way in or
+a hop, a 0.3 ms stub would sometimes hold its instance a whole millisecond more,
 and at a concurrency where the instance is the bottleneck the replay would lose
 throughput the server keeps (the diamond at concurrency 4 predicted 44 infer/s
 against the server's 48 that way). The request's ledger keeps the accounting that
 the cost report shows in Triton's statistics columns.
-
-A step that runs on a worker thread costs this runtime a hand-off there and back
-(0.1 to 0.3 ms on a small VM); the server's hand-off to its stub is inside the
-stub's calibrated fixed cost, so the replay takes the hand-off this runtime
-already spent off what the stub still owes (up to the stub's fixed cost): paid
-twice, it held each instance that much longer than the server's, and `large`'s
-sync BLS model, which runs its four steps one after another, predicted 73
-infer/s at concurrency 4 against the server's 85.
 
 On the server these costs burn CPU, and requests at once compete for its cores.
 So every sleep is taken holding one of the profile's ``lanes`` (``ceil(lanes)``
@@ -224,10 +214,6 @@ class Replay:
         # request rides with the request's way in and out instead
         self._bls_model = own
         self._ensemble = None if the_form.one_execute_per_instance else own
-        # A BLS (or fused) model's calls are made inside its execute(), by its stub's one Python thread:
-        # the calls of a round's requests go side by side, but what each costs that thread, one at a time.
-        self._calls_held = the_form.one_execute_per_instance
-        self._bls_thread = anyio.Lock()
         # "fused": the Python steps run inside the top-level model's own process, with no call
         # and no stub of their own; only external models are called, through BLS.
         self._in_process = the_form.in_process
@@ -235,7 +221,6 @@ class Replay:
         # one instance) that every request passes through: one more step, and one more stub.
         self._gate = anyio.Lock() if mode == "ensemble" and pipeline is not None and _gated(pipeline) else None
         self._totals = Ledger()
-        self._carried = 0.0  # what finished requests left owing
         self._models: dict[tuple[int, int], Ledger] = {}  # what each held instance owes, by (id(model), index)
         self._lanes = _Lanes(self.profile.lanes or 1.0)  # the server's cores, shared by this runtime's requests
 
@@ -247,8 +232,6 @@ class Replay:
     def begin(self) -> Ledger:
         """A ledger for the request being served (the steps it runs find it in their context)."""
         ledger = Ledger()
-        # what the requests before it left owing (less than a sleep's rounding each) is its debt too
-        ledger.debt, self._carried = self._carried, 0.0
         _current.set(ledger)
         return ledger
 
@@ -268,16 +251,12 @@ class Replay:
             seconds += self._way(self._ensemble, nbytes, leaving)
         ledger.overhead += seconds
         ledger.overhead += await _spend(ledger, seconds, self._lanes)
-        if leaving:  # too little to sleep for now: the next request pays it
-            self._carried += max(0.0, ledger.debt)
-            ledger.debt = 0.0
 
     async def bls_stub(self, ledger: Ledger, nbytes: int, *, leaving: bool, opens_round: bool = True) -> None:
         """The BLS model's own stub taking the request's inputs, or giving its outputs. Its fixed
         cost is paid once per execute call, by the request that opens the round."""
-        async with self._bls_thread:
-            await self._stub_half(ledger, self._holder(self), nbytes, leaving=leaving, cost=self._bls_model,
-                                  fixed=opens_round)
+        await self._stub_half(ledger, self._holder(self), nbytes, leaving=leaving, cost=self._bls_model,
+                              fixed=opens_round)
 
     def _holder(self, model: object, instance: int = 0) -> Ledger:
         """The debt of what one of ``model``'s instances pays while held (see the module docstring):
@@ -325,27 +304,15 @@ class Replay:
             return
         seconds = self._way(self._hop, nbytes, leaving)
         ledger.overhead += seconds
-        if not self._calls_held:
-            ledger.overhead += await _spend(ledger, seconds, self._lanes)
-            return
-        async with self._bls_thread:
-            ledger.overhead += await _spend(self._holder(self), seconds, self._lanes)
+        ledger.overhead += await _spend(ledger, seconds, self._lanes)
 
-    async def stub(self, model: object, nbytes: int, *, leaving: bool, handed: float = 0.0, instance: int = 0) -> None:
-        """A step's stub taking its inputs, or giving its outputs; the caller holds ``instance``.
-
-        ``handed``: seconds this runtime took to hand the step to a worker thread and take its
-        answer back. The server's hand-off to the stub is inside the stub's calibrated cost, so
-        that much of it was paid already; the rest is (see the module docstring).
-        """
+    async def stub(self, model: object, nbytes: int, *, leaving: bool, instance: int = 0) -> None:
+        """A step's stub taking its inputs, or giving its outputs; the caller holds ``instance``."""
         if self._in_process or _external(model):
             return  # an external model (ONNX Runtime, TensorRT...) runs in no Python stub; nor a fused step
-        holder = self._holder(model, instance)
-        if handed > 0.0:
-            holder.debt -= min(handed, self._way(self._stub, 0, False) + self._way(self._stub, 0, True))
         # a dynamic batch runs for several requests at once: its statistics go to the totals
         accounts = _current.get() or self._totals
-        await self._stub_half(accounts, holder, nbytes, leaving=leaving)
+        await self._stub_half(accounts, self._holder(model, instance), nbytes, leaving=leaving)
 
     @staticmethod
     def _way(cost: Any, nbytes: int, leaving: bool) -> float:
