@@ -32,12 +32,16 @@ A cost is spent by sleeping on the event loop, which wakes in steps of about a
 millisecond; each request keeps a ledger of what it owes, so the rounding of one
 sleep is made up by the next and a request's total is right to within half a
 millisecond. A stub's costs, paid while one of its model's instances is held,
-draw on a ledger of that instance's own instead (one instance pays one thing at a
-time, so its sleeps make up for each other): were they to pay the request's debt from the way in or
-a hop, a 0.3 ms stub would sometimes hold its instance a whole millisecond more,
-and at a concurrency where the instance is the bottleneck the replay would lose
-throughput the server keeps (the diamond at concurrency 4 predicted 44 infer/s
-against the server's 48 that way). The request's ledger keeps the accounting that
+draw on a ledger of that instance's own instead (one instance pays one thing at
+a time, so its sleeps make up for each other): were they to pay the request's
+debt from the way in or a hop, a 0.3 ms stub would sometimes hold its instance a
+whole millisecond more, and at a concurrency where the instance is the
+bottleneck the replay would lose throughput the server keeps (the diamond at
+concurrency 4 predicted 44 infer/s against the server's 48 that way). The BLS
+model's own stub has one ledger for all its instances, which the requests of an
+async round pay side by side: a round's stub costs come out shorter in time than
+one thread would take (measured against the alternatives in
+docs/server_profiles.md, this is what predicted best). The request's ledger keeps the accounting that
 the cost report shows in Triton's statistics columns.
 
 On the server these costs burn CPU, and requests at once compete for its cores.
