@@ -41,8 +41,8 @@ concurrency 4 predicted 44 infer/s against the server's 48 that way). The BLS
 model's own stub has one ledger for all its instances, which the requests of an
 async round pay side by side: a round's stub costs come out shorter in time than
 one thread would take (measured against the alternatives in
-docs/server_profiles.md, this is what predicted best). The request's ledger keeps the accounting that
-the cost report shows in Triton's statistics columns.
+docs/server_profiles.md, this is what predicted best). The request's ledger
+keeps the accounting that the cost report shows in Triton's statistics columns.
 
 On the server these costs burn CPU, and requests at once compete for its cores.
 So every sleep is taken holding one of the profile's ``lanes`` (``ceil(lanes)``
