@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -398,9 +399,14 @@ def test_one_bad_request_does_not_fail_the_others_in_its_batch(server, log_dir, 
     seen = log.stat().st_size if log.exists() else 0
     goods = [marked(float(10 + i), seed=float(i)) for i in range(3)]
     requests = goods + [marked(marker) for marker, _ in MISDEEDS.values()]
+    # Connecting takes longer than the step's queue delay on a loaded machine: every client connects
+    # first, and all send together, so that the requests meet in the step's queue.
+    connected = threading.Barrier(len(requests))
 
     def call(x):
         with server.client("grpc", timeout=60) as c:
+            assert c.ready(f"wayward_{form}")  # connects
+            connected.wait(timeout=60)
             try:
                 return c.infer(f"wayward_{form}", {"x": x})
             except InferenceError as exc:
