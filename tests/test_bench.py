@@ -445,9 +445,18 @@ def test_results_are_written_and_plots_only_noted_without_matplotlib(tmp_path, m
     assert result.notes == tuple(data["notes"])
 
 
+def _sigint(disposition):
+    """For ``preexec_fn``: the child starts with Ctrl-C as a terminal gives it (``SIG_DFL``), or
+    ignored, as a job started in the background (``&``, nohup) inherits it; whichever the tests'
+    own shell gave them."""
+    return lambda: signal.signal(signal.SIGINT, disposition)
+
+
 @pytest.mark.server
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_an_interrupted_bench_keeps_finished_levels_and_leaves_no_server(tmp_path, sig):
+@pytest.mark.parametrize(("sig", "ctrl_c"), [(signal.SIGINT, signal.SIG_DFL), (signal.SIGTERM, signal.SIG_DFL),
+                                             (signal.SIGTERM, signal.SIG_IGN)],
+                         ids=["SIGINT", "SIGTERM", "SIGTERM-in-the-background"])
+def test_an_interrupted_bench_keeps_finished_levels_and_leaves_no_server(tmp_path, sig, ctrl_c):
     try:
         from .server_fixtures import leftovers, wait_for_no_leftovers
     except ImportError:
@@ -457,7 +466,8 @@ def test_an_interrupted_bench_keeps_finished_levels_and_leaves_no_server(tmp_pat
     cmd = [sys.executable, "-m", "pipelines", "bench", "pipelines.examples.basic:chain", "--server", "--no-local",
            "--forms", "ensemble", "--concurrency", "1,2,3,4,5,6,7,8", "--duration", "0.3", "--warmup", "0",
            "--max-trials", "3", "--out", str(out), "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_sigint(ctrl_c))
     try:
         deadline = time.monotonic() + 120
         while not results.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -501,7 +511,7 @@ asyncio.new_event_loop().run_until_complete(cell())  # no asyncio.Runner: Ctrl-C
 def test_ctrl_c_in_a_running_event_loop_stops_the_worker_and_keeps_the_levels(tmp_path):
     results = tmp_path / "results.json"
     proc = subprocess.Popen([sys.executable, "-c", JUPYTER_LIKE, str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint(signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while not results.exists() and proc.poll() is None and time.monotonic() < deadline:

@@ -318,6 +318,8 @@ def test_serve_local_prints_its_urls_and_stops_on_a_signal(tmp_path, stop):
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipelines", "serve", "--local", "pipelines.examples.text:pipeline"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        # Ctrl-C as a terminal gives it, whether or not the tests' own shell ignores it (a background job)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         lines = []

@@ -122,6 +122,9 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         return
 
     def interrupt(signum: int, frame: object) -> None:
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            # Ctrl-C is ignored here (a job started in the background, nohup): SIGTERM still stops the run.
+            raise KeyboardInterrupt
         # Re-sent as SIGINT, so the event loop's own Ctrl-C handling unwinds the run
         # (it cancels the measurement and closes clients before the server stops).
         signal.raise_signal(signal.SIGINT)
