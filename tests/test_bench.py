@@ -447,7 +447,7 @@ def test_results_are_written_and_plots_only_noted_without_matplotlib(tmp_path, m
 
 def _sigint(disposition):
     """For ``preexec_fn``: the child starts with Ctrl-C as a terminal gives it (``SIG_DFL``), or
-    ignored, as a job started in the background (``&``, nohup) inherits it; whichever the tests'
+    ignored, as a job started in the background (``&``, nohup) inherits it, whatever the tests'
     own shell gave them."""
     return lambda: signal.signal(signal.SIGINT, disposition)
 
