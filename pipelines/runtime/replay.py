@@ -213,11 +213,11 @@ class Replay:
         the_form = form(mode, what="mode")
         self._hop = costs[the_form.call_cost]
         self._stub = costs["stub"]
-        own = costs[the_form.own_cost]
-        # a Python top-level model's own stub (BLS, fused); the ensemble scheduler's own work per
-        # request rides with the request's way in and out instead
-        self._bls_model = own
-        self._ensemble = None if the_form.one_execute_per_instance else own
+        # What the top-level model costs once per request: a Python model's own stub (BLS, fused),
+        # paid while its instance is held; the ensemble scheduler's own work, which holds no
+        # instance and rides with the request's way in and out instead.
+        self._own = costs[the_form.own_cost]
+        self._own_rides_with_request = not the_form.one_execute_per_instance
         # "fused": the Python steps run inside the top-level model's own process, with no call
         # and no stub of their own; only external models are called, through BLS.
         self._in_process = the_form.in_process
@@ -251,15 +251,15 @@ class Replay:
         if leaving and self._gate is not None:
             await self._through_gate(ledger, nbytes)
         seconds = self._way(self._request, nbytes, leaving)
-        if self._ensemble is not None:
-            seconds += self._way(self._ensemble, nbytes, leaving)
+        if self._own_rides_with_request:
+            seconds += self._way(self._own, nbytes, leaving)
         ledger.overhead += seconds
         ledger.overhead += await _spend(ledger, seconds, self._lanes)
 
     async def bls_stub(self, ledger: Ledger, nbytes: int, *, leaving: bool, opens_round: bool = True) -> None:
         """The BLS model's own stub taking the request's inputs, or giving its outputs. Its fixed
         cost is paid once per execute call, by the request that opens the round."""
-        await self._stub_half(ledger, self._holder(self), nbytes, leaving=leaving, cost=self._bls_model,
+        await self._stub_half(ledger, self._holder(self), nbytes, leaving=leaving, cost=self._own,
                               fixed=opens_round)
 
     def _holder(self, model: object, instance: int = 0) -> Ledger:
