@@ -68,6 +68,29 @@ def test_the_fit_stays_close_under_noise_and_never_goes_negative():
     assert all(c.fixed_us >= 0 and c.us_per_mib >= 0 for c in fitted.values())
 
 
+def test_a_bls_models_own_statistics_price_its_calls_without_the_requests_noise():
+    # the request's HTTP body varies by milliseconds at large sizes: every probe's latency carries
+    # its own draw of it, and only what the BLS model held its instance says what its calls cost
+    true = dict(TRUE, bls_model=Cost(400.0, 300.0), bls_sync_model=Cost(250.0, 200.0))
+    rows = []
+    for p in probe_plan():
+        rng = np.random.default_rng((7, KINDS.index(p.kind), p.steps, p.size))
+        noise = true["request"].us(2 * p.size) * rng.uniform(-0.3, 0.3)
+        held = None
+        if p.kind in ("bls", "bls-sync"):
+            held = predict_us(true, p.kind, p.steps, p.size) - true["request"].us(2 * p.size)
+        rows.append((p.kind, p.steps, p.size, predict_us(true, p.kind, p.steps, p.size) + noise,
+                     true["stub"].us(2 * p.size), None, held))
+    costs, _ = fit_costs(rows)
+    for name in ("bls_call", "bls_model", "bls_sync_call", "bls_sync_model"):
+        assert costs[name].fixed_us == pytest.approx(true[name].fixed_us, rel=1e-6), name
+        assert costs[name].us_per_mib == pytest.approx(true[name].us_per_mib, rel=1e-6), name
+    # the same latencies without the BLS models' statistics: the request's noise lands in them
+    blind, _ = fit_costs([r[:6] for r in rows])
+    assert any(blind[name].us(8 * MIB) != pytest.approx(true[name].us(8 * MIB), rel=0.05)
+               for name in ("bls_call", "bls_model", "bls_sync_call", "bls_sync_model"))
+
+
 def test_crossings_count_the_bls_models_own_stub():
     assert crossings("bls", 4, 10) == {"request": (1, 20), "bls_model": (1, 20), "bls_call": (4, 20), "stub": (4, 20)}
     assert crossings("bls-sync", 2, 10) == {"request": (1, 20), "bls_sync_model": (1, 20), "bls_sync_call": (2, 20),
@@ -263,6 +286,9 @@ def test_calibrate_the_bundled_server_with_a_tiny_probe_set(tmp_path):
     assert 1.0 <= profile.lanes <= profile.machine["cpu_count"]  # measured: a throughput ratio, capped by cores
     assert len(profile.samples) == 2 * (1 + 2 + 2 + 2)  # per size: the step, then two chains of each kind
     assert all(s[3] > 0 and s[4] is not None and s[4] > 0 for s in profile.samples)
+    # a BLS probe also tells what its BLS model held its instance (more than its steps' stubs)
+    assert all((s[6] is not None) == (s[0] in ("bls", "bls-sync")) for s in profile.samples)
+    assert all(s[6] > s[1] * s[4] for s in profile.samples if s[6] is not None)
     assert all(c.fixed_us >= 0 and c.us_per_mib >= 0 for c in profile.costs.values())
     # a request to a Python model costs something: the fit found it somewhere
     assert profile.costs["request"].fixed_us + profile.costs["stub"].fixed_us > 0

@@ -15,7 +15,13 @@ stub from the boundary that feeds it. Then the step probe gives the request,
 and a straight line through each kind's latencies over its chain lengths
 gives, from its slope, the cost of one more step (ensemble step or BLS call)
 and, from its intercept, what the kind pays once per request (the ensemble
-scheduler's own work, or the BLS model's own stub). Without statistics the
+scheduler's own work, or the BLS model's own stub). A BLS model's line is read
+from its own statistics where they are given: the time it held its instance
+(compute input + infer + output) holds its own stub and every call it made, and
+none of the request, whose HTTP body varies by milliseconds from one request to
+the next at 4 MiB and more; that line plus the request is the latency's line,
+without the request's noise. (On this machine's bundled server, at 1 KiB, the
+latency's intercept lay within 0.1 ms of the request plus the hold's.) Without statistics the
 stub is what the step probe leaves once the ensemble's intercept has priced
 the request (the ensemble's and the BLS model's own costs are then taken as
 nothing and as one stub).
@@ -39,7 +45,7 @@ import numpy as np
 
 from ..errors import ArgumentError
 from ..forms import FORMS
-from .probes import KINDS
+from .probes import BLS_KINDS, KINDS
 from .profile import BOUNDARIES, MIB, STAND_INS, Cost, Point, with_stand_ins
 
 __all__ = ["crossings", "fit_costs", "predict_us"]
@@ -52,7 +58,7 @@ _KINDS_OF = {kind: (FORMS[kind].own_cost, FORMS[kind].call_cost) for kind in KIN
 _FROM_LINE = {name: (kind, part) for kind, (once, per_step) in _KINDS_OF.items()
               for name, part in ((per_step, "slope"), (once, "intercept"))}
 
-Row = tuple  # (kind, steps, size, latency_us[, stub_us[, stub_in_us]])
+Row = tuple  # (kind, steps, size, latency_us[, stub_us[, stub_in_us[, model_us]]])
 
 
 def crossings(kind: str, steps: int, size: int) -> dict[str, tuple[int, int]]:
@@ -128,6 +134,13 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
         stub = max(0.0, step - request) if step is not None else 0.0
         stub_pair = (stub / 2, stub / 2)
     stub = sum(stub_pair)  # at least the way in, where noise put the total below it
+    if stub_rows:
+        for kind in BLS_KINDS:
+            # What the BLS model holds its instance, over chain lengths: its latency's line less the
+            # request, without the request's noise (see the module docstring).
+            held = _line([(r[1], r[6]) for r in rows if r[0] == kind and r[6] is not None])
+            if held is not None:
+                lines[kind] = (held[0] + max(0.0, request), held[1])
     costs = {"request": max(0.0, request), "stub": stub}
     for name, (kind, part) in _FROM_LINE.items():
         line = lines[kind]
@@ -175,15 +188,17 @@ def _theil_sen(sizes: Sequence[int], totals: Sequence[float]) -> tuple[float, fl
 
 
 def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...]]:
-    """Fit every boundary's cost to ``(kind, steps, size, latency_us[, stub_us[, stub_in_us]])`` samples.
+    """Fit every boundary's cost to ``(kind, steps, size, latency_us[, stub_us[, stub_in_us[, model_us]]])``
+    samples.
 
     ``stub_us`` is what one execution of a probe's step cost inside the server (Triton's
-    statistics); ``stub_in_us`` the part of it on the way in.
+    statistics); ``stub_in_us`` the part of it on the way in; ``model_us``, for a BLS probe,
+    what its BLS model held its instance.
     Returns the costs and the points to plot: each boundary's cost at each size.
     """
     if not samples:
         raise ArgumentError("no samples to fit: give at least one (kind, steps, size, latency_us) row per size")
-    rows = [(str(r[0]), int(r[1]), int(r[2]), float(r[3]), *(tuple(r[4:6]) + (None, None))[:2]) for r in samples]
+    rows = [(str(r[0]), int(r[1]), int(r[2]), float(r[3]), *(tuple(r[4:7]) + (None,) * 3)[:3]) for r in samples]
     if not all(r[3] > 0 for r in rows):
         raise ArgumentError("every latency must be positive (microseconds > 0); a sample of 0 or less was given")
     by_size: dict[int, list[Row]] = defaultdict(list)
@@ -207,7 +222,7 @@ def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...
             continue
         fixed, per_mib = _summary_line(sizes, totals)
         costs[name] = Cost(fixed, per_mib, tuple(sizes), ins, outs)
-    for kind, steps, size, _, stub_us, _ in rows:
+    for kind, steps, size, _, stub_us, *_ in rows:
         if stub_us is not None and stub_us > 0:
             points.append(Point("stub", 2 * size, float(stub_us), f"{kind} x{steps}"))
     return costs, tuple(points)

@@ -19,7 +19,7 @@ from time import perf_counter
 from typing import Any
 
 from ..blocking import run_blocking
-from .probes import Probe
+from .probes import BLS_KINDS, Probe
 
 __all__ = ["Budget", "Sample", "measure_lanes", "measure_probes"]
 
@@ -30,7 +30,10 @@ class Sample:
     steps' own work, and
     ``stub_us``, what one execution of the identity step model cost inside the server
     (Triton's compute input + infer + output for it, the median over the requests;
-    ``None`` without statistics), of which ``stub_in_us`` on the way in (compute input).
+    ``None`` without statistics), of which ``stub_in_us`` on the way in (compute input);
+    and for a BLS probe ``model_us``, what one execution of its BLS model held that
+    model's instance, less its steps' own work (its compute input + infer + output, which
+    hold its calls: ``None`` for other probes, or without statistics).
     """
 
     probe: Probe
@@ -38,10 +41,12 @@ class Sample:
     requests: int
     stub_us: float | None = None
     stub_in_us: float | None = None
+    model_us: float | None = None
 
     @property
-    def row(self) -> tuple[str, int, int, float, float | None, float | None]:
-        return self.probe.kind, self.probe.steps, self.probe.size, self.latency_us, self.stub_us, self.stub_in_us
+    def row(self) -> tuple[str, int, int, float, float | None, float | None, float | None]:
+        return (self.probe.kind, self.probe.steps, self.probe.size, self.latency_us, self.stub_us, self.stub_in_us,
+                self.model_us)
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,8 @@ def measure_probes(
     reclaimed) moves them all alike: the fit reads a size's costs from the
     differences between its probes. ``statistics(model)`` (Triton's statistics
     API answer), when given, is read around each timed request for the stub's own
-    cost (the median per execution). ``busy_ms`` is what each probe step works before it
+    cost (the median per execution), and for a BLS probe its BLS model's (what it holds its
+    instance; see :class:`Sample`). ``busy_ms`` is what each probe step works before it
     answers (:data:`~pipelines.calibration.probes.BUSY_MS`): it is taken off both, so that
     a sample holds the server's costs only.
     """
@@ -84,6 +90,7 @@ def measure_probes(
     for members in groups.values():
         times: dict[int, list[float]] = {i: [] for i in members}
         stubs: dict[int, list[tuple[float, float]]] = {i: [] for i in members}
+        holds: dict[int, list[float]] = {i: [] for i in members}
         inputs = probes[members[0]].inputs()
         for i in members:
             for _ in range(budget.warmup):  # the first calls of a stub allocate its shared memory
@@ -102,24 +109,28 @@ def measure_probes(
                 if statistics is not None:
                     # read around every request, so the stub's figure is a median as the latency is
                     now = statistics("")  # every model: the probe's step models in one answer
-                    stub = _stub_us(last, now, probe.step_models)
+                    stub = _held_us(last, now, probe.step_models)
+                    hold = _held_us(last, now, (probe.model,)) if probe.kind in BLS_KINDS else None
                     last = now
                     if stub is not None:
                         stubs[i].append(stub)
+                    if hold is not None:
+                        holds[i].append(hold[0])
             turns += 1
         for i in members:
             stub_us = max(0.0, median(s[0] for s in stubs[i]) - busy_us) if stubs[i] else None
             stub_in_us = median(s[1] for s in stubs[i]) if stubs[i] else None
             latency_us = max(1.0, median(times[i]) * 1e6 - probes[i].steps * busy_us)
-            found[i] = Sample(probes[i], latency_us, len(times[i]), stub_us, stub_in_us)
+            model_us = max(0.0, median(holds[i]) - probes[i].steps * busy_us) if holds[i] else None
+            found[i] = Sample(probes[i], latency_us, len(times[i]), stub_us, stub_in_us, model_us)
             if progress is not None:
                 progress(len(found), len(probes), probes[i])
     return [found[i] for i in range(len(probes))]
 
 
-def _stub_us(before: Any, after: Any, models: Sequence[str]) -> tuple[float, float] | None:
-    """Mean time of one execution of the ``models`` between two statistics answers, and of its
-    compute input (µs), or None."""
+def _held_us(before: Any, after: Any, models: Sequence[str]) -> tuple[float, float] | None:
+    """Mean time one execution of the ``models`` held its instance between two statistics
+    answers (compute input + infer + output), and of that its compute input (µs), or None."""
     from ..bench.stats import breakdown, parse_statistics
 
     rows = [t for t in breakdown(parse_statistics(before), parse_statistics(after)) if t.model in models]

@@ -23,7 +23,7 @@ from ..graph import Pipeline
 from ..step import step
 from ..tensor import TensorSpec
 
-__all__ = ["BUSY_MS", "CHAINS", "KINDS", "SIZES", "Probe", "identity", "probe_pipeline", "probe_plan", "probe_repository"]
+__all__ = ["BLS_KINDS", "BUSY_MS", "CHAINS", "KINDS", "SIZES", "Probe", "identity", "probe_pipeline", "probe_plan", "probe_repository"]
 
 BYTES = TensorSpec("UINT8", [-1])
 
@@ -33,6 +33,8 @@ CHAINS = (1, 2, 4, 8)
 SIZES = (1 << 10, 64 << 10, 1 << 20, 4 << 20, 12 << 20, 32 << 20)
 #: ``"step"`` calls a step model directly; the others call a chain's top-level model.
 KINDS = ("step", "ensemble", "bls", "bls-sync")
+#: The kinds whose top-level model is a BLS model: its statistics say what it holds its instance.
+BLS_KINDS = ("bls", "bls-sync")
 
 
 #: How long each probe step works (busy, so exactly) before it answers, in ms.

@@ -131,7 +131,7 @@ class Profile:
     url: str | None = None
     points: tuple[Point, ...] = ()
     # per probe: (kind, steps, tensor bytes, median latency µs, stub µs per execution or None,
-    # of which on the way in or None)
+    # of which on the way in or None[, a BLS probe's BLS model's hold µs or None])
     samples: tuple[tuple, ...] = ()
     lanes: float | None = None  # None: the machine's cores (see above)
 
@@ -187,7 +187,7 @@ class Profile:
                     for p in data.get("points", ())
                 ),
                 samples=tuple(
-                    (str(s[0]), int(s[1]), int(s[2]), float(s[3]), *(None if v is None else float(v) for v in s[4:6]))
+                    (str(s[0]), int(s[1]), int(s[2]), float(s[3]), *(None if v is None else float(v) for v in s[4:7]))
                     for s in data.get("samples", ())
                 ),
                 lanes=None if data.get("lanes") is None else float(data["lanes"]),
