@@ -136,7 +136,7 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
     stub = sum(stub_pair)  # at least the way in, where noise put the total below it
     if stub_rows:
         for kind in BLS_KINDS:
-            # What the BLS model holds its instance, over chain lengths: its latency's line less the
+            # How long the BLS model holds its instance, over chain lengths: its latency's line less the
             # request, without the request's noise (see the module docstring).
             held = _line([(r[1], r[6]) for r in rows if r[0] == kind and r[6] is not None])
             if held is not None:

@@ -31,7 +31,7 @@ class Sample:
     ``stub_us``, what one execution of the identity step model cost inside the server
     (Triton's compute input + infer + output for it, the median over the requests;
     ``None`` without statistics), of which ``stub_in_us`` on the way in (compute input);
-    and for a BLS probe ``model_us``, what one execution of its BLS model held that
+    and for a BLS probe ``model_us``, how long one execution of its BLS model held that
     model's instance, less its steps' own work (its compute input + infer + output, which
     hold its calls: ``None`` for other probes, or without statistics).
     """
