@@ -81,6 +81,8 @@ def measure_probes(
     answers (:data:`~pipelines.calibration.probes.BUSY_MS`): it is taken off both, so that
     a sample holds the server's costs only.
     """
+    from ..bench.stats import breakdown, parse_statistics
+
     busy_us = busy_ms * 1e3
     budget = budget or Budget()
     groups: dict[int, list[int]] = {}
@@ -97,7 +99,7 @@ def measure_probes(
                 infer(probes[i].model, inputs)
         began = perf_counter()
         turns = 0
-        last = statistics("") if statistics is not None else None
+        last = parse_statistics(statistics("")) if statistics is not None else None
         while turns < budget.max_requests and (
             turns < budget.min_requests or perf_counter() - began < budget.seconds * len(members)
         ):
@@ -108,9 +110,10 @@ def measure_probes(
                 times[i].append(perf_counter() - t)
                 if statistics is not None:
                     # read around every request, so the stub's figure is a median as the latency is
-                    now = statistics("")  # every model: the probe's step models in one answer
-                    stub = _held_us(last, now, probe.step_models)
-                    hold = _held_us(last, now, (probe.model,)) if probe.kind in BLS_KINDS else None
+                    now = parse_statistics(statistics(""))  # every model: the probe's step models in one answer
+                    between = breakdown(last, now)
+                    stub = _held_us(between, probe.step_models)
+                    hold = _held_us(between, (probe.model,)) if probe.kind in BLS_KINDS else None
                     last = now
                     if stub is not None:
                         stubs[i].append(stub)
@@ -128,12 +131,11 @@ def measure_probes(
     return [found[i] for i in range(len(probes))]
 
 
-def _held_us(before: Any, after: Any, models: Sequence[str]) -> tuple[float, float] | None:
-    """Mean time one execution of the ``models`` held its instance between two statistics
-    answers (compute input + infer + output), and of that its compute input (µs), or None."""
-    from ..bench.stats import breakdown, parse_statistics
-
-    rows = [t for t in breakdown(parse_statistics(before), parse_statistics(after)) if t.model in models]
+def _held_us(between: Sequence[Any], models: Sequence[str]) -> tuple[float, float] | None:
+    """Mean time one execution of the ``models`` held its instance in ``between`` (the
+    breakdown of two statistics answers: compute input + infer + output), and of that its
+    compute input (µs), or None."""
+    rows = [t for t in between if t.model in models]
     executions = sum(t.requests for t in rows)
     if not rows or executions <= 0:
         return None
