@@ -15,7 +15,7 @@ from pipelines import Pipeline, TensorSpec, step
 from pipelines.calibration import Cost, Profile, ProfileMismatchWarning, calibrate, fit_costs, load_profile
 from pipelines.calibration.fit import crossings, predict_us
 from pipelines.calibration.measure import Budget
-from pipelines.calibration.probes import KINDS, probe_plan, probe_repository
+from pipelines.calibration.probes import BLS_KINDS, KINDS, probe_plan, probe_repository
 from pipelines.calibration.profile import BOUNDARIES
 from pipelines.cli import main as cli_main
 from pipelines.errors import PipelinesError
@@ -77,7 +77,7 @@ def test_a_bls_models_own_statistics_price_its_calls_without_the_requests_noise(
         rng = np.random.default_rng((7, KINDS.index(p.kind), p.steps, p.size))
         noise = true["request"].us(2 * p.size) * rng.uniform(-0.3, 0.3)
         held = None
-        if p.kind in ("bls", "bls-sync"):
+        if p.kind in BLS_KINDS:
             held = predict_us(true, p.kind, p.steps, p.size) - true["request"].us(2 * p.size)
         rows.append((p.kind, p.steps, p.size, predict_us(true, p.kind, p.steps, p.size) + noise,
                      true["stub"].us(2 * p.size), None, held))
@@ -287,7 +287,7 @@ def test_calibrate_the_bundled_server_with_a_tiny_probe_set(tmp_path):
     assert len(profile.samples) == 2 * (1 + 2 + 2 + 2)  # per size: the step, then two chains of each kind
     assert all(s[3] > 0 and s[4] is not None and s[4] > 0 for s in profile.samples)
     # a BLS probe also tells what its BLS model held its instance (more than its steps' stubs)
-    assert all((s[6] is not None) == (s[0] in ("bls", "bls-sync")) for s in profile.samples)
+    assert all((s[6] is not None) == (s[0] in BLS_KINDS) for s in profile.samples)
     assert all(s[6] > s[1] * s[4] for s in profile.samples if s[6] is not None)
     assert all(c.fixed_us >= 0 and c.us_per_mib >= 0 for c in profile.costs.values())
     # a request to a Python model costs something: the fit found it somewhere

@@ -140,7 +140,7 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
             # request, without the request's noise (see the module docstring).
             held = _line([(r[1], r[6]) for r in rows if r[0] == kind and r[6] is not None])
             if held is not None:
-                lines[kind] = (held[0] + max(0.0, request), held[1])
+                lines[kind] = (held[0] + request, held[1])  # less the request below: the hold's own
     costs = {"request": max(0.0, request), "stub": stub}
     for name, (kind, part) in _FROM_LINE.items():
         line = lines[kind]
