@@ -89,7 +89,10 @@ def calibrate(
             busy_ms=BUSY_MS,
         )
         bar.update("calibrating", "lanes", 1.0, "requests at once")
-        lanes, _ = measure_lanes(connect, _lane_probes(chains, sizes), cores, budget.lanes_seconds)
+        lane_probes = _lane_probes(chains, sizes)
+        lanes, rows = measure_lanes(connect, lane_probes, cores, budget.lanes_seconds)
+        # size by size as well: large copies share the memory bus as well as the cores
+        lanes_by_size = tuple((p.size, row[3]) for p, row in zip(lane_probes, rows, strict=True))
     costs, points = fit_costs([s.row for s in samples])
     bar.finish("calibrated", f"{len(samples)} probes in {perf_counter() - began:.0f} s")
     return Profile(
@@ -102,6 +105,7 @@ def calibrate(
         points=points,
         samples=tuple(s.row for s in samples),
         lanes=lanes,
+        lanes_by_size=lanes_by_size,
     )
 
 

@@ -214,13 +214,13 @@ def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...
         totals = [i + o for i, o in zip(ins, outs, strict=True)]
         points += [Point(name, 2 * s, t, "fitted at this size") for s, t in zip(sizes, totals, strict=True)]
         if name in _FROM_LINE:
-            # Read off differences between probes, these carry every probe's noise (a 4 MiB HTTP
-            # request varies by tens of ms); they are nearly straight on a quiet server, so a
-            # line that shrugs off an outlier prices them.
+            # Read off differences between probes, these carry every probe's noise, so the line
+            # the table shows shrugs off an outlier; but they grow faster than the bytes, as the
+            # request's do, and a line through 1 KiB to 32 MiB overpriced a 4 MiB BLS model's
+            # own stub by 35-50 % (docs/server_profiles.md): the replay prices each size's own.
             fixed, per_mib = _theil_sen(sizes, totals)
-            costs[name] = Cost(fixed, per_mib)
-            continue
-        fixed, per_mib = _summary_line(sizes, totals)
+        else:
+            fixed, per_mib = _summary_line(sizes, totals)
         costs[name] = Cost(fixed, per_mib, tuple(sizes), ins, outs)
     for kind, steps, size, _, stub_us, *_ in rows:
         if stub_us is not None and stub_us > 0:

@@ -145,18 +145,23 @@ def _held_us(between: Sequence[Any], models: Sequence[str]) -> tuple[float, floa
 
 def measure_lanes(
     connect: Callable[[], Any], probes: Sequence[Probe], cores: int | None, seconds: float = 1.0
-) -> tuple[float, list[tuple[str, float, float]]]:
+) -> tuple[float, list[tuple[str, float, float, float]]]:
     """The server's lanes: per probe, its throughput at concurrency ``2 * cores`` (at least 4;
     8 where the server's cores are not known) over its throughput at concurrency 1 (medians
     of three windows of ``seconds / 2`` each, taken in turn), the mean over ``probes``,
     between 1 and ``cores`` (the high concurrency where they are not known).
 
     ``connect()`` makes an asyncio client (``infer(model, inputs)``, ``close()``). Returns
-    the lanes and, per probe, ``(label, infer/s at 1, infer/s at the high concurrency)``.
+    the lanes and, per probe, ``(label, infer/s at 1, infer/s at the high concurrency,
+    its own lanes)``: a probe's tensor size sets how many requests' copies the server makes
+    at once (docs/server_profiles.md).
     """
     import anyio
 
     high = min(32, max(4, 2 * cores)) if cores else 8
+
+    def bounded(ratio: float) -> float:
+        return min(float(cores or high), max(1.0, ratio))
 
     async def window(client: Any, probe: Probe, concurrency: int) -> float:
         inputs = probe.inputs()
@@ -177,7 +182,7 @@ def measure_lanes(
                 tg.start_soon(caller, began + seconds / 2)
         return done / (perf_counter() - began)
 
-    async def main() -> list[tuple[str, float, float]]:
+    async def main() -> list[tuple[str, float, float, float]]:
         client = connect()
         rows = []
         try:
@@ -187,12 +192,12 @@ def measure_lanes(
                 for _ in range(3):
                     ones.append(await window(client, p, 1))
                     highs.append(await window(client, p, high))
-                rows.append((p.label, median(ones), median(highs)))
+                one, at_high = median(ones), median(highs)
+                rows.append((p.label, one, at_high, bounded(at_high / one) if one > 0 else 1.0))
         finally:
             await client.close()
         return rows
 
     rows = run_blocking(main)  # calibrate() from a notebook cell, whose loop is running
-    ratios = [at_high / at_one for _, at_one, at_high in rows if at_one > 0]
-    lanes = sum(ratios) / len(ratios) if ratios else 1.0
-    return min(float(cores or high), max(1.0, lanes)), rows
+    lanes = [row[3] for row in rows]
+    return (sum(lanes) / len(lanes) if lanes else 1.0), rows

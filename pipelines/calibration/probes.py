@@ -23,7 +23,7 @@ from ..graph import Pipeline
 from ..step import step
 from ..tensor import TensorSpec
 
-__all__ = ["BLS_KINDS", "BUSY_MS", "CHAINS", "KINDS", "SIZES", "Probe", "identity", "probe_pipeline", "probe_plan", "probe_repository"]
+__all__ = ["BLS_KINDS", "BUSY_MS", "CHAINS", "KINDS", "SIZES", "Probe", "identity", "probe_pipeline", "probe_plan", "probe_repository", "size_label"]
 
 BYTES = TensorSpec("UINT8", [-1])
 
@@ -109,7 +109,7 @@ class Probe:
 
     @property
     def label(self) -> str:
-        return f"{self.kind} x{self.steps} {_size(self.size)}" if self.kind != "step" else f"step {_size(self.size)}"
+        return f"{self.kind} x{self.steps} {size_label(self.size)}" if self.kind != "step" else f"step {size_label(self.size)}"
 
 
 def probe_plan(chains: tuple[int, ...] = CHAINS, sizes: tuple[int, ...] = SIZES) -> list[Probe]:
@@ -134,5 +134,6 @@ def write_probe_repository(path: str | os.PathLike[str], chains: tuple[int, ...]
     return probe_repository(chains).write(path, overwrite=True)
 
 
-def _size(n: int) -> str:
+def size_label(n: int) -> str:
+    """``n`` bytes as the probes are named: "64 KiB", "4 MiB"."""
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"

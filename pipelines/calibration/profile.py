@@ -5,6 +5,7 @@ cost plus a cost per byte, with where and when it was measured. JSON in, JSON ou
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from collections.abc import Mapping
@@ -77,9 +78,6 @@ class Cost:
         if list(self.sizes) != sorted(set(self.sizes)):
             raise PipelinesError(f"a cost's sizes must increase; got {list(self.sizes)}")
 
-    def seconds(self, nbytes: float) -> float:
-        return self.us(nbytes) * 1e-6
-
     def us(self, nbytes: float) -> float:
         """The line's cost of ``nbytes`` crossing in all (in + out)."""
         return self.fixed_us + self.us_per_mib * nbytes / MIB
@@ -121,6 +119,12 @@ class Profile:
     boundary cost holding one of that many lanes, as the server burns CPU on its
     cores. A profile saved without it (older ones) gets the machine's usable
     cores as recorded (``usable_cpus``, else ``cpu_count``), or 1 where neither is.
+
+    ``lanes_by_size`` is the same ratio measured at each of a few tensor sizes,
+    ``(bytes, lanes)`` by size: large copies compete for the memory bus as well as the cores, so
+    the server works on fewer 4 MiB boundaries at once than on 1 KiB ones
+    (docs/server_profiles.md). :meth:`lanes_at` reads it; a profile without it has
+    ``lanes`` at every size.
     """
 
     costs: Mapping[str, Cost]
@@ -134,6 +138,7 @@ class Profile:
     # of which on the way in or None[, a BLS probe's BLS model's hold µs or None])
     samples: tuple[tuple, ...] = ()
     lanes: float | None = None  # None: the machine's cores (see above)
+    lanes_by_size: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "costs", with_stand_ins(self.costs))
@@ -145,11 +150,26 @@ class Profile:
             raise PipelinesError(f"a profile's lanes is a number >= 1 (requests the server works on at once); "
                                  f"got {lanes!r}")
         object.__setattr__(self, "lanes", float(lanes))
+        by_size = tuple(sorted((int(n), float(v)) for n, v in self.lanes_by_size))
+        if any(n < 1 or not v >= 1 for n, v in by_size) or len({n for n, _ in by_size}) != len(by_size):
+            raise PipelinesError(f"a profile's lanes_by_size is (bytes >= 1, lanes >= 1) pairs, one per size; "
+                                 f"got {self.lanes_by_size!r}")
+        object.__setattr__(self, "lanes_by_size", by_size)
         object.__setattr__(self, "costs", MappingProxyType(dict(self.costs)))
         object.__setattr__(self, "machine", MappingProxyType(dict(self.machine)))
 
     def cost(self, boundary: str) -> Cost:
         return self.costs[boundary]
+
+    def lanes_at(self, nbytes: int) -> float:
+        """The lanes for boundary work on ``nbytes``: ``lanes_by_size`` between its sizes
+        (straight in the logarithm of the bytes), its first or last beyond them, or ``lanes``
+        where the profile has none by size."""
+        by_size = self.lanes_by_size
+        if not by_size:
+            return float(self.lanes)
+        sizes = [math.log(n) for n, _ in by_size]
+        return float(np.interp(math.log(max(1, nbytes)), sizes, [v for _, v in by_size]))
 
     # ------------------------------------------------------------------ JSON
 
@@ -165,6 +185,7 @@ class Profile:
             "points": [asdict(p) for p in self.points],
             "samples": [list(s) for s in self.samples],
             "lanes": self.lanes,
+            "lanes_by_size": [list(p) for p in self.lanes_by_size],
         }
 
     def to_json(self) -> str:
@@ -191,6 +212,7 @@ class Profile:
                     for s in data.get("samples", ())
                 ),
                 lanes=None if data.get("lanes") is None else float(data["lanes"]),
+                lanes_by_size=tuple((int(n), float(v)) for n, v in data.get("lanes_by_size", ())),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PipelinesError(f"not a server profile: {type(exc).__name__}: {exc}") from None

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..tables import format_table
+from .probes import size_label
 from .profile import BOUNDARIES, Profile
 
 __all__ = ["plot_profile", "profile_table"]
@@ -17,10 +18,12 @@ __all__ = ["plot_profile", "profile_table"]
 
 def profile_table(profile: Profile) -> str:
     where = profile.url or "the bundled server"
+    by_size = ", ".join(f"{lanes:.2f} at {size_label(n)}" for n, lanes in profile.lanes_by_size)
     head = (
         f"server profile: Triton {profile.server_version or '?'} at {where} over {profile.protocol}, "
         f"{profile.machine.get('cpu') or '?'} ({profile.machine.get('cpu_count') or '?'} cores), {profile.date}; "
-        f"{profile.lanes:.2f} lanes (requests whose boundaries it works on at once)\n"
+        f"{profile.lanes:.2f} lanes{f' ({by_size})' if by_size else ''} "
+        "(requests whose boundaries it works on at once)\n"
     )
     rows = []
     for name in BOUNDARIES:

@@ -30,8 +30,9 @@ profile's figure at that many bytes, between its measured sizes.
 
 A cost is spent by sleeping on the event loop, which wakes in steps of about a
 millisecond; each request keeps a ledger of what it owes, so the rounding of one
-sleep is made up by the next and a request's total is right to within half a
-millisecond. A stub's costs, paid while one of its model's instances is held,
+sleep is made up by the next, and what it still owes below a millisecond when it
+leaves is slept in a worker thread, whose sleep is not rounded: a request's total
+is right to within about a tenth of a millisecond. A stub's costs, paid while one of its model's instances is held,
 draw on a ledger of that instance's own instead (one instance pays one thing at
 a time, so its sleeps make up for each other): were they to pay the request's
 debt from the way in or a hop, a 0.3 ms stub would sometimes hold its instance a
@@ -49,7 +50,9 @@ So every sleep is taken holding one of the profile's ``lanes`` (``ceil(lanes)``
 slots shared by one runtime's requests; while more than ``lanes`` are held, each
 holder's sleep stretches by ``held / lanes``, so 1.4 lanes serve 1.4 requests'
 worth at once): a boundary that finds every slot busy waits for one, as it waits
-for a core on the server. At concurrency 1 nothing waits or stretches. The wait
+for a core on the server. The lanes are the profile's at the bytes the boundary carries
+(:meth:`~pipelines.calibration.profile.Profile.lanes_at`): the server works on fewer
+large copies at once than small ones. At concurrency 1 nothing waits or stretches. The wait
 and the stretch count in the column of the boundary they delay (compute input or
 output for a stub, request+hops for the others): a starved boundary takes longer
 on the server too, and Triton's statistics show it inside that boundary's own
@@ -60,12 +63,14 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from contextvars import ContextVar
 from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.to_thread
 
 from ..forms import form
 from ..tables import format_table
@@ -127,13 +132,24 @@ def nbytes_of(tensors: Any) -> int:
 class _Lanes:
     """The server's CPU as the replay sees it: ``ceil(lanes)`` slots, and while more than
     ``lanes`` of them are held, each holder's sleep stretches by ``held / lanes`` (that many
-    requests sharing ``lanes`` cores), so a fractional ``lanes`` gives that throughput."""
+    requests sharing ``lanes`` cores), so a fractional ``lanes`` gives that throughput. The
+    lanes are the profile's at the bytes each boundary carries (:meth:`Profile.lanes_at`)."""
 
-    def __init__(self, lanes: float) -> None:
-        self.lanes = max(1.0, lanes)
-        self.slots = math.ceil(self.lanes - 1e-9)
+    def __init__(self, profile: Profile) -> None:
+        self._profile = profile
+        self._at: dict[int, float] = {}  # by bytes: a pipeline's tensors come in a few sizes
+        most = max([profile.lanes or 1.0, *(v for _, v in profile.lanes_by_size)])
+        self.slots = math.ceil(max(1.0, most) - 1e-9)
         self.held = 0
         self._semaphore: anyio.Semaphore | None = None
+
+    def at(self, nbytes: int) -> float:
+        lanes = self._at.get(nbytes)
+        if lanes is None:
+            if len(self._at) >= 4096:  # inputs of every size (images): a bounded memo, not a leak
+                self._at.clear()
+            lanes = self._at[nbytes] = max(1.0, self._profile.lanes_at(nbytes))
+        return lanes
 
     @property
     def semaphore(self) -> anyio.Semaphore:
@@ -142,12 +158,36 @@ class _Lanes:
         return self._semaphore
 
 
-async def _spend(ledger: Ledger, seconds: float, lanes: _Lanes) -> float:
-    """Pay ``seconds`` on ``ledger``'s account, sleeping while holding a lane; returns what the
-    lanes added: the wait for one, and the stretch of a shared one (0.0 when one was free)."""
+class _ThreadSleep:
+    """Sleeping in a worker thread, which is not rounded to whole milliseconds as the event
+    loop's timeouts are. Handing the sleep to a thread and back costs a while of its own
+    (about 0.2 ms on a 2-core VM), which it learns from each sleep and leaves out of the next."""
+
+    def __init__(self) -> None:
+        self.overhead = 200e-6
+
+    async def __call__(self, seconds: float) -> float:
+        """Sleep about ``seconds``; returns how long it took."""
+        asked = max(0.0, seconds - self.overhead)
+        t = perf_counter()
+        await anyio.to_thread.run_sync(time.sleep, asked)
+        took = perf_counter() - t
+        self.overhead += 0.2 * (took - asked - self.overhead)
+        return took
+
+
+async def _spend(ledger: Ledger, seconds: float, lanes: _Lanes, nbytes: int,
+                 settle: _ThreadSleep | None = None) -> float:
+    """Pay ``seconds`` on ``ledger``'s account for a boundary carrying ``nbytes``, sleeping while
+    holding a lane; returns what the lanes added: the wait for one, and the stretch of a shared
+    one (0.0 when one was free). With ``settle`` (the request's last cost), what is left of
+    the debt below a millisecond is slept by it too, to within a tenth of a millisecond:
+    otherwise the loop's rounding would leave up to 0.65 ms of every request unpaid, or
+    charge 1.15 ms for 0.65 (docs/server_profiles.md)."""
     ledger.debt += seconds
-    whole_ms = round((ledger.debt - _WAKE_S) * 1e3)
-    if whole_ms < 1:
+    whole_ms = (math.floor if settle is not None else round)((ledger.debt - _WAKE_S) * 1e3)
+    rest = settle is not None and ledger.debt - max(0, whole_ms) * 1e-3 > settle.overhead / 2
+    if whole_ms < 1 and not rest:
         return 0.0
     added = 0.0
     semaphore = lanes.semaphore
@@ -159,12 +199,17 @@ async def _spend(ledger: Ledger, seconds: float, lanes: _Lanes) -> float:
         added = perf_counter() - queued
     lanes.held += 1
     try:
-        stretch = max(1.0, lanes.held / lanes.lanes)
-        t = perf_counter()
-        await anyio.sleep(whole_ms * 1e-3 * stretch - 50e-6)  # the loop rounds the timeout up to whole ms
-        slept = perf_counter() - t
-        ledger.debt -= slept / stretch  # what was paid; the rest is the stretch
-        added += slept - slept / stretch
+        stretch = max(1.0, lanes.held / lanes.at(nbytes))
+        if whole_ms >= 1:
+            t = perf_counter()
+            await anyio.sleep(whole_ms * 1e-3 * stretch - 50e-6)  # the loop rounds the timeout up to whole ms
+            slept = perf_counter() - t
+            ledger.debt -= slept / stretch  # what was paid; the rest is the stretch
+            added += slept - slept / stretch
+        if settle is not None and ledger.debt > settle.overhead / 2:
+            slept = await settle(ledger.debt * stretch)
+            ledger.debt -= slept / stretch
+            added += slept - slept / stretch
     finally:
         lanes.held -= 1
         semaphore.release()
@@ -226,7 +271,8 @@ class Replay:
         self._gate = anyio.Lock() if mode == "ensemble" and pipeline is not None and _gated(pipeline) else None
         self._totals = Ledger()
         self._models: dict[tuple[int, int], Ledger] = {}  # what each held instance owes, by (id(model), index)
-        self._lanes = _Lanes(self.profile.lanes or 1.0)  # the server's cores, shared by this runtime's requests
+        self._lanes = _Lanes(self.profile)  # the server's cores, shared by this runtime's requests
+        self._settle = _ThreadSleep()
 
     def reset(self) -> None:
         self._totals = Ledger()
@@ -254,7 +300,8 @@ class Replay:
         if self._own_rides_with_request:
             seconds += self._way(self._own, nbytes, leaving)
         ledger.overhead += seconds
-        ledger.overhead += await _spend(ledger, seconds, self._lanes)
+        settle = self._settle if leaving else None  # its last cost: what is left of its debt is paid now
+        ledger.overhead += await _spend(ledger, seconds, self._lanes, nbytes, settle)
 
     async def bls_stub(self, ledger: Ledger, nbytes: int, *, leaving: bool, opens_round: bool = True) -> None:
         """The BLS model's own stub taking the request's inputs, or giving its outputs. Its fixed
@@ -275,7 +322,7 @@ class Replay:
         seconds = self._way(cost, nbytes, leaving)
         if not fixed:  # only what its bytes add
             seconds = max(0.0, seconds - self._way(cost, 0, leaving))
-        seconds += await _spend(holder, seconds, self._lanes)  # what it costs, starved of a core or not
+        seconds += await _spend(holder, seconds, self._lanes, nbytes)  # what it costs, starved of a core or not
         if leaving:
             accounts.output += seconds
         else:
@@ -288,7 +335,7 @@ class Replay:
         """
         hop = self._way(self._hop, nbytes, False) + self._way(self._hop, nbytes, True)
         ledger.overhead += hop
-        ledger.overhead += await _spend(ledger, hop, self._lanes)
+        ledger.overhead += await _spend(ledger, hop, self._lanes, nbytes)
         assert self._gate is not None
         queued = perf_counter()
         async with self._gate:  # its one instance
@@ -308,7 +355,7 @@ class Replay:
             return
         seconds = self._way(self._hop, nbytes, leaving)
         ledger.overhead += seconds
-        ledger.overhead += await _spend(ledger, seconds, self._lanes)
+        ledger.overhead += await _spend(ledger, seconds, self._lanes, nbytes)
 
     async def stub(self, model: object, nbytes: int, *, leaving: bool, instance: int = 0) -> None:
         """A step's stub taking its inputs, or giving its outputs; the caller holds ``instance``."""
