@@ -16,7 +16,7 @@ machine a burst of load slows one round, and the machine's speed drifts over min
 Exits 1 when a target is missed, so it runs as a check::
 
     .venv/bin/python benchmarks/prediction.py --quick          # about 13 minutes
-    .venv/bin/python benchmarks/prediction.py --out prediction  # the full run, 30 to 45
+    .venv/bin/python benchmarks/prediction.py --out prediction  # the full run, about 23
 """
 
 from __future__ import annotations
