@@ -138,8 +138,8 @@ class _Lanes:
     def __init__(self, profile: Profile) -> None:
         self._profile = profile
         self._at: dict[int, float] = {}  # by bytes: a pipeline's tensors come in a few sizes
-        most = max([profile.lanes or 1.0, *(v for _, v in profile.lanes_by_size)])
-        self.slots = math.ceil(max(1.0, most) - 1e-9)
+        most = max([profile.lanes, *(v for _, v in profile.lanes_by_size)])  # each >= 1 (Profile checks)
+        self.slots = math.ceil(most - 1e-9)
         self.held = 0
         self._semaphore: anyio.Semaphore | None = None
 
@@ -148,7 +148,7 @@ class _Lanes:
         if lanes is None:
             if len(self._at) >= 4096:  # inputs of every size (images): a bounded memo, not a leak
                 self._at.clear()
-            lanes = self._at[nbytes] = max(1.0, self._profile.lanes_at(nbytes))
+            lanes = self._at[nbytes] = self._profile.lanes_at(nbytes)
         return lanes
 
     @property
@@ -186,8 +186,7 @@ async def _spend(ledger: Ledger, seconds: float, lanes: _Lanes, nbytes: int,
     charge 1.15 ms for 0.65 (docs/server_profiles.md)."""
     ledger.debt += seconds
     whole_ms = (math.floor if settle is not None else round)((ledger.debt - _WAKE_S) * 1e3)
-    rest = settle is not None and ledger.debt - max(0, whole_ms) * 1e-3 > settle.overhead / 2
-    if whole_ms < 1 and not rest:
+    if whole_ms < 1 and (settle is None or ledger.debt <= settle.overhead / 2):
         return 0.0
     added = 0.0
     semaphore = lanes.semaphore
