@@ -308,13 +308,14 @@ POISONED = 1  # of the four samples, this one makes `fragile` fail
 SAMPLES = [{"x": np.full((1, 8), v, np.float32)} for v in (1.0, -1.0, 2.0, 3.0)]
 LABELS = {f"{where} {form}" for where in ("local", "server") for form in FORMS}
 LEVELS = (1, 2)
+TURNS = 2  # each level measured in two turns of every configuration, pooled
 
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     echo = io.StringIO()
-    settings = BenchSettings(concurrency=LEVELS, duration=0.4, warmup=0.2, max_trials=3, timeout=5.0)
+    settings = BenchSettings(concurrency=LEVELS, duration=0.4, warmup=0.2, max_trials=3, timeout=5.0, turns=TURNS)
     result = run_benchmark(faulty_diamond(), settings, inputs=SAMPLES, out=out, progress=False, echo=echo)
     return result, out, echo.getvalue()
 
@@ -335,7 +336,7 @@ def test_every_figure_is_present_and_sane(bench):
         assert lat.min_ms <= lat.p50_ms <= lat.p90_ms <= lat.p95_ms <= lat.p99_ms <= lat.max_ms
         assert lat.min_ms <= lat.avg_ms <= lat.max_ms
         assert lat.min_ms >= 2.0  # each request runs a 2 ms step at least
-        assert m.windows == 3 and isinstance(m.stable, bool) and m.window_seconds >= 3 * 0.4
+        assert m.windows == 3 * TURNS and isinstance(m.stable, bool) and m.window_seconds >= 3 * TURNS * 0.4
         assert m.throughput == pytest.approx(lat.count / m.window_seconds)
 
 
@@ -371,11 +372,11 @@ def test_the_server_breakdown_covers_every_composing_model(bench):
             assert t.requests > 0
             assert min(t.queue_us, t.compute_input_us, t.compute_infer_us, t.compute_output_us) >= 0
             assert t.total_us > 0
-        # Every request reaches `fragile` first, in every form: Triton's count matches the client's,
-        # give or take the requests in flight at the two snapshots.
+        # Every request reaches `fragile` first, in every form: Triton's count, summed over the turns,
+        # matches the client's, give or take the requests in flight at each turn's two snapshots.
         first = rows.get("faulty_diamond__fragile", rows[m.config.model])
         reached = first.requests + first.failures
-        assert abs(reached - m.requests) <= 2 * m.concurrency, (m.config.label, reached, m.requests)
+        assert abs(reached - m.requests) <= 2 * m.concurrency * TURNS, (m.config.label, reached, m.requests)
 
 
 @pytest.mark.server
@@ -423,6 +424,31 @@ def test_the_command_line_runs_a_local_benchmark(tmp_path, capsys):
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["pipeline"] == "pipelines.examples.basic:chain"
     assert len(data["measurements"]) == len(FORMS) * 2  # every form of the table, at two loads
+
+
+def test_turns_go_round_every_form_and_pool_each_forms_windows(monkeypatch):
+    from pipelines.bench.local_target import LocalTarget
+
+    seen: list[str] = []
+    infer = LocalTarget.infer
+
+    async def recording(self, inputs):
+        if not seen or seen[-1] != self.runtime.mode:
+            seen.append(self.runtime.mode)
+        return await infer(self, inputs)
+
+    monkeypatch.setattr(LocalTarget, "infer", recording)
+    settings = BenchSettings(concurrency=(1,), server=False, forms=("ensemble", "bls"), duration=0.05, warmup=0.05,
+                             max_trials=3, turns=3)
+    result = run_benchmark("pipelines.examples.basic:chain", settings, out=None, progress=False, echo=False)
+    assert seen == ["ensemble", "bls"] * 3  # each turn measures every form, one after the other
+    for m in result.measurements:
+        assert m.windows == 3 * 3 and m.window_seconds >= 9 * 0.05
+        assert m.requests == sum(m.completed_by_sample) > 0
+        # The cost report starts after the first turn's warm-up and covers every turn's windows.
+        assert m.requests <= m.local_report["requests"] <= m.requests + 3 * m.concurrency
+    with pytest.raises(PipelinesError, match="--turns must be an integer >= 1; got 0"):
+        BenchSettings(turns=0)
 
 
 # ---------------------------------------------------------------- results are never lost

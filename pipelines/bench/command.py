@@ -81,6 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="windows agree when within this fraction of their mean (default: 0.1, ±10%%)")
     parser.add_argument("--max-trials", type=int, default=10, metavar="N",
                         help="windows measured at most before a measurement is called unstable (default: 10)")
+    parser.add_argument("--turns", type=int, default=1, metavar="N",
+                        help="measure each concurrency level in N turns, every form in turn, and pool each "
+                        "form's turns: on a machine whose speed drifts (a shared VM), the drift then moves "
+                        "every form alike and the ratios between forms hold still (default: 1)")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                         help="a request not answered in this time counts as an error (default: 60)")
     parser.add_argument("--size", type=int, default=16,

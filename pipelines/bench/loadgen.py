@@ -129,6 +129,16 @@ class LoadResult:
     def measured(self) -> Window:
         return Window.merge(self.windows[-self.used:])
 
+    @classmethod
+    def pooled(cls, loads: Sequence[LoadResult]) -> LoadResult:
+        """One target measured in turns (other targets between them) as one measurement: the
+        windows each turn used, stable when every turn was. Boundaries stay with the turns."""
+        if len(loads) == 1:
+            return loads[0]
+        windows = tuple(w for load in loads for w in load.windows[-load.used:])
+        return cls(concurrency=loads[0].concurrency, windows=windows, used=len(windows),
+                   stable=all(load.stable for load in loads))
+
     @property
     def bracket(self) -> tuple[Any, Any] | None:
         if len(self.boundaries) < self.used + 1:

@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, ExitStack
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
@@ -38,7 +39,7 @@ from .report_tables import render
 from .results import BenchmarkResult, machine_info, now, package_versions
 from .server_target import ServerTarget, model_name
 from .settings import DEFAULT_PIPELINE, BenchSettings
-from .stats import breakdown
+from .stats import breakdown_over
 from .verdict import compare_ratios, verdict
 
 __all__ = ["DEFAULT_PIPELINE", "BenchSettings", "render", "run_benchmark"]
@@ -240,7 +241,10 @@ async def _measure(
     Every target is opened first and the levels are the outer loop, so the forms
     compared at one level are measured minutes apart at most: on a shared machine
     the load of other processes drifts, and this keeps the drift out of the ratios.
-    ``level_done`` is called after each level (it saves what is finished).
+    With ``settings.turns`` > 1 each level goes round the targets that many times
+    (a warm-up in the first turn only) and pools each target's turns, so a drift of
+    seconds moves every target alike too. ``level_done`` is called after each level
+    (it saves what is finished).
     """
     profile = None if settings.profile is None else load_profile(settings.profile)
     async with AsyncExitStack() as stack:
@@ -255,29 +259,51 @@ async def _measure(
                 config = Configuration("server", form, model_name(pipeline.name, form))
                 targets.append((config, ServerTarget(client, client, config.model, timeout=settings.timeout)))
         for i, c in enumerate(settings.concurrency):
-            for config, target in targets:
-                measurements.append(
-                    await _measure_one(config, target, samples, settings.plan(c), settings.batch, bar)
-                )
+            plan = settings.plan(c)
+            loads: list[list[LoadResult]] = [[] for _ in targets]
+            resets = [_first_only(_resetter(target)) for _, target in targets]
+            for turn in range(settings.turns):
+                # Later turns need no warm-up: the models are warm, and the local cost report
+                # (reset once, after the first warm-up) then covers exactly the measured windows.
+                turn_plan = plan if turn == 0 else replace(plan, warmup=0.0)
+                for k, (config, target) in enumerate(targets):
+                    label = _label(config, c, turn, settings.turns)
+                    loads[k].append(await _load_one(target, samples, turn_plan, bar, label, resets[k]))
+            for k, (config, target) in enumerate(targets):
+                m = _measurement(config, target, loads[k], settings.batch)
+                _finish(bar, f"{config.label} c={c}", m)
+                measurements.append(m)
             level_done(c, i == len(settings.concurrency) - 1)
 
 
-async def _measure_one(
-    config: Configuration, target: Any, samples: list[dict[str, Any]], plan: LoadPlan, batch: int, bar: Progress
-) -> Measurement:
-    label = f"{config.label} c={plan.concurrency}"
-    if isinstance(target, ServerTarget):
-        load = await run_load(target.infer, samples, plan, on_boundary=target.snapshot, progress=bar, label=label)
-        m = Measurement.from_load(config, load, batch=batch, breakdown=tuple(_breakdown(load, config.model)))
-    else:
-        async def reset() -> None:
-            target.reset()
+def _label(config: Configuration, concurrency: int, turn: int, turns: int) -> str:
+    label = f"{config.label} c={concurrency}"
+    return f"{label} (turn {turn + 1}/{turns})" if turns > 1 else label
 
-        # The cost report starts afresh once the warm-up is over.
-        load = await run_load(target.infer, samples, plan, on_boundary=_first_only(reset), progress=bar, label=label)
-        m = Measurement.from_load(config, load, batch=batch, local_report=target.report())
-    _finish(bar, label, m)
-    return m
+
+def _resetter(target: Any) -> Callable[[], Any]:
+    async def reset() -> None:
+        if not isinstance(target, ServerTarget):
+            target.reset()  # the local cost report starts afresh once the warm-up is over
+
+    return reset
+
+
+async def _load_one(
+    target: Any, samples: list[dict[str, Any]], plan: LoadPlan, bar: Progress, label: str, reset: Callable[[], Any]
+) -> LoadResult:
+    on_boundary = target.snapshot if isinstance(target, ServerTarget) else reset
+    return await run_load(target.infer, samples, plan, on_boundary=on_boundary, progress=bar, label=label)
+
+
+def _measurement(config: Configuration, target: Any, loads: Sequence[LoadResult], batch: int) -> Measurement:
+    """One target's turns at one level, pooled into one measurement (the server's statistics summed)."""
+    load = LoadResult.pooled(loads)
+    if isinstance(target, ServerTarget):
+        brackets = [b for one in loads if (b := one.bracket) is not None]
+        times = breakdown_over(brackets, first=[config.model] if config.model else [])
+        return Measurement.from_load(config, load, batch=batch, breakdown=tuple(times))
+    return Measurement.from_load(config, load, batch=batch, local_report=target.report())
 
 
 def _first_only(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -311,13 +337,6 @@ def _server(
     server = _start_server(pipeline, out_dir, stack, bar)
     versions["tritonserver"] = _server_version(server.http_url, "http")
     return lambda: server.async_client(settings.protocol)  # fails fast if the server dies
-
-
-def _breakdown(load: LoadResult, model: str | None):
-    bracket = load.bracket
-    if bracket is None:
-        return []
-    return breakdown(*bracket, first=[model] if model else [])
 
 
 def write_bench_repository(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack) -> Path:

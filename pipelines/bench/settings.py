@@ -31,6 +31,9 @@ class BenchSettings:
     give variable (-1) dims the length ``size``. ``profile`` (the path of a
     ``pipelines calibrate`` profile, or a loaded one) makes the local runtime
     replay that server's costs, so its figures are predictions of the server.
+    ``turns`` > 1 measures each level in that many turns, every configuration in
+    turn, and pools each one's turns: a machine whose speed drifts over seconds
+    then moves every form alike, and the ratios between forms hold still.
     """
 
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -49,6 +52,7 @@ class BenchSettings:
     timeout: float = 60.0
     size: int = 16
     profile: Any = None
+    turns: int = 1
 
     def __post_init__(self) -> None:
         if self.server and self.url is not None:
@@ -74,6 +78,8 @@ class BenchSettings:
             raise PipelinesError(f"--batch must be an integer >= 1; got {self.batch!r}")
         if not isinstance(self.size, int) or self.size < 1:
             raise PipelinesError(f"--size must be an integer >= 1; got {self.size!r}")
+        if not isinstance(self.turns, int) or self.turns < 1:
+            raise PipelinesError(f"--turns must be an integer >= 1; got {self.turns!r}")
         if self.requests is not None:
             object.__setattr__(self, "duration", None)
         if not (self.local or self.on_server):

@@ -8,7 +8,7 @@ requests of that measurement, for every model the server ran (composing models t
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ __all__ = [
     "ModelCounters",
     "ModelTimes",
     "breakdown",
+    "breakdown_over",
     "parse_statistics",
 ]
 
@@ -186,3 +187,22 @@ def breakdown(
     order = {name: i for i, name in enumerate(first)}
     rows.sort(key=lambda t: (order.get(t.model, len(order)), t.model, t.version))
     return rows
+
+
+def breakdown_over(
+    brackets: Sequence[tuple[Mapping[tuple[str, str], ModelCounters], Mapping[tuple[str, str], ModelCounters]]],
+    *,
+    first: Sequence[str] = (),
+) -> list[ModelTimes]:
+    """Like :func:`breakdown`, over several ``(before, after)`` pairs at once: a measurement taken
+    in turns, with other models' load between them, counts only what happened inside each pair."""
+    counted = [f.name for f in fields(ModelCounters) if f.type in ("int", int)]
+    summed: dict[tuple[str, str], ModelCounters] = {}
+    for before, after in brackets:
+        for key, counters in after.items():
+            old = before.get(key)
+            delta = {n: getattr(counters, n) - (getattr(old, n) if old is not None else 0) for n in counted}
+            if key in summed:
+                delta = {n: delta[n] + getattr(summed[key], n) for n in counted}
+            summed[key] = replace(counters, **delta)
+    return breakdown({}, summed, first=first)
