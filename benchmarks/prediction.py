@@ -18,7 +18,7 @@ seconds moves every form alike. It prints the errors against the targets of issu
 Exits 1 when a target is missed, so it runs as a check::
 
     .venv/bin/python benchmarks/prediction.py --quick          # about 13 minutes
-    .venv/bin/python benchmarks/prediction.py --out prediction  # the full run, about 23
+    .venv/bin/python benchmarks/prediction.py --out prediction  # the full run, about 30
 """
 
 from __future__ import annotations
