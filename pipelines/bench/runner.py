@@ -261,7 +261,7 @@ async def _measure(
         for i, c in enumerate(settings.concurrency):
             plan = settings.plan(c)
             loads: list[list[LoadResult]] = [[] for _ in targets]
-            resets = [_first_only(_resetter(target)) for _, target in targets]
+            resets = [None if isinstance(t, ServerTarget) else _first_only(_resetter(t)) for _, t in targets]
             for turn in range(settings.turns):
                 # Later turns need no warm-up: the models are warm, and the local cost report
                 # (reset once, after the first warm-up) then covers exactly the measured windows.
@@ -269,10 +269,10 @@ async def _measure(
                 for k, (config, target) in enumerate(targets):
                     label = _label(config, c, turn, settings.turns)
                     loads[k].append(await _load_one(target, samples, turn_plan, bar, label, resets[k]))
-            for k, (config, target) in enumerate(targets):
-                m = _measurement(config, target, loads[k], settings.batch)
-                _finish(bar, f"{config.label} c={c}", m)
-                measurements.append(m)
+                    if turn == settings.turns - 1:  # kept at once: an interrupted level keeps what it finished
+                        m = _measurement(config, target, loads[k], settings.batch)
+                        _finish(bar, f"{config.label} c={c}", m)
+                        measurements.append(m)
             level_done(c, i == len(settings.concurrency) - 1)
 
 
@@ -283,14 +283,14 @@ def _label(config: Configuration, concurrency: int, turn: int, turns: int) -> st
 
 def _resetter(target: Any) -> Callable[[], Any]:
     async def reset() -> None:
-        if not isinstance(target, ServerTarget):
-            target.reset()  # the local cost report starts afresh once the warm-up is over
+        target.reset()  # the local cost report starts afresh once the warm-up is over
 
     return reset
 
 
 async def _load_one(
-    target: Any, samples: list[dict[str, Any]], plan: LoadPlan, bar: Progress, label: str, reset: Callable[[], Any]
+    target: Any, samples: list[dict[str, Any]], plan: LoadPlan, bar: Progress, label: str,
+    reset: Callable[[], Any] | None,
 ) -> LoadResult:
     on_boundary = target.snapshot if isinstance(target, ServerTarget) else reset
     return await run_load(target.infer, samples, plan, on_boundary=on_boundary, progress=bar, label=label)
