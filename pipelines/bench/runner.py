@@ -30,7 +30,7 @@ from ..freed_memory import keep_freed_memory_here
 from ..graph import Pipeline
 from ..loading import load_pipeline_and_module
 from .inputs import sample_requests
-from .loadgen import LoadPlan, LoadResult, run_load
+from .loadgen import LoadResult, run_load
 from .local_target import local_target
 from .measurement import FORMS, Configuration, Measurement
 from .plots import PLOT_EXTRA, plot_results
@@ -261,14 +261,16 @@ async def _measure(
         for i, c in enumerate(settings.concurrency):
             plan = settings.plan(c)
             loads: list[list[LoadResult]] = [[] for _ in targets]
-            resets = [None if isinstance(t, ServerTarget) else _first_only(_resetter(t)) for _, t in targets]
+            # At each window's edge: the server's statistics, or (once) the local cost report's reset.
+            boundaries = [t.snapshot if isinstance(t, ServerTarget) else _reset_once(t) for _, t in targets]
             for turn in range(settings.turns):
                 # Later turns need no warm-up: the models are warm, and the local cost report
                 # (reset once, after the first warm-up) then covers exactly the measured windows.
                 turn_plan = plan if turn == 0 else replace(plan, warmup=0.0)
                 for k, (config, target) in enumerate(targets):
                     label = _label(config, c, turn, settings.turns)
-                    loads[k].append(await _load_one(target, samples, turn_plan, bar, label, resets[k]))
+                    loads[k].append(await run_load(target.infer, samples, turn_plan, on_boundary=boundaries[k],
+                                                   progress=bar, label=label))
                     if turn == settings.turns - 1:  # kept at once: an interrupted level keeps what it finished
                         m = _measurement(config, target, loads[k], settings.batch)
                         _finish(bar, f"{config.label} c={c}", m)
@@ -281,21 +283,6 @@ def _label(config: Configuration, concurrency: int, turn: int, turns: int) -> st
     return f"{label} (turn {turn + 1}/{turns})" if turns > 1 else label
 
 
-def _resetter(target: Any) -> Callable[[], Any]:
-    async def reset() -> None:
-        target.reset()  # the local cost report starts afresh once the warm-up is over
-
-    return reset
-
-
-async def _load_one(
-    target: Any, samples: list[dict[str, Any]], plan: LoadPlan, bar: Progress, label: str,
-    reset: Callable[[], Any] | None,
-) -> LoadResult:
-    on_boundary = target.snapshot if isinstance(target, ServerTarget) else reset
-    return await run_load(target.infer, samples, plan, on_boundary=on_boundary, progress=bar, label=label)
-
-
 def _measurement(config: Configuration, target: Any, loads: Sequence[LoadResult], batch: int) -> Measurement:
     """One target's turns at one level, pooled into one measurement (the server's statistics summed)."""
     load = LoadResult.pooled(loads)
@@ -306,14 +293,15 @@ def _measurement(config: Configuration, target: Any, loads: Sequence[LoadResult]
     return Measurement.from_load(config, load, batch=batch, local_report=target.report())
 
 
-def _first_only(fn: Callable[[], Any]) -> Callable[[], Any]:
+def _reset_once(target: Any) -> Callable[[], Any]:
+    """The local cost report starts afresh once the first warm-up is over, and only then."""
     called = False
 
     async def once() -> None:
         nonlocal called
         if not called:
             called = True
-            await fn()
+            target.reset()
 
     return once
 
