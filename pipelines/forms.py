@@ -50,9 +50,12 @@ class Form:
     server_copies: int  # copies a server makes of a tensor at each step boundary (process crossings; none in-process)
     summary: str  # one line for help texts
     # The server-profile boundaries (pipelines.calibration) this form pays: per step call, and
-    # once per request for its top-level model (the ensemble scheduler, or the BLS model's stub).
+    # once per request for its top-level model (the ensemble scheduler, or the BLS model's stub);
+    # and its Python steps' stubs, which cost more where the ensemble runs them than where a BLS
+    # model calls them (docs/server_profiles.md).
     call_cost: str
     own_cost: str
+    stub_cost: str
     # Python steps run inside the top-level model, in its process: no step model, no copy
     # between steps; external model steps are still called through BLS.
     in_process: bool = False
@@ -79,6 +82,7 @@ FORMS: MappingProxyType[str, Form] = MappingProxyType({
             summary="platform: ensemble; Triton's scheduler starts each step when its inputs are ready",
             call_cost="ensemble_step",
             own_cost="ensemble",
+            stub_cost="ensemble_stub",
         ),
         Form(
             name="bls",
@@ -90,6 +94,7 @@ FORMS: MappingProxyType[str, Form] = MappingProxyType({
             summary="a Python model; async def execute, independent steps concurrent with async_exec()",
             call_cost="bls_call",
             own_cost="bls_model",
+            stub_cost="bls_stub",
         ),
         Form(
             name="bls-sync",
@@ -101,6 +106,7 @@ FORMS: MappingProxyType[str, Form] = MappingProxyType({
             summary="a Python model calling the steps one after another with exec()",
             call_cost="bls_sync_call",
             own_cost="bls_sync_model",
+            stub_cost="bls_sync_stub",
         ),
         Form(
             name="fused",
@@ -112,6 +118,7 @@ FORMS: MappingProxyType[str, Form] = MappingProxyType({
             summary="one Python model running the Python steps in-process, concurrently; external models through BLS",
             call_cost="bls_call",  # external models, with async_exec()
             own_cost="bls_model",
+            stub_cost="bls_stub",  # paid by none: its Python steps run in-process, external models in no stub
             in_process=True,
         ),
     )

@@ -3,15 +3,17 @@
 At one tensor size, a probe's latency is a sum over the boundaries it crosses:
 
 - a step model called directly: ``request + stub``;
-- an ensemble of ``n`` steps: ``request + ensemble + n * (ensemble_step + stub)``;
-- an async BLS model calling ``n`` steps: ``request + bls_model + n * (bls_call + stub)``;
+- an ensemble of ``n`` steps: ``request + ensemble + n * (ensemble_step + ensemble_stub)``;
+- an async BLS model calling ``n`` steps: ``request + bls_model + n * (bls_call + bls_stub)``;
 - a sync BLS model: the same with ``bls_sync_model`` and ``bls_sync_call`` (measured: a sync
   call costs 0.13–0.17 ms less than an async one at 1 KiB, 0.5 ms less at 4 MiB).
 
 The stub is priced from Triton's own statistics of the probe's identity step
 models (compute input on the way in; compute infer and output on the way
 out), because end-to-end latency cannot tell a
-stub from the boundary that feeds it. Then the step probe gives the request,
+stub from the boundary that feeds it; each form's probes price that form's
+stubs (``ensemble_stub``, ``bls_stub``, ``bls_sync_stub``: the ensemble's cost
+more), and the step probe's its ``stub``. Then the step probe gives the request,
 and a straight line through each kind's latencies over its chain lengths
 gives, from its slope, the cost of one more step (ensemble step or BLS call)
 and, from its intercept, what the kind pays once per request (the ensemble
@@ -53,6 +55,8 @@ __all__ = ["crossings", "fit_costs", "predict_us"]
 _NAMES = tuple(BOUNDARIES)
 # What each chained probe kind (a form) pays once per request, and per step.
 _KINDS_OF = {kind: (FORMS[kind].own_cost, FORMS[kind].call_cost) for kind in KINDS if kind in FORMS}
+# The stub of each kind's steps, priced from that kind's own probes.
+_STUB_OF = {kind: FORMS[kind].stub_cost for kind in _KINDS_OF}
 # The kind of probe whose line (over chain lengths) prices each boundary: "slope" or "intercept"
 # (in the kinds' order: a boundary's stand-in is priced before it).
 _FROM_LINE = {name: (kind, part) for kind, (once, per_step) in _KINDS_OF.items()
@@ -71,7 +75,7 @@ def crossings(kind: str, steps: int, size: int) -> dict[str, tuple[int, int]]:
         return {"request": (1, both), "stub": (1, both)}
     if kind in _KINDS_OF:
         once, per_step = _KINDS_OF[kind]
-        return {"request": (1, both), once: (1, both), per_step: (steps, both), "stub": (steps, both)}
+        return {"request": (1, both), once: (1, both), per_step: (steps, both), _STUB_OF[kind]: (steps, both)}
     raise ArgumentError(f"unknown probe kind {kind!r}; expected one of 'step', {', '.join(map(repr, _KINDS_OF))}")
 
 
@@ -125,15 +129,23 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
     lines = {kind: _line(latency[kind]) for kind in _KINDS_OF}
     step = median(lat for _, lat in latency["step"]) if latency["step"] else None
     if stub_rows:
-        stub_in = median(float(r[5]) if len(r) > 5 and r[5] is not None else r[4] / 2 for r in stub_rows)
-        stub = median(float(r[4]) for r in stub_rows)
-        stub_pair = (min(stub_in, stub), max(0.0, stub - stub_in))
+        # the step probe is the request and its one stub: its own statistics price that stub
+        stub_pair = _stub_pair([r for r in stub_rows if r[0] == "step"] or stub_rows)
+        stub = sum(stub_pair)
         request = step - stub if step is not None else (lines["ensemble"] or (0.0, 0.0))[0]
     else:  # no statistics: the ensemble's intercept is the request, the step probe's rest the stub
         request = (lines["ensemble"] or (0.0, 0.0))[0]
         stub = max(0.0, step - request) if step is not None else 0.0
         stub_pair = (stub / 2, stub / 2)
-    stub = sum(stub_pair)  # at least the way in, where noise put the total below it
+    # Each form's steps priced by the statistics of its own probes' steps: the ensemble's
+    # stubs cost more than the ones a BLS model calls (at 4 MiB, 1.63-1.76 ms against 1.27-1.44
+    # on this machine's bundled server). What the kind's line leaves per step beyond them is
+    # its call; where its stubs alone exceed the slope, the call is nothing and the steps cost
+    # what Triton's statistics say (docs/server_profiles.md).
+    stub_of = {}
+    for kind in _KINDS_OF:
+        own = [r for r in stub_rows if r[0] == kind]
+        stub_of[kind] = _stub_pair(own) if own else stub_pair
     if stub_rows:
         for kind in BLS_KINDS:
             # How long the BLS model holds its instance, over chain lengths: its latency's line less the
@@ -148,19 +160,29 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
             stand_in = STAND_INS[name]
             costs[name] = costs[stand_in] if stand_in else 0.0
             continue
+        kind_stub = sum(stub_of[kind])
         if line is None:  # one chain length: the whole rest is per step, nothing per request
             one = latency[kind]
-            per_step = median((lat - request) / s - stub for s, lat in one) if one else 0.0
-            line = (request, per_step + stub)
+            per_step = median((lat - request) / s - kind_stub for s, lat in one) if one else 0.0
+            line = (request, per_step + kind_stub)
         intercept, slope = line
-        costs[name] = slope - stub if part == "slope" else intercept - request
+        costs[name] = slope - kind_stub if part == "slope" else intercept - request
     if not stub_rows:
         # without statistics, the BLS model's own stub is taken as one stub
         costs["bls_model"] = costs["bls_sync_model"] = stub
         costs["ensemble"] = 0.0
     pairs = {name: (max(0.0, us) / 2, max(0.0, us) / 2) for name, us in costs.items()}
     pairs["stub"] = stub_pair
+    for kind, name in _STUB_OF.items():
+        pairs[name] = stub_of[kind]
     return pairs
+
+
+def _stub_pair(rows: Sequence[Row]) -> tuple[float, float]:
+    """A stub's (way in, way out) µs: the medians of its statistics (compute input on the way in)."""
+    stub_in = median(float(r[5]) if len(r) > 5 and r[5] is not None else r[4] / 2 for r in rows)
+    stub = median(float(r[4]) for r in rows)
+    return min(stub_in, stub), max(0.0, stub - stub_in)  # at least the way in, where noise put the total below it
 
 
 def _summary_line(sizes: Sequence[int], totals: Sequence[float]) -> tuple[float, float]:

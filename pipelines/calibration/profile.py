@@ -40,10 +40,15 @@ BOUNDARIES = {
     "bls_sync_model": "the sync BLS model's own stub, as bls_model; bytes in + out",
     "stub": "a Python step's stub: its inputs in, its fresh outputs out (shared memory, the stub process); "
     "bytes in + out",
+    "ensemble_stub": "a Python step's stub as an ensemble runs it (its outputs go to the ensemble's tensors); "
+    "bytes in + out",
+    "bls_stub": "a Python step's stub as a BLS model calls it (async execute); bytes in + out",
+    "bls_sync_stub": "a Python step's stub as a sync BLS model calls it; bytes in + out",
 }
 #: Boundaries a profile may lack (profiles written before they were measured): what stands in for them.
 # In order: a stand-in may itself stand in.
-STAND_INS = {"ensemble": None, "bls_model": "stub", "bls_sync_call": "bls_call", "bls_sync_model": "bls_model"}
+STAND_INS = {"ensemble": None, "bls_model": "stub", "bls_sync_call": "bls_call", "bls_sync_model": "bls_model",
+             "ensemble_stub": "stub", "bls_stub": "stub", "bls_sync_stub": "bls_stub"}
 _FORMAT = 1
 MIB = float(1 << 20)
 

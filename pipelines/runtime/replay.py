@@ -12,7 +12,8 @@ Where each cost is spent (see :mod:`pipelines.calibration` for how they are meas
   while the request holds its place in the BLS model's instance
   (:class:`~pipelines.runtime.bls_gate.BlsGate`), so it occupies that instance as on
   the server;
-- **stub** input and output: while the step's instance is held (before and after its
+- **stub** input and output (the form's own: **ensemble_stub**, **bls_stub**,
+  **bls_sync_stub**): while the step's instance is held (before and after its
   function runs), so they queue, batch and count against ``instance_count`` as the
   Python stub's shared-memory copies do; in the BLS modes the BLS model's own stub
   (**bls_model**, **bls_sync_model**) pays for the request's inputs and outputs while its instance is
@@ -256,7 +257,7 @@ class Replay:
         self._request = costs["request"]
         the_form = form(mode, what="mode")
         self._hop = costs[the_form.call_cost]
-        self._stub = costs["stub"]
+        self._stub = costs[the_form.stub_cost]
         # What the top-level model costs once per request: a Python model's own stub (BLS, fused),
         # paid while its instance is held; the ensemble scheduler's own work, which holds no
         # instance and rides with the request's way in and out instead.
