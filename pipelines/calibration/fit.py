@@ -246,5 +246,5 @@ def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...
         costs[name] = Cost(fixed, per_mib, tuple(sizes), ins, outs)
     for kind, steps, size, _, stub_us, *_ in rows:
         if stub_us is not None and stub_us > 0:
-            points.append(Point("stub", 2 * size, float(stub_us), f"{kind} x{steps}"))
+            points.append(Point(_STUB_OF.get(kind, "stub"), 2 * size, float(stub_us), f"{kind} x{steps}"))
     return costs, tuple(points)
