@@ -88,6 +88,20 @@ class ModelCounters:
     def key(self) -> tuple[str, str]:
         return self.model, self.version
 
+    def since(self, before: ModelCounters | None) -> ModelCounters:
+        """What the counters grew by since ``before`` (all of them where the model had not run yet)."""
+        if before is None:
+            return self
+        return replace(self, **{n: getattr(self, n) - getattr(before, n) for n in _COUNTED})
+
+    def plus(self, other: ModelCounters) -> ModelCounters:
+        """Two stretches' growth as one."""
+        return replace(self, **{n: getattr(self, n) + getattr(other, n) for n in _COUNTED})
+
+
+# The cumulative counters: every field but the model's name and version.
+_COUNTED = tuple(f.name for f in fields(ModelCounters) if f.name not in ("model", "version"))
+
 
 def _int(value: Any) -> int:
     # gRPC statistics turned into JSON carry 64-bit counters as strings.
@@ -148,27 +162,25 @@ class ModelTimes:
         return asdict(self)
 
 
-def _delta(after: ModelCounters, before: ModelCounters | None) -> ModelTimes | None:
-    def d(field: str) -> int:
-        return getattr(after, field) - (getattr(before, field) if before is not None else 0)
-
-    requests, failures = d("success_count"), d("fail_count")
+def _times(grown: ModelCounters) -> ModelTimes | None:
+    """A model's times from what its counters grew by, or ``None`` where it served no request."""
+    requests, failures = grown.success_count, grown.fail_count
     if requests <= 0 and failures <= 0:
         return None
     # Triton counts queue and compute time over successful requests only.
     per = max(requests, 1) * 1000.0
     return ModelTimes(
-        model=after.model,
-        version=after.version,
+        model=grown.model,
+        version=grown.version,
         requests=requests,
         failures=failures,
-        inferences=d("inference_count"),
-        executions=d("execution_count"),
-        queue_us=d("queue_ns") / per,
-        compute_input_us=d("compute_input_ns") / per,
-        compute_infer_us=d("compute_infer_ns") / per,
-        compute_output_us=d("compute_output_ns") / per,
-        total_us=d("success_ns") / per,
+        inferences=grown.inference_count,
+        executions=grown.execution_count,
+        queue_us=grown.queue_ns / per,
+        compute_input_us=grown.compute_input_ns / per,
+        compute_infer_us=grown.compute_infer_ns / per,
+        compute_output_us=grown.compute_output_ns / per,
+        total_us=grown.success_ns / per,
     )
 
 
@@ -183,7 +195,7 @@ def breakdown(
     Models named in ``first`` (the measured top-level model) lead; the rest
     follow by name, so a table reads top-down from the model the client called.
     """
-    rows = [t for key, counters in after.items() if (t := _delta(counters, before.get(key))) is not None]
+    rows = [t for key, counters in after.items() if (t := _times(counters.since(before.get(key)))) is not None]
     order = {name: i for i, name in enumerate(first)}
     rows.sort(key=lambda t: (order.get(t.model, len(order)), t.model, t.version))
     return rows
@@ -196,13 +208,9 @@ def breakdown_over(
 ) -> list[ModelTimes]:
     """Like :func:`breakdown`, over several ``(before, after)`` pairs at once: a measurement taken
     in turns, with other models' load between them, counts only what happened inside each pair."""
-    counted = [f.name for f in fields(ModelCounters) if f.type in ("int", int)]
     summed: dict[tuple[str, str], ModelCounters] = {}
     for before, after in brackets:
         for key, counters in after.items():
-            old = before.get(key)
-            delta = {n: getattr(counters, n) - (getattr(old, n) if old is not None else 0) for n in counted}
-            if key in summed:
-                delta = {n: delta[n] + getattr(summed[key], n) for n in counted}
-            summed[key] = replace(counters, **delta)
+            grown = counters.since(before.get(key))
+            summed[key] = summed[key].plus(grown) if key in summed else grown
     return breakdown({}, summed, first=first)
