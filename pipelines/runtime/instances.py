@@ -33,7 +33,7 @@ from ..graph import Node
 from ..step import DynamicBatching, StepInstance, check_outputs, instance_config
 from .batching import DynamicBatcher
 from .device import CopyCounter, Placement
-from .replay import nbytes_of
+from .replay import StubInThread, nbytes_of
 from .workers import StepThreads
 
 __all__ = ["InstancePool", "Lease", "StepModel"]
@@ -458,8 +458,12 @@ class StepModel:
     ) -> tuple[dict[str, Any], float]:
         """Run the step on one instance and check its outputs: ``(outputs, compute_s)``."""
         instance = lease.instance
-        if self.replay is not None:
-            await self.replay.stub(self, nbytes_of(inputs), leaving=False, instance=lease.index)
+        replay = self.replay
+        threaded = not self.is_async and not inline
+        # A server profile's stub costs: in the worker thread that runs the step, or on the event loop.
+        stub = replay.stub_in_thread(self) if replay is not None and threaded else None
+        if replay is not None and not threaded:
+            await replay.stub(self, nbytes_of(inputs), leaving=False, instance=lease.index)
         try:
             if self.is_async:
                 t = perf_counter()
@@ -470,11 +474,13 @@ class StepModel:
                 outputs = instance.execute(inputs)
                 compute = perf_counter() - t
             else:
-                outputs, compute = await self._in_thread(lease, inputs)
+                outputs, compute = await self._in_thread(lease, inputs, stub)
+            if stub is not None:
+                replay.account(stub)
             check_outputs(self.step, outputs, batched=self.batched, batch_size=rows if self.batched else None)
             self._learn(compute)
-            if self.replay is not None:
-                await self.replay.stub(self, nbytes_of(outputs), leaving=True, instance=lease.index)
+            if replay is not None and not threaded:
+                await replay.stub(self, nbytes_of(outputs), leaving=True, instance=lease.index)
         except PipelinesError as exc:
             if exc.pipeline == self.pipeline and exc.step == self.name:
                 raise
@@ -502,18 +508,26 @@ class StepModel:
         self._timed += 1
         self.cheap = self._timed >= _SAMPLES and self._typical < self.hop_cost
 
-    async def _in_thread(self, lease: Lease, inputs: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    async def _in_thread(
+        self, lease: Lease, inputs: dict[str, Any], stub: StubInThread | None = None
+    ) -> tuple[dict[str, Any], float]:
         assert self.pool is not None
         call = _ThreadCall(lease, self.pool, self._threads)
         execute: Callable[[dict[str, Any]], dict[str, Any]] = lease.instance.execute
+        taken = nbytes_of(inputs) if stub is not None else 0
 
         def work() -> tuple[dict[str, Any], float] | None:
             if not call.begin():
                 return None
             try:
+                if stub is not None:
+                    stub.enter(taken)
                 t = perf_counter()
                 outputs = execute(inputs)
-                return outputs, perf_counter() - t
+                compute = perf_counter() - t
+                if stub is not None:
+                    stub.leave(nbytes_of(outputs))
+                return outputs, compute
             finally:
                 call.end()
 

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ if TYPE_CHECKING:
     from ..calibration.profile import Profile
     from .report import Report
 
-__all__ = ["Ledger", "Replay", "ServerPrediction", "nbytes_of"]
+__all__ = ["Ledger", "Replay", "ServerPrediction", "StubInThread", "nbytes_of"]
 
 def _gated(pipeline: Any) -> bool:
     """Whether ``pipeline`` compiles to an ensemble with a gate model of its own (where the
@@ -142,7 +143,19 @@ class _Lanes:
         most = max([profile.lanes, *(v for _, v in profile.lanes_by_size)])  # each >= 1 (Profile checks)
         self.slots = math.ceil(most - 1e-9)
         self.held = 0
+        self._held_lock = threading.Lock()  # stubs paid in worker threads hold lanes too
         self._semaphore: anyio.Semaphore | None = None
+
+    def take(self, nbytes: int) -> float:
+        """Hold one more lane; returns the stretch of a boundary on ``nbytes`` held now."""
+        with self._held_lock:
+            self.held += 1
+            held = self.held
+        return max(1.0, held / self.at(nbytes))
+
+    def give(self) -> None:
+        with self._held_lock:
+            self.held -= 1
 
     def at(self, nbytes: int) -> float:
         lanes = self._at.get(nbytes)
@@ -197,9 +210,8 @@ async def _spend(ledger: Ledger, seconds: float, lanes: _Lanes, nbytes: int,
         queued = perf_counter()
         await semaphore.acquire()
         added = perf_counter() - queued
-    lanes.held += 1
+    stretch = lanes.take(nbytes)
     try:
-        stretch = max(1.0, lanes.held / lanes.at(nbytes))
         if whole_ms >= 1:
             t = perf_counter()
             await anyio.sleep(whole_ms * 1e-3 * stretch - 50e-6)  # the loop rounds the timeout up to whole ms
@@ -211,9 +223,68 @@ async def _spend(ledger: Ledger, seconds: float, lanes: _Lanes, nbytes: int,
             ledger.debt -= slept / stretch
             added += slept - slept / stretch
     finally:
-        lanes.held -= 1
+        lanes.give()
         semaphore.release()
     return added
+
+
+class StubInThread:
+    """One execution's stub costs, slept in the worker thread that runs the step: before its
+    function (the stub taking the inputs) and after it (giving the outputs), while the
+    instance is held. A thread's sleep is not rounded to whole milliseconds as the event loop's
+    are, so the instance is held for the stub's costs as they are, not for a millisecond one
+    time and nothing the next: at a concurrency where the requests meet at single instances,
+    that lumpiness made them queue where the server's do not (docs/server_profiles.md).
+
+    Handing the execution to the thread, and the answer back to the event loop, take a
+    while of the local runtime's own with the instance held; that while pays for as much of the
+    stub's costs, so they are not paid twice. Each boundary holds a lane, stretched as on the
+    event loop (the thread takes the stretch, not a wait for a free slot: throughput is the same).
+    """
+
+    __slots__ = ("_replay", "_cost", "_began", "_credit", "_ended", "input", "output")
+
+    def __init__(self, replay: Replay, cost: Any) -> None:
+        self._replay = replay
+        self._cost = cost
+        self._began = perf_counter()  # handed to the thread from here
+        self._credit = 0.0  # the hand-over's time beyond the way in: paid for part of the way out
+        self._ended = 0.0
+        self.input = 0.0  # what each way cost, stretch included (Triton's compute input, output)
+        self.output = 0.0
+
+    def enter(self, nbytes: int) -> None:
+        """On the worker thread, before the step's function: the stub takes ``nbytes`` in."""
+        lag = perf_counter() - self._began
+        self.input, owed = self._pay(nbytes, leaving=False, credit=lag)
+        self._credit = max(0.0, -owed)
+
+    def leave(self, nbytes: int) -> None:
+        """On the worker thread, after the step's function: the stub gives ``nbytes`` back."""
+        self.output, _ = self._pay(nbytes, leaving=True, credit=self._credit + self._replay._return_lag)
+        self._ended = perf_counter()
+
+    def done(self, accounts: Ledger) -> None:
+        """Back on the event loop: tell the statistics, and learn how long the way back took."""
+        if self._ended:
+            back = perf_counter() - self._ended
+            self._replay._return_lag += 0.1 * (min(back, 1e-3) - self._replay._return_lag)
+        accounts.input += self.input
+        accounts.output += self.output
+
+    def _pay(self, nbytes: int, *, leaving: bool, credit: float) -> tuple[float, float]:
+        """Sleep one way's cost less ``credit``, holding a lane: ``(its cost, what was owed)``."""
+        replay = self._replay
+        lanes = replay._lanes
+        seconds = replay._way(self._cost, nbytes, leaving)
+        stretch = lanes.take(nbytes)
+        try:
+            owed = seconds * stretch - credit
+            if owed > 0:
+                time.sleep(owed)
+        finally:
+            lanes.give()
+        return seconds * stretch, owed
 
 
 @dataclass(frozen=True)
@@ -273,6 +344,7 @@ class Replay:
         self._models: dict[tuple[int, int], Ledger] = {}  # what each held instance owes, by (id(model), index)
         self._lanes = _Lanes(self.profile)  # the server's cores, shared by this runtime's requests
         self._settle = _ThreadSleep()
+        self._return_lag = 60e-6  # a worker thread's answer reaching the event loop (learned)
 
     def reset(self) -> None:
         self._totals = Ledger()
@@ -364,6 +436,18 @@ class Replay:
         # a dynamic batch runs for several requests at once: its statistics go to the totals
         accounts = _current.get() or self._totals
         await self._stub_half(accounts, self._holder(model, instance), nbytes, leaving=leaving)
+
+    def stub_in_thread(self, model: object) -> StubInThread | None:
+        """The stub costs of one execution of ``model`` that runs in a worker thread, to be
+        paid there (:class:`StubInThread`); ``None`` where it pays none."""
+        if self._in_process or _external(model):
+            return None
+        return StubInThread(self, self._stub)
+
+    def account(self, stub: StubInThread) -> None:
+        """Back on the event loop after the thread paid ``stub``: its costs go to the request's statistics
+        (a dynamic batch's to the totals, as :meth:`stub` does)."""
+        stub.done(_current.get() or self._totals)
 
     @staticmethod
     def _way(cost: Any, nbytes: int, leaving: bool) -> float:
