@@ -573,3 +573,32 @@ def test_a_stub_pays_its_own_debt_while_its_instance_is_held_not_the_requests():
     assert ledger.input == pytest.approx(400e-6)  # the statistics still tell the request's stubs
     assert ledger.overhead == pytest.approx(600e-6)
 
+
+
+STARTS: list[float] = []
+
+
+@step(inputs={"x": V}, outputs={"y": V})
+def stamped(x):
+    """Notes when each execution starts (one instance: one after another), and takes 2 ms."""
+    from time import perf_counter, sleep
+
+    STARTS.append(perf_counter())
+    sleep(0.002)
+    return {"y": x}
+
+
+def test_a_stub_paid_in_the_steps_worker_thread_holds_its_instance_for_what_it_costs_each_time():
+    # 0.3 ms in and 0.3 ms out, less than the event loop's millisecond: paid on the loop, one
+    # execution would hold the instance a whole millisecond more and the next none more (right
+    # on average, but requests meeting at single instances queue on the lumps). Four requests at
+    # once run the step in worker threads, which pay each execution's stub as it costs.
+    p = Pipeline("one_stamped", inputs={"x": V}, max_batch_size=8)
+    p.output("y", p.add(stamped, x=p.input("x"))["y"])
+    STARTS.clear()
+    _, report = run_many(p, [{"x": X}] * 60, mode="ensemble", concurrency=4, profile=_profile(ensemble_stub=Cost(600, 0)))
+    assert report.server.compute_input_us == pytest.approx(300, rel=0.05)  # 1.8 lanes: nothing stretched
+    assert report.server.compute_output_us == pytest.approx(300, rel=0.05)
+    # between one execution's start and the next's: its 2 ms, its way out and the next one's way in
+    beyond = np.diff(STARTS[10:]) - 0.002
+    assert np.percentile(beyond, 10) >= 0.45e-3, np.round(np.sort(beyond) * 1e3, 2)

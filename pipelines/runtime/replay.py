@@ -29,11 +29,18 @@ Where each cost is spent (see :mod:`pipelines.calibration` for how they are meas
 Each way is priced by :meth:`~pipelines.calibration.profile.Cost.way_us`: the
 profile's figure at that many bytes, between its measured sizes.
 
-A cost is spent by sleeping on the event loop, which wakes in steps of about a
+A step that runs in a worker thread (as steps do while requests run side by side) pays
+its stub's costs in that thread, before and after its function
+(:class:`StubInThread`): a thread's sleep is not rounded, so each execution holds its
+instance for what its stub costs, and the hand-over to the thread and back, which
+holds the instance too, pays for as much of them.
+
+Every other cost is spent by sleeping on the event loop, which wakes in steps of about a
 millisecond; each request keeps a ledger of what it owes, so the rounding of one
 sleep is made up by the next, and what it still owes below a millisecond when it
 leaves is slept in a worker thread, whose sleep is not rounded: a request's total
-is right to within about a tenth of a millisecond. A stub's costs, paid while one of its model's instances is held,
+is right to within about a tenth of a millisecond. A stub's costs paid on the event loop
+(a step run inline, one request at a time), while one of its model's instances is held,
 draw on a ledger of that instance's own instead (one instance pays one thing at
 a time, so its sleeps make up for each other): were they to pay the request's
 debt from the way in or a hop, a 0.3 ms stub would sometimes hold its instance a
@@ -51,7 +58,8 @@ So every sleep is taken holding one of the profile's ``lanes`` (``ceil(lanes)``
 slots shared by one runtime's requests; while more than ``lanes`` are held, each
 holder's sleep stretches by ``held / lanes``, so 1.4 lanes serve 1.4 requests'
 worth at once): a boundary that finds every slot busy waits for one, as it waits
-for a core on the server. The lanes are the profile's at the bytes the boundary carries
+for a core on the server (a stub paid in a worker thread, which cannot wait on the event
+loop, only stretches: the same throughput). The lanes are the profile's at the bytes the boundary carries
 (:meth:`~pipelines.calibration.profile.Profile.lanes_at`): the server works on fewer
 large copies at once than small ones. At concurrency 1 nothing waits or stretches. The wait
 and the stretch count in the column of the boundary they delay (compute input or
