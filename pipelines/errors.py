@@ -67,6 +67,7 @@ __all__ = [
     "TensorSpecError",
     "UnboundInputError",
     "UnknownTensorError",
+    "sole_exception",
 ]
 
 
@@ -221,3 +222,20 @@ class NotFoundError(PipelinesError, KeyError):
     """
 
     __str__ = Exception.__str__  # KeyError's str() would repr() the message
+
+
+def sole_exception(exc: BaseException) -> BaseException:
+    """The one exception a task group's wrapper holds (unwrapped through nested ones), or ``exc``.
+
+    A step's error raised inside a task group (the load generator's, a runtime's) comes out
+    wrapped in an exception group; callers catch, and users read, the error itself.
+    """
+    while isinstance(exc, _BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+try:
+    _BaseExceptionGroup = BaseExceptionGroup  # Python 3.11+
+except NameError:  # Python 3.10: anyio's own backport
+    from exceptiongroup import BaseExceptionGroup as _BaseExceptionGroup

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 import anyio
 
 from ..calibration.profile import load_profile
-from ..errors import PipelinesError
+from ..errors import PipelinesError, sole_exception
 from ..freed_memory import keep_freed_memory_here
 from ..graph import Pipeline
 from ..loading import load_pipeline_and_module
@@ -127,7 +127,8 @@ def run_benchmark(
                     machine=machine_info() if settings.server else None,
                 )
             _run_async(_measure, pipeline, samples, settings, bar, connect, measurements, level_done)
-    except BaseException as exc:
+    except BaseException as raised:
+        exc = sole_exception(raised)  # a step's error, not the task group that carried it
         why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"failed: {type(exc).__name__}: {exc}"
         partial = save(why)
         # Said even with the progress bar off: the reader must know the figures are partial.
@@ -141,7 +142,9 @@ def run_benchmark(
             stream.write(render(partial))
             stream.flush()
         exc.benchmark_result = partial  # for a caller without `out`: what was finished is not lost
-        raise
+        if exc is raised:
+            raise
+        raise exc from None  # its own traceback still shows where it was raised
 
     # The figures are safe on disk before anything optional (plots) can fail.
     final = save("complete")
