@@ -224,6 +224,12 @@ class NotFoundError(PipelinesError, KeyError):
     __str__ = Exception.__str__  # KeyError's str() would repr() the message
 
 
+try:
+    _BaseExceptionGroup = BaseExceptionGroup  # Python 3.11+
+except NameError:  # Python 3.10: anyio's own backport
+    from exceptiongroup import BaseExceptionGroup as _BaseExceptionGroup
+
+
 def sole_exception(exc: BaseException) -> BaseException:
     """The one exception a task group's wrapper holds (unwrapped through nested ones), or ``exc``.
 
@@ -234,8 +240,3 @@ def sole_exception(exc: BaseException) -> BaseException:
         exc = exc.exceptions[0]
     return exc
 
-
-try:
-    _BaseExceptionGroup = BaseExceptionGroup  # Python 3.11+
-except NameError:  # Python 3.10: anyio's own backport
-    from exceptiongroup import BaseExceptionGroup as _BaseExceptionGroup
