@@ -67,7 +67,6 @@ __all__ = [
     "TensorSpecError",
     "UnboundInputError",
     "UnknownTensorError",
-    "sole_exception",
 ]
 
 
