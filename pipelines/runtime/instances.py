@@ -514,14 +514,13 @@ class StepModel:
         assert self.pool is not None
         call = _ThreadCall(lease, self.pool, self._threads)
         execute: Callable[[dict[str, Any]], dict[str, Any]] = lease.instance.execute
-        taken = nbytes_of(inputs) if stub is not None else 0
 
         def work() -> tuple[dict[str, Any], float] | None:
             if not call.begin():
                 return None
             try:
                 if stub is not None:
-                    stub.enter(taken)
+                    stub.enter(nbytes_of(inputs))
                 t = perf_counter()
                 outputs = execute(inputs)
                 compute = perf_counter() - t

@@ -250,14 +250,14 @@ class StubInThread:
     event loop (the thread takes the stretch, not a wait for a free slot: throughput is the same).
     """
 
-    __slots__ = ("_replay", "_cost", "_began", "_credit", "_ended", "input", "output")
+    __slots__ = ("_replay", "_cost", "_began", "_credit", "ended", "input", "output")
 
     def __init__(self, replay: Replay, cost: Any) -> None:
         self._replay = replay
         self._cost = cost
         self._began = perf_counter()  # handed to the thread from here
         self._credit = 0.0  # the hand-over's time beyond the way in: paid for part of the way out
-        self._ended = 0.0
+        self.ended = 0.0  # when the way out was paid (0.0: never), for the event loop to learn the way back
         self.input = 0.0  # what each way cost, stretch included (Triton's compute input, output)
         self.output = 0.0
 
@@ -270,15 +270,7 @@ class StubInThread:
     def leave(self, nbytes: int) -> None:
         """On the worker thread, after the step's function: the stub gives ``nbytes`` back."""
         self.output, _ = self._pay(nbytes, leaving=True, credit=self._credit + self._replay._return_lag)
-        self._ended = perf_counter()
-
-    def done(self, accounts: Ledger) -> None:
-        """Back on the event loop: tell the statistics, and learn how long the way back took."""
-        if self._ended:
-            back = perf_counter() - self._ended
-            self._replay._return_lag += 0.1 * (min(back, 1e-3) - self._replay._return_lag)
-        accounts.input += self.input
-        accounts.output += self.output
+        self.ended = perf_counter()
 
     def _pay(self, nbytes: int, *, leaving: bool, credit: float) -> tuple[float, float]:
         """Sleep one way's cost less ``credit``, holding a lane: ``(its cost, what was owed)``."""
@@ -439,8 +431,8 @@ class Replay:
 
     async def stub(self, model: object, nbytes: int, *, leaving: bool, instance: int = 0) -> None:
         """A step's stub taking its inputs, or giving its outputs; the caller holds ``instance``."""
-        if self._in_process or _external(model):
-            return  # an external model (ONNX Runtime, TensorRT...) runs in no Python stub; nor a fused step
+        if not self._has_stub(model):
+            return
         # a dynamic batch runs for several requests at once: its statistics go to the totals
         accounts = _current.get() or self._totals
         await self._stub_half(accounts, self._holder(model, instance), nbytes, leaving=leaving)
@@ -448,14 +440,22 @@ class Replay:
     def stub_in_thread(self, model: object) -> StubInThread | None:
         """The stub costs of one execution of ``model`` that runs in a worker thread, to be
         paid there (:class:`StubInThread`); ``None`` where it pays none."""
-        if self._in_process or _external(model):
-            return None
-        return StubInThread(self, self._stub)
+        return StubInThread(self, self._stub) if self._has_stub(model) else None
 
     def account(self, stub: StubInThread) -> None:
         """Back on the event loop after the thread paid ``stub``: its costs go to the request's statistics
-        (a dynamic batch's to the totals, as :meth:`stub` does)."""
-        stub.done(_current.get() or self._totals)
+        (a dynamic batch's to the totals, as :meth:`stub` does), and how long its answer took to get
+        here is learned."""
+        if stub.ended:
+            self._return_lag += 0.1 * (min(perf_counter() - stub.ended, 1e-3) - self._return_lag)
+        accounts = _current.get() or self._totals
+        accounts.input += stub.input
+        accounts.output += stub.output
+
+    def _has_stub(self, model: object) -> bool:
+        """Whether ``model``'s executions pay a Python stub: an external model (ONNX Runtime,
+        TensorRT...) runs in none, nor does a fused form's step."""
+        return not (self._in_process or _external(model))
 
     @staticmethod
     def _way(cost: Any, nbytes: int, leaving: bool) -> float:
