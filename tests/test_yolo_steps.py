@@ -320,6 +320,36 @@ def test_nms_equals_reference_on_real_detector_output():
     np.testing.assert_array_equal(got[0], reference_nms(raw[0], 0.25, 0.45, 300))
 
 
+_CORES_BETWEEN_CALLS = """
+import resource, time
+import numpy as np
+from pipelines.examples.yolov5 import make_sample
+from pipelines.steps.detector import detector
+from pipelines.steps.letterbox import letterbox
+from pipelines.steps.nms import nms
+raw = detector(images=letterbox(image=make_sample(seed=3, n_objects=8)["image"][None])["images"])["output0"]
+nms(candidates=raw)
+used, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+for _ in range(60):
+    nms(candidates=raw)
+    time.sleep(0.005)  # idle between requests, as a served step is
+now = resource.getrusage(resource.RUSAGE_SELF)
+print((now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime) / (time.perf_counter() - start))
+"""
+
+
+def test_nms_leaves_the_cores_alone_between_calls():
+    # A float matrix product hands NMS's rounds to OpenBLAS, whose threads then spin: a step
+    # called every few milliseconds kept more than a whole core busy (on the server too, in its
+    # stub), for about a millisecond of work per call.
+    import subprocess
+
+    run = subprocess.run([sys.executable, "-c", _CORES_BETWEEN_CALLS], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    cores = float(run.stdout.split()[-1])
+    assert cores < 0.6, f"nms kept {cores:.2f} cores busy while called every 5 ms"
+
+
 def _tiny_yolo_onnx(path, *, batch):
     """An ONNX graph with yolov5's signature: output0[b, r, k] = images.flat[b, r] * (k + 1)."""
     import onnx

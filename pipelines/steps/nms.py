@@ -102,7 +102,13 @@ def _greedy_keep(xp: Any, boxes: Any, cls: Any, iou_threshold: float) -> Any:
     ``keep = not any(keep[i] and suppresses[i, j])`` from all-kept makes the
     first ``t`` entries final after ``t`` rounds, so it reaches greedy NMS's
     exact answer, a fixed point, in at most ``n + 1`` rounds; overlaps rarely
-    chain, so 2-4 rounds of one matrix product are the usual cost.
+    chain, so 2-4 rounds over the kept rows are the usual cost.
+
+    Each round is a boolean reduction, not a float matrix product: numpy hands a
+    product to OpenBLAS, whose worker threads spin for a while after every call, and
+    an NMS step called between requests kept a whole core of a 2-core machine busy
+    that way (1.1 cores for 1.3 ms of work every 11 ms, against 0.16 now), taking it
+    from the steps beside it, on the server (in the step's stub) as locally.
     """
     n = boxes.shape[0]
     x1, y1, x2, y2 = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]
@@ -111,11 +117,10 @@ def _greedy_keep(xp: Any, boxes: Any, cls: Any, iou_threshold: float) -> Any:
     ih = xp.clip(xp.minimum(y2[:, None], y2[None, :]) - xp.maximum(y1[:, None], y1[None, :]), 0, None)
     inter = iw * ih
     union = xp.maximum(area[:, None] + area[None, :] - inter, xp.float32(_MIN_UNION))
-    suppresses = (inter / union > xp.float32(iou_threshold)) & (cls[:, None] == cls[None, :])
-    suppresses = xp.triu(suppresses, 1).astype(xp.float32)
+    suppresses = xp.triu((inter / union > xp.float32(iou_threshold)) & (cls[:, None] == cls[None, :]), 1)
     keep = xp.ones(n, dtype=bool)
     for _ in range(n + 1):
-        new = (keep.astype(xp.float32) @ suppresses) == 0
+        new = ~suppresses[keep].any(axis=0)
         if bool((new == keep).all()):
             break
         keep = new
