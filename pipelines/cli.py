@@ -178,15 +178,37 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.local:
         return _cmd_serve_local(args)
     from .triton import serve_main
+    from .triton.arguments import PythonBackendSettings
 
-    return serve_main(args.repository, http_port=args.http_port, grpc_port=args.grpc_port) or 0
+    shm = PythonBackendSettings(shm_default_byte_size=args.shm_default_byte_size,
+                                shm_growth_byte_size=args.shm_growth_byte_size)
+    return serve_main(args.repository, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
+                      python_env=args.python_env, python_backend=shm) or 0
 
 
 def _cmd_serve_local(args: argparse.Namespace) -> int:
     from .endpoint import serve_local
 
+    given = [flag for flag, value in (("--python-env", args.python_env),
+                                      ("--shm-default-byte-size", args.shm_default_byte_size),
+                                      ("--shm-growth-byte-size", args.shm_growth_byte_size)) if value is not None]
+    if given:
+        raise PipelinesError(f"{', '.join(given)}: for a model repository on the bundled Triton server (the "
+                             "environment and shared memory of its Python stubs); --local serves the pipeline "
+                             f"from this process, with no stubs: drop {'it' if len(given) == 1 else 'them'}, "
+                             "or serve a compiled DIR without --local")
     p = load_pipeline(args.repository)
     return serve_local(p, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of bytes, e.g. 4194304 for 4 MiB; got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -250,9 +272,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the model repository to serve, or with --local the pipeline")
     s.add_argument("--local", action="store_true",
                    help="serve the pipeline MODULE:ATTR from the local runtime (KServe v2 over HTTP and gRPC)")
-    s.add_argument("--host", default="127.0.0.1", help="with --local: the address to listen on (default: 127.0.0.1)")
+    s.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
     s.add_argument("--http-port", type=int, default=None, help="default: a free port")
     s.add_argument("--grpc-port", type=int, default=None, help="default: a free port")
+    s.add_argument("--python-env", metavar="VENV", default=None,
+                   help="DIR only: the virtual (or conda) environment the Python models run in, with numpy<2 and "
+                   "what `pipelines compile` wrote to DIR/requirements.txt (default: this one)")
+    s.add_argument("--shm-default-byte-size", type=_positive_int, metavar="BYTES", default=None,
+                   help="DIR only: each Python stub's shared memory to start with (Triton's default: 1 MiB); "
+                   "a request whose tensors do not fit grows it, and it never shrinks")
+    s.add_argument("--shm-growth-byte-size", type=_positive_int, metavar="BYTES", default=None,
+                   help="DIR only: the step it grows by (Triton's default: 1 MiB); larger means fewer, larger "
+                   "increments for requests with large tensors")
     s.set_defaults(func=_cmd_serve)
 
     b = sub.add_parser("bench", help="benchmark every form (ensemble, BLS, fused) locally and on a server",

@@ -399,14 +399,59 @@ def test_start_needs_a_repository_directory(tmp_path):
         TritonServer(tmp_path, model_control_mode="sometimes")
 
 
-def test_models_run_in_another_python_environment(tmp_path, small_repository):
-    # A fresh venv with numpy<2 only: the stub must find its packages there, not in ours.
-    env = make_python_env(tmp_path / "env", "numpy<2")
+@pytest.fixture(scope="module")
+def other_env(tmp_path_factory):
+    """A fresh venv with numpy<2 only: a stub run there finds its packages there, not in ours."""
+    return make_python_env(tmp_path_factory.mktemp("other") / "env", "numpy<2")
+
+
+def test_models_run_in_another_python_environment(tmp_path, other_env):
     repository = write_test_repository(tmp_path / "repo", ("where", "double"))
-    with TritonServer(repository, python_env=env) as server, server.client() as client:
+    with TritonServer(repository, python_env=other_env) as server, server.client() as client:
         prefix, numpy_version, has_pipelines = client.infer("where", {"x": np.zeros(1, np.float32)})["where"]
         np.testing.assert_array_equal(client.infer("double", {"x": np.ones((1, 4), np.float32)})["y"], 2)
-    assert (Path(prefix.decode()), numpy_version.startswith(b"1."), has_pipelines) == (env, True, b"False")
+    assert (Path(prefix.decode()), numpy_version.startswith(b"1."), has_pipelines) == (other_env, True, b"False")
+
+
+def test_pipelines_serve_dir_takes_the_stubs_environment_and_shared_memory(tmp_path, other_env):
+    repository = write_test_repository(tmp_path / "repo", ("where",))
+    served = subprocess.Popen(
+        [sys.executable, "-m", "pipelines", "serve", str(repository), "--python-env", str(other_env),
+         "--shm-default-byte-size", str(3 * 2**20)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        printed = []
+        for line in served.stdout:
+            printed.append(line)
+            if line.startswith("Press Ctrl-C"):
+                break
+        text = "".join(printed)
+        assert text.endswith("Press Ctrl-C to stop.\n"), text + served.stderr.read()
+        pid = int(re.search(r"\(pid (\d+)\)", text).group(1))
+        http = re.search(r"HTTP +(\S+)", text).group(1)
+        with TritonClient(f"http://{http}") as client:
+            prefix = client.infer("where", {"x": np.zeros(1, np.float32)})["where"][0]
+        (stub,) = server_stubs(pid)
+        with open(f"/proc/{stub.pid}/cmdline", "rb") as f:
+            region = Path("/dev/shm") / f.read().split(b"\0")[2].decode()
+        assert (Path(prefix.decode()), region.stat().st_size) == (other_env, 3 * 2**20)
+        served.send_signal(signal.SIGINT)
+        assert "stopped" in served.communicate(timeout=60)[0] and served.returncode == 0
+    finally:
+        if served.poll() is None:
+            served.kill()
+        served.wait()
+
+
+def test_pipelines_serve_refuses_a_bad_size_and_local_refuses_the_servers_own_flags(capsys):
+    from pipelines.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["serve", "x", "--shm-growth-byte-size", "-1"])
+    assert "--shm-growth-byte-size: expected a positive number of bytes" in capsys.readouterr().err
+    assert main(["serve", "--local", "pipelines.examples.basic:diamond", "--python-env", "/venv"]) == 2
+    assert "--python-env: for a model repository on the bundled Triton server" in capsys.readouterr().err
 
 
 def test_a_python_environment_that_cannot_serve_is_refused_before_start(tmp_path):

@@ -8,6 +8,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from .arguments import PythonBackendSettings
 from .server import TritonServer, describe_exit
 
 __all__ = ["serve_main"]
@@ -24,12 +25,16 @@ def serve_main(
     log_verbose: int = 0,
     startup_timeout: float = 120.0,
     extra_args: Sequence[str] = (),
+    python_env: str | os.PathLike[str] | None = None,
+    python_backend: PythonBackendSettings | None = None,
     out=None,
 ) -> int:
     """Serve ``repository`` in the foreground until Ctrl-C (or SIGTERM); return the exit status.
 
     Prints the URLs and the loaded models once the server is ready. A server that dies
-    on its own returns 1 after printing its log's tail.
+    on its own returns 1 after printing its log's tail. ``python_env`` and ``python_backend``
+    are :class:`TritonServer`'s: the environment the Python models run in, and the stubs'
+    shared-memory sizes.
     """
     out = out or sys.stdout
     server = TritonServer(
@@ -42,6 +47,8 @@ def serve_main(
         log_verbose=log_verbose,
         startup_timeout=startup_timeout,
         extra_args=extra_args,
+        python_env=python_env,
+        python_backend=python_backend,
     )
     previous_term = None
     if threading.current_thread() is threading.main_thread():
