@@ -115,8 +115,8 @@ def _line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
     """Intercept and slope of latency over chain length (medians per length), or None with
     fewer than two lengths.
 
-    With four lengths or more, the one furthest off the line through the others is left out
-    when it is :data:`_OFF_LINE` times off: a probe measured while the machine was busy
+    With four lengths or more, the one without which the others lie straightest is left out
+    when it is :data:`_OFF_LINE` times off their line: a probe measured while the machine was busy
     elsewhere (the 8-step ensemble at 4 MiB once took 62.5 ms where the next calibration
     measured 21.4) would otherwise tilt the whole line, and price every step of that size
     milliseconds dearer. Honest noise stays well inside it (at 32 MiB, up to 1.3 times).
