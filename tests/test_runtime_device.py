@@ -160,3 +160,26 @@ def test_device_changes_are_copied_and_counted():
 async def _infer(p, x, **options):
     async with LocalRuntime(p, "ensemble", **options) as rt:
         return await rt.infer_with_report({"x": x})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES)
+def test_yolov5_stays_on_the_gpu_in_every_form_and_finds_what_the_cpu_finds(mode):
+    cupy = _cupy()
+    from pipelines.examples.yolov5 import compare_to_truth, make_sample
+    from pipelines.examples.yolov5 import pipeline as yolov5
+
+    samples = [make_sample(seed=s, n_objects=5) for s in (3, 4)]
+    images = np.stack([s["image"] for s in samples])
+
+    async def main(x):
+        async with LocalRuntime(yolov5, mode) as rt:
+            return await rt.infer_with_report({"image": x})
+
+    on_cpu, _ = anyio.run(main, images)
+    on_gpu, report = anyio.run(main, cupy.asarray(images))
+    assert isinstance(on_gpu["detections"], cupy.ndarray) and report.copies == 0
+    found = cupy.asnumpy(on_gpu["detections"])
+    np.testing.assert_allclose(found, on_cpu["detections"], rtol=1e-5, atol=1e-3)
+    for i, s in enumerate(samples):
+        assert compare_to_truth(found[i], s["boxes"], s["classes"]).exact
