@@ -1,11 +1,13 @@
 """The plan on the real server: a request for some outputs runs only the steps they need in
-every form (the composing models' statistics show which ran), answers as the local runtime
-does, and a node that feeds no output is compiled into no model."""
+every form but a gated ensemble, which runs them all, as the local ensemble mode does (the
+composing models' statistics show which ran), answers as the local runtime does, and a node
+that feeds no output is compiled into no model."""
 
 from __future__ import annotations
 
 import warnings
 
+import anyio
 import numpy as np
 import pytest
 from toy_steps import V, add, explode, inc, split, twice
@@ -58,6 +60,19 @@ def served(tmp_path_factory):
         yield server, repo, expected
 
 
+_STEP_OF_NODE = {"a": "inc", "c": "add", "d": "split", "e": "twice"}  # node -> its step model's step
+
+
+async def _local_ensemble(subset):
+    from pipelines.runtime import LocalRuntime
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeadNodeWarning)
+        rt = LocalRuntime(pruned(), "ensemble")
+    async with rt:
+        return await rt.infer_with_report({"x": X}, outputs=list(subset))
+
+
 def _counts(client) -> dict[str, int]:
     stats = client.statistics()["model_stats"]
     return {m["name"]: int(m.get("inference_count", 0)) for m in stats}
@@ -87,8 +102,10 @@ def test_a_subset_of_outputs_runs_only_the_steps_it_needs(served, form):
                 assert ran == set(), (form, subset)
             elif FORMS[form].scheduler == "event":
                 # The ensemble's failure gate (parallel shapes) reads every step's error tensor, so
-                # Triton's pruning keeps every step: it runs at least the needed ones.
-                assert ran >= needed, (form, subset)
+                # Triton's pruning keeps every step, and the local ensemble mode runs them all too.
+                assert ran == STEP_MODELS, (form, subset)
+                _, report = anyio.run(_local_ensemble, subset)
+                assert {f"pruned__{_STEP_OF_NODE[s.step]}" for s in report.steps if s.calls} == ran, subset
             else:
                 assert ran == needed, (form, subset)
         everything = client.infer(model, {"x": X})  # naming no output: every output

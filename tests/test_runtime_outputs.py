@@ -1,5 +1,6 @@
 """Requested outputs in the local runtime: every non-empty subset, in every mode, answers
-exactly those outputs and runs only the steps they need; an unknown output is a clear error."""
+exactly those outputs and runs the steps the server's form runs for it (only those they
+need, except in a gated ensemble, which runs them all); an unknown output is a clear error."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 from toy_steps import V, add, explode, inc, split
 
-from pipelines import InputError, Pipeline
+from pipelines import InputError, Pipeline, StepError
 from pipelines.plan import DeadNodeWarning
 from pipelines.runtime import MODES, LocalRuntime, run_many
 
@@ -35,11 +36,15 @@ def edges() -> Pipeline:
 
 X = np.array([[1.0, 2.0]], np.float32)
 EXPECTED = {"a": X + 1, "b": X + 2, "c": 2 * X + 3, "lo": X + 1, "hi": (X + 2) * 10, "e": X + 1}
+# 'a' and 'e' can run side by side, so the ensemble compiles gated and Triton runs every live
+# step for every request, whatever it asks for (docs/triton_requested_outputs.md); the local
+# ensemble mode does the same. The other forms run only what the outputs need.
+LIVE = {"a", "b", "c", "d", "e"}
 NEEDS = {"a": {"a"}, "b": {"a", "b"}, "c": {"a", "b", "c"}, "lo": {"a", "b", "d"}, "hi": {"a", "b", "d"}, "e": {"e"}}
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_every_subset_of_outputs_runs_only_the_steps_it_needs(mode):
+def test_every_subset_of_outputs_runs_the_steps_its_form_runs_on_the_server(mode):
     p = edges()
 
     async def main():
@@ -54,7 +59,7 @@ def test_every_subset_of_outputs_runs_only_the_steps_it_needs(mode):
                     for name in subset:
                         np.testing.assert_array_equal(out[name], EXPECTED[name])
                     ran = {s.step for s in report.steps if s.calls}
-                    assert ran == set().union(*(NEEDS[n] for n in subset)), subset
+                    assert ran == (LIVE if mode == "ensemble" else set().union(*(NEEDS[n] for n in subset))), subset
             full = await rt.infer({"x": X})  # no selection: every output
             assert sorted(full) == sorted(EXPECTED)
 
@@ -98,3 +103,24 @@ def test_a_dead_node_that_would_raise_is_not_run_and_is_named(mode):
     with pytest.warns(DeadNodeWarning, match=r"step 'dead' feeds no pipeline output, so no form runs it"):
         out = p.run({"x": X}, mode=mode)
     np.testing.assert_array_equal(out["hi"], EXPECTED["hi"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_failing_step_no_asked_output_needs_fails_only_the_gated_ensemble(mode):
+    """Side by side, 'ok' and 'boom' make a gated ensemble: on the server it runs 'boom' for a
+    request that asks only for 'fine', and the gate fails the request; the BLS and fused forms
+    never call it. A chain compiles to a plain ensemble, which Triton prunes as asked."""
+    p = Pipeline("sides", inputs={"x": V}, max_batch_size=4)
+    p.output("fine", p.add(inc, name="ok", x=p.input("x"))["y"])
+    p.output("bad", p.add(explode, name="boom", x=p.input("x"))["y"])
+    if mode == "ensemble":
+        with pytest.raises(StepError, match="step 'boom'"):
+            p.run({"x": X}, mode=mode, outputs=["fine"])
+    else:
+        np.testing.assert_array_equal(p.run({"x": X}, mode=mode, outputs=["fine"])["fine"], X + 1)
+
+    chain = Pipeline("line", inputs={"x": V}, max_batch_size=4)
+    first = chain.add(inc, name="ok", x=chain.input("x"))["y"]
+    chain.output("fine", first)
+    chain.output("bad", chain.add(explode, name="boom", x=first)["y"])
+    np.testing.assert_array_equal(chain.run({"x": X}, mode=mode, outputs=["fine"])["fine"], X + 1)

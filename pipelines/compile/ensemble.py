@@ -33,10 +33,11 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..errors import CompileError
+from ..errors import CompileError, PipelinesError
 from ..graph import TensorRef
+from ..plan import plan_of
 from ..tensor import TensorSpec
-from .bound_plan import BoundNode, CompilePlan
+from .bound_plan import BoundNode, CompilePlan, bind_plan
 from .configs import add_io
 from .repository import CompiledModel
 from .step_models import PLAN_FORMAT, model_files, plan_json
@@ -49,6 +50,7 @@ __all__ = [
     "ModelExtras",
     "compile_ensemble",
     "compile_form",
+    "ensemble_layout_of",
     "layout_ensemble",
 ]
 
@@ -146,6 +148,20 @@ def layout_ensemble(plan: CompilePlan) -> EnsembleLayout:
     if _has_concurrent_nodes(plan) or _has_shared_python_model(plan):
         return _gated_layout(plan, names)
     return _plain_layout(plan, names)
+
+
+def ensemble_layout_of(pipeline: Any) -> EnsembleLayout | None:
+    """The layout ``pipeline``'s ensemble compiles to, or ``None`` where the compiler refuses it
+    (the local runtime runs such a pipeline all the same).
+
+    The local runtime's ensemble mode reads two things from it: a gated ensemble runs every
+    live step whatever outputs a request asks for (docs/triton_requested_outputs.md), and
+    one with a gate model of its own (``gate_inputs``) pays one more step per request.
+    """
+    try:  # its callers have said which nodes are dead already
+        return layout_ensemble(bind_plan(pipeline, plan_of(pipeline, warn=False)))
+    except PipelinesError:
+        return None
 
 
 def compile_ensemble(plan: CompilePlan, name: str, layout: EnsembleLayout | None = None) -> list[CompiledModel]:

@@ -28,8 +28,8 @@ def add_service(server: grpc.aio.Server, service: InferenceService) -> None:
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(service), server)
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, pipeline: Any = None) -> None:
-    await context.abort(status_of(exc).grpc, error_text(exc, pipeline))
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, model: Any = None) -> None:
+    await context.abort(status_of(exc).grpc, error_text(exc, model))
 
 
 class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -91,7 +91,7 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return response
         except Exception as exc:  # every failure is this request's answer; the endpoint keeps serving
             self.service.failed(request.model_name, Timing(started, started))
-            await _abort(context, exc, model.pipeline if model is not None else None)
+            await _abort(context, exc, model)
 
 
 def _decode(request: Any, model: str) -> dict[str, Any]:

@@ -43,8 +43,8 @@ def make_app(service: InferenceService, *, max_request_bytes: int) -> web.Applic
     return app
 
 
-def _error(exc: BaseException, pipeline: Any = None) -> web.Response:
-    return web.json_response({"error": error_text(exc, pipeline)}, status=status_of(exc).http)
+def _error(exc: BaseException, model: Any = None) -> web.Response:
+    return web.json_response({"error": error_text(exc, model)}, status=status_of(exc).http)
 
 
 class _Routes:
@@ -114,7 +114,7 @@ class _Routes:
             return response
         except Exception as exc:  # every failure is this request's answer; the endpoint keeps serving
             self.service.failed(name, Timing(started, started))
-            return _error(exc, model.pipeline if model is not None else None)
+            return _error(exc, model)
 
 
 def _decode(body: bytes, header_length: str | None, model: Any) -> tuple[dict, dict[str, Any]]:

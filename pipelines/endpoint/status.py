@@ -23,7 +23,7 @@ from ..errors import InferenceError, InputError, PipelinesError
 from ..serving import WireError
 
 if TYPE_CHECKING:
-    from ..graph import Pipeline
+    from .models import ServedModel
 
 __all__ = ["INTERNAL", "INVALID", "NOT_FOUND", "PARSE", "Refusal", "Status", "error_text", "status_of"]
 
@@ -71,22 +71,26 @@ def status_of(error: BaseException) -> Status:
     return INTERNAL
 
 
-def error_text(error: BaseException, pipeline: Pipeline | None = None) -> str:
-    """The text a model of a compiled repository answers ``error`` with.
+def error_text(error: BaseException, model: ServedModel | None = None) -> str:
+    """The text ``model`` (the served model that answered) answers ``error`` with, as its compiled form would.
 
     What Triton's front end refuses (an unknown model, an undecodable body, a request
     that does not fit the model's inputs) keeps plain words, as Triton's own are; an
     error raised at a step is written in the models' wire format
     (:class:`pipelines.serving.WireError`). So :class:`~pipelines.triton.TritonClient`
-    reads back the same class, node, step and tensor from both.
+    reads back the same class, node, step and tensor from both. Triton's ensemble
+    scheduler opens a composing model's error with ``in ensemble '<name>', ``; the
+    ensemble mode's model does too.
     """
     if not isinstance(error, PipelinesError):
         return f"{type(error).__name__}: {error}"
     node = getattr(error, "node", None) or error.step
     if isinstance(error, Refusal) or error.pipeline is None or (isinstance(error, InputError) and node is None):
         return error.message
+    pipeline = model.pipeline if model is not None else None
     step = None
     if node is not None and pipeline is not None and node in pipeline.nodes:
         step = pipeline.nodes[node].step.name
     reason = _WHERE.sub("", error.message, count=1)
-    return WireError(type(error).__name__, error.pipeline, reason, node=node, step=step, tensor=error.tensor).text()
+    text = WireError(type(error).__name__, error.pipeline, reason, node=node, step=step, tensor=error.tensor).text()
+    return f"in ensemble '{model.name}', {text}" if model is not None and model.mode == "ensemble" else text

@@ -39,6 +39,7 @@ so that a stuck call can be abandoned.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import graphlib
 import math
 from collections.abc import Iterable, Mapping
@@ -343,8 +344,10 @@ class LocalRuntime:
     async def infer(self, inputs: Mapping[str, Any], outputs: Iterable[str] | None = None) -> dict[str, Any]:
         """Answer one request: a dict of the pipeline's outputs (``outputs``: only these, as tritonclient asks).
 
-        Only the nodes the requested outputs need run; ``None`` or an empty list
-        asks for every output, as in Triton. Raises :class:`InputError`
+        Only the nodes the requested outputs need run, as in Triton, except in the
+        ensemble mode of a pipeline whose ensemble compiles gated (steps that can run side
+        by side), where every live node runs for every request, as on the server;
+        ``None`` or an empty list asks for every output, as in Triton. Raises :class:`InputError`
         before any step runs when the request does not match the pipeline's inputs
         or names an output the pipeline does not have, and :class:`StepError`
         naming the step that failed.
@@ -374,8 +377,25 @@ class LocalRuntime:
             except ValueError as exc:
                 unknown = next((n for n in names if n not in self.plan.output_names), None)
                 raise InputError(str(exc), pipeline=self.pipeline.name, tensor=unknown) from None
-            routes = self._routes[key] = _Routes.of(plan)
+            if self._runs_every_step:
+                every = self._routes[None]
+                routes = dataclasses.replace(every, outputs=tuple(o for o in every.outputs if o[0] in key))
+            else:
+                routes = _Routes.of(plan)
+            self._routes[key] = routes
         return routes
+
+    @functools.cached_property
+    def _runs_every_step(self) -> bool:
+        """Whether a request for some outputs still runs every live step, as the server does in
+        a gated ensemble: each step's failure travels to the gate, which every output passes
+        through, so Triton prunes none of them (docs/triton_requested_outputs.md)."""
+        if self.mode != "ensemble":
+            return False
+        from ..compile.ensemble import ensemble_layout_of  # the compiler only once a subset is asked for
+
+        layout = ensemble_layout_of(self.pipeline)
+        return layout is not None and layout.gated
 
     def report(self) -> Report:
         """Costs aggregated over every request served since the start (or :meth:`reset_report`)."""

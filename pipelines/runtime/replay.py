@@ -91,21 +91,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Ledger", "Replay", "ServerPrediction", "StubInThread", "nbytes_of"]
 
-def _gated(pipeline: Any) -> bool:
-    """Whether ``pipeline`` compiles to an ensemble with a gate model of its own (where the
-    gate is one of the pipeline's nodes, it costs no extra call)."""
-    from ..compile.bound_plan import bind_plan
-    from ..compile.ensemble import compile_ensemble, layout_ensemble
+def _ensemble_layout(pipeline: Any) -> Any:
+    from ..compile.ensemble import ensemble_layout_of  # the compiler (and protobuf) only when asked
 
-    try:
-        plan = bind_plan(pipeline)
-        layout = layout_ensemble(plan)
-        if not layout.gated:
-            return False
-        gate = layout.gate_name(pipeline.name)
-        return any(model.name == gate for model in compile_ensemble(plan, pipeline.name, layout))
-    except Exception:  # a pipeline the compiler refuses runs locally all the same, without a gate
-        return False
+    return ensemble_layout_of(pipeline)
 
 
 def _external(model: object) -> bool:
@@ -339,7 +328,8 @@ class Replay:
         self._in_process = the_form.in_process
         # An ensemble whose steps can fail side by side ends in a gate model (a Python model with
         # one instance) that every request passes through: one more step, and one more stub.
-        self._gate = anyio.Lock() if mode == "ensemble" and pipeline is not None and _gated(pipeline) else None
+        layout = _ensemble_layout(pipeline) if mode == "ensemble" and pipeline is not None else None
+        self._gate = anyio.Lock() if layout is not None and layout.gate_inputs else None
         self._totals = Ledger()
         self._models: dict[tuple[int, int], Ledger] = {}  # what each held instance owes, by (id(model), index)
         self._lanes = _Lanes(self.profile)  # the server's cores, shared by this runtime's requests
