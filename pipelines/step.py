@@ -86,7 +86,7 @@ class ModelOptions:
     (Triton's ``KIND_*``). ``device`` places the step in the local runtime:
     ``"cpu"``, ``"gpu"``, or ``None`` to follow its inputs. ``timeout`` (seconds)
     bounds one execution in the local runtime, and one call of the step in the
-    compiled BLS forms (an ensemble has no per-step timeout).
+    compiled BLS and fused forms (an ensemble has no per-step timeout).
     """
 
     max_batch_size: int | None = None

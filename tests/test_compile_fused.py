@@ -42,7 +42,8 @@ def test_the_fused_config_has_its_own_instances_and_batching():
 def test_the_plan_says_which_nodes_run_inside_and_which_are_called():
     model = pipeline().compile("all")["fz_fused"]
     data = json.loads(model.files["1/fused.json"])
-    assert data["nodes"]["first"] == {"kind": "python", "folder": "steps/fz__inc", "model": "fz__inc", "device": None}
+    assert data["nodes"]["first"] == {"kind": "python", "folder": "steps/fz__inc", "model": "fz__inc", "device": None,
+                                      "timeout_us": 0}
     assert data["nodes"]["second"]["folder"] == "steps/fz__inc"  # one step, one instance, two nodes
     assert data["nodes"]["detector"] == {"kind": "external", "model": "fz__detector", "timeout_us": 2_500_000}
     assert data["join_rows"] == 8 and data["plan"]["pipeline"] == "fz"

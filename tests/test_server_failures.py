@@ -260,7 +260,7 @@ def server(tmp_path_factory, release_dir, log_dir):
         # The same diamond answering through a gate model (a branch's output is exposed too).
         compile_pipeline(fb.make_failing_diamond("failing_gated", expose_branch=True), "ensemble"),
         compile_pipeline(maze_pipeline(log_dir), "both"),
-        compile_pipeline(nap_pipeline(release_dir), "both"),
+        compile_pipeline(nap_pipeline(release_dir), "all"),
     ]
     root = repos[0].merge(*repos[1:]).write(tmp_path_factory.mktemp("failures") / "repo")
     # Nothing is in flight at the end; a short exit timeout spares the wait for Triton's unloading.
@@ -626,13 +626,17 @@ def test_a_failing_last_step_after_two_joins_is_named(client, form):
 # ------------------------------------------------------------- step timeouts on the server
 
 
-@pytest.mark.parametrize("form", ["bls", "bls_sync"])
-def test_a_bls_form_gives_up_on_a_step_past_its_timeout_and_names_it(client, release_dir, form):
+@pytest.mark.parametrize("form", ["bls", "bls_sync", "fused"])
+def test_a_bls_or_fused_form_gives_up_on_a_step_past_its_timeout_and_names_it(client, release_dir, form):
+    """The fused model runs the step in its own process: it abandons the stuck call's instance
+    and answers the next request with a fresh one, so its single instance is not held."""
     token = next(TOKENS)
     stuck = np.array([[STUCK_MARKER, token, 0, 0]], np.float32)
+    started = time.monotonic()
     try:
         with pytest.raises(StepTimeoutError) as caught:
             client.infer(f"napping_{form}", {"x": stuck}, timeout=60)
+        assert time.monotonic() - started < NAP_TIMEOUT_S + 10
         # The step is still held (its release file does not exist yet): the BLS model answered without it.
         assert not (release_dir / f"release-{token}").exists()
     finally:

@@ -68,12 +68,13 @@ def compile_fused(plan: CompilePlan, name: str, *, instance_count: int = 1) -> C
     nodes = {}
     for node in plan.nodes:
         step = node.step
+        timeout = step.options.timeout
+        timeout_us = round(timeout * 1e6) if timeout else 0
         if step.is_external:
-            timeout = step.options.timeout
-            nodes[node.name] = {"kind": "external", "model": node.model, "timeout_us": round(timeout * 1e6) if timeout else 0}
+            nodes[node.name] = {"kind": "external", "model": node.model, "timeout_us": timeout_us}
         else:
             nodes[node.name] = {"kind": "python", "folder": steps[node.model], "model": node.model,
-                                "device": step.options.device}
+                                "device": step.options.device, "timeout_us": timeout_us}
     data = {
         "format": PLAN_FORMAT,
         "pipeline": pipeline.name,

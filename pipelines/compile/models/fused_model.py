@@ -22,6 +22,7 @@ import concurrent.futures
 import json
 import os
 import re
+import threading
 
 import numpy as np
 
@@ -42,12 +43,15 @@ PLAN_FILE = "fused.json"
 class _Step:
     """One step's instance in this model, and what is decided about it once."""
 
-    def __init__(self, instance, gives, device):
+    def __init__(self, instance, gives, device, timeout_s, renew):
         self.instance = instance
         self.gives = gives  # serving.Contract of its outputs
         self.device = device
         self.is_async = instance.is_async
         self.lock = asyncio.Lock()  # a step shared by two nodes, or two runs, is called one at a time
+        self.timeout_s = timeout_s  # 0: none
+        self.renew = renew  # a fresh instance (initialize() again), for one abandoned past its timeout
+        self.broken = None  # why no fresh instance could be made: every later call fails with it
 
 
 class NodeFailed(Exception):
@@ -107,12 +111,20 @@ class TritonPythonModel:
             instance_index=index,
             device=step.get("device") or "cpu",
         )
-        try:
-            instance = serving.StepInstance(step["step"], serving.load_impl(step["impl"], folder), list(outputs), config)
-        except Exception as exc:
-            reason = f"could not be loaded: {serving.exception_reason(exc)}"
-            raise RuntimeError(serving.WireError("StepError", self.pipeline, reason, node_name, step["step"]).text()) from exc
-        return _Step(instance, serving.Contract(outputs, int(step["max_batch_size"])), step.get("device"))
+        impl = None
+
+        def build():
+            nonlocal impl
+            try:
+                if impl is None:
+                    impl = serving.load_impl(step["impl"], folder)
+                return serving.StepInstance(step["step"], impl, list(outputs), config)
+            except Exception as exc:
+                reason = f"could not be loaded: {serving.exception_reason(exc)}"
+                raise RuntimeError(serving.WireError("StepError", self.pipeline, reason, node_name, step["step"]).text()) from exc
+
+        timeout_s = node.get("timeout_us", 0) / 1e6
+        return _Step(build(), serving.Contract(outputs, int(step["max_batch_size"])), step.get("device"), timeout_s, build)
 
     def execute(self, requests):
         # Returning a coroutine makes the stub run it on its event loop, as for `async def execute`.
@@ -217,7 +229,11 @@ class TritonPythonModel:
             inputs = {k: _placed(v, step.device) for k, v in inputs.items()}
         try:
             async with step.lock:
-                if step.is_async:
+                if step.broken is not None:
+                    raise NodeFailed(serving.WireError("StepError", self.pipeline, step.broken, name, node["step"]))
+                if step.timeout_s:
+                    outputs = await self._within_timeout(step, name, inputs)
+                elif step.is_async:
                     outputs = await step.instance.execute_async(inputs)
                 elif inline:
                     # The only node ready with nothing in flight: a thread hop would buy no overlap.
@@ -230,10 +246,41 @@ class TritonPythonModel:
             step.gives.check_outputs(outputs, rows if self.max_batch_size > 0 else None)
         except serving.Refused as exc:
             raise NodeFailed(serving.WireError("StepError", self.pipeline, str(exc), name, node["step"], exc.tensor)) from None
+        except NodeFailed:
+            raise
         except Exception as exc:
             reason = serving.exception_reason(exc)
             raise NodeFailed(serving.WireError("StepError", self.pipeline, reason, name, node["step"])) from None
         return outputs
+
+    async def _within_timeout(self, step, name, inputs):
+        """One call of a step that has a timeout, given up once it runs past it.
+
+        An ``async def`` step is cancelled. A sync call cannot be stopped: it runs on in a
+        daemon thread of its own (so the stub can still exit), its instance is abandoned
+        (it may hold a lock or half-written state) and finalized if the call ever returns,
+        and a fresh instance takes its place before the step's lock is let go, so later
+        requests are answered, as the local runtime does.
+        """
+        node, limit, instance = self.nodes[name], step.timeout_s, step.instance
+        if step.is_async:
+            try:
+                return await asyncio.wait_for(instance.execute_async(inputs), limit)
+            except asyncio.TimeoutError:
+                raise NodeFailed(_timed_out(self.pipeline, node, limit, "the call was cancelled")) from None
+        call = _in_daemon_thread(instance.execute, inputs)
+        try:
+            return await asyncio.wait_for(asyncio.shield(call), limit)
+        except asyncio.TimeoutError:
+            pass
+        call.add_done_callback(lambda done: _finalize_abandoned(done, instance))
+        try:
+            step.instance = await _in_daemon_thread(step.renew)
+        except Exception as exc:
+            step.broken = (f"its instance was abandoned by a call that ran past its timeout of {limit:g} s, and "
+                           f"a fresh one could not be made: {exc}")
+        raise NodeFailed(_timed_out(self.pipeline, node, limit, "a fresh instance of the step takes the stuck one's "
+                                    "place, which may still be running"))
 
     async def _external(self, node, inputs, returns):
         """An external model step, called through BLS on its own composing model."""
@@ -247,9 +294,7 @@ class TritonPythonModel:
             # Triton's own request timeout drops only a queued request, not one that hangs while running.
             response = await (asyncio.wait_for(call, limit) if limit else call)
         except asyncio.TimeoutError:
-            reason = (f"ran past its timeout of {limit:g} s (model {node['model']!r}); the request was answered "
-                      "with this error, and the step may still be running")
-            raise NodeFailed(serving.WireError("StepTimeoutError", self.pipeline, reason, node["name"], node["step"])) from None
+            raise NodeFailed(_timed_out(self.pipeline, node, limit, "the step may still be running")) from None
         except Exception as exc:  # e.g. the composing model is not loaded
             reason = f"could not be called (model {node['model']!r}): {exc}"
             raise NodeFailed(serving.WireError("StepError", self.pipeline, reason, node["name"], node["step"])) from exc
@@ -295,6 +340,50 @@ def _placed(value, device):
     if device == "cpu" and not on_host:
         return value.get()
     return value
+
+
+def _timed_out(pipeline, node, limit, then):
+    reason = (f"ran past its timeout of {limit:g} s (model {node['model']!r}); the request was answered "
+              f"with this error, and {then}")
+    return serving.WireError("StepTimeoutError", pipeline, reason, node["name"], node["step"])
+
+
+def _in_daemon_thread(fn, *args):
+    """``fn(*args)`` on a daemon thread of its own, as a future of the running loop: a call
+    that never returns keeps no pool's worker, and does not keep the stub from exiting."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result, error):
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run():
+        try:
+            result, error = fn(*args), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting coroutine
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    threading.Thread(target=run, name="fused-step-timed", daemon=True).start()
+    return future
+
+
+def _finalize_abandoned(done, instance):
+    """An abandoned call returned at last: its instance is finalized, and what it gave is dropped."""
+    if not done.cancelled():
+        done.exception()  # read, so that asyncio does not log it as never retrieved
+    try:
+        instance.finalize()
+    except Exception:  # noqa: BLE001 - nobody is left to tell; its request had its timeout error
+        pass
 
 
 def _error(message):
