@@ -51,3 +51,63 @@ def test_the_plan_says_which_nodes_run_inside_and_which_are_called():
     assert step_plan["step"] == "inc" and step_plan["impl"]["pickle"] == "step.pkl"  # by value: a test module
     # A model exported with a fixed batch takes one request's rows at a time: no joined batches.
     assert json.loads(pipeline(fixed_batch=1).compile("fused")["fz"].files["1/fused.json"])["join_rows"] == 0
+
+
+class _Stuck:
+    """A step instance whose call waits for ``release``; it notes when it is finalized."""
+
+    is_async = False
+
+    def __init__(self, release, finalized):
+        self.release, self.finalized = release, finalized
+
+    def execute(self, inputs):
+        self.release.wait(10)
+        return {"y": inputs["x"]}
+
+    def finalize(self):
+        self.finalized.append(self)
+
+
+def test_the_fused_model_abandons_a_call_past_its_timeout_for_a_fresh_instance_or_says_why_it_cannot():
+    """What the fused model does on the server (tests/test_server_failures.py), down to the
+    instance it abandons, its finalize() once the call returns, and a renewal that fails."""
+    import asyncio
+    import threading
+    import time
+
+    from pipelines.compile.models import fused_model as fm
+
+    model = fm.TritonPythonModel.__new__(fm.TritonPythonModel)  # no stub here: only what the call reads
+    model.pipeline, model.nodes = "p", {"n": {"name": "n", "step": "s", "model": "p__s"}}
+    release, finalized = threading.Event(), []
+    stuck, fresh = _Stuck(release, finalized), _Stuck(threading.Event(), finalized)
+    fresh.release.set()
+    step_ = fm._Step(stuck, None, None, 0.2, renew=lambda: fresh)
+
+    async def main():
+        started = time.monotonic()
+        with pytest.raises(fm.NodeFailed, match=r"StepTimeoutError in pipeline 'p', node 'n', step 's': ran past "
+                                                r"its timeout of 0.2 s .*a fresh instance"):
+            await model._within_timeout(step_, "n", {"x": 1})
+        assert time.monotonic() - started < 5 and step_.instance is fresh and not finalized
+        assert await model._within_timeout(step_, "n", {"x": 2}) == {"y": 2}  # the fresh one answers
+        release.set()  # the stuck call returns at last: its instance is finalized, its answer dropped
+        for _ in range(100):
+            if finalized:
+                break
+            await asyncio.sleep(0.01)
+        assert finalized == [stuck]
+
+        def cannot():
+            try:
+                raise ValueError("the model file is gone")
+            except ValueError as exc:
+                raise RuntimeError("StepError in pipeline 'p' ...") from exc
+
+        broken = fm._Step(_Stuck(threading.Event(), []), None, None, 0.1, renew=cannot)
+        with pytest.raises(fm.NodeFailed, match="StepTimeoutError"):
+            await model._within_timeout(broken, "n", {"x": 1})
+        assert broken.broken.endswith("a fresh one could not be made: raised ValueError: the model file is gone")
+
+    asyncio.run(main())

@@ -276,9 +276,9 @@ class TritonPythonModel:
         call.add_done_callback(lambda done: _finalize_abandoned(done, instance))
         try:
             step.instance = await _in_daemon_thread(step.renew)
-        except Exception as exc:
+        except Exception as exc:  # build() wraps the step's own error in a wire error: say the step's
             step.broken = (f"its instance was abandoned by a call that ran past its timeout of {limit:g} s, and "
-                           f"a fresh one could not be made: {exc}")
+                           f"a fresh one could not be made: {serving.exception_reason(exc.__cause__ or exc)}")
         raise NodeFailed(_timed_out(self.pipeline, node, limit, "a fresh instance of the step takes the stuck one's "
                                     "place, which may still be running"))
 
