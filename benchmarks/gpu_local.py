@@ -23,28 +23,15 @@ from typing import Any
 
 import anyio
 import numpy as np
+from runtime_overhead import chain_pipeline  # the benchmark beside this one
 
-from pipelines import Pipeline, TensorSpec, step
+from pipelines import Pipeline, TensorSpec
 from pipelines.examples.yolov5 import compare_to_truth, make_sample
 from pipelines.examples.yolov5 import pipeline as yolov5
 from pipelines.percentiles import percentiles
 from pipelines.runtime import MODES, LocalRuntime
 from pipelines.runtime.device import gpu_available
-
-
-def identity_chain(length: int = 4) -> Pipeline:
-    spec = TensorSpec("FP32", [-1])
-
-    @step(inputs={"x": spec}, outputs={"x": spec})
-    def identity(x):
-        return {"x": x}
-
-    p = Pipeline("gpu_chain", inputs={"x": spec}, max_batch_size=8)
-    ref = p.input("x")
-    for i in range(length):
-        ref = p.add(identity, name=f"id{i}", x=ref)["x"]
-    p.output("y", ref)
-    return p
+from pipelines.tables import format_table
 
 
 async def _timed(p: Pipeline, mode: str, inputs: dict[str, Any], n: int,
@@ -80,7 +67,7 @@ def dlpack_handoffs(cupy: Any, n: int) -> dict[str, Any]:
     x = cupy.arange(16 << 20, dtype=cupy.float32)[None]  # 64 MiB, a batch of one
     out: dict[str, Any] = {}
     for mode in MODES:
-        times, report, last = anyio.run(_timed, identity_chain(), mode, {"x": x}, n, _synchronized)
+        times, report, last = anyio.run(_timed, chain_pipeline(4, TensorSpec("FP32", [-1])), mode, {"x": x}, n, _synchronized)
         y = last["y"]
         out[mode] = {
             "same_memory": bool(isinstance(y, cupy.ndarray) and y.data.ptr == x.data.ptr),
@@ -131,13 +118,14 @@ def main() -> None:
     }
     print(f"{figures['device']}, CuPy {figures['cupy']}, numpy {figures['numpy']}")
     print("chain of 4 identity steps, 64 MiB FP32 on the GPU:")
-    for mode, row in figures["dlpack_chain_4x64MiB"].items():
-        print(f"  {mode:9s} same memory {row['same_memory']}, copies {row['copies']}, p50 {row['p50_ms']:.3f} ms")
-    print("yolov5 example, batch of 4 images 480x640, p50 ms:")
-    print(f"  {'form':9s} {'CPU':>8} {'GPU':>8} {'speed-up':>9} {'GPU copies':>11} {'same':>5} {'exact':>6}")
-    for mode, row in figures["yolov5_batch4"].items():
-        print(f"  {mode:9s} {row['cpu_p50_ms']:8.2f} {row['gpu_p50_ms']:8.2f} {row['gpu_speedup']:8.1f}x "
-              f"{row['gpu_copies']:11d} {row['same_detections']!s:>5} {row['all_found_on_gpu']!s:>6}")
+    print(format_table(["form", "same memory", "copies", "p50 ms"], [
+        [mode, str(row["same_memory"]), str(row["copies"]), f"{row['p50_ms']:.3f}"]
+        for mode, row in figures["dlpack_chain_4x64MiB"].items()]))
+    print("yolov5 example, batch of 4 images 480x640:")
+    print(format_table(["form", "CPU p50 ms", "GPU p50 ms", "speed-up", "GPU copies", "same", "all found"], [
+        [mode, f"{row['cpu_p50_ms']:.2f}", f"{row['gpu_p50_ms']:.2f}", f"{row['gpu_speedup']:.1f}x",
+         str(row["gpu_copies"]), str(row["same_detections"]), str(row["all_found_on_gpu"])]
+        for mode, row in figures["yolov5_batch4"].items()]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=2)

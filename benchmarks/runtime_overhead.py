@@ -26,12 +26,12 @@ from pipelines.runtime import MODES, LocalRuntime
 SPEC = TensorSpec("FP32", [4])
 
 
-def chain_pipeline(length: int = 100) -> Pipeline:
-    @step(inputs={"x": SPEC}, outputs={"x": SPEC})
+def chain_pipeline(length: int = 100, spec: TensorSpec = SPEC) -> Pipeline:
+    @step(inputs={"x": spec}, outputs={"x": spec})
     def noop(x):
         return {"x": x}
 
-    p = Pipeline("chain", inputs={"x": SPEC}, max_batch_size=8)
+    p = Pipeline("chain", inputs={"x": spec}, max_batch_size=8)
     ref = p.input("x")
     for i in range(length):
         ref = p.add(noop, name=f"noop{i}", x=ref)["x"]
