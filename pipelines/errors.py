@@ -238,4 +238,3 @@ def sole_exception(exc: BaseException) -> BaseException:
     while isinstance(exc, _BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
-

@@ -79,7 +79,7 @@ def test_the_fused_model_abandons_a_call_past_its_timeout_for_a_fresh_instance_o
     from pipelines.compile.models import fused_model as fm
 
     model = fm.TritonPythonModel.__new__(fm.TritonPythonModel)  # no stub here: only what the call reads
-    model.pipeline, model.nodes = "p", {"n": {"name": "n", "step": "s", "model": "p__s"}}
+    model.pipeline, node = "p", {"name": "n", "step": "s", "model": "p__s"}
     release, finalized = threading.Event(), []
     stuck, fresh = _Stuck(release, finalized), _Stuck(threading.Event(), finalized)
     fresh.release.set()
@@ -89,9 +89,9 @@ def test_the_fused_model_abandons_a_call_past_its_timeout_for_a_fresh_instance_o
         started = time.monotonic()
         with pytest.raises(fm.NodeFailed, match=r"StepTimeoutError in pipeline 'p', node 'n', step 's': ran past "
                                                 r"its timeout of 0.2 s .*a fresh instance"):
-            await model._within_timeout(step_, "n", {"x": 1})
+            await model._within_timeout(step_, node, {"x": 1})
         assert time.monotonic() - started < 5 and step_.instance is fresh and not finalized
-        assert await model._within_timeout(step_, "n", {"x": 2}) == {"y": 2}  # the fresh one answers
+        assert await model._within_timeout(step_, node, {"x": 2}) == {"y": 2}  # the fresh one answers
         release.set()  # the stuck call returns at last: its instance is finalized, its answer dropped
         for _ in range(100):
             if finalized:
@@ -107,7 +107,7 @@ def test_the_fused_model_abandons_a_call_past_its_timeout_for_a_fresh_instance_o
 
         broken = fm._Step(_Stuck(threading.Event(), []), None, None, 0.1, renew=cannot)
         with pytest.raises(fm.NodeFailed, match="StepTimeoutError"):
-            await model._within_timeout(broken, "n", {"x": 1})
+            await model._within_timeout(broken, node, {"x": 1})
         assert broken.broken.endswith("a fresh one could not be made: raised ValueError: the model file is gone")
 
     asyncio.run(main())

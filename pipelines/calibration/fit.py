@@ -132,14 +132,16 @@ def _line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
         # the suspect is the length without which the others lie straightest (asking how far each
         # is off the others' line instead would blame a short chain, which the outlier's leverage
         # tilts that line away from)
-        def crooked(i: int) -> float:
+        def without(i: int) -> tuple[float, np.ndarray]:
+            """How far the others lie off their own line (the largest relative gap), and that line."""
             rest = np.arange(len(n)) != i
-            fitted = np.polyval(np.polyfit(n[rest], y[rest], 1), n[rest])
-            return float(np.max(np.abs(y[rest] - fitted) / y[rest]))
+            coef = np.polyfit(n[rest], y[rest], 1)
+            return float(np.max(np.abs(y[rest] - np.polyval(coef, n[rest])) / y[rest])), coef
 
-        suspect = min(range(len(n)), key=crooked)
+        lines = [without(i) for i in range(len(n))]
+        suspect = min(range(len(n)), key=lambda i: lines[i][0])
         rest = np.arange(len(n)) != suspect
-        expected = float(np.polyval(np.polyfit(n[rest], y[rest], 1), n[suspect]))
+        expected = float(np.polyval(lines[suspect][1], n[suspect]))
         if expected <= 0 or max(y[suspect] / expected, expected / y[suspect]) > _OFF_LINE:
             n, y = n[rest], y[rest]
     slope, intercept = np.polyfit(n, y, 1)

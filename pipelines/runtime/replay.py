@@ -91,12 +91,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Ledger", "Replay", "ServerPrediction", "StubInThread", "nbytes_of"]
 
-def _ensemble_layout(pipeline: Any) -> Any:
-    from ..compile.ensemble import ensemble_layout_of  # the compiler (and protobuf) only when asked
-
-    return ensemble_layout_of(pipeline)
-
-
 def _external(model: object) -> bool:
     return getattr(getattr(model, "step", None), "external", None) is not None
 
@@ -328,7 +322,11 @@ class Replay:
         self._in_process = the_form.in_process
         # An ensemble whose steps can fail side by side ends in a gate model (a Python model with
         # one instance) that every request passes through: one more step, and one more stub.
-        layout = _ensemble_layout(pipeline) if mode == "ensemble" and pipeline is not None else None
+        layout = None
+        if mode == "ensemble" and pipeline is not None:
+            from ..compile.ensemble import ensemble_layout_of  # the compiler (and protobuf) only when asked
+
+            layout = ensemble_layout_of(pipeline)
         self._gate = anyio.Lock() if layout is not None and layout.gate_inputs else None
         self._totals = Ledger()
         self._models: dict[tuple[int, int], Ledger] = {}  # what each held instance owes, by (id(model), index)

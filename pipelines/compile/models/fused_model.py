@@ -232,7 +232,7 @@ class TritonPythonModel:
                 if step.broken is not None:
                     raise NodeFailed(serving.WireError("StepError", self.pipeline, step.broken, name, node["step"]))
                 if step.timeout_s:
-                    outputs = await self._within_timeout(step, name, inputs)
+                    outputs = await self._within_timeout(step, node, inputs)
                 elif step.is_async:
                     outputs = await step.instance.execute_async(inputs)
                 elif inline:
@@ -253,7 +253,7 @@ class TritonPythonModel:
             raise NodeFailed(serving.WireError("StepError", self.pipeline, reason, name, node["step"])) from None
         return outputs
 
-    async def _within_timeout(self, step, name, inputs):
+    async def _within_timeout(self, step, node, inputs):
         """One call of a step that has a timeout, given up once it runs past it.
 
         An ``async def`` step is cancelled. A sync call cannot be stopped: it runs on in a
@@ -262,7 +262,7 @@ class TritonPythonModel:
         and a fresh instance takes its place before the step's lock is let go, so later
         requests are answered, as the local runtime does.
         """
-        node, limit, instance = self.nodes[name], step.timeout_s, step.instance
+        limit, instance = step.timeout_s, step.instance
         if step.is_async:
             try:
                 return await asyncio.wait_for(instance.execute_async(inputs), limit)
