@@ -4,6 +4,7 @@ step, expected against given, and the server goes on answering everyone else."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
 import threading
@@ -200,6 +201,20 @@ class Nap(Hang):
     """Hangs like `Hang` on the marker; declared with a `timeout`, which the BLS forms enforce."""
 
 
+class Doze(Hang):
+    """`Nap` as an ``async def``: the fused model cancels it at its timeout instead of abandoning it."""
+
+    async def execute(self, x):
+        if x[0, 0] == STUCK_MARKER:
+            token = f"release-{int(x[0, 1])}"
+            deadline = time.monotonic() + STUCK_S
+            while time.monotonic() < deadline:
+                if (self.directory / token).exists() or (self.directory / "release-all").exists():
+                    break
+                await asyncio.sleep(0.01)
+        return {"y": x * 3}
+
+
 NAP_TIMEOUT_S = 2.0
 
 
@@ -223,12 +238,12 @@ def maze_reference(x):
     return {"z": (4 * x + 1) * (x + 1), "followed": 2 * x - 1}
 
 
-def nap_pipeline(release_dir: Path):
+def nap_pipeline(release_dir: Path, kind: type = Nap, name: str = "napping"):
     nap = step(
-        Nap, name="nap", inputs={"x": F4}, outputs={"y": F4}, timeout=NAP_TIMEOUT_S,
+        kind, name="nap", inputs={"x": F4}, outputs={"y": F4}, timeout=NAP_TIMEOUT_S,
         instance_count=2, parameters={"release_dir": str(release_dir)},
     )
-    p = Pipeline("napping", inputs={"x": F4}, max_batch_size=MAX_BATCH)
+    p = Pipeline(name, inputs={"x": F4}, max_batch_size=MAX_BATCH)
     p.output("y", p.add(nap, x=p.input("x"))["y"])
     return p
 
@@ -261,6 +276,7 @@ def server(tmp_path_factory, release_dir, log_dir):
         compile_pipeline(fb.make_failing_diamond("failing_gated", expose_branch=True), "ensemble"),
         compile_pipeline(maze_pipeline(log_dir), "both"),
         compile_pipeline(nap_pipeline(release_dir), "all"),
+        compile_pipeline(nap_pipeline(release_dir, Doze, "dozing"), "fused"),
     ]
     root = repos[0].merge(*repos[1:]).write(tmp_path_factory.mktemp("failures") / "repo")
     # Nothing is in flight at the end; a short exit timeout spares the wait for Triton's unloading.
@@ -626,27 +642,31 @@ def test_a_failing_last_step_after_two_joins_is_named(client, form):
 # ------------------------------------------------------------- step timeouts on the server
 
 
-@pytest.mark.parametrize("form", ["bls", "bls_sync", "fused"])
-def test_a_bls_or_fused_form_gives_up_on_a_step_past_its_timeout_and_names_it(client, release_dir, form):
-    """The fused model runs the step in its own process: it abandons the stuck call's instance
-    and answers the next request with a fresh one, so its single instance is not held."""
+@pytest.mark.parametrize("model", ["napping_bls", "napping_bls_sync", "napping_fused", "dozing"])
+def test_a_bls_or_fused_form_gives_up_on_a_step_past_its_timeout_and_names_it(client, release_dir, model):
+    """The fused model runs the step in its own process: it abandons a stuck sync call's instance
+    and answers the next request with a fresh one, so its single instance is not held; an
+    ``async def`` step (`dozing`, compiled as its fused form alone) is cancelled instead."""
     token = next(TOKENS)
     stuck = np.array([[STUCK_MARKER, token, 0, 0]], np.float32)
     started = time.monotonic()
     try:
         with pytest.raises(StepTimeoutError) as caught:
-            client.infer(f"napping_{form}", {"x": stuck}, timeout=60)
+            client.infer(model, {"x": stuck}, timeout=60)
         assert time.monotonic() - started < NAP_TIMEOUT_S + 10
         # The step is still held (its release file does not exist yet): the BLS model answered without it.
         assert not (release_dir / f"release-{token}").exists()
     finally:
         (release_dir / f"release-{token}").touch()
     text = str(caught.value)
-    said = f"StepTimeoutError in pipeline 'napping', node 'nap', step 'nap': ran past its timeout of {NAP_TIMEOUT_S:g} s"
+    pipeline = model.split("_")[0]
+    said = f"StepTimeoutError in pipeline '{pipeline}', node 'nap', step 'nap': ran past its timeout of {NAP_TIMEOUT_S:g} s"
     assert said in text, text
     assert caught.value.step == "nap"
+    if model == "dozing":
+        assert "the call was cancelled" in text, text
     x = np.arange(4, dtype=np.float32).reshape(1, 4)
-    np.testing.assert_array_equal(client.infer(f"napping_{form}", {"x": x}, timeout=60)["y"], x * 3)
+    np.testing.assert_array_equal(client.infer(model, {"x": x}, timeout=60)["y"], x * 3)
 
 
 def test_an_ensemble_has_no_step_timeout_so_the_client_sets_one(client, release_dir):
