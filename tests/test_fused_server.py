@@ -116,6 +116,22 @@ def external_pipeline(model_file):
     return p
 
 
+def raw_external_pipeline(model_file):
+    """yolov5's "raw detections beside the post-processed ones": an external model's output is a
+    pipeline output (twice) and a step's input, which a plain ensemble would need an output copy
+    of the external model for; it cannot declare one, so the ensemble answers through a gate."""
+    detector = external_model(
+        "detector", inputs={"x": ROW}, outputs={"y": ROW}, backend="python", model_file=model_file,
+        model_filename="model.py", stand_in=lambda x: {"y": x * 10},
+    )
+    p = Pipeline("rawext", inputs={"x": ROW}, max_batch_size=8)
+    d = p.add(detector, x=p.input("x"))
+    p.output("raw", d["y"])
+    p.output("raw_again", d["y"])
+    p.output("y", p.add(post, x=d["y"])["y"])
+    return p
+
+
 @pytest.fixture(scope="module")
 def barrier_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("fused_barrier")
@@ -133,6 +149,7 @@ def pipelines(barrier_dir, tmp_path_factory):
         "diamond": diamond_pipeline(str(barrier_dir)),
         "touchy": touchy_pipeline(),
         "withext": external_pipeline(str(model_file)),
+        "rawext": raw_external_pipeline(str(model_file)),
     }
 
 
@@ -175,6 +192,19 @@ def test_every_subset_of_outputs_answers_only_those(client, pipelines):
             got = client.infer("mixed_fused", inputs, outputs=list(subset))
             assert_same(got, {n: expected[n] for n in subset})
             assert_same(got, client.infer("mixed_ensemble", inputs, outputs=list(subset)))
+
+
+def test_an_external_output_that_is_also_read_or_exposed_twice_answers_every_subset_in_every_form(
+    client, pipelines
+):
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    expected = {"raw": x * 10, "raw_again": x * 10, "y": x * 10 - 1}
+    assert_same(reference(pipelines["rawext"], {"x": x}), expected)
+    for k in range(1, len(expected) + 1):
+        for subset in itertools.combinations(expected, k):
+            for form in ("fused", *OTHER_FORMS):
+                got = client.infer(f"rawext_{form}", {"x": x}, outputs=list(subset))
+                assert_same(got, {n: expected[n] for n in subset})
 
 
 def test_the_branches_run_at_the_same_time_inside_the_fused_model(client, pipelines):

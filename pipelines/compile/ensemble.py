@@ -9,6 +9,8 @@ scheduler (facts and sources in ``docs/triton_ensemble.md``):
   then fails with "unexpected deadlock". Where a pipeline output is also read
   by a step, or exposed under a second name, the producing model declares one
   more output holding the same data, and that copy is the ensemble's output.
+  An external model declares only its own outputs, so where it would need a
+  copy the ensemble answers through a gate model instead (below).
 - **Failures as data, raised by one gate.** Triton 2.51 crashes (HTTP) or
   hangs (gRPC) when a composing model answers with an error while a sibling
   step of the same request is still running. Where two live nodes can run at
@@ -145,7 +147,7 @@ def layout_ensemble(plan: CompilePlan) -> EnsembleLayout:
             pipeline=pipeline.name, tensor=unused[0],
         )
     names = _TensorNames(plan)
-    if _has_concurrent_nodes(plan) or _has_shared_python_model(plan):
+    if _has_concurrent_nodes(plan) or _has_shared_python_model(plan) or _external_output_needs_copy(plan):
         return _gated_layout(plan, names)
     return _plain_layout(plan, names)
 
@@ -209,6 +211,19 @@ def _has_concurrent_nodes(plan: CompilePlan) -> bool:
 def _has_shared_python_model(plan: CompilePlan) -> bool:
     """Whether a step model serves several nodes: it cannot tell which one called it, the gate can."""
     return any(len(m.nodes) > 1 for m in plan.models if not m.step.is_external)
+
+
+def _external_output_needs_copy(plan: CompilePlan) -> bool:
+    """Whether an external model's output would need an output copy (it is a pipeline output that a
+    step reads too, or exposed under two names): that model declares only its own outputs and
+    cannot produce a copy, so the gate model gives the pipeline's outputs instead."""
+    readers, exposed = _readers(plan), _exposures(plan)
+    return any(
+        len(outs) > 1 or (outs and readers.get((node.name, output)))
+        for node in plan.nodes if node.step.is_external
+        for output in node.step.outputs
+        for outs in [exposed.get((node.name, output), [])]
+    )
 
 
 class _TensorNames:
