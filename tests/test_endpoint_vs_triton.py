@@ -13,6 +13,7 @@ import tritonclient.grpc as tg
 import tritonclient.http as th
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from pipelines import Pipeline, TensorSpec, step
 from pipelines.endpoint import LocalServer
 from pipelines.errors import PipelinesError
 from pipelines.examples import text
@@ -25,12 +26,33 @@ P = text.pipeline
 MODELS = tuple(f.model_name("text", side_by_side=True) for f in FORMS.values())  # every form
 
 
+HALF_SPEC = TensorSpec("FP16", [-1])
+
+
+@step(inputs={"x": HALF_SPEC}, outputs={"h": HALF_SPEC})
+def third(x):
+    return {"h": (x / 3).astype(np.float16)}
+
+
+def half_pipeline():
+    """FP16, which Triton's HTTP front end carries only as binary data."""
+    p = Pipeline("half", inputs={"x": HALF_SPEC}, max_batch_size=4)
+    p.output("h", p.add(third, x=p.input("x"))["h"])
+    return p
+
+
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     repo = tmp_path_factory.mktemp("endpoint") / "model_repository"
-    P.compile("all").write(repo)
+    P.compile("all").merge(half_pipeline().compile("all")).write(repo)
     with TritonServer(repo) as real, LocalServer(P) as local:
         yield {"triton": real, "local": local}
+
+
+@pytest.fixture(scope="module")
+def half_local():
+    with LocalServer(half_pipeline(), grpc_port=False) as local:
+        yield local
 
 
 def ask(url, protocol, model, inputs, outputs=None, *, binary=True):
@@ -145,6 +167,32 @@ def _http(url, method, path, body, tail):
             return r.status, r.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
+
+
+@pytest.mark.parametrize(("json_in", "json_out"), [(True, False), (False, True), (True, True)])
+def test_half_floats_as_json_are_refused_as_the_real_server_refuses_them(servers, half_local, json_in, json_out):
+    """Client code that works against the endpoint works against the server: FP16 as JSON fails on both."""
+    x = np.array([[1.0, 2.0]], np.float16)
+    said = {}
+    for which, server in (("triton", servers["triton"]), ("half", half_local)):
+        with pytest.raises(InferenceServerException) as caught:
+            _half_as(server.http_url, x, json_in, json_out)
+        said[which] = (caught.value.status(), caught.value.message())
+    assert said["half"] == said["triton"]
+    way = "receiving FP16 data via JSON" if json_in else "sending FP16 data via JSON"
+    assert said["half"][1].startswith(way), said
+    got = ask(half_local.http_url, "http", "half_bls", {"x": x}, ["h"])  # binary data works on both
+    np.testing.assert_array_equal(got["h"], ask(servers["triton"].http_url, "http", "half_bls", {"x": x}, ["h"])["h"])
+
+
+def _half_as(url, x, json_in, json_out):
+    client = th.InferenceServerClient(url)
+    try:
+        tensor = th.InferInput("x", list(x.shape), "FP16")
+        tensor.set_data_from_numpy(x, binary_data=not json_in)
+        return client.infer("half_bls", [tensor], outputs=[th.InferRequestedOutput("h", binary_data=not json_out)])
+    finally:
+        client.close()
 
 
 @pytest.mark.parametrize("case", HTTP_CASES, ids=[c[0] for c in HTTP_CASES])

@@ -231,7 +231,7 @@ def _encode(
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
-            entry["data"] = array_to_json(array, datatype)
+            entry["data"] = array_to_json(array, datatype, name)
         entries.append(entry)
     answer["outputs"] = entries
     text = json.dumps(answer, separators=(",", ":")).encode()

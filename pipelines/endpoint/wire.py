@@ -59,6 +59,10 @@ def _dtype(name: str, datatype: str) -> np.dtype:
     return dtype
 
 
+# Triton's HTTP front end carries half floats only as binary tensor data, both ways (2.51).
+_BINARY_ONLY = ("FP16", "BF16")
+
+
 def _shape(name: str, shape: Any) -> tuple[int, ...]:
     if not isinstance(shape, (list, tuple)) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
@@ -71,6 +75,9 @@ def _shape(name: str, shape: Any) -> tuple[int, ...]:
 def array_from_json(name: str, datatype: str, shape: Any, data: Any) -> np.ndarray:
     """An input given as JSON ``data`` (flat or nested, as the protocol allows)."""
     dtype = _dtype(name, datatype)
+    if datatype in _BINARY_ONLY:
+        raise Refusal(INVALID, f"receiving {datatype} data via JSON is not supported. Please use the binary data "
+                      f"format for input {name}", tensor=name)
     dims = _shape(name, shape)
     count = math.prod(dims)
     try:
@@ -173,11 +180,12 @@ def array_to_bytes(array: np.ndarray, datatype: str) -> bytes:
     return array.tobytes()
 
 
-def array_to_json(array: np.ndarray, datatype: str) -> list:
-    """JSON ``data`` for an output: flat, row major, as Triton answers."""
+def array_to_json(array: np.ndarray, datatype: str, name: str = "") -> list:
+    """JSON ``data`` for output ``name``: flat, row major, as Triton answers."""
+    if datatype in _BINARY_ONLY:
+        raise Refusal(INVALID, f"sending {datatype} data via JSON is not supported. Please use the binary data "
+                      "format for output", tensor=name or None)
     flat = np.asarray(array).reshape(-1)
     if datatype == "BYTES":
         return [v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else str(v) for v in flat]
-    if datatype == "BF16":
-        return flat.astype(np.float32).tolist()
     return flat.tolist()
