@@ -113,14 +113,20 @@ class Hang:
     def initialize(self, config):
         self.directory = Path(config["parameters"]["release_dir"])
 
+    def held(self, x):
+        """Yields while a request with the marker waits for its release file (at most STUCK_S)."""
+        if x[0, 0] != STUCK_MARKER:
+            return
+        token = f"release-{int(x[0, 1])}"
+        deadline = time.monotonic() + STUCK_S
+        while time.monotonic() < deadline:
+            if (self.directory / token).exists() or (self.directory / "release-all").exists():
+                return
+            yield
+
     def execute(self, x):
-        if x[0, 0] == STUCK_MARKER:
-            token = f"release-{int(x[0, 1])}"
-            deadline = time.monotonic() + STUCK_S
-            while time.monotonic() < deadline:
-                if (self.directory / token).exists() or (self.directory / "release-all").exists():
-                    break
-                time.sleep(0.01)
+        for _ in self.held(x):
+            time.sleep(0.01)
         return {"y": x * 3}
 
 
@@ -205,13 +211,8 @@ class Doze(Hang):
     """`Nap` as an ``async def``: the fused model cancels it at its timeout instead of abandoning it."""
 
     async def execute(self, x):
-        if x[0, 0] == STUCK_MARKER:
-            token = f"release-{int(x[0, 1])}"
-            deadline = time.monotonic() + STUCK_S
-            while time.monotonic() < deadline:
-                if (self.directory / token).exists() or (self.directory / "release-all").exists():
-                    break
-                await asyncio.sleep(0.01)
+        for _ in self.held(x):
+            await asyncio.sleep(0.01)
         return {"y": x * 3}
 
 
