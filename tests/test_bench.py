@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -226,6 +227,44 @@ def test_a_hung_request_is_an_error_after_the_timeout_not_a_hang():
     load = anyio.run(lambda: run_load(infer, [{"hang": False}, {"hang": True}], plan))
     assert load.measured.errors >= 1
     assert all(text.startswith("TimeoutError") for text in load.measured.error_messages)
+
+
+def test_requests_that_fail_before_awaiting_are_counted_without_starving_the_load_generator():
+    async def infer(request):
+        raise ValueError("refused at once")  # no await: a client that knows its answer already
+
+    plan = LoadPlan(concurrency=2, duration=0.1, warmup=0.02, rule=StabilityRule(windows=1, max_trials=2))
+
+    async def main():
+        with anyio.fail_after(10):
+            return await run_load(infer, [{}], plan)
+
+    load = anyio.run(main)
+    assert load.measured.successes == 0 and load.measured.errors > 0
+    assert dict(load.measured.error_messages) == {"ValueError: refused at once": load.measured.errors}
+
+
+def test_a_server_that_died_ends_the_load_with_its_error():
+    from pipelines.errors import ServerDiedError
+
+    calls = []
+
+    async def infer(request):
+        calls.append(1)
+        if len(calls) > 5:
+            raise ServerDiedError("the Triton server died while in use")
+        await anyio.sleep(0.001)
+
+    plan = LoadPlan(concurrency=3, duration=5, warmup=0, rule=StabilityRule(windows=1, max_trials=2))
+
+    async def main():
+        with anyio.fail_after(10):
+            return await run_load(infer, [{}], plan)
+
+    started = time.monotonic()
+    with pytest.raises(ServerDiedError, match="died while in use"):
+        anyio.run(main)
+    assert time.monotonic() - started < 2  # not the 5 s window
 
 
 @pytest.mark.parametrize("options, message", [
@@ -536,6 +575,44 @@ def test_an_interrupted_bench_keeps_finished_levels_and_leaves_no_server(tmp_pat
     assert all(m["requests"] > 0 for m in data["measurements"])
     assert "interrupted" in stderr and "finished measurements kept" in stderr
     assert "server ensemble" in stdout  # the finished levels are printed too
+    assert wait_for_no_leftovers(str(out)) == []
+
+
+@pytest.mark.server
+def test_a_server_killed_mid_bench_ends_the_run_with_why_and_keeps_the_finished_levels(tmp_path):
+    """The client knows at once that its server is gone (it fails before sending anything): the
+    load generator must neither spin on those instant failures nor measure them as a level."""
+    try:
+        from .server_fixtures import leftovers, wait_for_no_leftovers
+    except ImportError:
+        from server_fixtures import leftovers, wait_for_no_leftovers
+    out = tmp_path / "bench"
+    results = out / "results.json"
+    cmd = [sys.executable, "-m", "pipelines", "bench", "pipelines.examples.basic:chain", "--server", "--no-local",
+           "--forms", "ensemble", "--concurrency", "1,2,3,4,5,6,7,8", "--duration", "0.3", "--warmup", "0",
+           "--max-trials", "3", "--out", str(out), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline and (
+            not results.exists() or not json.loads(results.read_text() or "{}").get("measurements")
+        ):
+            time.sleep(0.05)
+        servers = [line for line in leftovers(str(out)) if line.startswith("process") and "tritonserver " in line]
+        assert servers, proc.communicate(timeout=30)
+        os.kill(int(servers[0].split()[1].rstrip(":")), signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0, stderr
+    data = json.loads(results.read_text())
+    assert data["status"].startswith("failed: ServerDiedError: the Triton server for "), data["status"]
+    assert "killed by SIGKILL" in data["status"]
+    levels = [m["concurrency"] for m in data["measurements"]]
+    assert levels and levels[0] == 1 and len(levels) < 8
+    assert all(m["errors"] == 0 for m in data["measurements"])  # nothing measured against a dead server
     assert wait_for_no_leftovers(str(out)) == []
 
 

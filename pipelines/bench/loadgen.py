@@ -16,9 +16,10 @@ from time import perf_counter
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 
-from ..errors import PipelinesError
+from ..errors import PipelinesError, ServerDiedError
 from .progress import Progress
 from .stability import StabilityRule
 
@@ -227,14 +228,22 @@ async def run_load(
         return closed
 
     async def worker() -> None:
+        nonlocal fatal
         while not stopping:
             sample = next(order) % n
             start = perf_counter()
             try:
                 with anyio.fail_after(plan.timeout):
                     await infer(samples[sample])
+            except ServerDiedError as exc:  # no later request can be answered: the run ends with it
+                fatal = fatal or exc
+                scope.cancel()
+                return
             except Exception as exc:  # every failure is a counted error, whatever raised it
                 current.fail(sample, exc)
+                # A request can fail before its first await (a client that knows the server is
+                # gone): without a checkpoint the workers would spin and starve everything else.
+                await anyio.lowlevel.checkpoint()
             else:
                 current.ok(sample, perf_counter() - start)
             # A window of N answers closes on the N-th, exactly; the controller picks it up.
@@ -267,7 +276,9 @@ async def run_load(
         errors = f", {current.errors} errors" if current.errors else ""
         return f"window {len(windows) + 1}/{rule.max_trials}: {rate:,.1f} infer/s{errors}"
 
+    fatal: ServerDiedError | None = None
     async with anyio.create_task_group() as tg:
+        scope = tg.cancel_scope
         for _ in range(plan.concurrency):
             tg.start_soon(worker)
         if plan.warmup > 0:
@@ -288,6 +299,8 @@ async def run_load(
                 break
         # Let the requests in flight finish rather than cancel them half-sent; they are not counted.
         stopping = True
+    if fatal is not None:
+        raise fatal
 
     used = min(rule.windows, len(windows))
     return LoadResult(
