@@ -139,6 +139,29 @@ def test_a_name_collision_with_a_model_not_ours_is_refused_unless_asked(tmp_path
     assert not (theirs / "1" / "model.onnx").exists()
 
 
+def test_a_model_copied_or_renamed_by_hand_is_the_users_not_the_pipelines(tmp_path):
+    """The marker travels with a copied directory; under another name it no longer makes the
+    model the pipeline's, so a rewrite or a removal of the pipeline never takes it."""
+    import shutil
+
+    target = pipeline("demo").compile("both").write(tmp_path / "models")
+    shutil.copytree(target / "demo_bls", target / "demo_tuned")  # to hand-tune it
+    os.rename(target / "demo_bls_sync", target / "kept_bls_sync")
+    (target / "demo_tuned" / "config.pbtxt").write_text(
+        (target / "demo_tuned" / "config.pbtxt").read_text().replace('"demo_bls"', '"demo_tuned"'))
+    tuned, kept = snapshot(target / "demo_tuned"), snapshot(target / "kept_bls_sync")
+    pipeline("demo").compile("ensemble").write(target)  # its BLS forms are stale now: only its own go
+    assert models_in(target) == ["demo", "demo__double", "demo_tuned", "kept_bls_sync"]
+    assert repository_pipelines(target) == {"demo": ["demo", "demo__double"]}
+    assert remove_pipelines(target, ["demo"]) == ["demo", "demo__double"]
+    assert models_in(target) == ["demo_tuned", "kept_bls_sync"]
+    assert snapshot(target / "demo_tuned") == tuned and snapshot(target / "kept_bls_sync") == kept
+    # and a pipeline that would write under the copy's name is told whose it is
+    with pytest.raises(RepositoryWriteError, match="'demo_tuned' \\(owned by no pipeline: a copy of model "
+                                                   "'demo_bls', whose .pipelines-model.json it carries\\)"):
+        pipeline("demo_tuned").compile("ensemble").write(target)
+
+
 def test_a_directory_that_is_not_a_repository_needs_overwrite(tmp_path):
     target = tmp_path / "notes"
     target.mkdir()

@@ -1,7 +1,9 @@
 """A model repository on disk that several pipelines and hand-made models share.
 
 **Ownership.** Every model directory written here holds a small marker file,
-``<model>/.pipelines-model.json``, naming the pipeline that owns it. A marker
+``<model>/.pipelines-model.json``, naming the pipeline that owns it and the
+model it was written as: a directory copied or renamed by hand carries the
+marker along, and under another name it is the user's, not the pipeline's. A marker
 inside the model directory, rather than one manifest per pipeline at the root,
 moves with the model in the very rename that installs it: after a crash the
 owner recorded and the content on disk can never disagree. A model without a
@@ -82,7 +84,7 @@ def write_repository(
         existing = _scan(target)
         owners = {name: owner_of(repo[name]) for name in repo.names}
         collisions = [
-            f"{name!r} ({_describe_owner(existing[name])})"
+            f"{name!r} ({_describe_owner(target / name, existing[name])})"
             for name in repo.names
             if name in existing and existing[name] != owners[name]
         ]
@@ -256,9 +258,17 @@ def _scan(target: Path) -> dict[str, str | None]:
             if entry.is_symlink() or entry.name != REQUIREMENTS_FILE:
                 found[entry.name] = None  # a link or a file in a model's place is not ours either
             continue
-        marker = _read_marker(Path(entry.path))
-        found[entry.name] = marker.get("pipeline") if marker else None
+        found[entry.name] = _owner(Path(entry.path))
     return found
+
+
+def _owner(model_dir: Path) -> str | None:
+    """The pipeline that owns ``model_dir``: its marker's, if it was written under this very name
+    (markers written before names were recorded are taken at their word)."""
+    marker = _read_marker(model_dir) if not model_dir.is_symlink() else None
+    if marker is None or marker.get("model", model_dir.name) != model_dir.name:
+        return None
+    return marker["pipeline"]
 
 
 def _read_marker(model_dir: Path) -> dict[str, Any] | None:
@@ -269,9 +279,14 @@ def _read_marker(model_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("pipeline"), str) else None
 
 
-def _describe_owner(owner: str | None) -> str:
+def _describe_owner(model_dir: Path, owner: str | None) -> str:
+    if owner:
+        return f"owned by pipeline {owner!r}"
+    marker = _read_marker(model_dir) if not model_dir.is_symlink() else None
+    if marker is not None:
+        return f"owned by no pipeline: a copy of model {marker.get('model')!r}, whose {MARKER_FILE} it carries"
     # No marker: made by hand, by another tool, or by a version of pipelines that recorded no owner.
-    return f"owned by pipeline {owner!r}" if owner else f"owned by no pipeline: no {MARKER_FILE} in it"
+    return f"owned by no pipeline: no {MARKER_FILE} in it"
 
 
 def _write_marker(model_dir: Path, model: Any, *, owner: str, write_id: str) -> None:
@@ -279,6 +294,7 @@ def _write_marker(model_dir: Path, model: Any, *, owner: str, write_id: str) -> 
     data = {
         "format": _MARKER_FORMAT,
         "pipeline": owner,
+        "model": model.name,
         "write": write_id,
         "requirements": list(needs.requirements),
         "python": needs.python,
@@ -353,7 +369,7 @@ def _apply(target: Path, stage: Path, journal: Mapping[str, Any]) -> None:
     for name in journal["remove"]:
         dest = target / name
         marker = _read_marker(dest) if not dest.is_symlink() else None
-        if marker is not None and marker.get("pipeline") in owners and marker.get("write") != write_id:
+        if marker is not None and _owner(dest) in owners and marker.get("write") != write_id:
             (stage / "removed").mkdir(exist_ok=True)
             os.rename(dest, stage / "removed" / name)
 
