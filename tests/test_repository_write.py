@@ -446,6 +446,24 @@ def test_requirements_txt_states_what_the_server_needs_and_keeps_the_users_lines
     assert not any(line.split("=")[0].split("<")[0].split("~")[0].strip() == "pipelines" for line in lines)
 
 
+def test_a_requirements_txt_linked_to_a_shared_file_stays_a_link(tmp_path):
+    shared = tmp_path / "shared-requirements.txt"
+    shared.write_text("tritonclient==2.51.0\n")
+    target = tmp_path / "models"
+    target.mkdir()
+    (target / "requirements.txt").symlink_to(shared)
+    pipeline().compile("both").write(target)
+    assert (target / "requirements.txt").is_symlink() and (target / "requirements.txt").resolve() == shared
+    assert shared.read_text().startswith("tritonclient==2.51.0\n") and "numpy<2" in shared.read_text().splitlines()
+    assert sorted(os.listdir(tmp_path)) == ["models", "shared-requirements.txt"]  # no temporary file left
+    # A copy of one of its models still needs what it needed once the pipeline is gone.
+    import shutil
+
+    shutil.copytree(target / "demo_bls", target / "demo_tuned")
+    remove_pipelines(target, ["demo"])
+    assert models_in(target) == ["demo_tuned"] and "numpy<2" in shared.read_text().splitlines()
+
+
 def test_a_step_imported_from_an_installed_package_requires_its_distribution(tmp_path):
     import importlib.metadata
 

@@ -453,14 +453,17 @@ def _exchange(new: Path, dest: Path, *, aside: Path) -> None:
 
 
 def _refresh_requirements(target: Path) -> None:
-    """Rewrite the repository's requirements.txt from the markers of every model in it."""
+    """Rewrite the repository's requirements.txt from the markers of every model in it (a copy of
+    a pipeline's model, the user's now, still needs what it needed). A requirements.txt that is
+    a link to a shared file stays a link: the file it points to is rewritten."""
     markers = []
-    for name, owner in sorted(_scan(target).items()):
-        if owner is not None:
-            marker = _read_marker(target / name)
-            if marker is not None:
-                markers.append(marker)
-    path = target / REQUIREMENTS_FILE
+    for name in sorted(_scan(target)):
+        marker = _read_marker(target / name) if not (target / name).is_symlink() else None
+        if marker is not None:
+            markers.append(marker)
+    path = link = target / REQUIREMENTS_FILE
+    if link.is_symlink() and link.exists():
+        path = link.resolve()
     try:
         previous = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -468,9 +471,9 @@ def _refresh_requirements(target: Path) -> None:
     text = render_requirements(markers, previous)
     if text == previous:
         return
-    tmp = target / f".{REQUIREMENTS_FILE}.{uuid.uuid4().hex}"
+    tmp = path.parent / f".{REQUIREMENTS_FILE}.{uuid.uuid4().hex}"
     if text is None:
-        path.unlink(missing_ok=True)
+        link.unlink(missing_ok=True)  # a link goes, never the shared file it points to
         return
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
