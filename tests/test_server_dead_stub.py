@@ -22,6 +22,7 @@ pytestmark = pytest.mark.server
 
 F4 = TensorSpec("FP32", [4])
 CRASH = 666.0  # a row starting with this makes the step segfault
+REFUSE = -1.0  # and this makes it raise, as a step's own bug would
 RELOAD_LIMIT_S = 60.0  # generous: the machine is shared; the bound is what matters, not its size
 
 
@@ -31,6 +32,8 @@ class Fragile:
     def execute(self, x):
         if (x[:, 0] == CRASH).any():
             os.kill(os.getpid(), signal.SIGSEGV)
+        if (x[:, 0] == REFUSE).any():
+            raise ValueError("a row this step refuses")
         return {"y": x + 1}
 
 
@@ -120,3 +123,17 @@ def test_a_step_that_segfaults_fails_its_request_and_the_model_comes_back(server
         assert caught.value.step == "fragile" and caught.value.pipeline == "brittle"
         wait_for(lambda: len(server.stub_restarts) > before, "the reload")
         np.testing.assert_array_equal(client.infer("brittle_ensemble", {"x": np.ones((1, 4), np.float32)})["y"], 2)
+
+
+@pytest.mark.parametrize("model", ["brittle_ensemble", "brittle_bls"])
+def test_once_the_model_is_back_its_own_errors_are_not_blamed_on_the_reload(server, model):
+    """Right after a reload, a step that raises is a StepError, not "retry, the stub died"."""
+    before = len(server.stub_restarts)
+    with server.client("http", timeout=RELOAD_LIMIT_S) as client:
+        with pytest.raises(StubDiedError):
+            client.infer(model, {"x": np.full((1, 4), CRASH, np.float32)})
+        wait_for(lambda: len(server.stub_restarts) > before and server.ready(model), "the reload")
+        with pytest.raises(InferenceError) as caught:
+            client.infer(model, {"x": np.full((1, 4), REFUSE, np.float32)})
+    assert not isinstance(caught.value, StubDiedError), caught.value
+    assert caught.value.step == "fragile" and "raised ValueError: a row this step refuses" in str(caught.value)

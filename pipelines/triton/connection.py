@@ -3,6 +3,7 @@ tritonclient raises into the library's errors (a dead owned server fails fast)."
 
 from __future__ import annotations
 
+import re
 import socket
 from typing import Protocol
 
@@ -29,6 +30,10 @@ PROTOCOLS = ("http", "grpc")
 _DEADLINE = "DEADLINE_EXCEEDED"
 # gRPC's status for a server that cannot be reached: a transport failure, not an answer.
 _UNAVAILABLE = "UNAVAILABLE"
+# What Triton answers for a model while it is being reloaded (or a call that met its dead stub);
+# an error in other words, once the model is back, is the model's own (a failing step, a timeout).
+_RELOAD_SYMPTOM = re.compile(r"is not ready|not healthy|unknown model|is not found|no available versions|"
+                             r"not loaded|unload", re.IGNORECASE)
 
 
 class Liveness(Protocol):
@@ -147,9 +152,12 @@ class ErrorTranslator:
         if self.liveness is None:
             return None
         reloading = self.liveness.reloading_models()
-        if model in reloading:
-            return reloading[model]
-        return next((dead for name, dead in reloading.items() if f"'{name}'" in text), None)
+        dead = reloading.get(model) if model in reloading else next(
+            (dead for name, dead in reloading.items() if f"'{name}'" in text), None)
+        if dead is None:
+            return None
+        # Until the reload is done every failure is its doing; after it, only the reload's own words are.
+        return dead if self.liveness.broken(dead) is not None or _RELOAD_SYMPTOM.search(text) else None
 
     def _stub_died(
         self, text: str, context: str, model: str | None, *, dead: str, instance: str | None = None
