@@ -218,12 +218,14 @@ def _external_output_needs_copy(plan: CompilePlan) -> bool:
     step reads too, or exposed under two names): that model declares only its own outputs and
     cannot produce a copy, so the gate model gives the pipeline's outputs instead."""
     readers, exposed = _readers(plan), _exposures(plan)
-    return any(
-        len(outs) > 1 or (outs and readers.get((node.name, output)))
-        for node in plan.nodes if node.step.is_external
-        for output in node.step.outputs
-        for outs in [exposed.get((node.name, output), [])]
-    )
+    for node in plan.nodes:
+        if not node.step.is_external:
+            continue
+        for output in node.step.outputs:
+            outs = exposed.get((node.name, output), [])
+            if len(outs) > 1 or (outs and (node.name, output) in readers):
+                return True
+    return False
 
 
 class _TensorNames:
