@@ -6,6 +6,7 @@ and one small real calibration of the bundled server."""
 from __future__ import annotations
 
 import json
+import time
 import warnings
 
 import numpy as np
@@ -354,13 +355,35 @@ def test_the_lanes_a_boundary_gets_are_the_profiles_at_the_bytes_it_carries():
 
 
 def test_calibrate_on_a_remote_server_without_probes_writes_them_to_deploy(tmp_path, capsys):
+    from pipelines.endpoint import LocalServer
+    from pipelines.examples.basic import chain
+
     probes = tmp_path / "probes"
-    code = cli_main(["calibrate", "--url", "127.0.0.1:1", "--out", str(tmp_path / "p.json"), "--probes", str(probes)])
+    with LocalServer(chain, grpc_port=False) as elsewhere:  # a server that answers, without the probe models
+        code = cli_main(["calibrate", "--url", elsewhere.http_url, "--out", str(tmp_path / "p.json"),
+                         "--probes", str(probes)])
     assert code == 3
     assert "deploy that repository" in capsys.readouterr().out
     written = {d.name for d in probes.iterdir() if d.is_dir() and not d.name.startswith(".")}
     assert set(probe_repository().names) <= written
     assert not (tmp_path / "p.json").exists()
+
+
+def test_calibrate_says_a_server_it_cannot_reach_and_never_writes_over_a_users_file(tmp_path, capsys):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("my notes\n")
+    code = cli_main(["calibrate", "--url", "127.0.0.1:1", "--out", str(tmp_path / "p.json"), "--probes", str(mine)])
+    assert code == 2 and "cannot reach the Triton server at http 127.0.0.1:1" in capsys.readouterr().err
+    assert mine.read_text() == "my notes\n" and not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("option", ["--out", "--plot"])
+def test_calibrate_refuses_an_output_that_is_a_directory_before_measuring_anything(tmp_path, capsys, option):
+    args = {"--out": str(tmp_path / "p.json"), "--plot": str(tmp_path / "p.png"), option: str(tmp_path)}
+    started = time.monotonic()
+    code = cli_main(["calibrate", "--quick", *(x for kv in args.items() for x in kv)])
+    assert code == 2 and time.monotonic() - started < 5  # no server was started
+    assert f"{option} {str(tmp_path)!r} is a directory; give a file name" in capsys.readouterr().err
 
 
 @pytest.mark.server

@@ -13,6 +13,7 @@ from time import perf_counter
 
 from ..errors import PipelinesError
 from ..freed_memory import keep_freed_memory_here
+from ..output_paths import output_dir
 from .fit import fit_costs
 from .measure import Budget, measure_lanes, measure_probes
 from .probes import BUSY_MS, CHAINS, SIZES, Probe, probe_plan, probe_repository
@@ -120,10 +121,13 @@ def _lane_probes(chains: tuple[int, ...], sizes: tuple[int, ...]) -> list[Probe]
 
 
 def _require_probes(client, url: str, probes: list[Probe], chains: tuple[int, ...], probes_dir) -> None:
+    client.metadata()  # a server that cannot be reached is said so (ServerError), not taken for one without probes
     missing = sorted({p.model for p in probes if not client.ready(p.model)})
     if missing:
-        # every chain, so that the deployed repository serves --quick and full calibrations alike
-        path = probe_repository(tuple(sorted(set(CHAINS) | set(chains)))).write(probes_dir, overwrite=True)
+        # every chain, so that the deployed repository serves --quick and full calibrations alike;
+        # into a directory of the user's beside what is there, never over a file or a model not ours
+        target = output_dir(probes_dir, "the probe repository (--probes)")
+        path = probe_repository(tuple(sorted(set(CHAINS) | set(chains)))).write(target)
         raise ProbesNotDeployed(
             f"the server at {url} does not serve the probe models ({', '.join(missing[:3])}"
             f"{', ...' if len(missing) > 3 else ''}); wrote them to {str(path)!r}: deploy that repository "

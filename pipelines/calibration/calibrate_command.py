@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from ..output_paths import output_file
 from .calibrate import ProbesNotDeployed, calibrate
 from .measure import Budget
 from .probes import CHAINS, SIZES
@@ -32,13 +32,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     options = QUICK if args.quick else {"chains": CHAINS, "sizes": SIZES, "budget": Budget()}
+    # Checked before minutes of measuring, which a path that cannot be written would lose.
+    out = output_file(args.out, "--out")
+    plot = output_file(args.plot if args.plot else out.with_suffix(".png"), "--plot")
     try:
         profile = calibrate(args.url, args.protocol, probes_dir=args.probes, progress=not args.quiet, **options)
     except ProbesNotDeployed as exc:
         print(exc.message)
         return 3
-    out = profile.save(args.out)
-    plot = Path(args.plot) if args.plot else out.with_suffix(".png")
+    profile.save(out)
     profile.plot(plot)
     print(profile.table())
     print(f"wrote {out} and {plot}")

@@ -72,6 +72,6 @@ def plot_profile(profile: Profile, path: str | os.PathLike[str] | None = None) -
     if path is not None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path)
+        fig.savefig(path, format="png")  # at ``path`` as given: no extension added
         plt.close(fig)
     return fig
