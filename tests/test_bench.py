@@ -7,6 +7,7 @@ every configuration has errors whose exact number is known in advance.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -310,6 +311,37 @@ def test_verdict_names_the_winner_per_load_and_the_prediction_gap():
     assert "ensemble wins at concurrency 1 (1.60× bls" in text
     assert "concurrency 4 is a tie between bls and ensemble" in text
     assert "0.50 predicted vs 0.60 measured at concurrency 1 (17% under)" in text
+
+
+def test_verdict_of_one_form_says_its_figures_and_that_there_is_nothing_to_compare():
+    ms = [_measurement("local", "ensemble", 1, 10.0, 100.0), _measurement("local", "ensemble", 4, 30.0, 130.0)]
+    text = verdict(ms, pipeline="p")
+    assert text == ("In the local runtime, for pipeline 'p', only ensemble was measured (100.0 infer/s at "
+                    "concurrency 1, 130.0 infer/s at concurrency 4); give --forms two or more forms to compare them.")
+
+
+def test_verdict_of_windows_too_short_for_one_request_says_so():
+    empty = dataclasses.replace(_measurement("local", "ensemble", 1, 10.0, 0.0), requests=0)
+    assert "finished within a measurement window" in verdict([empty], pipeline="p")
+    failed = dataclasses.replace(_measurement("local", "ensemble", 1, 10.0, 0.0), errors=10)
+    assert verdict([failed], pipeline="p") == "10 requests failed (local ensemble); their messages are in results.json."
+
+
+def test_a_form_named_twice_is_measured_once():
+    assert BenchSettings(forms=("ensemble", "bls", "ensemble")).forms == ("ensemble", "bls")
+
+
+def test_a_bad_profile_or_out_is_refused_before_an_earlier_runs_results_are_touched(tmp_path):
+    earlier = tmp_path / "results.json"
+    earlier.write_text('{"status": "complete"}\n')
+    settings = BenchSettings(concurrency=(1,), server=False, forms=("ensemble",), duration=0.05, warmup=0,
+                             max_trials=3, profile=str(tmp_path / "typo.json"))
+    with pytest.raises(PipelinesError, match="typo.json"):
+        run_benchmark("pipelines.examples.basic:chain", settings, out=tmp_path, progress=False, echo=False)
+    assert earlier.read_text() == '{"status": "complete"}\n'
+    with pytest.raises(PipelinesError, match="is a file; give a directory"):
+        run_benchmark("pipelines.examples.basic:chain", dataclasses.replace(settings, profile=None), out=earlier,
+                      progress=False, echo=False)
 
 
 # ---------------------------------------------------------------- one real run

@@ -46,7 +46,7 @@ def _forms(text: str) -> tuple[str, ...]:
     unknown = [f for f in forms if f not in FORMS]
     if unknown or not forms:
         raise argparse.ArgumentTypeError(f"{text!r}: forms are some of {','.join(FORMS)}")
-    return forms
+    return tuple(dict.fromkeys(forms))  # each once, as --concurrency's levels are
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -29,6 +29,7 @@ from ..errors import PipelinesError, sole_exception
 from ..freed_memory import keep_freed_memory_here
 from ..graph import Pipeline
 from ..loading import load_pipeline_and_module
+from ..output_paths import output_dir
 from .inputs import sample_requests
 from .loadgen import LoadResult, run_load
 from .local_target import local_target
@@ -80,7 +81,9 @@ def run_benchmark(
     keep_freed_memory_here()
     samples = sample_requests(pipeline, module=module, inputs=inputs, batch=settings.batch, size=settings.size)
     bar = Progress(enabled=progress)
-    out_dir = Path(out) if out is not None else None
+    out_dir = output_dir(out, "the results directory (out)") if out is not None else None
+    if settings.profile is not None:
+        load_profile(settings.profile)  # a bad profile is refused before it replaces an earlier run's results.json
     stream = sys.stdout if echo is True else echo or None
     started = now()
     measurements: list[Measurement] = []
@@ -323,7 +326,10 @@ def _server(
     if settings.url is not None:
         url = settings.url
         bar.note(f"measuring the Triton server at {url} ({settings.protocol})")
-        versions["tritonserver"] = _server_version(url, settings.protocol)
+        from ..triton import TritonClient
+
+        with TritonClient(url, settings.protocol, timeout=10) as client:  # one it cannot reach fails now, not last
+            versions["tritonserver"] = client.metadata().get("version")
         return lambda: AsyncTritonClient(url, settings.protocol)
     server = _start_server(pipeline, out_dir, stack, bar)
     versions["tritonserver"] = _server_version(server.http_url, "http")

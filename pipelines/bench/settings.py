@@ -73,7 +73,7 @@ class BenchSettings:
         unknown = [f for f in forms if f not in FORMS]
         if unknown or not forms:
             raise PipelinesError(f"forms must be some of {list(FORMS)}; got {list(forms)}")
-        object.__setattr__(self, "forms", forms)
+        object.__setattr__(self, "forms", tuple(dict.fromkeys(forms)))  # each once, in the order given
         if not isinstance(self.batch, int) or self.batch < 1:
             raise PipelinesError(f"--batch must be an integer >= 1; got {self.batch!r}")
         if not isinstance(self.size, int) or self.size < 1:

@@ -122,6 +122,8 @@ def verdict(measurements: Sequence[Measurement], *, pipeline: str) -> str:
         where_text = "On the Triton server" if where == "server" else "In the local runtime"
         if winners:
             parts.append(f"{where_text}, for pipeline {pipeline!r}, " + "; ".join(winners) + ".")
+        elif alone := _alone(measurements, where):
+            parts.append(f"{where_text}, for pipeline {pipeline!r}, {alone}.")
         spread = _spread(measurements, where)
         if spread:
             parts.append(f"{where_text.split(',')[0]}, {spread}.")
@@ -149,5 +151,19 @@ def verdict(measurements: Sequence[Measurement], *, pipeline: str) -> str:
             "lengthen --duration or raise --max-trials."
         )
     if not parts:
+        if not any(m.requests for m in measurements):
+            return (f"No request of pipeline {pipeline!r} finished within a measurement window, so nothing was "
+                    "measured; lengthen --duration (or use --requests).")
         return f"No request of pipeline {pipeline!r} succeeded, so no form can be recommended."
     return " ".join(parts)
+
+
+def _alone(measurements: Sequence[Measurement], where: str) -> str | None:
+    """Where one form alone was measured: its throughput per level, and that there is nothing to compare."""
+    served = [m for m in measurements if m.config.where == where and m.throughput > 0]
+    forms = {m.config.form for m in served}
+    if len(forms) != 1:
+        return None
+    figures = ", ".join(f"{m.throughput:,.1f} infer/s at concurrency {m.concurrency}"
+                        for m in sorted(served, key=lambda m: m.concurrency))
+    return f"only {forms.pop()} was measured ({figures}); give --forms two or more forms to compare them"
