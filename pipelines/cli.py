@@ -9,12 +9,12 @@ import importlib
 import pickle
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from .errors import PipelinesError
 from .forms import FORMS, TARGETS
 from .loading import load_pipeline
+from .output_paths import output_dir
 
 __all__ = ["load_pipeline", "main"]
 
@@ -154,6 +154,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     p = load_pipeline(args.pipeline)
     inputs = _parse_inputs(args.input, p)
+    out_dir = output_dir(args.out, "--out") if args.out else None
 
     async def go():
         async with LocalRuntime(p, mode=args.mode) as rt:
@@ -164,9 +165,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for name, value in outputs.items():
         arr = np.asarray(value)
         print(f"{name}: {arr.dtype} {list(arr.shape)}")
-        if args.out:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            np.save(Path(args.out) / f"{name}.npy", arr)
+        if out_dir is not None:
+            np.save(out_dir / f"{name}.npy", arr)
         elif arr.size <= 64:
             print(f"  {arr.tolist()}")
     if args.report:
@@ -208,6 +208,16 @@ def _positive_int(text: str) -> int:
         value = 0
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number of bytes, e.g. 4194304 for 4 MiB; got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port from 0 to 65535 (0: a free one); got {text!r}")
     return value
 
 
@@ -273,8 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--local", action="store_true",
                    help="serve the pipeline MODULE:ATTR from the local runtime (KServe v2 over HTTP and gRPC)")
     s.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
-    s.add_argument("--http-port", type=int, default=None, help="default: a free port")
-    s.add_argument("--grpc-port", type=int, default=None, help="default: a free port")
+    s.add_argument("--http-port", type=_port, default=None, help="default: a free port")
+    s.add_argument("--grpc-port", type=_port, default=None, help="default: a free port")
     s.add_argument("--python-env", metavar="VENV", default=None,
                    help="DIR only: the virtual (or conda) environment the Python models run in, with numpy<2 and "
                    "what `pipelines compile` wrote to DIR/requirements.txt (default: this one)")

@@ -76,3 +76,19 @@ def test_run_reads_npy_inputs_and_writes_npy_outputs(tmp_path, capsys):
     assert main(["run", "pipelines.examples.basic:chain", "--input", f"y={tmp_path / 'x.npy'}"]) == 2
     err = capsys.readouterr().err
     assert "'x'" in err and "'y'" in err  # the missing input and the unknown one are both named
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["serve", "repo", "--http-port", "99999"], "expected a TCP port from 0 to 65535"),
+    (["run", "pipelines.examples.basic:chain", "--out", "{file}"], "--out '{file}' is a file; give a directory"),
+])
+def test_outputs_and_ports_that_cannot_be_are_refused_before_any_work(tmp_path, capsys, argv, said):
+    a_file = tmp_path / "taken"
+    a_file.write_text("mine\n")
+    argv = [a.replace("{file}", str(a_file)) for a in argv]
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own refusal
+        code = exc.code
+    assert code == 2 and said.replace("{file}", str(a_file)) in capsys.readouterr().err
+    assert a_file.read_text() == "mine\n"
