@@ -6,6 +6,7 @@ and one small real calibration of the bundled server."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import warnings
 
@@ -194,6 +195,20 @@ def test_a_file_that_is_not_a_profile_is_refused_by_name(tmp_path):
         load_profile(tmp_path / "missing.json")
     with pytest.raises(PipelinesError, match="needs a cost for every boundary"):
         Profile(costs={"request": Cost(1, 1)}, server_version=None, protocol="http", machine={}, date="d")
+    # hand-edited figures that no server has: a negative or NaN time, a protocol Triton does not speak
+    good = json.loads(_profile().to_json())
+    for path, value, said in [(("costs", "request", "fixed_us"), -100000, "finite microseconds >= 0; got -100000"),
+                              (("costs", "stub", "us_per_mib"), float("nan"), "finite microseconds >= 0; got nan"),
+                              (("protocol",), "carrier-pigeon", "protocol is 'http' or 'grpc'")]:
+        edited = json.loads(json.dumps(good))
+        *parents, last = path
+        holder = edited
+        for key in parents:
+            holder = holder[key]
+        holder[last] = value
+        bad.write_text(json.dumps(edited))
+        with pytest.raises(PipelinesError, match=f"bad.json.*{re.escape(said)}"):
+            load_profile(bad)
 
 
 def test_a_profile_from_another_server_version_or_protocol_draws_a_warning():

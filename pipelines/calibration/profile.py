@@ -82,6 +82,10 @@ class Cost:
                                  f"sizes, {len(self.in_us)} in and {len(self.out_us)} out")
         if list(self.sizes) != sorted(set(self.sizes)):
             raise PipelinesError(f"a cost's sizes must increase; got {list(self.sizes)}")
+        figures = [self.fixed_us, self.us_per_mib, *self.in_us, *self.out_us]
+        if not all(math.isfinite(v) and v >= 0 for v in figures):  # a time spent: never negative, never NaN
+            bad = next(v for v in figures if not (math.isfinite(v) and v >= 0))
+            raise PipelinesError(f"a cost's figures are finite microseconds >= 0; got {bad!r}")
 
     def us(self, nbytes: float) -> float:
         """The line's cost of ``nbytes`` crossing in all (in + out)."""
@@ -146,6 +150,8 @@ class Profile:
     lanes_by_size: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
+        if self.protocol not in ("http", "grpc"):
+            raise PipelinesError(f"a profile's protocol is 'http' or 'grpc'; got {self.protocol!r}")
         object.__setattr__(self, "costs", with_stand_ins(self.costs))
         missing = [b for b in BOUNDARIES if b not in self.costs]
         if missing:
