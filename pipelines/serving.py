@@ -359,6 +359,37 @@ def _config_entry(name: str, spec: Any) -> dict[str, Any]:
     return {"name": name, "data_type": config_dtype, "dims": list(spec.dims)}
 
 
+class StepExited(Exception):
+    """A step called ``sys.exit()``: told as its failure, not let through as a ``SystemExit``,
+    which would end a stub's event loop or thread with the request never answered."""
+
+    def __init__(self, code: Any) -> None:
+        super().__init__(code)
+        self.code = code
+
+    def __str__(self) -> str:
+        return f"sys.exit({self.code!r}) was called; a step returns its outputs or raises, never exits"
+
+
+def _exits_raise(fn: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
+    if is_async:
+        async def guarded_async(**inputs: Any) -> Any:
+            try:
+                return await fn(**inputs)
+            except SystemExit as exc:
+                raise StepExited(exc.code) from None
+
+        return guarded_async
+
+    def guarded(**inputs: Any) -> Any:
+        try:
+            return fn(**inputs)
+        except SystemExit as exc:
+            raise StepExited(exc.code) from None
+
+    return guarded
+
+
 class StepInstance:
     """One live instance of a step: initialised once, executed many times, finalised once.
 
@@ -389,6 +420,7 @@ class StepInstance:
         else:
             self._obj = None
             self._fn = impl
+        self._fn = _exits_raise(self._fn, self.is_async)
 
     @property
     def is_async(self) -> bool:

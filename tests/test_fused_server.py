@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +66,13 @@ def touchy(x):
 
 
 @step(inputs={"x": ROW}, outputs={"y": ROW})
+def quitter(x):
+    if (x < 0).any():
+        sys.exit(3)  # a SystemExit once left the fused model's request unanswered: a hang
+    return {"y": x}
+
+
+@step(inputs={"x": ROW}, outputs={"y": ROW})
 def pre(x):
     return {"y": x + 1}
 
@@ -116,6 +124,12 @@ def external_pipeline(model_file):
     return p
 
 
+def quits_pipeline():
+    p = Pipeline("quits", inputs={"x": ROW}, max_batch_size=8)
+    p.output("y", p.add(quitter, x=p.input("x"))["y"])
+    return p
+
+
 def raw_external_pipeline(model_file):
     """yolov5's "raw detections beside the post-processed ones": an external model's output is a
     pipeline output (twice) and a step's input, which a plain ensemble would need an output copy
@@ -150,6 +164,7 @@ def pipelines(barrier_dir, tmp_path_factory):
         "touchy": touchy_pipeline(),
         "withext": external_pipeline(str(model_file)),
         "rawext": raw_external_pipeline(str(model_file)),
+        "quits": quits_pipeline(),
     }
 
 
@@ -205,6 +220,13 @@ def test_an_external_output_that_is_also_read_or_exposed_twice_answers_every_sub
             for form in ("fused", *OTHER_FORMS):
                 got = client.infer(f"rawext_{form}", {"x": x}, outputs=list(subset))
                 assert_same(got, {n: expected[n] for n in subset})
+
+
+@pytest.mark.parametrize("form", ["fused", *OTHER_FORMS])
+def test_a_step_that_calls_sys_exit_fails_its_request_by_name_and_the_model_answers_on(client, form):
+    with pytest.raises(InferenceError, match=r"node 'quitter', step 'quitter': raised StepExited: sys\.exit\(3\)"):
+        client.infer(f"quits_{form}", {"x": -np.ones((1, 4), np.float32)}, timeout=30)
+    assert_same(client.infer(f"quits_{form}", {"x": np.ones((1, 4), np.float32)}), {"y": np.ones((1, 4), np.float32)})
 
 
 def test_the_branches_run_at_the_same_time_inside_the_fused_model(client, pipelines):

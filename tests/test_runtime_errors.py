@@ -193,3 +193,18 @@ def test_200_concurrent_requests_a_third_malformed_none_lost_or_mixed(mode):
                 assert got.step == "score" and "666" in str(got)
     bad = sum(1 for r in requests if r[1] is not None)
     assert report.errors == bad and report.requests == 200 - bad
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_step_that_calls_sys_exit_is_a_step_error_naming_it_not_a_system_exit(mode):
+    import sys
+
+    @step(inputs={"x": TensorSpec("FP32", [2])}, outputs={"y": TensorSpec("FP32", [2])})
+    def leaves(x):
+        sys.exit(3)
+
+    p = Pipeline("leaving", inputs={"x": TensorSpec("FP32", [2])}, max_batch_size=2)
+    p.output("y", p.add(leaves, x=p.input("x"))["y"])
+    with pytest.raises(StepError, match=r"step 'leaves' raised StepExited: sys\.exit\(3\) was called") as caught:
+        p.run({"x": np.ones((1, 2), np.float32)}, mode=mode)
+    assert caught.value.step == "leaves"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +63,7 @@ MISDEEDS = {
     "wrong_shape": (103.0, r"output 'y' has shape \[1, 3\]; it declares \[1, 4\]"),
     "omits_output": (104.0, r"did not return output\(s\) \['y'\]; it returned \['n'\]"),
     "drops_a_row": (105.0, r"output 'y' has shape \[0, 4\]; expected the batch dimension 1 first"),
+    "exits": (106.0, r"raised StepExited: sys\.exit\(3\) was called; a step returns its outputs or raises"),
 }
 
 
@@ -99,6 +101,8 @@ def _misbehave(x):
         return {"n": n}
     if 105.0 in marks:
         return {"y": y[:-1].copy(), "n": n}
+    if 106.0 in marks:
+        sys.exit(3)
     return {"y": y, "n": n}
 
 
