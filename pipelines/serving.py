@@ -522,6 +522,20 @@ def called_model_error(message: str, pipeline: str, node: str, step: str, model:
     return WireError(said.kind, pipeline, said.reason, node, step, said.tensor)
 
 
+def read_only(value: Any) -> Any:
+    """``value`` as a step may take it: a numpy array becomes a read-only view of the same memory.
+
+    Where arrays pass from step to step without a copy (the local runtime, the fused model), a
+    step that wrote into its input would change what a sibling or a later step reads (on the
+    server each step model gets its own copy); a read-only view makes that write an error that
+    names the step, in every form that shares memory. The owner of the memory keeps writing it.
+    """
+    if isinstance(value, np.ndarray) and value.flags.writeable:
+        value = value.view()
+        value.flags.writeable = False
+    return value
+
+
 def exception_reason(exc: BaseException) -> str:
     """How a step's own exception is told: ``raised ValueError: what it said``."""
     return f"raised {type(exc).__name__}: {exc}"

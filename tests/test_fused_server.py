@@ -73,6 +73,12 @@ def quitter(x):
 
 
 @step(inputs={"x": ROW}, outputs={"y": ROW})
+def scribble(x):
+    x += 1  # into its input, which the fused model shares with the sibling step below
+    return {"y": x}
+
+
+@step(inputs={"x": ROW}, outputs={"y": ROW})
 def pre(x):
     return {"y": x + 1}
 
@@ -127,6 +133,7 @@ def external_pipeline(model_file):
 def quits_pipeline():
     p = Pipeline("quits", inputs={"x": ROW}, max_batch_size=8)
     p.output("y", p.add(quitter, x=p.input("x"))["y"])
+    p.output("mine", p.add(scribble, x=p.input("x"))["y"])
     return p
 
 
@@ -225,8 +232,21 @@ def test_an_external_output_that_is_also_read_or_exposed_twice_answers_every_sub
 @pytest.mark.parametrize("form", ["fused", *OTHER_FORMS])
 def test_a_step_that_calls_sys_exit_fails_its_request_by_name_and_the_model_answers_on(client, form):
     with pytest.raises(InferenceError, match=r"node 'quitter', step 'quitter': raised StepExited: sys\.exit\(3\)"):
-        client.infer(f"quits_{form}", {"x": -np.ones((1, 4), np.float32)}, timeout=30)
-    assert_same(client.infer(f"quits_{form}", {"x": np.ones((1, 4), np.float32)}), {"y": np.ones((1, 4), np.float32)})
+        client.infer(f"quits_{form}", {"x": -np.ones((1, 4), np.float32)}, outputs=["y"], timeout=30)
+    x = np.ones((1, 4), np.float32)
+    assert_same(client.infer(f"quits_{form}", {"x": x}, outputs=["y"]), {"y": x})
+
+
+@pytest.mark.parametrize("form", ["fused", *OTHER_FORMS])
+def test_a_step_that_writes_into_its_input_never_changes_what_a_sibling_reads(client, form):
+    """Each step model has its own copy; the fused model shares one array and hands it read-only,
+    so the write fails by name where it would otherwise change the sibling's answer unseen."""
+    x = np.ones((1, 4), np.float32)
+    if form == "fused":
+        with pytest.raises(InferenceError, match=r"step 'scribble': raised ValueError: .*read-only"):
+            client.infer("quits_fused", {"x": x}, outputs=["y", "mine"], timeout=30)
+    else:
+        assert_same(client.infer(f"quits_{form}", {"x": x}, outputs=["y", "mine"]), {"y": x, "mine": x + 1})
 
 
 def test_the_branches_run_at_the_same_time_inside_the_fused_model(client, pipelines):

@@ -208,3 +208,30 @@ def test_a_step_that_calls_sys_exit_is_a_step_error_naming_it_not_a_system_exit(
     with pytest.raises(StepError, match=r"step 'leaves' raised StepExited: sys\.exit\(3\) was called") as caught:
         p.run({"x": np.ones((1, 2), np.float32)}, mode=mode)
     assert caught.value.step == "leaves"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_step_that_writes_into_its_input_fails_by_name_and_nothing_shared_changes(mode):
+    """Arrays go from step to step without a copy: a write would reach a sibling and the caller."""
+    row = TensorSpec("FP32", [2])
+    text = TensorSpec("BYTES", [2])
+
+    @step(inputs={"x": row, "t": text}, outputs={"y": row})
+    def scribble(x, t):
+        t[0, 0] = b"XXX" if (x[:, 0] < 0).any() else t[0, 0]
+        x += 1
+        return {"y": x}
+
+    @step(inputs={"x": row, "t": text}, outputs={"z": row})
+    def reads(x, t):
+        return {"z": x + len(t[0, 0])}
+
+    p = Pipeline("scribbling", inputs={"x": row, "t": text}, max_batch_size=2)
+    p.output("y", p.add(scribble, x=p.input("x"), t=p.input("t"))["y"])
+    p.output("z", p.add(reads, x=p.input("x"), t=p.input("t"))["z"])
+    for x in (np.zeros((1, 2), np.float32), -np.ones((1, 2), np.float32)):
+        t = np.array([[b"hello", b"world"]], dtype=object)
+        with pytest.raises(StepError, match=r"step 'scribble' raised ValueError: .*read-only") as caught:
+            p.run({"x": x, "t": t}, mode=mode)
+        assert caught.value.step == "scribble"
+        assert t[0, 0] == b"hello" and (x == x.flat[0]).all()  # the caller's arrays are as they were

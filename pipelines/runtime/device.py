@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentError, InferenceError
+from ..serving import read_only
 
 __all__ = [
     "DEVICES",
@@ -131,13 +132,14 @@ class Placement:
 def _share(array: Any, device: str) -> Any:
     """Hand the same memory to the next step through DLPack; no copy is made."""
     if isinstance(array, np.ndarray) and (array.dtype.kind == "O" or array.dtype.kind in "SU"):
-        return array  # DLPack carries no strings (Triton's BYTES); the array itself is shared
+        return read_only(array)  # DLPack carries no strings (Triton's BYTES); the array itself is shared
     try:
-        return array_module(device).from_dlpack(array)
+        shared = array_module(device).from_dlpack(array)
     except (BufferError, TypeError, ValueError, RuntimeError, AttributeError):
         # dtypes DLPack lacks (ml_dtypes' bfloat16), or readonly arrays in numpy 1.26:
         # passing the array object itself shares the memory just the same.
-        return array
+        shared = array
+    return read_only(shared)  # numpy 1.26's from_dlpack is read-only already, numpy 2's is not
 
 
 def _copy(array: Any, target: str) -> Any:

@@ -205,7 +205,7 @@ class TritonPythonModel:
             inputs = {}
             for source in self.nodes[name]["inputs"]:
                 key = (source["node"], source["tensor"])
-                inputs[source["input"]] = values[key]
+                inputs[source["input"]] = serving.read_only(values[key])  # shared, as in the local runtime
                 remaining[key] -= 1
                 if remaining[key] == 0:
                     del values[key]  # the step holds its own reference
