@@ -571,20 +571,29 @@ def _sigint(disposition):
     return lambda: signal.signal(signal.SIGINT, disposition)
 
 
+# A server bench of eight short levels, to be stopped part-way.
+_EIGHT_LEVELS = [sys.executable, "-m", "pipelines", "bench", "pipelines.examples.basic:chain", "--server", "--no-local",
+                 "--forms", "ensemble", "--concurrency", "1,2,3,4,5,6,7,8", "--duration", "0.3", "--warmup", "0",
+                 "--max-trials", "3", "--quiet"]
+
+
+def _leftover_checks():
+    try:
+        from .server_fixtures import leftovers, wait_for_no_leftovers
+    except ImportError:
+        from server_fixtures import leftovers, wait_for_no_leftovers
+    return leftovers, wait_for_no_leftovers
+
+
 @pytest.mark.server
 @pytest.mark.parametrize(("sig", "ctrl_c"), [(signal.SIGINT, signal.SIG_DFL), (signal.SIGTERM, signal.SIG_DFL),
                                              (signal.SIGTERM, signal.SIG_IGN)],
                          ids=["SIGINT", "SIGTERM", "SIGTERM-in-the-background"])
 def test_an_interrupted_bench_keeps_finished_levels_and_leaves_no_server(tmp_path, sig, ctrl_c):
-    try:
-        from .server_fixtures import leftovers, wait_for_no_leftovers
-    except ImportError:
-        from server_fixtures import leftovers, wait_for_no_leftovers
+    leftovers, wait_for_no_leftovers = _leftover_checks()
     out = tmp_path / "bench"
     results = out / "results.json"
-    cmd = [sys.executable, "-m", "pipelines", "bench", "pipelines.examples.basic:chain", "--server", "--no-local",
-           "--forms", "ensemble", "--concurrency", "1,2,3,4,5,6,7,8", "--duration", "0.3", "--warmup", "0",
-           "--max-trials", "3", "--out", str(out), "--quiet"]
+    cmd = _EIGHT_LEVELS + ["--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_sigint(ctrl_c))
     try:
@@ -614,15 +623,10 @@ def test_an_interrupted_bench_keeps_finished_levels_and_leaves_no_server(tmp_pat
 def test_a_server_killed_mid_bench_ends_the_run_with_why_and_keeps_the_finished_levels(tmp_path):
     """The client knows at once that its server is gone (it fails before sending anything): the
     load generator must neither spin on those instant failures nor measure them as a level."""
-    try:
-        from .server_fixtures import leftovers, wait_for_no_leftovers
-    except ImportError:
-        from server_fixtures import leftovers, wait_for_no_leftovers
+    leftovers, wait_for_no_leftovers = _leftover_checks()
     out = tmp_path / "bench"
     results = out / "results.json"
-    cmd = [sys.executable, "-m", "pipelines", "bench", "pipelines.examples.basic:chain", "--server", "--no-local",
-           "--forms", "ensemble", "--concurrency", "1,2,3,4,5,6,7,8", "--duration", "0.3", "--warmup", "0",
-           "--max-trials", "3", "--out", str(out), "--quiet"]
+    cmd = _EIGHT_LEVELS + ["--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
