@@ -221,6 +221,20 @@ def _port(text: str) -> int:
     return value
 
 
+class _Formatter(argparse.HelpFormatter):
+    """Wraps a command's description to the terminal; keeps its examples (the epilog) line by line."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("examples:"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def _examples(*commands: str) -> dict[str, Any]:
+    """A subcommand's epilog: commands that run as written (from the project's directory)."""
+    return {"epilog": "examples:\n" + "\n".join(f"  pipelines {c}" for c in commands), "formatter_class": _Formatter}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pipelines",
@@ -232,7 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     g = sub.add_parser("graph", help="print the pipeline's graph", description="Print the pipeline's DAG: its stages "
-                       "(steps that can run in parallel), critical path, or a Mermaid/DOT diagram.")
+                       "(steps that can run in parallel), critical path, or a Mermaid/DOT diagram.",
+                       **_examples("graph pipelines.examples.basic:diamond --format text",
+                                   "graph pipelines.examples.yolov5:pipeline --format dot | dot -Tpng > yolov5.png"))
     g.add_argument("pipeline", metavar="MODULE:ATTR")
     g.add_argument("--format", choices=["text", "mermaid", "dot"], default="mermaid",
                    help="mermaid renders in GitHub and Jupyter; dot feeds Graphviz (default: mermaid)")
@@ -242,7 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Compile the pipeline and write its models into a Triton model repository. "
                        "'both' writes <name>_ensemble, <name>_bls and <name>_bls_sync side by side. Only this "
                        "pipeline's models are replaced; other models in DIR are left as they are. The server's "
-                       "Python needs DIR/requirements.txt (see the README's deployment section).")
+                       "Python needs DIR/requirements.txt (see the README's deployment section).",
+                       **_examples("compile pipelines.examples.yolov5:pipeline --target both --out model_repository",
+                                   "compile pipelines.examples.basic:diamond --target all --out model_repository",
+                                   "compile path/to/my_pipeline.py:pipeline --target ensemble --out model_repository"))
     c.add_argument("pipeline", metavar="MODULE:ATTR")
     c.add_argument("--target", choices=list(TARGETS), default="both",
                    help="one form, or forms side by side: 'both' (ensemble, bls, bls-sync), 'all' (every form)")
@@ -257,13 +276,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     rm = sub.add_parser("remove", help="remove a pipeline's models from a model repository",
                         description="Remove every model that the named pipelines own from DIR; other models "
-                        "are left as they are.")
+                        "are left as they are.",
+                        **_examples("remove model_repository yolov5", "remove model_repository diamond chain"))
     rm.add_argument("repository", metavar="DIR")
     rm.add_argument("pipelines", metavar="PIPELINE", nargs="+")
     rm.set_defaults(func=_cmd_remove)
 
     r = sub.add_parser("run", help="run the pipeline once in the local runtime",
-                       description="Run the pipeline once, without a server, with the semantics of one Triton form.")
+                       description="Run the pipeline once, without a server, with the semantics of one Triton form.",
+                       **_examples("run pipelines.examples.basic:diamond --mode bls --input x=x.npy --report",
+                                   "run pipelines.examples.yolov5:pipeline --mode fused --input images=image.npy "
+                                   "--out outputs"))
     r.add_argument("pipeline", metavar="MODULE:ATTR")
     r.add_argument("--mode", choices=list(FORMS), default="ensemble")
     r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
@@ -277,7 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "With --local, serve the pipeline MODULE:ATTR from the local runtime over Triton's own "
                        "protocol (HTTP and gRPC), one model per form named as compiled (<name>_ensemble, <name>_bls, "
                        "<name>_bls_sync, ...), so tritonclient code runs unchanged against it; no server binary needed. "
-                       "Ctrl-C or SIGTERM stops it.")
+                       "Ctrl-C or SIGTERM stops it.",
+                       **_examples("serve model_repository --http-port 8000",
+                                   "serve --local pipelines.examples.yolov5:pipeline --http-port 8000"))
     s.add_argument("repository", metavar="DIR | MODULE:ATTR",
                    help="the model repository to serve, or with --local the pipeline")
     s.add_argument("--local", action="store_true",
@@ -300,13 +325,20 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Measure the pipeline in every form (ensemble, bls, bls-sync, fused; --forms picks "
                        "some), in the local runtime and on "
                        "a real Triton server, side by side: throughput, latency percentiles, per-model breakdown, "
-                       "plots and a verdict.")
+                       "plots and a verdict.",
+                       **_examples("bench pipelines.examples.basic:diamond --concurrency 1,4,16 --duration 2 "
+                                   "--out bench-diamond",
+                                   "bench --forms ensemble,fused --concurrency 1:16 --out bench-yolov5",
+                                   "bench pipelines.examples.basic:diamond --profile profile.json --no-server",
+                                   "bench pipelines.examples.basic:diamond --url HOST:8000 --concurrency 1,4"))
     _delegate(b, "pipelines.bench.command")
 
     k = sub.add_parser("calibrate", help="measure a Triton server's costs into a profile",
                        description="Run generated probe models on a Triton server (the bundled one by default) and "
                        "fit a fixed cost plus a cost per byte for each boundary a request crosses; the profile "
-                       "lets the local runtime predict that server (LocalRuntime(..., profile=...), bench --profile).")
+                       "lets the local runtime predict that server (LocalRuntime(..., profile=...), bench --profile).",
+                       **_examples("calibrate --out profile.json", "calibrate --quick --out profile.json",
+                                   "calibrate --url HOST:8001 --protocol grpc --out remote-grpc.json"))
     _delegate(k, "pipelines.calibration.calibrate_command")
     return parser
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 
 import pytest
 
-from pipelines.cli import load_pipeline, main
+from pipelines.cli import build_parser, load_pipeline, main
 from pipelines.errors import PipelinesError
 
 
@@ -44,6 +45,13 @@ def test_help_lists_every_command_with_examples():
     for cmd in ("graph", "compile", "run", "serve", "bench"):
         assert cmd in out
     assert "examples:" in out and "MODULE:ATTR" in out
+    for cmd in ("graph", "compile", "remove", "run", "serve", "bench", "calibrate"):
+        text = subprocess.run([sys.executable, "-m", "pipelines", cmd, "--help"], capture_output=True, text=True,
+                              check=True).stdout
+        assert f"examples:\n  pipelines {cmd} " in text, (cmd, text)
+        for line in text.split("examples:\n", 1)[1].splitlines():  # each example is a valid command line
+            if line.startswith("  pipelines "):
+                build_parser().parse_args(shlex.split(line.split("|")[0])[1:])
 
 
 def test_compile_writes_a_repository_and_refuses_a_foreign_directory(tmp_path, capsys):
