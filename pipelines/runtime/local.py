@@ -46,7 +46,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from time import perf_counter
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -64,6 +64,9 @@ from .instances import StepModel, thread_hop_cost
 from .replay import Replay, nbytes_of
 from .report import CostRecorder, Report
 from .workers import StepThreads
+
+if TYPE_CHECKING:
+    from ..compile.ensemble import EnsembleLayout
 
 __all__ = ["MODES", "LocalRuntime", "run_many", "run_pipeline"]
 
@@ -204,7 +207,7 @@ class LocalRuntime:
         self.keep_freed_memory = bool(keep_freed_memory)
         # Process boundaries a step's tensors cross on a server, each one a copy (see above).
         self._crossings = self.form.server_copies if server_copies else 0
-        self._replay = Replay(profile, mode, pipeline) if profile is not None else None
+        self._replay = Replay(profile, mode, self._ensemble_layout) if profile is not None else None
         if self._replay is not None:
             self._crossings = 0
         self.plan = plan_of(pipeline)
@@ -390,12 +393,18 @@ class LocalRuntime:
         """Whether a request for some outputs still runs every live step, as the server does in
         a gated ensemble: each step's failure travels to the gate, which every output passes
         through, so Triton prunes none of them (docs/triton_requested_outputs.md)."""
-        if self.mode != "ensemble":
-            return False
-        from ..compile.ensemble import ensemble_layout_of  # the compiler only once a subset is asked for
-
-        layout = ensemble_layout_of(self.pipeline)
+        layout = self._ensemble_layout
         return layout is not None and layout.gated
+
+    @functools.cached_property
+    def _ensemble_layout(self) -> EnsembleLayout | None:
+        """The layout the pipeline's ensemble compiles to, in the ensemble mode (``None`` in the
+        others, or where the compiler refuses it); worked out once, when first asked for."""
+        if self.mode != "ensemble":
+            return None
+        from ..compile.ensemble import ensemble_layout_of  # the compiler (and protobuf) only when asked
+
+        return ensemble_layout_of(self.pipeline)
 
     def report(self) -> Report:
         """Costs aggregated over every request served since the start (or :meth:`reset_report`)."""

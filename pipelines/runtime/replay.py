@@ -87,6 +87,7 @@ from ..tables import format_table
 
 if TYPE_CHECKING:
     from ..calibration.profile import Profile
+    from ..compile.ensemble import EnsembleLayout
     from .report import Report
 
 __all__ = ["Ledger", "Replay", "ServerPrediction", "StubInThread", "nbytes_of"]
@@ -302,7 +303,7 @@ class ServerPrediction:
 class Replay:
     """A profile's costs, ready to be spent by one :class:`~pipelines.runtime.local.LocalRuntime`."""
 
-    def __init__(self, profile: Profile | str | os.PathLike[str], mode: str, pipeline: Any = None) -> None:
+    def __init__(self, profile: Profile | str | os.PathLike[str], mode: str, layout: EnsembleLayout | None = None) -> None:
         from ..calibration.profile import load_profile
 
         self.profile = load_profile(profile)
@@ -322,12 +323,8 @@ class Replay:
         self._in_process = the_form.in_process
         # An ensemble whose steps can fail side by side ends in a gate model (a Python model with
         # one instance) that every request passes through: one more step, and one more stub.
-        layout = None
-        if mode == "ensemble" and pipeline is not None:
-            from ..compile.ensemble import ensemble_layout_of  # the compiler (and protobuf) only when asked
-
-            layout = ensemble_layout_of(pipeline)
-        self._gate = anyio.Lock() if layout is not None and layout.gate_inputs else None
+        # ``layout``: the ensemble's (compile.ensemble.ensemble_layout_of), in the ensemble mode.
+        self._gate = anyio.Lock() if mode == "ensemble" and layout is not None and layout.gate_inputs else None
         self._totals = Ledger()
         self._models: dict[tuple[int, int], Ledger] = {}  # what each held instance owes, by (id(model), index)
         self._lanes = _Lanes(self.profile)  # the server's cores, shared by this runtime's requests
