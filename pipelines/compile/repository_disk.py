@@ -263,10 +263,14 @@ def _scan(target: Path) -> dict[str, str | None]:
 
 
 def _owner(model_dir: Path) -> str | None:
-    """The pipeline that owns ``model_dir``: its marker's, if it was written under this very name
+    """The pipeline that owns ``model_dir`` (see :func:`_owner_in`)."""
+    return _owner_in(_read_marker(model_dir) if not model_dir.is_symlink() else None, model_dir.name)
+
+
+def _owner_in(marker: Mapping[str, Any] | None, name: str) -> str | None:
+    """The pipeline a model directory's ``marker`` names, if it was written under this very ``name``
     (markers written before names were recorded are taken at their word)."""
-    marker = _read_marker(model_dir) if not model_dir.is_symlink() else None
-    if marker is None or marker.get("model", model_dir.name) != model_dir.name:
+    if marker is None or marker.get("model", name) != name:
         return None
     return marker["pipeline"]
 
@@ -369,7 +373,7 @@ def _apply(target: Path, stage: Path, journal: Mapping[str, Any]) -> None:
     for name in journal["remove"]:
         dest = target / name
         marker = _read_marker(dest) if not dest.is_symlink() else None
-        if marker is not None and _owner(dest) in owners and marker.get("write") != write_id:
+        if _owner_in(marker, name) in owners and marker.get("write") != write_id:
             (stage / "removed").mkdir(exist_ok=True)
             os.rename(dest, stage / "removed" / name)
 
