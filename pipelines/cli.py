@@ -201,24 +201,23 @@ def _cmd_serve_local(args: argparse.Namespace) -> int:
     return serve_local(p, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of bytes, e.g. 4194304 for 4 MiB; got {text!r}")
-    return value
+def _whole_number(low: int, high: int | None, expected: str) -> Any:
+    """An argparse ``type``: an int from ``low`` to ``high`` (None: no bound), else "expected ..."."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {expected}; got {text!r}")
+        return value
+
+    return parse
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port from 0 to 65535 (0: a free one); got {text!r}")
-    return value
+_positive_int = _whole_number(1, None, "a positive number of bytes, e.g. 4194304 for 4 MiB")
+_port = _whole_number(0, 65535, "a TCP port from 0 to 65535 (0: a free one)")
 
 
 class _Formatter(argparse.HelpFormatter):
