@@ -326,10 +326,7 @@ def _server(
     if settings.url is not None:
         url = settings.url
         bar.note(f"measuring the Triton server at {url} ({settings.protocol})")
-        from ..triton import TritonClient
-
-        with TritonClient(url, settings.protocol, timeout=10) as client:  # one it cannot reach fails now, not last
-            versions["tritonserver"] = client.metadata().get("version")
+        versions["tritonserver"] = _version_at(url, settings.protocol, 10)  # one it cannot reach fails now, not last
         return lambda: AsyncTritonClient(url, settings.protocol)
     server = _start_server(pipeline, out_dir, stack, bar)
     versions["tritonserver"] = _server_version(server.http_url, "http")
@@ -356,12 +353,17 @@ def _start_server(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack, ba
     return server
 
 
-def _server_version(url: str, protocol: str) -> str | None:
-    """Triton's version from its metadata, over either protocol, or None if it will not say."""
+def _version_at(url: str, protocol: str, timeout: float) -> str | None:
+    """Triton's version from its metadata, over either protocol; ``ServerError`` if it cannot be reached."""
     from ..triton import TritonClient
 
+    with TritonClient(url, protocol, timeout=timeout) as client:
+        return client.metadata().get("version")
+
+
+def _server_version(url: str, protocol: str) -> str | None:
+    """:func:`_version_at`, or None if the server will not say."""
     try:
-        with TritonClient(url, protocol, timeout=5) as client:
-            return client.metadata().get("version")
+        return _version_at(url, protocol, 5)
     except PipelinesError:  # the version is a nicety of results.json, never a reason to stop
         return None
