@@ -82,10 +82,9 @@ class Cost:
                                  f"sizes, {len(self.in_us)} in and {len(self.out_us)} out")
         if list(self.sizes) != sorted(set(self.sizes)):
             raise PipelinesError(f"a cost's sizes must increase; got {list(self.sizes)}")
-        figures = [self.fixed_us, self.us_per_mib, *self.in_us, *self.out_us]
-        if not all(math.isfinite(v) and v >= 0 for v in figures):  # a time spent: never negative, never NaN
-            bad = next(v for v in figures if not (math.isfinite(v) and v >= 0))
-            raise PipelinesError(f"a cost's figures are finite microseconds >= 0; got {bad!r}")
+        for v in (self.fixed_us, self.us_per_mib, *self.in_us, *self.out_us):
+            if not (math.isfinite(v) and v >= 0):  # a time spent: never negative, never NaN
+                raise PipelinesError(f"a cost's figures are finite microseconds >= 0; got {v!r}")
 
     def us(self, nbytes: float) -> float:
         """The line's cost of ``nbytes`` crossing in all (in + out)."""

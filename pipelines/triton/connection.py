@@ -152,7 +152,7 @@ class ErrorTranslator:
         if self.liveness is None:
             return None
         reloading = self.liveness.reloading_models()
-        dead = reloading.get(model) if model in reloading else next(
+        dead = reloading[model] if model in reloading else next(
             (dead for name, dead in reloading.items() if f"'{name}'" in text), None)
         if dead is None:
             return None
