@@ -810,7 +810,7 @@ def _device_array(tensor: Any) -> Any:
 def tensor_writer(spec: Spec, pb: Any) -> Callable[[str, Any], Any]:
     """How an array becomes a pb tensor named ``name``: ``writer(name, array)``."""
     if spec.dtype == "BYTES":
-        return lambda name, value: pb.Tensor(name, _bytes_array(value))
+        return lambda name, value: pb.Tensor(name, bytes_tensor(value))
     if spec.dtype == "BF16":
         return lambda name, value: pb.Tensor.from_dlpack(name, bf16_to_dlpack(np.asarray(value)))
 
@@ -823,11 +823,40 @@ def tensor_writer(spec: Spec, pb: Any) -> Callable[[str, Any], Any]:
     return tensor
 
 
-def _bytes_array(value: Any) -> np.ndarray:
+def bytes_tensor(value: Any) -> np.ndarray:
+    """A BYTES tensor as a model on the server receives it: an object array of ``bytes``.
+
+    What Triton's serialisation does to it on the way (the Python backend's, and
+    tritonclient's, alike): ``str`` items and ``U`` arrays are encoded as UTF-8,
+    ``S`` items kept, anything else written as ``str(item)``. An array that is
+    already all ``bytes`` comes back as it is, without a copy.
+    """
     value = np.asarray(value)
     if value.dtype.kind == "U":
         value = np.char.encode(value, "utf-8")
+    if value.dtype.kind == "O" and not all(type(item) is bytes for item in value.flat):
+        encoded = np.empty(value.shape, dtype=np.object_)
+        encoded.flat = [
+            bytes(item) if isinstance(item, bytes) else str(item).encode("utf-8") for item in value.flat
+        ]
+        value = encoded
     return np.ascontiguousarray(value.astype(np.object_, copy=False))
+
+
+def as_arrays(outputs: dict[str, Any]) -> dict[str, Any]:
+    """A step's outputs that are not arrays (lists, scalars, CPU tensors) as numpy arrays, in place.
+
+    What every form does before checking a step's outputs: a Python model must
+    hand Triton arrays, so the step models and the fused model read such values
+    with ``np.asarray``, and the local runtime does the same, so a list is taken
+    (or refused, by its dtype) alike everywhere. GPU arrays stay as they are.
+    """
+    for name, value in outputs.items():
+        if type(value) is not np.ndarray and not (
+            isinstance(value, np.ndarray) or hasattr(value, "__cuda_array_interface__")
+        ):
+            outputs[name] = np.asarray(value)
+    return outputs
 
 
 # ------------------------------------------------------------------ requests batched into one call

@@ -36,16 +36,27 @@ def chain(length: int, *, name: str = "identity_chain", **options) -> Pipeline:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("force_cpu", [False, True])
 def test_identity_chain_shares_memory_and_copies_nothing(mode, force_cpu):
-    p = chain(6)
     x = np.arange(2 * 1000, dtype=np.float32).reshape(2, 1000)
+    seen = []
+
+    @step(inputs={"x": V}, outputs={"x": V})
+    def last(x):
+        seen.append(x)
+        return {"x": x}
+
+    p = chain(6)
+    p.output("z", p.add(last, x=p.nodes["id5"]["x"])["x"])
 
     async def main():
         async with LocalRuntime(p, mode, force_cpu_only_input_tensors=force_cpu) as rt:
             return await rt.infer_with_report({"x": x})
 
     out, report = anyio.run(main)
-    assert np.shares_memory(out["y"], x)
+    assert np.shares_memory(seen[0], x)  # the request's array, through six steps
     assert report.copies == 0 and report.copy_bytes == 0
+    # what the caller is answered is its own, as a server's answer is
+    assert not np.shares_memory(out["y"], x) and out["y"].flags.writeable
+    np.testing.assert_array_equal(out["z"], x)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -124,15 +135,25 @@ def _cupy():
 def test_gpu_tensors_pass_between_steps_without_copies(mode):
     cupy = _cupy()
     x = cupy.arange(8, dtype=cupy.float32).reshape(2, 4)
+    seen = []
+
+    @step(inputs={"x": V}, outputs={"x": V})
+    def last(x):
+        seen.append(x.data.ptr)
+        return {"x": x}
+
+    p = chain(4, name="gpu_chain")
+    p.output("z", p.add(last, x=p.nodes["id3"]["x"])["x"])
 
     async def main():
-        async with LocalRuntime(chain(4, name="gpu_chain"), mode, device="gpu") as rt:
+        async with LocalRuntime(p, mode, device="gpu") as rt:
             return await rt.infer_with_report({"x": x})
 
     out, report = anyio.run(main)
-    assert isinstance(out["y"], cupy.ndarray)
-    assert out["y"].data.ptr == x.data.ptr
+    assert seen == [x.data.ptr]  # the request's device buffer, through four steps
     assert report.copies == 0
+    # the caller's answer is its own, still on the GPU
+    assert isinstance(out["y"], cupy.ndarray) and out["y"].data.ptr != x.data.ptr
 
 
 @pytest.mark.gpu

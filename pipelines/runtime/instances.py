@@ -28,6 +28,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
+from .. import serving
 from ..errors import PipelinesError, StepError, StepTimeoutError
 from ..graph import Node
 from ..step import DynamicBatching, StepInstance, check_outputs, instance_config
@@ -477,7 +478,9 @@ class StepModel:
                 outputs, compute = await self._in_thread(lease, inputs, stub)
             if stub is not None:
                 replay.account(stub)
-            check_outputs(self.step, outputs, batched=self.batched, batch_size=rows if self.batched else None)
+            check_outputs(
+                self.step, serving.as_arrays(outputs), batched=self.batched, batch_size=rows if self.batched else None
+            )
             self._learn(compute)
             if replay is not None and not threaded:
                 await replay.stub(self, nbytes_of(outputs), leaving=True, instance=lease.index)

@@ -58,6 +58,7 @@ from ..freed_memory import keep_freed_memory_here
 from ..graph import Pipeline
 from ..plan import ExecutionPlan, plan_of
 from ..requests import check_request
+from ..serving import bytes_tensor
 from .bls_gate import BlsGate
 from .device import CopyCounter, Placement, gpu_available, resolve_device
 from .instances import StepModel, thread_hop_cost
@@ -216,6 +217,7 @@ class LocalRuntime:
             n for n in self.plan.order if self.form.in_process and not pipeline.nodes[n].step.is_external
         )
         self._routes = {None: _Routes.of(self.plan)}  # by requested outputs (None: all)
+        self._bytes_inputs = frozenset(n for n, spec in pipeline.inputs.items() if spec.dtype == "BYTES")
         live = [pipeline.nodes[n] for n in self.plan.order]
         for node in live:
             if not node.step.runnable:
@@ -443,9 +445,10 @@ class LocalRuntime:
             req = _Request(routes, {}, rows)
             entry = Placement(self.device)
             for name in routes.inputs_used:
-                req.values[(None, name)] = entry.place(
-                    arrays[name], req.copies, pipeline=p.name, step="(request)", tensor=name
-                )
+                array = arrays[name]
+                if name in self._bytes_inputs:  # as the client serialises it: str items become UTF-8 bytes
+                    array = bytes_tensor(array)
+                req.values[(None, name)] = entry.place(array, req.copies, pipeline=p.name, step="(request)", tensor=name)
             del arrays
             # Let requests submitted together all register before the first step decides to run inline.
             await anyio.lowlevel.checkpoint()
@@ -473,7 +476,7 @@ class LocalRuntime:
                 self._recorder.error()
                 raise
             values = req.values
-            outputs = {name: values[key] for name, key in routes.outputs}
+            outputs = {name: _answered(values[key]) for name, key in routes.outputs}
             end = perf_counter()
             self._recorder.record(req.trace, start=start, end=end, copies=req.copies.count, copy_bytes=req.copies.bytes)
             if not keep_trace:
@@ -523,8 +526,12 @@ class LocalRuntime:
         if self._replay is not None:
             returned = sum(nbytes_of(outputs[o]) for o in req.routes.returns[name])
             await self._replay.hop(model, returned, leaving=True)
+        crosses = name not in self._in_process
         for out in req.routes.returns[name]:
-            values[(name, out)] = _cross(outputs[out], crossings, req.copies) if crossings else outputs[out]
+            value = outputs[out]
+            if crosses and value.dtype.kind in "OSU":  # serialised by Triton as the next model reads it
+                value = bytes_tensor(value)
+            values[(name, out)] = _cross(value, crossings, req.copies) if crossings else value
         req.trace.append((name, queue, compute, perf_counter() - t_ready - queue - compute, batch))
 
     async def _run_ensemble(self, req: _Request) -> None:
@@ -609,6 +616,19 @@ class LocalRuntime:
         req.inflight = 1
         for name in req.routes.order:
             await self._run_node(req, name, perf_counter())
+
+
+def _answered(value: Any) -> Any:
+    """A pipeline output as a server answers it: the caller's own array, BYTES as ``bytes``.
+
+    A step may return its input, a view of it, or a buffer it keeps and fills
+    again on its next call; the server copies every output into its response, so
+    a caller's results never change under it, and neither may they here.
+    """
+    if value.dtype.kind in "OSU":
+        encoded = bytes_tensor(value)
+        return encoded if encoded is not value else value.copy()
+    return value.copy()  # numpy and CuPy alike
 
 
 def _cross(array: Any, times: int, copies: Any) -> Any:

@@ -240,10 +240,7 @@ class TritonPythonModel:
                     outputs = step.instance.execute(inputs)
                 else:
                     outputs = await asyncio.get_running_loop().run_in_executor(self.pool, step.instance.execute, inputs)
-            for out, value in outputs.items():
-                if not isinstance(value, np.ndarray) and not hasattr(value, "__cuda_array_interface__"):
-                    outputs[out] = np.asarray(value)
-            step.gives.check_outputs(outputs, rows if self.max_batch_size > 0 else None)
+            step.gives.check_outputs(serving.as_arrays(outputs), rows if self.max_batch_size > 0 else None)
         except serving.Refused as exc:
             raise NodeFailed(serving.WireError("StepError", self.pipeline, str(exc), name, node["step"], exc.tensor)) from None
         except NodeFailed:

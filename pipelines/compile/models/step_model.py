@@ -155,12 +155,7 @@ class TritonPythonModel:
                         (value.shape[1:] == body and value.shape[0] == rows) if rows is not None else value.shape == body
                     ):
                         return response([make(out, value)])
-                outputs = dict(outputs)
-                for name, value in outputs.items():
-                    if type(value) is not ndarray and not (
-                        isinstance(value, ndarray) or hasattr(value, "__cuda_array_interface__")
-                    ):
-                        outputs[name] = np.asarray(value)
+                outputs = serving.as_arrays(dict(outputs))
                 check(outputs, rows)
             except Exception as exc:
                 return response(output_tensors=[], error=error(message(exc, "StepError")))
@@ -202,12 +197,7 @@ class TritonPythonModel:
         return results
 
     def _call(self, arrays, batch_size):
-        outputs = self.instance.execute(arrays)
-        for name, value in outputs.items():
-            if type(value) is not np.ndarray and not (
-                isinstance(value, np.ndarray) or hasattr(value, "__cuda_array_interface__")
-            ):
-                outputs[name] = np.asarray(value)
+        outputs = serving.as_arrays(self.instance.execute(arrays))
         self.gives.check_outputs(outputs, batch_size)
         return outputs
 
