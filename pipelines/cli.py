@@ -108,6 +108,19 @@ def _load_npy(name: str, file: str) -> Any:
     """``np.load`` without pickles, except object arrays of str/bytes (BYTES tensors), read safely."""
     import numpy as np
 
+    from .serving import bytes_tensor
+
+    try:
+        with open(file, "rb") as f:
+            magic = f.read(len(np.lib.format.MAGIC_PREFIX))
+    except OSError as exc:
+        raise PipelinesError(f"--input {name}: cannot read {file!r} ({exc.strerror or exc})") from None
+    if magic != np.lib.format.MAGIC_PREFIX:
+        # np.load would take any other file for a pickle, and say so
+        raise PipelinesError(
+            f"--input {name}: {file!r} is not a .npy file (it does not start with numpy's magic "
+            f"{np.lib.format.MAGIC_PREFIX!r}); save the array with np.save(path, array)"
+        )
     try:
         return np.load(file, allow_pickle=False)
     except ValueError as exc:
@@ -133,10 +146,7 @@ def _load_npy(name: str, file: str) -> Any:
             "--input takes numeric arrays, or arrays of str/bytes for BYTES inputs"
         )
     # BYTES tensors are object arrays of bytes, as tritonclient sends them; str is sent as UTF-8.
-    encoded = np.empty(array.shape, dtype=object)
-    for index, value in np.ndenumerate(array):
-        encoded[index] = value.encode("utf-8") if isinstance(value, str) else value
-    return encoded
+    return bytes_tensor(array)
 
 
 def _as_declared(array: Any, spec: Any) -> Any:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
+import traceback
 from pathlib import Path
 from types import ModuleType
 
@@ -45,12 +47,30 @@ def load_pipeline_and_module(spec: str) -> tuple[Pipeline, ModuleType]:
             f"(pipelines in {module_name!r}: {_pipelines_in(module)})"
         )
     if callable(obj) and not isinstance(obj, Pipeline):
+        try:
+            inspect.signature(obj).bind()
+        except TypeError as exc:  # it needs arguments the command line cannot give
+            raise PipelinesError(
+                f"{spec!r} is a callable that cannot be called without arguments ({exc}); name a Pipeline, "
+                f"or a function that takes none and returns one (pipelines in {module_name!r}: {_pipelines_in(module)})"
+            ) from None
+        except ValueError:  # no signature to read (a builtin): call it and see
+            pass
         obj = obj()
     if not isinstance(obj, Pipeline):
         raise PipelinesError(
             f"{spec!r} is a {type(obj).__name__}, not a Pipeline (pipelines in {module_name!r}: {_pipelines_in(module)})"
         )
     return obj, module
+
+
+def _line_in(exc: BaseException, path: Path) -> str:
+    """`` (line N)`` of the innermost frame in ``path`` that ``exc`` passed through, or ``""``."""
+    line = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if Path(frame.f_code.co_filename) == path:
+            line = lineno
+    return f" (line {line})" if line is not None else ""
 
 
 def _pipelines_in(module: ModuleType) -> list[str] | str:
@@ -65,12 +85,21 @@ def _import(spec: str, module_name: str) -> ModuleType:
         mod_spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(mod_spec)
         sys.modules[path.stem] = module  # so its steps pickle by reference to this module while it runs
-        mod_spec.loader.exec_module(module)
+        try:
+            mod_spec.loader.exec_module(module)
+        except (ImportError, SyntaxError) as exc:  # the file's own imports or text: the user's to fix
+            del sys.modules[path.stem]
+            where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else _line_in(exc, path)
+            raise PipelinesError(f"{spec!r}: importing {str(path)!r} failed{where}: {type(exc).__name__}: {exc}") from None
+        except BaseException:
+            del sys.modules[path.stem]
+            raise
         return module
     sys.path.insert(0, os.getcwd())
     try:
         return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise PipelinesError(f"{spec!r}: cannot import module {module_name!r} ({exc})") from None
+    except (ImportError, SyntaxError) as exc:
+        where = f" ({exc.filename}, line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        raise PipelinesError(f"{spec!r}: cannot import module {module_name!r}{where} ({type(exc).__name__}: {exc})") from None
     finally:
         sys.path.remove(os.getcwd())

@@ -40,6 +40,24 @@ def test_bad_pipeline_names_are_explained(spec, message, capsys):
     assert "error:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("text, message", [
+    ("import no_such_dependency\n", r"importing '.*mine\.py' failed \(line 1\): ModuleNotFoundError: No module named 'no_such_dependency'"),
+    ("x = 1\np = (\n", r"importing '.*mine\.py' failed \(line 2\): SyntaxError"),
+    ("def p(n):\n    return n\n", r"'.*mine\.py:p' is a callable that cannot be called without arguments \(missing a required argument: 'n'\)"),
+])
+def test_a_file_that_cannot_give_a_pipeline_says_why_and_where(tmp_path, text, message, capsys):
+    f = tmp_path / "mine.py"
+    f.write_text(text)
+    with pytest.raises(PipelinesError, match=message):
+        load_pipeline(f"{f}:p")
+    if "importing" in message:
+        assert "mine" not in sys.modules  # a failed import leaves no half-made module behind
+    sys.modules.pop("mine", None)
+    assert main(["graph", f"{f}:p"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "Traceback" not in err
+
+
 def test_help_lists_every_command_with_examples():
     out = subprocess.run([sys.executable, "-m", "pipelines", "--help"], capture_output=True, text=True, check=True).stdout
     for cmd in ("graph", "compile", "run", "serve", "bench"):
@@ -84,6 +102,9 @@ def test_run_reads_npy_inputs_and_writes_npy_outputs(tmp_path, capsys):
     assert main(["run", "pipelines.examples.basic:chain", "--input", f"y={tmp_path / 'x.npy'}"]) == 2
     err = capsys.readouterr().err
     assert "'x'" in err and "'y'" in err  # the missing input and the unknown one are both named
+    (tmp_path / "x.txt").write_text("1 2 3\n")
+    assert main(["run", "pipelines.examples.basic:chain", "--input", f"x={tmp_path / 'x.txt'}"]) == 2
+    assert "is not a .npy file" in capsys.readouterr().err  # not "an object array", as np.load would have it
 
 
 @pytest.mark.parametrize(("argv", "said"), [
