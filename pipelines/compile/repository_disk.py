@@ -246,7 +246,12 @@ def _locked(target: Path, timeout: float | None = None) -> Iterator[None]:
 
 def _scan(target: Path) -> dict[str, str | None]:
     """Each model-like entry of the repository -> the pipeline that owns it (``None``: not ours)."""
-    found: dict[str, str | None] = {}
+    return {name: _owner_in(marker, name) for name, marker in _markers(target).items()}
+
+
+def _markers(target: Path) -> dict[str, dict[str, Any] | None]:
+    """Each model-like entry of the repository -> its marker (``None``: a link, a file, or no marker)."""
+    found: dict[str, dict[str, Any] | None] = {}
     try:
         entries = list(os.scandir(target))
     except FileNotFoundError:
@@ -258,7 +263,7 @@ def _scan(target: Path) -> dict[str, str | None]:
             if entry.is_symlink() or entry.name != REQUIREMENTS_FILE:
                 found[entry.name] = None  # a link or a file in a model's place is not ours either
             continue
-        found[entry.name] = _owner(Path(entry.path))
+        found[entry.name] = _read_marker(Path(entry.path))
     return found
 
 
@@ -460,11 +465,8 @@ def _refresh_requirements(target: Path) -> None:
     """Rewrite the repository's requirements.txt from the markers of every model in it (a copy of
     a pipeline's model, the user's now, still needs what it needed). A requirements.txt that is
     a link to a shared file stays a link: the file it points to is rewritten."""
-    markers = []
-    for name in sorted(_scan(target)):
-        marker = _read_marker(target / name) if not (target / name).is_symlink() else None
-        if marker is not None:
-            markers.append(marker)
+    found = _markers(target)
+    markers = [found[name] for name in sorted(found) if found[name] is not None]
     path = link = target / REQUIREMENTS_FILE
     if link.is_symlink() and link.exists():
         path = link.resolve()
