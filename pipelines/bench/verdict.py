@@ -71,12 +71,16 @@ def _levels(values: Sequence[int]) -> str:
     return f"concurrency {', '.join(values[:-1])} and {values[-1]}"
 
 
+def _served(measurements: Sequence[Measurement], where: str) -> list[Measurement]:
+    """The measurements taken ``where`` ("local", "server") in which some request was answered."""
+    return [m for m in measurements if m.config.where == where and m.throughput > 0]
+
+
 def _winners(measurements: Sequence[Measurement], where: str) -> list[str]:
     """Sentences naming, for each run of concurrency levels, the form with the most throughput."""
     by_level: dict[int, list[Measurement]] = {}
-    for m in measurements:
-        if m.config.where == where and m.throughput > 0:
-            by_level.setdefault(m.concurrency, []).append(m)
+    for m in _served(measurements, where):
+        by_level.setdefault(m.concurrency, []).append(m)
     runs: list[tuple[str, list[int], list[str]]] = []  # winner, levels, "1.23× bls" per level
     for c in sorted(by_level):
         ranked = sorted(by_level[c], key=lambda m: m.throughput, reverse=True)
@@ -160,7 +164,7 @@ def verdict(measurements: Sequence[Measurement], *, pipeline: str) -> str:
 
 def _alone(measurements: Sequence[Measurement], where: str) -> str | None:
     """Where one form alone was measured: its throughput per level, and that there is nothing to compare."""
-    served = [m for m in measurements if m.config.where == where and m.throughput > 0]
+    served = _served(measurements, where)
     forms = {m.config.form for m in served}
     if len(forms) != 1:
         return None
