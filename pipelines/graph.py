@@ -177,12 +177,6 @@ class Pipeline:
                 f"add it again under another name: p.add(step, name='{node_name}2', ...)",
                 pipeline=self.name, step=node_name,
             )
-        if node_name == self.name:
-            raise DuplicateNameError(
-                f"pipeline {self.name!r}: a step may not share the pipeline's name {node_name!r} "
-                "(both become Triton model names); give the step another name",
-                pipeline=self.name, step=node_name,
-            )
         self._check_batching(step, node_name)
         node = Node(self, node_name, step)
         checked = {k: self._check_wire(node, k, v) for k, v in bindings.items()}
@@ -308,23 +302,26 @@ class Pipeline:
 
     def to_mermaid(self) -> str:
         """The graph as a Mermaid flowchart (renders in GitHub and Jupyter)."""
+        # Numbered ids, as names that differ only by '-', '_' or '.' would share a sanitised one.
         ids = {n: f"n{i}" for i, n in enumerate(self._nodes)}
+        ins = {n: f"in{i}" for i, n in enumerate(self.inputs)}
+        outs = {n: f"out{i}" for i, n in enumerate(self._outputs)}
         lines = ["flowchart LR"]
         for name, spec in self.inputs.items():
-            lines.append(f'  in_{_mid(name)}(["{name}<br/>{spec}"])')
+            lines.append(f'  {ins[name]}(["{name}<br/>{spec}"])')
         for name in self._nodes:
             step = self._nodes[name].step
             label = name if step.name == name else f"{name}<br/><i>{step.name}</i>"
             lines.append(f'  {ids[name]}["{label}"]')
         for name, ref in self._outputs.items():
-            lines.append(f'  out_{_mid(name)}(["{name}<br/>{ref.spec}"])')
+            lines.append(f'  {outs[name]}(["{name}<br/>{ref.spec}"])')
         for node_name in self._nodes:
             for input_name, ref in self._bindings[node_name].items():
-                src = f"in_{_mid(ref.name)}" if ref.is_input else ids[ref.node]
+                src = ins[ref.name] if ref.is_input else ids[ref.node]
                 label = ref.name if ref.name == input_name else f"{ref.name} → {input_name}"
                 lines.append(f'  {src} -- "{label}" --> {ids[node_name]}')
         for name, ref in self._outputs.items():
-            lines.append(f'  {ids[ref.node]} -- "{ref.name}" --> out_{_mid(name)}')
+            lines.append(f'  {ids[ref.node]} -- "{ref.name}" --> {outs[name]}')
         return "\n".join(lines) + "\n"
 
     def diagram(self) -> Diagram:
@@ -496,10 +493,6 @@ class Pipeline:
                     f"wire it with p.bind({n!r}, {missing[0]}=...) or in p.add(...)",
                     pipeline=self.name, step=n, tensor=missing[0],
                 )
-
-
-def _mid(name: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in name)
 
 
 def _dot_quote(text: str) -> str:

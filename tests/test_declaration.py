@@ -146,8 +146,11 @@ def test_duplicate_step_names_and_bindings():
     node = p.add(double, name="again", x=p.input("x"))
     with pytest.raises(DuplicateNameError, match="input 'x' is already bound"):
         p.bind(node, x=p.input("x"))
-    with pytest.raises(DuplicateNameError, match="share the pipeline's name"):
-        p.add(double, name="demo", x=p.input("x"))
+    # a node may share its pipeline's name: models are named after steps, never nodes
+    named = demo()
+    named.output("y", named.add(double, name="demo", x=named.input("x"))["y"])
+    assert "demo__double" in named.compile("ensemble")
+    np.testing.assert_array_equal(named.run({"x": np.ones((1, 4), np.float32)})["y"], np.full((1, 4), 2, np.float32))
 
 
 def test_output_named_like_an_input_is_a_duplicate_tensor_name():

@@ -3,6 +3,7 @@ groups never hold two nodes that depend on each other, the critical path is the 
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import networkx as nx
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines import Pipeline, TensorSpec, step
-from pipelines.examples.basic import diamond
+from pipelines.examples.basic import add, diamond
 from pipelines.plan import DeadNodeWarning, plan_of
 
 V = TensorSpec("FP32", [-1])
@@ -64,6 +65,13 @@ def test_diagrams_show_every_step_and_wire():
     assert mermaid.count("-->") == 2 + 2 + 1  # input fan-out, join inputs, output
     dot = diamond.to_dot()
     assert dot.startswith('digraph "diamond"') and '"branch_0" -> "join_0"' in dot
+    # names that differ only by '-', '_' or '.' are drawn as tensors of their own
+    twins = Pipeline("twins", inputs={"x-1": V, "x_1": V}, max_batch_size=4)
+    both = twins.add(add, a=twins.input("x-1"), b=twins.input("x_1"))
+    twins.output("out-y", both["y"])
+    twins.output("out.y", both["y"])
+    shapes = re.findall(r"^  (\w+)\(\[", twins.to_mermaid(), re.M)
+    assert len(shapes) == len(set(shapes)) == 4, twins.to_mermaid()
     assert diamond.parallel_groups() == [["branch_0", "branch_1"], ["join_0"]]
     assert diamond.critical_path({"branch_0": 20, "branch_1": 30, "join_0": 1}) == (["branch_1", "join_0"], 31.0)
 

@@ -446,6 +446,15 @@ def test_requirements_txt_states_what_the_server_needs_and_keeps_the_users_lines
     assert not any(line.split("=")[0].split("<")[0].split("~")[0].strip() == "pipelines" for line in lines)
 
 
+@pytest.mark.parametrize("target", ["ensemble", "bls", "bls-sync", "fused"])
+def test_a_pipeline_whose_model_would_be_the_requirements_file_is_refused_before_anything_is_written(target):
+    p = Pipeline("requirements.txt", inputs={"x": F4}, max_batch_size=4)
+    p.output("y", p.add(locked_free_step(), x=p.input("x"))["y"])
+    with pytest.raises(DeclarationError, match="would compile to a model named 'requirements.txt'.*rename the pipeline"):
+        p.compile(target)
+    assert "requirements.txt_bls" in p.compile("both")  # beside other forms its models carry a suffix
+
+
 def test_a_requirements_txt_linked_to_a_shared_file_stays_a_link(tmp_path):
     shared = tmp_path / "shared-requirements.txt"
     shared.write_text("tritonclient==2.51.0\n")

@@ -69,7 +69,7 @@ def answers():
 
     p = Pipeline("answers", inputs={"n": N, "x": V, "s": B}, max_batch_size=4)
     p.output("doubled", p.add(as_list, x=p.input("n"))["y"])
-    p.output("same", p.add(same, x=p.input("x"))["y"])
+    p.output("same", p.add(same, name="answers", x=p.input("x"))["y"])  # a node named like its pipeline
     shouted = p.add(shout, s=p.input("s"))
     p.output("shouted", shouted["t"])
     p.output("kind_next", p.add(kinds, name="kind_next", t=shouted["t"])["kind"])

@@ -16,9 +16,9 @@ from types import MappingProxyType
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..errors import CompileError, NotFoundError, RepositoryWriteError
+from ..errors import CompileError, InvalidNameError, NotFoundError, RepositoryWriteError
 from .configs import config_text
-from .repository_disk import remove_pipelines, repository_pipelines, write_repository
+from .repository_disk import REQUIREMENTS_FILE, remove_pipelines, repository_pipelines, write_repository
 from .requirements import ServerNeeds
 
 __all__ = ["CompiledModel", "FileCopy", "ModelRepository", "remove_pipelines", "repository_pipelines"]
@@ -114,6 +114,13 @@ class ModelRepository:
     def __init__(self, models: Mapping[str, CompiledModel] | None = None, *, top_level: tuple[str, ...] = ()) -> None:
         self._models = dict(models or {})
         self.top_level = tuple(top_level)
+        if REQUIREMENTS_FILE in self._models:
+            owner = self._models[REQUIREMENTS_FILE].pipeline or REQUIREMENTS_FILE
+            raise InvalidNameError(
+                f"pipeline {owner!r} would compile to a model named {REQUIREMENTS_FILE!r}, the file a written "
+                "repository keeps beside its models (what the server's Python needs); rename the pipeline",
+                pipeline=owner,
+            )
 
     @property
     def models(self) -> Mapping[str, CompiledModel]:
