@@ -446,6 +446,32 @@ def test_requirements_txt_states_what_the_server_needs_and_keeps_the_users_lines
     assert not any(line.split("=")[0].split("<")[0].split("~")[0].strip() == "pipelines" for line in lines)
 
 
+def test_files_a_user_added_to_a_pipelines_models_are_never_deleted_without_being_asked(tmp_path):
+    target = tmp_path / "models"
+    pipeline().compile("both").write(target)
+    (target / "demo_bls" / "NOTES.md").write_text("why we tuned this\n")
+    (target / "demo__double" / "2").mkdir()
+    (target / "demo__double" / "2" / "model.py").write_text("# a hand-tuned version\n")
+    (target / "demo__double" / "1" / "__pycache__").mkdir()  # what the server's Python leaves: not the user's
+    (target / "demo__double" / "1" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
+    before = snapshot(target)
+    with pytest.raises(RepositoryWriteError, match=r"'demo__double': 2/model.py; 'demo_bls': NOTES.md\); "
+                                                   r"the write would replace them, so nothing was changed") as info:
+        pipeline().compile("both").write(target)
+    assert "__pycache__" not in str(info.value)
+    with pytest.raises(RepositoryWriteError, match=r"'demo_bls': NOTES.md\); removing them would delete"):
+        remove_pipelines(target, ["demo"])
+    assert snapshot(target) == before
+    # a pipeline that no longer has a model: its stale directory is checked as well
+    (target / "demo__double" / "2" / "model.py").unlink()
+    (target / "demo__double" / "2").rmdir()
+    with pytest.raises(RepositoryWriteError, match="'demo_bls': NOTES.md"):
+        pipeline().compile("ensemble").write(target)
+    pipeline().compile("both").write(target, overwrite=True)  # asked for: replaced without them
+    assert not (target / "demo_bls" / "NOTES.md").exists()
+    pipeline().compile("both").write(target)  # nothing of the user's left: rewritten as ever
+
+
 @pytest.mark.parametrize("target", ["ensemble", "bls", "bls-sync", "fused"])
 def test_a_pipeline_whose_model_would_be_the_requirements_file_is_refused_before_anything_is_written(target):
     p = Pipeline("requirements.txt", inputs={"x": F4}, max_batch_size=4)

@@ -81,7 +81,8 @@ def write_repository(
     _prepare_target(target, overwrite=overwrite, hint=overwrite_hint)
     with _locked(target), _os_errors(f"writing into the model repository {str(target)!r}"):
         _recover(target)
-        existing = _scan(target)
+        markers = _markers(target)
+        existing = {name: _owner_in(marker, name) for name, marker in markers.items()}
         owners = {name: owner_of(repo[name]) for name in repo.names}
         collisions = [
             f"{name!r} ({_describe_owner(target / name, existing[name])})"
@@ -95,6 +96,10 @@ def write_repository(
                 f"{overwrite_hint} to replace them"
             )
         stale = sorted(n for n, o in existing.items() if o in set(owners.values()) and n not in owners)
+        replaced = [n for n in repo.names if n in existing and existing[n] == owners[n]]
+        if not overwrite:
+            _refuse_to_drop_users_files(target, markers, replaced + stale, doing="the write would replace them",
+                                        undo=f"or pass {overwrite_hint} to replace the models without them")
         write_id = uuid.uuid4().hex
         stage = _make_staging(target)
         try:
@@ -139,7 +144,8 @@ def remove_pipelines(path: str | os.PathLike[str], pipelines: Sequence[str]) -> 
         raise RepositoryWriteError("name at least one pipeline whose models to remove")
     with _locked(target), _os_errors(f"removing models from {str(target)!r}"):
         _recover(target)
-        existing = _scan(target)
+        markers = _markers(target)
+        existing = {name: _owner_in(marker, name) for name, marker in markers.items()}
         present = {o for o in existing.values() if o is not None}
         missing = [p for p in wanted if p not in present]
         if missing:
@@ -148,6 +154,8 @@ def remove_pipelines(path: str | os.PathLike[str], pipelines: Sequence[str]) -> 
                 f"Pipelines there: {', '.join(map(repr, sorted(present))) or 'none'}"
             )
         names = sorted(n for n, o in existing.items() if o in wanted)
+        _refuse_to_drop_users_files(target, markers, names, doing="removing them would delete those files",
+                                    undo="then remove again")
         stage = _make_staging(target)
         journal = {"target": str(target), "write": uuid.uuid4().hex, "owners": wanted, "install": [], "remove": names}
         _transact(target, stage, journal)
@@ -307,8 +315,49 @@ def _write_marker(model_dir: Path, model: Any, *, owner: str, write_id: str) -> 
         "write": write_id,
         "requirements": list(needs.requirements),
         "python": needs.python,
+        "files": _files_in(model_dir),  # what is ours in it: anything else a user put there
     }
     (model_dir / MARKER_FILE).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _files_in(model_dir: Path) -> list[str]:
+    """Every file (and link) below ``model_dir``, relative and '/'-separated; Python's caches aside."""
+    found = []
+    for root, dirs, files in os.walk(model_dir):
+        rel = Path(root).relative_to(model_dir)
+        links = [d for d in dirs if os.path.islink(os.path.join(root, d))]  # not walked into: listed
+        dirs[:] = [d for d in dirs if d != "__pycache__" and d not in links]
+        found += [(rel / f).as_posix() for f in files + links if not f.endswith(".pyc")]
+    return sorted(found)
+
+
+def _users_files(model_dir: Path, marker: Mapping[str, Any] | None) -> list[str]:
+    """The files in one of our model directories that no write of ours put there."""
+    written = marker.get("files") if marker is not None else None
+    if not isinstance(written, list):
+        return []  # a marker from before markers listed their files: nothing to tell apart
+    ours = {*written, MARKER_FILE}
+    return [f for f in _files_in(model_dir) if f not in ours]
+
+
+def _refuse_to_drop_users_files(
+    target: Path, markers: Mapping[str, Any], names: Sequence[str], *, doing: str, undo: str
+) -> None:
+    """Raise before a model directory holding files a user added (notes, a tuned version) is replaced or removed."""
+    found = {name: files for name in names if (files := _users_files(target / name, markers.get(name)))}
+    if not found:
+        return
+    listed = "; ".join(
+        f"{name!r}: {', '.join(files[:5])}" + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+        for name, files in sorted(found.items())
+    )
+    owners = sorted({markers[name]["pipeline"] for name in found})
+    raise RepositoryWriteError(
+        f"{str(target)!r}: models of pipeline {', '.join(map(repr, owners))} hold files that no write of it put "
+        f"there ({listed}); "
+        f"{doing}, so nothing was changed. Move them out (into a model of your own, or outside the "
+        f"repository), {undo}"
+    )
 
 
 # ------------------------------------------------------------------ staging, journal, swaps
