@@ -51,14 +51,12 @@ def _cmd_graph(args: argparse.Namespace) -> int:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from .compile.repository import _write_model
-    from .compile.repository_disk import write_repository
+    from .compile.repository import write_models
 
     p = load_pipeline(args.pipeline)
     repo = p.compile(args.target, bls_instance_count=args.bls_instance_count,
                      fused_instance_count=args.fused_instance_count)
-    path = write_repository(repo, args.out, overwrite=args.overwrite, overwrite_hint="--overwrite",
-                            write_model=_write_model)
+    path = write_models(repo, args.out, overwrite=args.overwrite, overwrite_hint="--overwrite")
     print(f"wrote {len(repo.models)} models of pipeline {p.name!r} to {path}:")
     for name in sorted(repo.models):
         print(f"  {name}")

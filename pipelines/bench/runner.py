@@ -133,11 +133,14 @@ def run_benchmark(
     except BaseException as raised:
         exc = sole_exception(raised)  # a step's error, not the task group that carried it
         why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"failed: {type(exc).__name__}: {exc}"
-        partial = save(why)
+        # Nothing measured: an earlier run's results.json is worth more than a record of this failure.
+        kept_earlier = not measurements and results_path is not None and results_path.exists()
+        partial = result(why) if kept_earlier else save(why)
         # Said even with the progress bar off: the reader must know the figures are partial.
         print(
             f"{why}; {len(measurements)} finished measurements kept"
-            + (f" in {results_path}" if results_path is not None else ""),
+            + (f" in {results_path}" if results_path is not None and not kept_earlier else "")
+            + (f" ({results_path}, an earlier run's, was left as it was)" if kept_earlier else ""),
             file=sys.stderr,
             flush=True,
         )
@@ -340,7 +343,10 @@ def write_bench_repository(pipeline: Pipeline, out_dir: Path | None, stack: Exit
         repo_dir = out_dir / "model_repository"
     else:
         repo_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pipelines-bench-"))) / "repo"
-    return pipeline.compile("all").write(repo_dir)
+    from ..compile.repository import write_models
+
+    # The bench offers no way to replace what is not its own: the refusal says so.
+    return write_models(pipeline.compile("all"), repo_dir, overwrite_hint=None)
 
 
 def _start_server(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack, bar: Progress):

@@ -191,7 +191,14 @@ class ModelRepository:
         write that fails or is killed leaves every model old or new, and the next
         write finishes or discards what was left.
         """
-        return write_repository(self, path, overwrite=overwrite, write_model=_write_model)
+        return write_models(self, path, overwrite=overwrite)
+
+
+def write_models(
+    repo: ModelRepository, path: str | os.PathLike[str], *, overwrite: bool = False, overwrite_hint: str | None = "overwrite=True"
+) -> Path:
+    """:meth:`ModelRepository.write`, where a refusal names ``overwrite_hint`` as the way to ask (``None``: no way)."""
+    return write_repository(repo, path, overwrite=overwrite, overwrite_hint=overwrite_hint, write_model=_write_model)
 
 
 def _write_model(root: Path, model: CompiledModel) -> None:

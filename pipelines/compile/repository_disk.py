@@ -69,13 +69,13 @@ def write_repository(
     path: str | os.PathLike[str],
     *,
     overwrite: bool = False,
-    overwrite_hint: str = "overwrite=True",
+    overwrite_hint: str | None = "overwrite=True",
     write_model: Callable[[Path, Any], None],
 ) -> Path:
     """Write ``repo``'s models into the repository at ``path``; see the module docstring.
 
     ``overwrite_hint`` is how the refusal tells the user to ask for replacement
-    (the CLI says ``--overwrite``). ``write_model(root, model)`` lays out one model.
+    (the CLI says ``--overwrite``; ``None`` where the caller offers no way to). ``write_model(root, model)`` lays out one model.
     """
     target = Path(os.path.abspath(os.fspath(path)))
     _prepare_target(target, overwrite=overwrite, hint=overwrite_hint)
@@ -92,14 +92,13 @@ def write_repository(
         if collisions and not overwrite:
             raise RepositoryWriteError(
                 f"{str(target)!r} already holds models that this write does not own: {', '.join(collisions)}; "
-                "they were left as they were. Rename the pipeline, or pass "
-                f"{overwrite_hint} to replace them"
+                f"they were left as they were. Rename the pipeline, or {_remedy(overwrite_hint, 'replace them')}"
             )
         stale = sorted(n for n, o in existing.items() if o in set(owners.values()) and n not in owners)
         replaced = [n for n in repo.names if n in existing and existing[n] == owners[n]]
         if not overwrite:
             _refuse_to_drop_users_files(target, markers, replaced + stale, doing="the write would replace them",
-                                        undo=f"or pass {overwrite_hint} to replace the models without them")
+                                        undo=f"or {_remedy(overwrite_hint, 'replace the models without them')}")
         write_id = uuid.uuid4().hex
         stage = _make_staging(target)
         try:
@@ -191,12 +190,19 @@ def _os_errors(doing: str) -> Iterator[None]:
         ) from exc
 
 
-def _prepare_target(target: Path, *, overwrite: bool, hint: str) -> None:
+def _remedy(hint: str | None, to: str) -> str:
+    """How a refusal tells the user to ask for it anyway, where the caller offers a way."""
+    if hint is None:
+        return "move them out of the way, or write to another directory (nothing here replaces them)"
+    return f"pass {hint} to {to}"
+
+
+def _prepare_target(target: Path, *, overwrite: bool, hint: str | None) -> None:
     if os.path.lexists(target) and (target.is_symlink() or not target.is_dir()):
         what = "a symbolic link" if target.is_symlink() else "not a directory"
         if not overwrite:
             raise RepositoryWriteError(
-                f"{str(target)!r} exists and is {what}; pass {hint} to replace it (a link is replaced, never followed)"
+                f"{str(target)!r} exists and is {what}; {_remedy(hint, 'replace it (a link is replaced, never followed)')}"
             )
         try:
             target.unlink()
@@ -217,8 +223,7 @@ def _prepare_target(target: Path, *, overwrite: bool, hint: str) -> None:
     if entries and not any(e.is_dir() and os.path.isfile(os.path.join(e.path, "config.pbtxt")) for e in entries):
         raise RepositoryWriteError(
             f"{str(target)!r} is a non-empty directory that is not a model repository "
-            f"(no <model>/config.pbtxt in it); pass {hint} to write the models into it anyway "
-            "(what is there stays)"
+            f"(no <model>/config.pbtxt in it); {_remedy(hint, 'write the models into it anyway (what is there stays)')}"
         )
 
 
