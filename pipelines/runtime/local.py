@@ -621,9 +621,9 @@ class LocalRuntime:
 def _answered(value: Any) -> Any:
     """A pipeline output as a server answers it: the caller's own array, BYTES as ``bytes``.
 
-    A step may return its input, a view of it, or a buffer it keeps and fills
-    again on its next call; the server copies every output into its response, so
-    a caller's results never change under it, and neither may they here.
+    A step may return its input or a view of it (read-only here, see
+    ``serving.read_only``); the server copies every output into its response,
+    so what a caller is answered is its own to write into, here as there.
     """
     if value.dtype.kind in "OSU":
         encoded = bytes_tensor(value)
