@@ -13,6 +13,7 @@ from typing import Any
 
 from .errors import PipelinesError
 from .forms import FORMS, TARGETS
+from .interrupts import sigterm_as_interrupt
 from .loading import load_pipeline
 from .output_paths import output_dir
 
@@ -56,7 +57,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     p = load_pipeline(args.pipeline)
     repo = p.compile(args.target, bls_instance_count=args.bls_instance_count,
                      fused_instance_count=args.fused_instance_count)
-    path = write_models(repo, args.out, overwrite=args.overwrite, overwrite_hint="--overwrite")
+    with sigterm_as_interrupt():  # a killed write discards its staging directory, as on Ctrl-C
+        path = write_models(repo, args.out, overwrite=args.overwrite, overwrite_hint="--overwrite")
     print(f"wrote {len(repo.models)} models of pipeline {p.name!r} to {path}:")
     for name in sorted(repo.models):
         print(f"  {name}")
@@ -67,7 +69,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 def _cmd_remove(args: argparse.Namespace) -> int:
     from .compile import remove_pipelines
 
-    names = remove_pipelines(args.repository, args.pipelines)
+    with sigterm_as_interrupt():
+        names = remove_pipelines(args.repository, args.pipelines)
     print(f"removed {len(names)} models of {', '.join(map(repr, args.pipelines))} from {args.repository}:")
     for name in names:
         print(f"  {name}")

@@ -353,6 +353,25 @@ def test_a_write_killed_between_two_swaps_leaves_whole_models_and_the_next_write
     assert snapshot(target / "resnet50") == before
 
 
+def test_sigterm_to_pipelines_compile_discards_its_staging_as_ctrl_c_does(tmp_path, monkeypatch):
+    target = tmp_path / "models"
+    target.mkdir()
+    hand_made(target)
+    before = snapshot(tmp_path)
+    real = disk._write_marker
+
+    def terminated(model_dir, model, **kwargs):  # the signal arrives while the models are being staged
+        real(model_dir, model, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(disk, "_write_marker", terminated)
+    assert cli_main(["compile", "pipelines.examples.basic:diamond", "--out", str(target)]) == 130
+    after = snapshot(tmp_path)
+    after.pop(os.path.join("models", disk.LOCK_FILE))
+    assert after == before  # the hand-made model as it was, and no staging directory left
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # and SIGTERM is as it was
+
+
 def test_a_reader_never_sees_a_model_missing_while_writes_are_killed_between_swaps(tmp_path):
     target = tmp_path / "models"
     scaled_pipeline("demo", 1.0).compile("both").write(target)

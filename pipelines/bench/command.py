@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import signal
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 from ..errors import PipelinesError
+from ..interrupts import sigterm_as_interrupt
 from .measurement import FORMS
 from .runner import run_benchmark
 from .settings import DEFAULT_PIPELINE, BenchSettings
@@ -114,30 +112,9 @@ def main(args: argparse.Namespace) -> int:
     the embedded server is stopped.
     """
     settings = settings_from(args)
-    with _sigterm_as_interrupt():
+    with sigterm_as_interrupt():
         run_benchmark(args.pipeline, settings, out=args.out, progress=not args.quiet)
     return 0
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-            # Ctrl-C is ignored here (a job started in the background, nohup): SIGTERM still stops the run.
-            raise KeyboardInterrupt
-        # Re-sent as SIGINT, so the event loop's own Ctrl-C handling unwinds the run
-        # (it cancels the measurement and closes clients before the server stops).
-        signal.raise_signal(signal.SIGINT)
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def run(argv: Sequence[str] | None = None) -> int:
