@@ -346,7 +346,7 @@ def test_a_bad_profile_or_out_is_refused_before_an_earlier_runs_results_are_touc
     # leaves the earlier results alone, and says what the user can do about it.
     (tmp_path / "model_repository" / "chain_bls").mkdir(parents=True)
     (tmp_path / "model_repository" / "chain_bls" / "config.pbtxt").write_text('name: "chain_bls"\n')
-    with pytest.raises(PipelinesError, match="'chain_bls'.*move them out of the way, or write to another") as info:
+    with pytest.raises(PipelinesError, match="'chain_bls'.*move what is there out of the way, or write to another directory") as info:
         run_benchmark("pipelines.examples.basic:chain", dataclasses.replace(settings, profile=None, server=True),
                       out=tmp_path, progress=False, echo=False)
     assert "overwrite=True" not in str(info.value)  # the bench has no such option

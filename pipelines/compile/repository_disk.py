@@ -98,7 +98,8 @@ def write_repository(
         replaced = [n for n in repo.names if n in existing and existing[n] == owners[n]]
         if not overwrite:
             _refuse_to_drop_users_files(target, markers, replaced + stale, doing="the write would replace them",
-                                        undo=f"or {_remedy(overwrite_hint, 'replace the models without them')}")
+                                        undo="or write to another directory" if overwrite_hint is None else
+                                        f"or {_remedy(overwrite_hint, 'replace the models without them')}")
         write_id = uuid.uuid4().hex
         stage = _make_staging(target)
         try:
@@ -193,7 +194,7 @@ def _os_errors(doing: str) -> Iterator[None]:
 def _remedy(hint: str | None, to: str) -> str:
     """How a refusal tells the user to ask for it anyway, where the caller offers a way."""
     if hint is None:
-        return "move them out of the way, or write to another directory (nothing here replaces them)"
+        return "move what is there out of the way, or write to another directory (this command replaces nothing)"
     return f"pass {hint} to {to}"
 
 
