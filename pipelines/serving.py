@@ -852,9 +852,7 @@ def as_arrays(outputs: dict[str, Any]) -> dict[str, Any]:
     (or refused, by its dtype) alike everywhere. GPU arrays stay as they are.
     """
     for name, value in outputs.items():
-        if type(value) is not np.ndarray and not (
-            isinstance(value, np.ndarray) or hasattr(value, "__cuda_array_interface__")
-        ):
+        if not isinstance(value, np.ndarray) and not hasattr(value, "__cuda_array_interface__"):
             outputs[name] = np.asarray(value)
     return outputs
 

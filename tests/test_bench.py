@@ -329,6 +329,11 @@ def test_verdict_of_windows_too_short_for_one_request_says_so():
 
 def test_a_form_named_twice_is_measured_once():
     assert BenchSettings(forms=("ensemble", "bls", "ensemble")).forms == ("ensemble", "bls")
+    from pipelines.bench.command import settings_from
+    from pipelines.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--forms", "ensemble,bls,ensemble"])  # the command line too
+    assert settings_from(args).forms == ("ensemble", "bls")
 
 
 def test_a_bad_profile_or_out_is_refused_before_an_earlier_runs_results_are_touched(tmp_path):
