@@ -82,10 +82,10 @@ def write_repository(
     with _locked(target), _os_errors(f"writing into the model repository {str(target)!r}"):
         _recover(target)
         markers = _markers(target)
-        existing = {name: _owner_in(marker, name) for name, marker in markers.items()}
+        existing = _owners(markers)
         owners = {name: owner_of(repo[name]) for name in repo.names}
         collisions = [
-            f"{name!r} ({_describe_owner(target / name, existing[name])})"
+            f"{name!r} ({_describe_owner(markers[name], existing[name])})"
             for name in repo.names
             if name in existing and existing[name] != owners[name]
         ]
@@ -145,7 +145,7 @@ def remove_pipelines(path: str | os.PathLike[str], pipelines: Sequence[str]) -> 
     with _locked(target), _os_errors(f"removing models from {str(target)!r}"):
         _recover(target)
         markers = _markers(target)
-        existing = {name: _owner_in(marker, name) for name, marker in markers.items()}
+        existing = _owners(markers)
         present = {o for o in existing.values() if o is not None}
         missing = [p for p in wanted if p not in present]
         if missing:
@@ -260,7 +260,12 @@ def _locked(target: Path, timeout: float | None = None) -> Iterator[None]:
 
 def _scan(target: Path) -> dict[str, str | None]:
     """Each model-like entry of the repository -> the pipeline that owns it (``None``: not ours)."""
-    return {name: _owner_in(marker, name) for name, marker in _markers(target).items()}
+    return _owners(_markers(target))
+
+
+def _owners(markers: Mapping[str, Mapping[str, Any] | None]) -> dict[str, str | None]:
+    """Each entry of a scan (:func:`_markers`) -> the pipeline that owns it (``None``: not ours)."""
+    return {name: _owner_in(marker, name) for name, marker in markers.items()}
 
 
 def _markers(target: Path) -> dict[str, dict[str, Any] | None]:
@@ -281,11 +286,6 @@ def _markers(target: Path) -> dict[str, dict[str, Any] | None]:
     return found
 
 
-def _owner(model_dir: Path) -> str | None:
-    """The pipeline that owns ``model_dir`` (see :func:`_owner_in`)."""
-    return _owner_in(_read_marker(model_dir) if not model_dir.is_symlink() else None, model_dir.name)
-
-
 def _owner_in(marker: Mapping[str, Any] | None, name: str) -> str | None:
     """The pipeline a model directory's ``marker`` names, if it was written under this very ``name``
     (markers written before names were recorded are taken at their word)."""
@@ -302,10 +302,9 @@ def _read_marker(model_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("pipeline"), str) else None
 
 
-def _describe_owner(model_dir: Path, owner: str | None) -> str:
+def _describe_owner(marker: Mapping[str, Any] | None, owner: str | None) -> str:
     if owner:
         return f"owned by pipeline {owner!r}"
-    marker = _read_marker(model_dir) if not model_dir.is_symlink() else None
     if marker is not None:
         return f"owned by no pipeline: a copy of model {marker.get('model')!r}, whose {MARKER_FILE} it carries"
     # No marker: made by hand, by another tool, or by a version of pipelines that recorded no owner.
