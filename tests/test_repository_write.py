@@ -5,11 +5,13 @@ whatever names it is given. Also ``remove_pipelines`` and requirements.txt."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -351,6 +353,63 @@ def test_a_write_killed_between_two_swaps_leaves_whole_models_and_the_next_write
     assert len({done[n] for n in done if n.startswith("demo")}) == 1 and done["demo_bls"] != old["demo_bls"]
     assert os.listdir(tmp_path) == ["models"]
     assert snapshot(target / "resnet50") == before
+
+
+@contextlib.contextmanager
+def immutable(path: Path, *, may_move_within: Path | None = None):
+    """``chattr +i`` on ``path``: nobody, root included, may rename or delete it (or what is in it).
+
+    A file inside a directory that is moved is found again by its name under ``may_move_within``.
+    """
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+        pytest.skip("chattr +i is not available here (needs root and a file system with attributes)")
+    try:
+        yield path
+    finally:
+        found = list(may_move_within.rglob(path.name)) if may_move_within is not None else [path]
+        for each in found:
+            subprocess.run(["chattr", "-i", str(each)], check=True)
+
+
+def test_a_swap_that_fails_part_way_puts_back_the_swaps_before_it_and_later_writes_work(tmp_path):
+    target = tmp_path / "models"
+    scaled_pipeline("demo", 1.0).compile("both").write(target)
+    hand_made(target)
+    before = snapshot(target)
+    # Top-level models are swapped in last: the composing step model goes first, and is put back.
+    with immutable(target / "demo_ensemble"):
+        with pytest.raises(RepositoryWriteError) as info:
+            scaled_pipeline("demo", 2.0).compile("both").write(target)
+        message = str(info.value)
+        assert "demo_ensemble" in message and "put back: the repository is as it was" in message
+        assert snapshot(target) == before
+        assert os.listdir(tmp_path) == ["models"]  # no staging, no journal left for a later write
+        # Another pipeline's write is not held up by the failed one.
+        scaled_pipeline("other", 3.0).compile("ensemble").write(target)
+        assert {"other", "other__scale", "demo_ensemble", "resnet50"} <= set(models_in(target))
+    scaled_pipeline("demo", 2.0).compile("both").write(target)  # the cause mended: the write goes through
+    assert len(set(scales(target)[n] for n in models_in(target) if n.startswith("demo"))) == 1
+
+
+def test_a_staging_directory_that_cannot_be_removed_is_named_in_a_warning(tmp_path):
+    target = tmp_path / "models"
+    scaled_pipeline("demo", 1.0).compile("ensemble").write(target)
+    first = scales(target)["demo"]
+    # A file in a model that the writer may not delete (a server run as root left its __pycache__).
+    cache = target / "demo" / "__pycache__"
+    cache.mkdir()
+    (cache / "stuck.pyc").write_bytes(b"x")
+    with immutable(cache / "stuck.pyc", may_move_within=tmp_path):
+        with pytest.warns(disk.StagingLeftWarning, match=r"could not be removed .*beside the model repository"):
+            scaled_pipeline("demo", 2.0).compile("ensemble").write(target)
+        assert scales(target)["demo"] != first  # the write itself went through
+        assert not (target / "demo" / "__pycache__").exists()
+        left = [e for e in os.listdir(tmp_path) if e != "models"]
+        assert len(left) == 1 and left[0].startswith(".models.pipelines-write-")
+        with pytest.warns(disk.StagingLeftWarning):  # the next write tries again, and says so again
+            scaled_pipeline("demo", 3.0).compile("ensemble").write(target)
+    scaled_pipeline("demo", 4.0).compile("ensemble").write(target)
+    assert os.listdir(tmp_path) == ["models"]
 
 
 def test_sigterm_to_pipelines_compile_discards_its_staging_as_ctrl_c_does(tmp_path, monkeypatch):

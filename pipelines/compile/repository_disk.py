@@ -15,7 +15,9 @@ swaps each one in with ``renameat2(RENAME_EXCHANGE)``, so at every instant
 each model directory is the old one or the new one. Before the swaps start, a
 journal is written into the staging directory; a write killed part-way (even by
 SIGKILL) is finished by the next write or removal into the same repository,
-which also deletes whatever staging directory was left. Triton 2.51 tries to
+which also deletes whatever staging directory was left. A swap that fails (a
+directory the writer may not move) is not left for the next write, which would
+fail alike: the swaps before it are put back at once. Triton 2.51 tries to
 load *every* subdirectory of the repository, dot-directories included (a
 leftover ``.pipelines-staging-x/`` made it fail to start; verified with the
 bundled server, see ``docs/triton_model_repository.md``), so staging lives *beside* the
@@ -40,6 +42,7 @@ import stat
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,12 +53,16 @@ from .requirements import render_requirements
 if TYPE_CHECKING:
     from .repository import ModelRepository
 
-__all__ = ["LOCK_FILE", "MARKER_FILE", "REQUIREMENTS_FILE", "remove_pipelines", "repository_pipelines", "write_repository"]
+__all__ = ["LOCK_FILE", "MARKER_FILE", "REQUIREMENTS_FILE", "StagingLeftWarning", "remove_pipelines", "repository_pipelines", "write_repository"]
 
 MARKER_FILE = ".pipelines-model.json"
 LOCK_FILE = ".pipelines.lock"
 REQUIREMENTS_FILE = "requirements.txt"
 _STAGING = ".pipelines-write-"
+
+
+class StagingLeftWarning(UserWarning):
+    """A write's staging directory could not be removed (files another user owns)."""
 _MARKER_FORMAT = 1
 #: How long a writer waits for another writer of the same repository before giving up.
 LOCK_TIMEOUT_S = 300.0
@@ -109,7 +116,7 @@ def write_repository(
                 write_model(models_dir, repo[name])
                 _write_marker(models_dir / name, repo[name], owner=owners[name], write_id=write_id)
         except BaseException as exc:
-            shutil.rmtree(stage, ignore_errors=True)
+            _discard(stage, target)
             if isinstance(exc, RepositoryWriteError) or not isinstance(exc, Exception):
                 raise
             raise RepositoryWriteError(
@@ -401,23 +408,47 @@ def _mode_for(target: Path) -> int:
 
 
 def _transact(target: Path, stage: Path, journal: Mapping[str, Any]) -> None:
-    """Record the journal, apply it, refresh requirements.txt, and drop the staging directory."""
+    """Record the journal, apply it, refresh requirements.txt, and drop the staging directory.
+
+    A swap that fails (an immutable or root-owned model directory, a file system gone
+    read-only) puts back the swaps made before it, so the repository is as it was; the
+    next write would meet the same failure, so leaving the journal for it would only
+    block every later write. Only a write that is killed part-way is finished later.
+    """
     tmp = stage / "journal.json.tmp"
     tmp.write_text(json.dumps(journal, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, stage / "journal.json")  # from here on, a killed write is finished by the next one
+    done: list[tuple[str, Path, Path]] = []
     try:
-        _apply(target, stage, journal)
+        _apply(target, stage, journal, done=done)
     except OSError as exc:
+        what = f"swapping the new models into {str(target)!r} failed at {exc.filename or 'a model'!r}: {exc.strerror or exc}"
+        try:
+            _undo(done)
+        except OSError as undo_exc:
+            raise RepositoryWriteError(
+                f"{what}; putting back the {len(done)} model(s) swapped before it failed too ({undo_exc}). Each "
+                f"model is whole (old or new); the next write or removal into this repository finishes this "
+                f"one (its journal is in {str(stage)!r}) once the cause is mended"
+            ) from exc
+        (stage / "journal.json").unlink()
+        _discard(stage, target)
         raise RepositoryWriteError(
-            f"swapping the new models into {str(target)!r} failed part-way: {exc}. Each model is whole "
-            "(old or new); the next write into this repository finishes this one"
+            f"{what}. The {len(done)} model(s) swapped in before it were put back: the repository is as it "
+            "was. Mend the cause (the directory's owner, permissions or attributes) and write again"
         ) from exc
     _refresh_requirements(target)
-    shutil.rmtree(stage, ignore_errors=True)
+    _discard(stage, target)
 
 
-def _apply(target: Path, stage: Path, journal: Mapping[str, Any]) -> None:
-    """Carry out a journal; safe to run again after it was interrupted at any point."""
+def _apply(
+    target: Path, stage: Path, journal: Mapping[str, Any], *, done: list[tuple[str, Path, Path]] | None = None
+) -> None:
+    """Carry out a journal; safe to run again after it was interrupted at any point.
+
+    ``done`` collects each rename made, for :func:`_undo`.
+    """
+    done = [] if done is None else done
     write_id = journal["write"]
     for name in journal["install"]:
         dest, new = target / name, stage / "models" / name
@@ -425,9 +456,12 @@ def _apply(target: Path, stage: Path, journal: Mapping[str, Any]) -> None:
         if current is not None and current.get("write") == write_id:
             continue  # swapped in before an interruption
         if os.path.lexists(dest):
-            _exchange(new, dest, aside=stage / "aside" / name)
+            aside = stage / "aside" / name
+            _exchange(new, dest, aside=aside)
+            done.append(("exchanged", new, dest) if os.path.lexists(new) else ("replaced", aside, dest))
         else:
             os.rename(new, dest)
+            done.append(("moved", new, dest))
     owners = set(journal["owners"])
     for name in journal["remove"]:
         dest = target / name
@@ -435,6 +469,46 @@ def _apply(target: Path, stage: Path, journal: Mapping[str, Any]) -> None:
         if _owner_in(marker, name) in owners and marker.get("write") != write_id:
             (stage / "removed").mkdir(exist_ok=True)
             os.rename(dest, stage / "removed" / name)
+            done.append(("moved", dest, stage / "removed" / name))
+
+
+def _undo(done: Sequence[tuple[str, Path, Path]]) -> None:
+    """Put back, last first, what :func:`_apply` did (``done``)."""
+    for kind, source, dest in reversed(done):
+        if kind == "exchanged":  # the old model sits where the new one was staged
+            _exchange(source, dest, aside=source.parent.parent / "aside" / dest.name)
+        elif kind == "replaced":  # the old model sits aside, the new one at dest
+            os.rename(dest, source.parent.parent / "models" / dest.name)
+            os.rename(source, dest)
+        else:
+            os.rename(dest, source)
+
+
+def _discard(stage: Path, target: Path) -> None:
+    """Remove a staging directory; one that cannot be removed is named in a warning.
+
+    It holds a model swapped out (or never swapped in), whose files may belong to
+    another user (a ``__pycache__`` a server running as root wrote). Beside the
+    repository it is only litter; inside one (a mount point) Triton tries to load it
+    and refuses to start, so the warning says what to remove.
+    """
+    try:
+        shutil.rmtree(stage)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        shutil.rmtree(stage, ignore_errors=True)
+        if not os.path.lexists(stage):
+            return
+        inside = stage.parent == target
+        warnings.warn(
+            f"the staging directory {str(stage)!r} could not be removed ({exc}); "
+            + ("it is inside the model repository, and Triton will refuse to start on it until it is removed. "
+               if inside else "it is litter beside the model repository, not part of it. ")
+            + "Remove it as a user who may (its files' owner, or root)",
+            StagingLeftWarning,
+            stacklevel=2,
+        )
 
 
 def _recover(target: Path) -> None:
@@ -462,7 +536,7 @@ def _recover(target: Path) -> None:
                         f"cannot finish an interrupted write into {str(target)!r} (left in {str(stage)!r}): {exc}"
                     ) from exc
                 recovered = True
-            shutil.rmtree(stage, ignore_errors=True)
+            _discard(stage, target)
     for entry in os.scandir(target):
         if entry.name.startswith(f".{REQUIREMENTS_FILE}.") and entry.is_file():
             os.unlink(entry.path)
