@@ -387,6 +387,15 @@ def test_a_broken_repository_fails_start_with_the_log_tail(tmp_path):
     assert leftovers(str(repository)) == []
 
 
+def test_a_staging_directory_left_inside_a_repository_is_named_when_start_fails(tmp_path):
+    # Inside a mount-point repository a write stages its models in the repository itself; one
+    # it could not remove makes Triton fail on it as on a model.
+    repository = write_test_repository(tmp_path / "repo", ("double",))
+    (repository / ".pipelines-write-k1x2" / "models").mkdir(parents=True)
+    with pytest.raises(ServerStartError, match=r"holds '\.pipelines-write-k1x2', the staging of a write"):
+        TritonServer(repository).start()
+
+
 def test_a_bad_argument_fails_start_with_the_log_tail(small_repository):
     with pytest.raises(ServerStartError, match=r"(?s)exited during start-up.*no-such-flag"):
         TritonServer(small_repository, extra_args=["--no-such-flag=1"]).start()

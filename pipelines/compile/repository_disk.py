@@ -53,7 +53,7 @@ from .requirements import render_requirements
 if TYPE_CHECKING:
     from .repository import ModelRepository
 
-__all__ = ["LOCK_FILE", "MARKER_FILE", "REQUIREMENTS_FILE", "StagingLeftWarning", "remove_pipelines", "repository_pipelines", "write_repository"]
+__all__ = ["LOCK_FILE", "MARKER_FILE", "REQUIREMENTS_FILE", "StagingLeftWarning", "leftover_staging", "remove_pipelines", "repository_pipelines", "write_repository"]
 
 MARKER_FILE = ".pipelines-model.json"
 LOCK_FILE = ".pipelines.lock"
@@ -176,6 +176,14 @@ def repository_pipelines(path: str | os.PathLike[str]) -> dict[str, list[str]]:
         if owner is not None:
             found.setdefault(owner, []).append(name)
     return found
+
+
+def leftover_staging(path: str | os.PathLike[str]) -> list[str]:
+    """Staging directories inside the repository at ``path`` (a mount point) that a write could not remove."""
+    try:
+        return sorted(e.name for e in os.scandir(path) if e.name.startswith(_STAGING) and e.is_dir())
+    except OSError:
+        return []
 
 
 def owner_of(model: Any) -> str:

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..compile.repository_disk import leftover_staging
 from ..errors import PipelinesError, ServerDiedError, ServerError, ServerStartError
 from .arguments import Ports, PythonBackendSettings, ServerArguments
 from .cleanup import (
@@ -296,6 +297,11 @@ class TritonServer:
                 if taken is not None and taken not in self._fixed_ports:
                     raise _PortTaken
                 why = f"port {taken} is already in use; pass another port or leave it None" if taken else ""
+                left = leftover_staging(self.repository)
+                if left and not why:  # Triton tries to load them as models, and fails on them
+                    why = (f"the repository holds {', '.join(map(repr, left))}, the staging of a write that was "
+                           "killed or could not remove it; the next write or removal into the repository deletes "
+                           "it, or remove it by hand (as a user who may)")
                 raise ServerStartError(
                     f"the Triton server for {self.repository} exited during start-up ({describe_exit(code)}); "
                     f"{why or 'its log says why (fix the model or argument it names)'}\n{self._failure_log()}"
