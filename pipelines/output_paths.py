@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .errors import ArgumentError
 
-__all__ = ["output_dir", "output_file"]
+__all__ = ["output_dir", "output_file", "replace_text", "same_file"]
 
 
 def output_dir(path: str | os.PathLike[str], what: str) -> Path:
@@ -36,3 +36,25 @@ def output_file(path: str | os.PathLike[str], what: str) -> Path:
     if path.exists() and not os.access(path, os.W_OK):
         raise ArgumentError(f"cannot write {what} {str(path)!r}: permission denied")
     return path
+
+
+def replace_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file that then replaces it, so a write
+    that fails (a full disk) or is interrupted leaves the previous copy whole, never half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths name one file (through links too), existing or not."""
+    a, b = Path(a), Path(b)
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()

@@ -401,6 +401,73 @@ def test_calibrate_refuses_an_output_that_is_a_directory_before_measuring_anythi
     assert f"{option} {str(tmp_path)!r} is a directory; give a file name" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args", [["--out", "p.png"], ["--out", "p.json", "--plot", "p.json"]])
+def test_calibrate_refuses_a_plot_that_would_be_drawn_over_the_profile(tmp_path, capsys, monkeypatch, args):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.json").write_text("my earlier profile\n")
+    started = time.monotonic()
+    assert cli_main(["calibrate", "--quick", *args]) == 2 and time.monotonic() - started < 5
+    assert "the plot would be drawn over the profile" in capsys.readouterr().err
+    assert (tmp_path / "p.json").read_text() == "my earlier profile\n"
+
+
+def test_a_profile_save_that_fails_leaves_the_earlier_profile_whole(tmp_path):
+    import subprocess
+    import sys
+
+    path = _profile(stub=Cost(100, 1)).save(tmp_path / "p.json")
+    before = path.read_bytes()
+    bigger = (
+        "import resource, signal, sys; from pipelines.calibration import Profile; "
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN); resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200)); "
+        "p = Profile.load(sys.argv[1]); Profile(**{**p.__dict__, 'url': 'x' * 5000}).save(sys.argv[1])"
+    )
+    run = subprocess.run([sys.executable, "-c", bigger, str(path)], capture_output=True, text=True)  # a full disk, in effect
+    assert run.returncode != 0 and "File too large" in run.stderr
+    assert path.read_bytes() == before and [f.name for f in tmp_path.iterdir()] == ["p.json"]
+
+
+def test_a_plot_given_as_a_profile_is_named_as_not_one(tmp_path):
+    png = tmp_path / "p.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    with pytest.raises(PipelinesError, match=r"'.*p\.png' is not a profile \(not text: a plot\?"):
+        load_profile(png)
+
+
+@pytest.mark.server
+def test_sigterm_to_calibrate_stops_its_server_and_removes_its_probes_as_ctrl_c_does(tmp_path, monkeypatch):
+    import os
+    import signal
+    import sys
+    import tempfile
+
+    calibrate_module = sys.modules["pipelines.calibration.calibrate"]
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the probe repository goes here
+    servers = []
+
+    def terminated(*args, **kwargs):  # the signal arrives while the probes are measured
+        servers.extend(p for p in os.listdir("/proc") if p.isdigit() and _is_tritonserver(p, serving=tmp_path))
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        raise AssertionError("SIGTERM did not interrupt the run")
+
+    monkeypatch.setattr(calibrate_module, "measure_probes", terminated)
+    assert cli_main(["calibrate", "--quick", "--quiet", "--out", str(tmp_path / "p.json")]) == 130
+    assert servers and not [p for p in servers if _is_tritonserver(p, serving=tmp_path)]
+    assert os.listdir(tmp_path) == []  # no probe repository, no profile
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def _is_tritonserver(pid: str, *, serving) -> bool:
+    """Whether process ``pid`` is a Triton server whose model repository lies under ``serving``."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return b"tritonserver" in argv[0] and any(str(serving).encode() in a for a in argv)
+
+
 @pytest.mark.server
 def test_calibrate_the_bundled_server_with_a_tiny_probe_set(tmp_path):
     profile = calibrate(chains=(1, 2), sizes=(1 << 10, 256 << 10), budget=Budget(3, 4, 0.05, 1), progress=False)
@@ -656,3 +723,47 @@ def test_a_stub_paid_in_the_steps_worker_thread_holds_its_instance_for_what_it_c
     # between one execution's start and the next's: its 2 ms, its way out and the next one's way in
     beyond = np.diff(STARTS[10:]) - 0.002
     assert np.percentile(beyond, 10) >= 0.45e-3, np.round(np.sort(beyond) * 1e3, 2)
+
+
+def test_a_stub_sleep_that_overshoots_is_paid_back_by_the_instances_next_one():
+    # A worker thread that sleeps its stub's way in must take the GIL back before it goes on;
+    # while another thread runs Python, that takes as long as the other thread keeps it. That
+    # overshoot held the instance beyond what the stub costs; it now pays for the way out.
+    import threading
+
+    from pipelines.runtime.replay import Replay
+
+    replay = Replay(_profile(ensemble_stub=Cost(600, 0)), "ensemble")  # 0.3 ms each way
+    model = object()
+    stub = replay.stub_in_thread(model, instance=0)
+    started = threading.Event()
+
+    def keep_the_gil() -> None:
+        started.set()
+        end = time.perf_counter() + 0.004
+        while time.perf_counter() < end:  # pure Python: the GIL is let go every 5 ms at most
+            pass
+
+    def pay_the_way_in() -> None:
+        started.wait()
+        stub.enter(0)
+
+    payer, holder = threading.Thread(target=pay_the_way_in), threading.Thread(target=keep_the_gil)
+    t = time.perf_counter()
+    payer.start()
+    holder.start()
+    payer.join()
+    way_in = time.perf_counter() - t
+    holder.join()
+    assert way_in > 0.0015  # it overshot: the other thread kept the GIL
+    t = time.perf_counter()
+    stub.leave(0)
+    way_out = time.perf_counter() - t
+    assert way_out < 0.15e-3  # already paid by the overshoot
+    assert stub.input == stub.output == pytest.approx(300e-6)  # the statistics say what the stub costs
+    # The next execution of the same instance finds what is left prepaid; another instance owes its own.
+    for instance, paid_before in ((0, True), (1, False)):
+        t = time.perf_counter()
+        replay.stub_in_thread(model, instance=instance).enter(0)
+        took = time.perf_counter() - t
+        assert took < 0.15e-3 if paid_before else took > 0.28e-3

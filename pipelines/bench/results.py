@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import NotFoundError
+from ..output_paths import replace_text
 from .measurement import Measurement
 from .verdict import RatioComparison
 
@@ -129,16 +130,7 @@ class BenchmarkResult:
         The text goes to a temporary file that then replaces ``path``, so an
         interruption mid-write leaves the previous copy whole, never half a file.
         """
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(self.to_dict(), indent=2, allow_nan=False, default=_jsonable) + "\n"
-        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            partial.write_text(text)
-            os.replace(partial, path)
-        finally:
-            partial.unlink(missing_ok=True)
-        return path
+        return replace_text(path, json.dumps(self.to_dict(), indent=2, allow_nan=False, default=_jsonable) + "\n")
 
 
 def _jsonable(value: Any) -> Any:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..output_paths import output_file
+from ..errors import ArgumentError
+from ..interrupts import sigterm_as_interrupt
+from ..output_paths import output_file, same_file
 from .calibrate import ProbesNotDeployed, calibrate
 from .measure import Budget
 from .probes import CHAINS, SIZES
@@ -35,8 +37,14 @@ def main(args: argparse.Namespace) -> int:
     # Checked before minutes of measuring, which a path that cannot be written would lose.
     out = output_file(args.out, "--out")
     plot = output_file(args.plot if args.plot else out.with_suffix(".png"), "--plot")
+    if same_file(out, plot):
+        raise ArgumentError(
+            f"--out and --plot are both {str(out)!r}: the plot would be drawn over the profile. "
+            "Give --out a .json name, or --plot another file"
+        )
     try:
-        profile = calibrate(args.url, args.protocol, probes_dir=args.probes, progress=not args.quiet, **options)
+        with sigterm_as_interrupt():  # a killed run stops its server and removes its probe repository
+            profile = calibrate(args.url, args.protocol, probes_dir=args.probes, progress=not args.quiet, **options)
     except ProbesNotDeployed as exc:
         print(exc.message)
         return 3

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PipelinesError
+from ..output_paths import replace_text
 
 __all__ = [
     "BOUNDARIES",
@@ -228,10 +229,8 @@ class Profile:
             raise PipelinesError(f"not a server profile: {type(exc).__name__}: {exc}") from None
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_json() + "\n", encoding="utf-8")
-        return path
+        """Write the profile as JSON; a save that fails leaves an earlier profile there whole."""
+        return replace_text(path, self.to_json() + "\n")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Profile:
@@ -239,6 +238,11 @@ class Profile:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise PipelinesError(f"cannot read the profile {str(path)!r}: {exc}") from None
+        except UnicodeDecodeError:
+            raise PipelinesError(
+                f"{str(path)!r} is not a profile (not text: a plot? the profile is the .json file "
+                "'pipelines calibrate --out' wrote)"
+            ) from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
