@@ -704,6 +704,37 @@ def test_ctrl_c_in_a_running_event_loop_stops_the_worker_and_keeps_the_levels(tm
     assert stdout.strip() == f"kept {len(data['measurements'])}"
 
 
+def test_an_interrupted_rerun_sets_an_earlier_complete_run_aside_and_a_complete_one_replaces_it(tmp_path):
+    settings = BenchSettings(concurrency=(1,), server=False, forms=("ensemble",), duration=0.05, warmup=0,
+                             max_trials=3)
+    run_benchmark("pipelines.examples.basic:chain", settings, out=tmp_path, progress=False, echo=False)
+    earlier = {name: (tmp_path / name).read_bytes() for name in ("results.json", "throughput.png", "latency_p95.png")}
+    assert json.loads(earlier["results.json"])["status"] == "complete"
+    proc = subprocess.Popen([sys.executable, "-c", JUPYTER_LIKE, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint(signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline and not (tmp_path / "results.previous.json").exists():
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert json.loads((tmp_path / "results.json").read_text())["status"] == "interrupted"
+    assert "the earlier complete run's results are in" in stderr and "results.previous.json" in stderr
+    for name, data in earlier.items():  # whole, and its plots beside it, not beside the partial run
+        stem, suffix = name.rsplit(".", 1)
+        assert (tmp_path / f"{stem}.previous.{suffix}").read_bytes() == data
+        assert not (tmp_path / name).exists() or name == "results.json"
+    # Rerun again and interrupted again: the partial run is replaced, the complete one still kept.
+    run_benchmark("pipelines.examples.basic:chain", settings, out=tmp_path, progress=False, echo=False)
+    assert json.loads((tmp_path / "results.json").read_text())["status"] == "complete"
+    assert sorted(f.name for f in tmp_path.iterdir() if "previous" in f.name) == []  # replaced by a complete run
+
+
 def test_settings_from_reads_every_field_from_the_cli_options():
     # settings_from reads each BenchSettings field from the option of the same name: every
     # field must have one, and --requests replaces the duration.

@@ -10,10 +10,13 @@ from pathlib import Path
 
 from .measurement import FORMS, Measurement
 
-__all__ = ["PLOT_EXTRA", "plot_results"]
+__all__ = ["PLOT_EXTRA", "PLOT_FILES", "plot_results"]
 
 #: The extra that installs matplotlib: ``pip install 'pipelines[plot]'``.
 PLOT_EXTRA = "plot"
+
+#: The files plot_results writes.
+PLOT_FILES = ("throughput.png", "latency_p95.png")
 
 # One colour and marker per form; the local runtime dashed, the server solid, so each
 # form's prediction sits next to its measurement.
@@ -38,8 +41,8 @@ def plot_results(measurements: Sequence[Measurement], out: str | os.PathLike[str
         series.setdefault(m.config.label, []).append(m)
     written = []
     figures = (
-        ("throughput.png", "throughput (infer/s)", lambda m: m.throughput),
-        ("latency_p95.png", "p95 latency (ms)", lambda m: m.latency.p95_ms),
+        (PLOT_FILES[0], "throughput (infer/s)", lambda m: m.throughput),
+        (PLOT_FILES[1], "p95 latency (ms)", lambda m: m.latency.p95_ms),
     )
     for filename, ylabel, value in figures:
         fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)

@@ -57,7 +57,7 @@ def render(result: BenchmarkResult, *, tables: bool = True, files: bool = True) 
                       ratio_table(result.comparisons)]
         parts += ["\nverdict: " + result.verdict]
         if result.status != "complete":
-            parts += [f"\nstatus: {result.status} (these are the levels it finished)"]
+            parts += [f"\nstatus: {result.status} (these are the measurements it finished; its last level may lack some)"]
     if files:
         parts += [f"\nnote: {note}" for note in result.notes]
         if result.files:

@@ -11,6 +11,7 @@ plots are drawn last, only if matplotlib is there.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import tempfile
@@ -34,7 +35,7 @@ from .inputs import sample_requests
 from .loadgen import LoadResult, run_load
 from .local_target import local_target
 from .measurement import FORMS, Configuration, Measurement
-from .plots import PLOT_EXTRA, plot_results
+from .plots import PLOT_EXTRA, PLOT_FILES, plot_results
 from .progress import Progress
 from .report_tables import render
 from .results import BenchmarkResult, machine_info, now, package_versions
@@ -108,10 +109,15 @@ def run_benchmark(
         )
 
     results_path = out_dir / RESULTS_FILE if out_dir is not None else None
+    writing = False  # whether this run has written results.json (an earlier complete run set aside first)
 
     def save(status: str, files: Sequence[str] = (), notes: Sequence[str] = ()) -> BenchmarkResult:
+        nonlocal writing
         r = result(status, [*files, *([str(results_path)] if results_path else [])], notes)
-        if results_path is not None:
+        if out_dir is not None and results_path is not None:
+            if not writing:
+                _set_aside_a_complete_run(out_dir)
+                writing = True
             r.write(results_path)
         return r
 
@@ -140,7 +146,8 @@ def run_benchmark(
         print(
             f"{why}; {len(measurements)} finished measurements kept"
             + (f" in {results_path}" if results_path is not None and not kept_earlier else "")
-            + (f" ({results_path}, an earlier run's, was left as it was)" if kept_earlier else ""),
+            + (f" ({results_path}, an earlier run's, was left as it was)" if kept_earlier else "")
+            + (f"; the earlier complete run's results are in {kept[0]}" if (kept := _previous(out_dir)) else ""),
             file=sys.stderr,
             flush=True,
         )
@@ -167,6 +174,9 @@ def run_benchmark(
         except Exception as exc:  # a plot is a view of results.json, never a reason to lose it
             notes.append(f"no plots: {type(exc).__name__}: {exc}")
         final = save("complete", files, notes)
+    if out_dir is not None:  # an earlier complete run set aside, now or by an interrupted rerun: replaced
+        for earlier in _previous(out_dir):
+            earlier.unlink(missing_ok=True)
     if stream is not None:
         stream.write(render(final, tables=False))
         stream.flush()
@@ -174,6 +184,30 @@ def run_benchmark(
 
 
 # ---------------------------------------------------------------------------- internal
+
+
+def _set_aside_a_complete_run(out_dir: Path) -> None:
+    """Before a run writes its first level: an earlier *complete* run's ``results.json`` and
+    plots become ``results.previous.json`` and ``*.previous.png``, so that an interrupted rerun
+    into the same directory does not lose them (nor leave its plots beside other figures).
+    A complete rerun deletes them."""
+    try:
+        earlier = json.loads((out_dir / RESULTS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(earlier, dict) or earlier.get("status") != "complete":
+        return  # an interrupted run's levels: this rerun of it replaces them
+    for name, aside in zip((RESULTS_FILE, *PLOT_FILES), _previous(out_dir, existing=False), strict=True):
+        if (out_dir / name).is_file():
+            os.replace(out_dir / name, aside)
+
+
+def _previous(out_dir: Path | None, *, existing: bool = True) -> list[Path]:
+    """The names an earlier complete run's files are set aside under (those there, with ``existing``)."""
+    if out_dir is None:
+        return []
+    names = [out_dir / f"{Path(n).stem}.previous{Path(n).suffix}" for n in (RESULTS_FILE, *PLOT_FILES)]
+    return [p for p in names if p.is_file()] if existing else names
 
 
 def _order(m: Measurement) -> tuple[int, int, int]:
