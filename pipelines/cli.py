@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pickle
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,16 +54,23 @@ def _cmd_graph(args: argparse.Namespace) -> int:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
+    from .compile import repository_pipelines
     from .compile.repository import write_models
 
     p = load_pipeline(args.pipeline)
     repo = p.compile(args.target, bls_instance_count=args.bls_instance_count,
                      fused_instance_count=args.fused_instance_count)
+    had = repository_pipelines(args.out).get(p.name, []) if os.path.isdir(args.out) else []
     with sigterm_as_interrupt():  # a killed write discards its staging directory, as on Ctrl-C
         path = write_models(repo, args.out, overwrite=args.overwrite, overwrite_hint="--overwrite")
     print(f"wrote {len(repo.models)} models of pipeline {p.name!r} to {path}:")
     for name in sorted(repo.models):
         print(f"  {name}")
+    removed = sorted(set(had) - set(repository_pipelines(path).get(p.name, [])))
+    if removed:
+        print(f"removed {len(removed)} models the pipeline no longer has:")
+        for name in removed:
+            print(f"  {name}")
     print(f"the server's Python needs: {path / 'requirements.txt'} (pip install -r)")
     return 0
 
@@ -364,11 +373,18 @@ def _delegate(parser: argparse.ArgumentParser, module: str) -> None:
     parser.set_defaults(func=command.main)
 
 
+def _format_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> str:
+    return f"warning: {message}\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            # A command's warnings read as its errors do: one line each, not the library's source line.
+            warnings.formatwarning = _format_warning
+            return int(args.func(args) or 0)
     except PipelinesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -50,6 +50,11 @@ def double(x):
 
 
 @step(inputs={"x": F4}, outputs={"y": F4})
+def ident(x):
+    return {"y": x}
+
+
+@step(inputs={"x": F4}, outputs={"y": F4})
 def locked(x):
     with _LOCK:
         return {"y": x}
@@ -400,13 +405,13 @@ def test_a_staging_directory_that_cannot_be_removed_is_named_in_a_warning(tmp_pa
     cache.mkdir()
     (cache / "stuck.pyc").write_bytes(b"x")
     with immutable(cache / "stuck.pyc", may_move_within=tmp_path):
-        with pytest.warns(disk.StagingLeftWarning, match=r"could not be removed .*beside the model repository"):
+        with pytest.warns(disk.RepositoryWarning, match=r"could not be removed .*beside the model repository"):
             scaled_pipeline("demo", 2.0).compile("ensemble").write(target)
         assert scales(target)["demo"] != first  # the write itself went through
         assert not (target / "demo" / "__pycache__").exists()
         left = [e for e in os.listdir(tmp_path) if e != "models"]
         assert len(left) == 1 and left[0].startswith(".models.pipelines-write-")
-        with pytest.warns(disk.StagingLeftWarning):  # the next write tries again, and says so again
+        with pytest.warns(disk.RepositoryWarning):  # the next write tries again, and says so again
             scaled_pipeline("demo", 3.0).compile("ensemble").write(target)
     scaled_pipeline("demo", 4.0).compile("ensemble").write(target)
     assert os.listdir(tmp_path) == ["models"]
@@ -506,6 +511,52 @@ def locked_free_step():
 
 
 # ------------------------------------------------------------------ what the server needs
+
+
+def users_ensemble(root: Path, calls: str, name: str = "my_ens") -> Path:
+    """A hand-made ensemble whose one step is ``calls``, a model a pipeline wrote."""
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 4\n'
+        'input { name: "x" data_type: TYPE_FP32 dims: [ 4 ] }\noutput { name: "y" data_type: TYPE_FP32 dims: [ 4 ] }\n'
+        f'ensemble_scheduling {{ step {{ model_name: "{calls}" model_version: -1 '
+        'input_map { key: "x" value: "x" } output_map { key: "y" value: "y" } } }\n'
+    )
+    return root / name
+
+
+def test_a_stale_model_that_a_users_ensemble_calls_is_kept_with_a_warning(tmp_path, capsys):
+    target = tmp_path / "models"
+    pipeline("demo", double).compile("ensemble").write(target)
+    users_ensemble(target, calls="demo__double")
+    before = snapshot(target / "demo__double")
+    # The step is another one now: demo__double is stale, but my_ens would not load without it.
+    with pytest.warns(disk.RepositoryWarning, match=r"kept 'demo__double' \(used by 'my_ens'\).*pipeline 'demo'"):
+        pipeline("demo", ident).compile("ensemble").write(target)
+    assert models_in(target) == ["demo", "demo__double", "demo__ident", "my_ens"]
+    assert snapshot(target / "demo__double") == before
+    # Removing the pipeline would break my_ens: refused, nothing removed.
+    with pytest.raises(RepositoryWriteError, match=r"'demo__double' is used by 'my_ens'.*Nothing was removed"):
+        remove_pipelines(target, ["demo"])
+    assert models_in(target) == ["demo", "demo__double", "demo__ident", "my_ens"]
+    # Pointed elsewhere, the stale model goes with the next write, and the command says which it removed.
+    users_ensemble(tmp_path / "elsewhere", calls="demo__ident")
+    (target / "my_ens" / "config.pbtxt").write_bytes((tmp_path / "elsewhere" / "my_ens" / "config.pbtxt").read_bytes())
+    capsys.readouterr()
+    (tmp_path / "demo.py").write_text(textwrap.dedent("""
+        from pipelines import Pipeline, TensorSpec, step
+
+        @step(inputs={"x": TensorSpec("FP32", [4])}, outputs={"y": TensorSpec("FP32", [4])})
+        def ident(x):
+            return {"y": x}
+
+        p = Pipeline("demo", inputs={"x": TensorSpec("FP32", [4])}, max_batch_size=4)
+        p.output("y", p.add(ident, x=p.input("x"))["y"])
+    """))
+    assert cli_main(["compile", f"{tmp_path / 'demo.py'}:p", "--target", "ensemble", "--out", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert "removed 1 models the pipeline no longer has:\n  demo__double\n" in out
+    assert "demo__double" not in models_in(target) and "my_ens" in models_in(target)
 
 
 def test_requirements_txt_states_what_the_server_needs_and_keeps_the_users_lines(tmp_path):

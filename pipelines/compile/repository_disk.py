@@ -47,13 +47,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from google.protobuf import text_format
+
 from ..errors import RepositoryWriteError
+from .configs import parse_config
 from .requirements import render_requirements
 
 if TYPE_CHECKING:
     from .repository import ModelRepository
 
-__all__ = ["LOCK_FILE", "MARKER_FILE", "REQUIREMENTS_FILE", "StagingLeftWarning", "leftover_staging", "remove_pipelines", "repository_pipelines", "write_repository"]
+__all__ = ["LOCK_FILE", "MARKER_FILE", "REQUIREMENTS_FILE", "RepositoryWarning", "leftover_staging", "remove_pipelines", "repository_pipelines", "write_repository"]
 
 MARKER_FILE = ".pipelines-model.json"
 LOCK_FILE = ".pipelines.lock"
@@ -61,8 +64,9 @@ REQUIREMENTS_FILE = "requirements.txt"
 _STAGING = ".pipelines-write-"
 
 
-class StagingLeftWarning(UserWarning):
-    """A write's staging directory could not be removed (files another user owns)."""
+class RepositoryWarning(UserWarning):
+    """A write did what it was asked, and left something the user should know about: a model
+    kept because another model still uses it, a staging directory it could not remove."""
 _MARKER_FORMAT = 1
 #: How long a writer waits for another writer of the same repository before giving up.
 LOCK_TIMEOUT_S = 300.0
@@ -102,6 +106,20 @@ def write_repository(
                 f"they were left as they were. Rename the pipeline, or {_remedy(overwrite_hint, 'replace them')}"
             )
         stale = sorted(n for n, o in existing.items() if o in set(owners.values()) and n not in owners)
+        # A model the pipeline no longer has, that a model staying here still calls (a hand-made
+        # ensemble over one of its steps), is kept: without it Triton would fail to load that one.
+        used = _users_of(target, stale, staying=[n for n in existing if n not in owners and n not in stale])
+        if used:
+            stale = [n for n in stale if n not in used]
+            warnings.warn(
+                f"kept {', '.join(f'{n!r} (used by {_names(used[n])})' for n in sorted(used))} in {str(target)!r}: "
+                f"pipeline {_names(sorted({existing[n] for n in used}))} no longer has "
+                f"{'it' if len(used) == 1 else 'them'}, but Triton would fail to load a model that calls a "
+                "missing one. Point those models elsewhere, then remove the pipeline's stale models by "
+                "writing it again",
+                RepositoryWarning,
+                stacklevel=3,
+            )
         replaced = [n for n in repo.names if n in existing and existing[n] == owners[n]]
         if not overwrite:
             _refuse_to_drop_users_files(target, markers, replaced + stale, doing="the write would replace them",
@@ -161,6 +179,13 @@ def remove_pipelines(path: str | os.PathLike[str], pipelines: Sequence[str]) -> 
                 f"Pipelines there: {', '.join(map(repr, sorted(present))) or 'none'}"
             )
         names = sorted(n for n, o in existing.items() if o in wanted)
+        used = _users_of(target, names, staying=[n for n in existing if n not in names])
+        if used:
+            raise RepositoryWriteError(
+                f"{', '.join(f'{n!r} is used by {_names(used[n])}' for n in sorted(used))}, which would stay in "
+                f"{str(target)!r}: Triton would fail to load a model that calls a missing one. Nothing was removed. "
+                "Point those models elsewhere (or remove them first), then remove again"
+            )
         _refuse_to_drop_users_files(target, markers, names, doing="removing them would delete those files",
                                     undo="then remove again")
         stage = _make_staging(target)
@@ -307,6 +332,30 @@ def _owner_in(marker: Mapping[str, Any] | None, name: str) -> str | None:
     if marker is None or marker.get("model", name) != name:
         return None
     return marker["pipeline"]
+
+
+def _users_of(target: Path, names: Sequence[str], *, staying: Sequence[str]) -> dict[str, list[str]]:
+    """Which of ``names`` the ensembles among ``staying`` call (a step's ``model_name``): name -> callers.
+
+    A BLS model's calls are in its code, which is not read; a config that does not parse is not
+    an ensemble Triton would load either.
+    """
+    wanted = set(names)
+    users: dict[str, list[str]] = {}
+    if not wanted:
+        return users
+    for model in sorted(staying):
+        try:
+            config = parse_config((target / model / "config.pbtxt").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, text_format.ParseError):
+            continue
+        for called in {s.model_name for s in config.ensemble_scheduling.step} & wanted:
+            users.setdefault(called, []).append(model)
+    return users
+
+
+def _names(names: Sequence[str]) -> str:
+    return ", ".join(map(repr, names))
 
 
 def _read_marker(model_dir: Path) -> dict[str, Any] | None:
@@ -514,7 +563,7 @@ def _discard(stage: Path, target: Path) -> None:
             + ("it is inside the model repository, and Triton will refuse to start on it until it is removed. "
                if inside else "it is litter beside the model repository, not part of it. ")
             + "Remove it as a user who may (its files' owner, or root)",
-            StagingLeftWarning,
+            RepositoryWarning,
             stacklevel=2,
         )
 
