@@ -13,6 +13,8 @@ import difflib
 import inspect
 import json
 import re
+import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -371,6 +373,26 @@ class StepExited(Exception):
         return f"sys.exit({self.code!r}) was called; a step returns its outputs or raises, never exits"
 
 
+class StepInterrupted(Exception):
+    """A step raised ``KeyboardInterrupt`` itself: told as its failure. Let through, it ended the
+    fused model's event loop (every later request hung) and a local batcher (later requests
+    were cancelled). The user's own Ctrl-C, on the main thread of their process, still stops."""
+
+    def __init__(self, interrupt: KeyboardInterrupt) -> None:
+        super().__init__(str(interrupt))
+
+    def __str__(self) -> str:
+        said = super().__str__()
+        return (f"KeyboardInterrupt{f'({said!r})' if said else '()'} was raised inside the step; a step returns its "
+                "outputs or raises an Exception")
+
+
+def _users_ctrl_c() -> bool:
+    """Whether a KeyboardInterrupt here may be the user's Ctrl-C: on the main thread of a process
+    that is not a Triton stub (signals reach only the main thread; a stub's are Triton's)."""
+    return threading.current_thread() is threading.main_thread() and "triton_python_backend_utils" not in sys.modules
+
+
 def _exits_raise(fn: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
     if is_async:
         async def guarded_async(**inputs: Any) -> Any:
@@ -378,6 +400,10 @@ def _exits_raise(fn: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
                 return await fn(**inputs)
             except SystemExit as exc:
                 raise StepExited(exc.code) from None
+            except KeyboardInterrupt as exc:
+                if _users_ctrl_c():
+                    raise
+                raise StepInterrupted(exc) from None
 
         return guarded_async
 
@@ -386,6 +412,10 @@ def _exits_raise(fn: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
             return fn(**inputs)
         except SystemExit as exc:
             raise StepExited(exc.code) from None
+        except KeyboardInterrupt as exc:
+            if _users_ctrl_c():
+                raise
+            raise StepInterrupted(exc) from None
 
     return guarded
 

@@ -69,6 +69,8 @@ def touchy(x):
 def quitter(x):
     if (x < 0).any():
         sys.exit(3)  # a SystemExit once left the fused model's request unanswered: a hang
+    if (x > 100).any():
+        raise KeyboardInterrupt("from a step")  # it ended the fused model's event loop: every later request hung
     return {"y": x}
 
 
@@ -227,6 +229,16 @@ def test_an_external_output_that_is_also_read_or_exposed_twice_answers_every_sub
             for form in ("fused", *OTHER_FORMS):
                 got = client.infer(f"rawext_{form}", {"x": x}, outputs=list(subset))
                 assert_same(got, {n: expected[n] for n in subset})
+
+
+@pytest.mark.parametrize("form", ["fused", *OTHER_FORMS])
+def test_a_step_that_raises_keyboard_interrupt_fails_its_request_by_name_and_the_model_answers_on(client, form):
+    said = r"raised StepInterrupted: KeyboardInterrupt\('from a step'\) was raised inside the step"
+    for _ in range(2):
+        with pytest.raises(InferenceError, match=r"node 'quitter', step 'quitter': " + said):
+            client.infer(f"quits_{form}", {"x": np.full((1, 4), 200, np.float32)}, outputs=["y"], timeout=30)
+    x = np.ones((1, 4), np.float32)
+    assert_same(client.infer(f"quits_{form}", {"x": x}, outputs=["y"], timeout=30), {"y": x})
 
 
 @pytest.mark.parametrize("form", ["fused", *OTHER_FORMS])

@@ -10,6 +10,7 @@ import pytest
 
 from pipelines import InputError, Pipeline, StepError, StepTimeoutError, TensorSpec, step
 from pipelines.runtime import MODES, LocalRuntime
+from pipelines.runtime.local import run_many
 
 IMG = TensorSpec("FP32", [3, -1])
 IDS = TensorSpec("INT64", [1])
@@ -208,6 +209,28 @@ def test_a_step_that_calls_sys_exit_is_a_step_error_naming_it_not_a_system_exit(
     with pytest.raises(StepError, match=r"step 'leaves' raised StepExited: sys\.exit\(3\) was called") as caught:
         p.run({"x": np.ones((1, 2), np.float32)}, mode=mode)
     assert caught.value.step == "leaves"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_step_that_raises_keyboard_interrupt_in_a_worker_thread_is_a_step_error_and_the_rest_go_on(mode):
+    # Only the main thread gets the user's Ctrl-C: in a worker thread it is the step's own doing.
+    @step(inputs={"x": TensorSpec("FP32", [2])}, outputs={"y": TensorSpec("FP32", [2])})
+    def stops(x):
+        if (x > 100).any():
+            raise KeyboardInterrupt("from a step")
+        return {"y": x}
+
+    p = Pipeline("stopping", inputs={"x": TensorSpec("FP32", [2])}, max_batch_size=2)
+    p.output("y", p.add(stops, x=p.input("x"))["y"])
+    requests = [{"x": np.full((1, 2), 200.0 if i % 3 == 0 else i, np.float32)} for i in range(12)]
+    results, _ = run_many(p, requests, mode=mode, concurrency=4, return_exceptions=True, offload="always")
+    for i, got in enumerate(results):
+        if i % 3 == 0:
+            assert isinstance(got, StepError) and got.step == "stops", got
+            assert "raised StepInterrupted: KeyboardInterrupt('from a step') was raised inside the step" in str(got)
+        else:
+            assert not isinstance(got, BaseException), got
+            np.testing.assert_array_equal(got["y"], requests[i]["x"])
 
 
 @pytest.mark.parametrize("mode", MODES)
