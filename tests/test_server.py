@@ -35,6 +35,7 @@ from pipelines.triton import (
     find_tritonserver,
 )
 from pipelines.triton.cleanup import SHM_TAG
+from pipelines.triton.server import ModelsUnavailableWarning
 from pipelines.triton.stubs import server_stubs
 
 try:  # tests/ may or may not be a package
@@ -377,23 +378,42 @@ def test_explicit_mode_loads_and_unloads_and_an_exception_stops_the_server(small
     assert leftovers(prefix, str(small_repository)) == []
 
 
-def test_a_broken_repository_fails_start_with_the_log_tail(tmp_path):
+def test_a_model_that_fails_to_load_is_named_and_the_others_are_served(tmp_path):
+    # One pipeline's broken step must not take a shared repository's other models down.
+    repository = write_broken_repository(write_test_repository(tmp_path / "repo", ("double",)))
+    with pytest.warns(ModelsUnavailableWarning, match=r"serves its other models, but 1 failed to load: 'broken': .*"
+                      r"broken model cannot be imported"), TritonServer(repository) as server:
+        assert list(server.unavailable) == ["broken"]
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        with server.client("http") as client:
+            np.testing.assert_array_equal(client.infer("double", {"x": x})["y"], x * 2)
+            with pytest.raises(InferenceError, match="broken"):
+                client.infer("broken", {"x": x})
+        server.require(["double"])
+        with pytest.raises(ServerStartError, match=r"could not load 'broken': .*broken model cannot be imported"):
+            server.require(["double", "broken"])
+
+
+def test_a_broken_repository_fails_start_with_the_log_tail_where_asked_to(tmp_path):
     repository = write_broken_repository(tmp_path / "broken_repo")
     started = time.monotonic()
     with pytest.raises(ServerStartError, match=r"broken model cannot be imported") as caught:
-        TritonServer(repository).start()
+        TritonServer(repository, exit_on_error=True).start()
     assert "--- log tail ---" in str(caught.value)
     assert time.monotonic() - started < 60
     assert leftovers(str(repository)) == []
 
 
-def test_a_staging_directory_left_inside_a_repository_is_named_when_start_fails(tmp_path):
+def test_a_staging_directory_left_inside_a_repository_is_named_where_it_fails_the_start(tmp_path):
     # Inside a mount-point repository a write stages its models in the repository itself; one
     # it could not remove makes Triton fail on it as on a model.
     repository = write_test_repository(tmp_path / "repo", ("double",))
     (repository / ".pipelines-write-k1x2" / "models").mkdir(parents=True)
     with pytest.raises(ServerStartError, match=r"holds '\.pipelines-write-k1x2', the staging of a write"):
-        TritonServer(repository).start()
+        TritonServer(repository, exit_on_error=True).start()
+    with TritonServer(repository) as server, server.client("http") as client:  # served, the leftover aside
+        x = np.ones((1, 4), np.float32)
+        np.testing.assert_array_equal(client.infer("double", {"x": x})["y"], x * 2)
 
 
 def test_a_bad_argument_fails_start_with_the_log_tail(small_repository):

@@ -384,11 +384,14 @@ def write_bench_repository(pipeline: Pipeline, out_dir: Path | None, stack: Exit
 
 
 def _start_server(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack, bar: Progress):
+    from ..compile import repository_pipelines
     from ..triton import TritonServer
 
     repo_dir = write_bench_repository(pipeline, out_dir, stack)
     bar.note(f"starting the embedded Triton server on {repo_dir}")
     server = stack.enter_context(TritonServer(repo_dir))
+    # Models of the user's beside the bench's may fail to load; its own must not.
+    server.require(repository_pipelines(repo_dir).get(pipeline.name, []))
     bar.note(f"Triton server ready at {server.http_url} (http), {server.grpc_url} (grpc)")
     return server
 

@@ -72,6 +72,7 @@ def calibrate(
             repo = probe_repository(chains).write(root / "repo")
             bar.note(f"starting the bundled Triton server on {len(probe_repository(chains))} probe models")
             server = stack.enter_context(TritonServer(repo))
+            server.require(list(server.unavailable))  # every model there is a probe
             client = stack.enter_context(server.client(protocol, timeout=120))
             connect = partial(server.async_client, protocol, timeout=120)
             cores = machine.get("usable_cpus") or machine.get("cpu_count")

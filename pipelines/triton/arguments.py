@@ -31,6 +31,8 @@ _OWNED_FLAGS = (
     "--log-verbose",
     "--allow-grpc",
     "--allow-metrics",
+    "--exit-on-error",
+    "--strict-readiness",
 )
 
 
@@ -114,6 +116,8 @@ class ServerArguments:
     log_verbose: int = 0
     allow_grpc: bool = True
     allow_metrics: bool = True
+    #: Triton's own default: a model that fails to load stops the start. Off, the others are served.
+    exit_on_error: bool = True
     #: The Python backend names its shared-memory regions ``<prefix><uuid>``.
     shm_region_prefix: str = ""
     python_backend: PythonBackendSettings = field(default_factory=PythonBackendSettings)
@@ -169,6 +173,10 @@ class ServerArguments:
             args.append("--allow-grpc=false")
         if not self.allow_metrics:
             args.append("--allow-metrics=false")
+        if not self.exit_on_error:
+            # Ready then means the server is up, not that every model loaded: which did not is
+            # asked of the repository index once it is.
+            args += ["--exit-on-error=false", "--strict-readiness=false"]
         args += self.python_backend.flags(self.shm_region_prefix)
         args += [f"--load-model={name}" for name in self.load_models]
         args += self.extra

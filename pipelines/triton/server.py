@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,7 +45,11 @@ if TYPE_CHECKING:
     from .async_client import AsyncTritonClient
     from .client import TritonClient
 
-__all__ = ["TritonServer", "describe_exit"]
+__all__ = ["ModelsUnavailableWarning", "TritonServer", "describe_exit"]
+
+class ModelsUnavailableWarning(UserWarning):
+    """The server started, but some models of its repository failed to load."""
+
 
 log = logging.getLogger("pipelines.triton")
 
@@ -70,6 +75,12 @@ class TritonServer:
     (Triton 2.51 would keep it READY and failing); model control mode ``"none"`` is then
     served as ``"explicit"`` with every model loaded at start, which loads the same models.
     ``python_backend`` sets the Python backend's shared-memory sizes (:class:`PythonBackendSettings`).
+
+    A model that fails to load (a step whose ``initialize()`` raises) does not keep the
+    others from being served: the start warns (:class:`ModelsUnavailableWarning`) naming
+    each such model with Triton's reason, and :attr:`unavailable` holds them. Requests to
+    it fail; :meth:`require` fails at once for models a caller cannot do without.
+    ``exit_on_error=True`` is Triton's own default: such a model fails the whole start.
     """
 
     def __init__(
@@ -93,6 +104,7 @@ class TritonServer:
         restart_dead_stubs: bool = True,
         python_backend: PythonBackendSettings | None = None,
         installation: TritonInstallation | None = None,
+        exit_on_error: bool = False,
     ) -> None:
         # Unique per server: the python backend names its regions <prefix><uuid>.
         self.shm_prefix = f"{SHM_TAG}-{os.getpid()}-{uuid.uuid4().hex[:12]}-"
@@ -112,6 +124,7 @@ class TritonServer:
             shm_region_prefix=self.shm_prefix,
             python_backend=python_backend or PythonBackendSettings(),
             extra=tuple(str(a) for a in extra_args),
+            exit_on_error=exit_on_error,
         )
         self.startup_timeout = float(startup_timeout)
         self.env = dict(env or {})
@@ -128,6 +141,7 @@ class TritonServer:
         self._ensemble_steps: dict[str, frozenset[str]] = {}
         self._log_path: Path | None = None
         self._stopped = False
+        self.unavailable: dict[str, str] = {}  # models that failed to load at the start -> why
         self._reaped = False
         self._lock = threading.RLock()
         # The clients handed out, closed when the server stops (weakly held: a client dropped is gone).
@@ -245,6 +259,7 @@ class TritonServer:
                     self._launch(installation, backends, attempt)
                     try:
                         self._wait_ready(deadline)
+                        self._find_unavailable()
                         self._watch_stubs()
                         return self
                     except _PortTaken:
@@ -357,6 +372,39 @@ class TritonServer:
             note=self._note,
             prepare=self._learn_ensembles,
         ).start()
+
+    def _find_unavailable(self) -> None:
+        """After the start: the models that failed to load, and why, said in a warning."""
+        from .client import TritonClient
+
+        with TritonClient(self.http_url, timeout=30) as client:
+            index = client.repository_index()
+        ready = {m["name"] for m in index if m.get("state") == "READY"}
+        # Every model was asked for ("*"): one left unloaded is an ensemble Triton skipped.
+        everything = self.arguments.load_models == ("*",)
+        self.unavailable = {
+            m["name"]: (m.get("reason") or "").strip() or "not loaded: an ensemble is loaded once every model it calls is"
+            for m in index
+            if m["name"] not in ready and (m.get("state") == "UNAVAILABLE" or (everything and not m.get("state")))
+        }
+        if self.unavailable:
+            warnings.warn(
+                f"the Triton server for {self.repository} serves its other models, but "
+                f"{len(self.unavailable)} failed to load: "
+                + "; ".join(f"{name!r}: {why}" for name, why in sorted(self.unavailable.items()))
+                + ". Requests to them fail; fix them and start the server again (or load them)",
+                ModelsUnavailableWarning,
+                stacklevel=4,
+            )
+
+    def require(self, models: Sequence[str]) -> None:
+        """Fail (``ServerStartError``) if any of ``models`` failed to load, naming each with Triton's reason."""
+        missing = {name: self.unavailable[name] for name in models if name in self.unavailable}
+        if missing:
+            raise ServerStartError(
+                f"the Triton server for {self.repository} could not load "
+                + "; ".join(f"{name!r}: {why}" for name, why in sorted(missing.items()))
+            )
 
     def _model_state(self, model: str) -> str | None:
         from .client import TritonClient
