@@ -132,6 +132,8 @@ HTTP_CASES = [
     ("missing input", "POST", "/v2/models/text_ensemble/infer", {"inputs": _good_json()[:1]}, b"", "count"),
     ("extra input", "POST", "/v2/models/text_bls/infer",
      {"inputs": _good_json() + [{"name": "extra", "shape": [1, 1], "datatype": "INT64", "data": [1]}]}, b"", "extra"),
+    ("input given twice", "POST", "/v2/models/text_ensemble/infer", {"inputs": _good_json() + _good_json()[1:]}, b"",
+     "count"),
     ("wrong datatype", "POST", "/v2/models/text_ensemble/infer", {"inputs": _count(datatype="FP32")}, b"", "count"),
     ("unknown datatype", "POST", "/v2/models/text_ensemble/infer", {"inputs": _count(datatype="WAT")}, b"", "count"),
     ("wrong dims", "POST", "/v2/models/text_bls_sync/infer", {"inputs": _count(shape=[1, 2], data=[1, 2])}, b"",

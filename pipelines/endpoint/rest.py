@@ -148,6 +148,8 @@ def _decode(body: bytes, header_length: str | None, model: Any) -> tuple[dict, d
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise Refusal(PARSE, f"Unable to parse 'inputs': each input is an object with a 'name'; got {entry!r}")
         name = entry["name"]
+        if name in inputs:  # as Triton refuses it; taking the last copy would answer another request
+            raise Refusal(INVALID, f"input '{name}' already exists in request", tensor=name)
         params = entry.get("parameters") or {}
         size = params.get("binary_data_size") if isinstance(params, dict) else None
         if size is not None:
