@@ -56,20 +56,29 @@ from .requirements import render_requirements
 if TYPE_CHECKING:
     from .repository import ModelRepository
 
-__all__ = ["LOCK_FILE", "MARKER_FILE", "REQUIREMENTS_FILE", "RepositoryWarning", "leftover_staging", "remove_pipelines", "repository_pipelines", "write_repository"]
+__all__ = [
+    "LOCK_FILE",
+    "MARKER_FILE",
+    "REQUIREMENTS_FILE",
+    "RepositoryWarning",
+    "leftover_staging",
+    "remove_pipelines",
+    "repository_pipelines",
+    "write_repository",
+]
 
 MARKER_FILE = ".pipelines-model.json"
 LOCK_FILE = ".pipelines.lock"
 REQUIREMENTS_FILE = "requirements.txt"
 _STAGING = ".pipelines-write-"
+_MARKER_FORMAT = 1
+#: How long a writer waits for another writer of the same repository before giving up.
+LOCK_TIMEOUT_S = 300.0
 
 
 class RepositoryWarning(UserWarning):
     """A write did what it was asked, and left something the user should know about: a model
     kept because another model still uses it, a staging directory it could not remove."""
-_MARKER_FORMAT = 1
-#: How long a writer waits for another writer of the same repository before giving up.
-LOCK_TIMEOUT_S = 300.0
 
 
 # ------------------------------------------------------------------ public operations
@@ -546,8 +555,9 @@ def _discard(stage: Path, target: Path) -> None:
 
     It holds a model swapped out (or never swapped in), whose files may belong to
     another user (a ``__pycache__`` a server running as root wrote). Beside the
-    repository it is only litter; inside one (a mount point) Triton tries to load it
-    and refuses to start, so the warning says what to remove.
+    repository it is only litter; inside one (a mount point) a Triton that exits on a
+    model it cannot load (its default; not ``TritonServer``'s) refuses to start on it,
+    so the warning says what to remove.
     """
     try:
         shutil.rmtree(stage)
@@ -560,7 +570,8 @@ def _discard(stage: Path, target: Path) -> None:
         inside = stage.parent == target
         warnings.warn(
             f"the staging directory {str(stage)!r} could not be removed ({exc}); "
-            + ("it is inside the model repository, and Triton will refuse to start on it until it is removed. "
+            + ("it is inside the model repository, where a Triton started with its default --exit-on-error "
+               "refuses to start until it is removed. "
                if inside else "it is litter beside the model repository, not part of it. ")
             + "Remove it as a user who may (its files' owner, or root)",
             RepositoryWarning,
