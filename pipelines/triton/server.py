@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ModelsUnavailableWarning", "TritonServer", "describe_exit"]
 
+
 class ModelsUnavailableWarning(UserWarning):
     """The server started, but some models of its repository failed to load."""
 
@@ -380,8 +381,8 @@ class TritonServer:
         with TritonClient(self.http_url, timeout=30) as client:
             index = client.repository_index()
         ready = {m["name"] for m in index if m.get("state") == "READY"}
-        # Every model was asked for ("*"): one left unloaded is an ensemble Triton skipped.
-        everything = self.arguments.load_models == ("*",)
+        # Every model was asked for: one left unloaded is an ensemble Triton skipped.
+        everything = self.arguments.load_models == ("*",) or self.arguments.model_control_mode != "explicit"
         self.unavailable = {
             m["name"]: (m.get("reason") or "").strip() or "not loaded: an ensemble is loaded once every model it calls is"
             for m in index
