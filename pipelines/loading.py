@@ -87,13 +87,13 @@ def _import(spec: str, module_name: str) -> ModuleType:
         sys.modules[path.stem] = module  # so its steps pickle by reference to this module while it runs
         try:
             mod_spec.loader.exec_module(module)
-        except (ImportError, SyntaxError) as exc:  # the file's own imports or text: the user's to fix
+        except BaseException as exc:
             del sys.modules[path.stem]
+            if not isinstance(exc, (ImportError, SyntaxError)):
+                raise
+            # the file's own imports or text: the user's to fix
             where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else _line_in(exc, path)
             raise PipelinesError(f"{spec!r}: importing {str(path)!r} failed{where}: {type(exc).__name__}: {exc}") from None
-        except BaseException:
-            del sys.modules[path.stem]
-            raise
         return module
     sys.path.insert(0, os.getcwd())
     try:

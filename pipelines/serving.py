@@ -393,29 +393,28 @@ def _users_ctrl_c() -> bool:
     return threading.current_thread() is threading.main_thread() and "triton_python_backend_utils" not in sys.modules
 
 
+def _as_step_failure(exc: SystemExit | KeyboardInterrupt) -> BaseException:
+    """What a step's ``sys.exit()`` or ``KeyboardInterrupt`` is raised as: its failure, or the user's Ctrl-C."""
+    if isinstance(exc, SystemExit):
+        return StepExited(exc.code)
+    return exc if _users_ctrl_c() else StepInterrupted(exc)
+
+
 def _exits_raise(fn: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
     if is_async:
         async def guarded_async(**inputs: Any) -> Any:
             try:
                 return await fn(**inputs)
-            except SystemExit as exc:
-                raise StepExited(exc.code) from None
-            except KeyboardInterrupt as exc:
-                if _users_ctrl_c():
-                    raise
-                raise StepInterrupted(exc) from None
+            except (SystemExit, KeyboardInterrupt) as exc:
+                raise _as_step_failure(exc) from None
 
         return guarded_async
 
     def guarded(**inputs: Any) -> Any:
         try:
             return fn(**inputs)
-        except SystemExit as exc:
-            raise StepExited(exc.code) from None
-        except KeyboardInterrupt as exc:
-            if _users_ctrl_c():
-                raise
-            raise StepInterrupted(exc) from None
+        except (SystemExit, KeyboardInterrupt) as exc:
+            raise _as_step_failure(exc) from None
 
     return guarded
 
