@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import anyio
 import numpy as np
@@ -19,13 +20,18 @@ V = TensorSpec("FP32", [2])
 X = np.zeros((1, 2), np.float32)
 
 
-def hanging_pipeline(events: dict, *, batching: bool = False) -> Pipeline:
-    """One step whose first instance hangs on its first call, until ``events['release']`` is set."""
+def hanging_pipeline(
+    events: dict, *, batching: bool = False, delay_us: int = 100, renewal_s: float = 0.0
+) -> Pipeline:
+    """One step whose first instance hangs on its first call, until ``events['release']`` is set;
+    a fresh instance takes ``renewal_s`` to initialize."""
 
     class Hangs:
         def initialize(self, config):
             self.index = len(events["inits"])
             events["inits"].append(config["model_instance_name"])
+            if self.index:
+                time.sleep(renewal_s)
 
         def execute(self, x):
             if self.index == 0:
@@ -35,7 +41,7 @@ def hanging_pipeline(events: dict, *, batching: bool = False) -> Pipeline:
         def finalize(self):
             events["finalized"].append(self.index)
 
-    options = {"dynamic_batching": {"max_queue_delay_us": 100}} if batching else {}
+    options = {"dynamic_batching": {"max_queue_delay_us": delay_us}} if batching else {}
     hangs = step(Hangs, name="hangs", inputs={"x": V}, outputs={"y": V}, timeout=1, **options)
     p = Pipeline("hung", inputs={"x": V}, max_batch_size=4)
     p.output("y", p.add(hangs, x=p.input("x"))["y"])
@@ -67,6 +73,82 @@ def test_a_timed_out_instance_is_replaced_and_later_requests_succeed(mode, batch
         assert sorted(events["finalized"]) == [0, 1]  # the stuck instance is finalized once it returns
     finally:
         events["release"].set()
+
+
+@pytest.mark.parametrize(("mode", "batching"), [*((m, False) for m in MODES), ("ensemble", True)])
+def test_a_request_queued_behind_a_hung_call_fails_only_where_the_server_fails_it(mode, batching):
+    """The server's BLS calls are dropped once queued past the step's timeout; its ensemble
+    and fused models let them wait for the instance that replaces the stuck one."""
+    events = {"inits": [], "finalized": [], "release": threading.Event()}
+    p = hanging_pipeline(events, batching=batching, renewal_s=0.5)  # the fresh one comes after the queued call's timeout
+    outcome: dict[str, object] = {}
+
+    async def queued(rt):
+        await anyio.sleep(0.05)  # behind the hung call, not in its batch
+        try:
+            outcome["queued"] = await rt.infer({"x": X})
+        except StepTimeoutError as exc:
+            outcome["queued"] = exc
+
+    async def main():
+        # Two BLS instances, so the queued request makes its call at once rather than in the next round.
+        async with LocalRuntime(p, mode, bls_instance_count=2) as rt:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(queued, rt)
+                with pytest.raises(StepTimeoutError, match="ran past its timeout of 1 s"):
+                    await rt.infer({"x": X})
+
+    try:
+        anyio.run(main)
+    finally:
+        events["release"].set()
+    got = outcome["queued"]
+    if mode in ("bls", "bls-sync"):
+        assert isinstance(got, StepTimeoutError), got
+        assert "ran past its timeout of 1 s (waiting for a free instance)" in str(got), got
+    else:
+        assert not isinstance(got, BaseException), got
+        np.testing.assert_array_equal(got["y"], X + 1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_batch_that_got_stuck_is_rerun_one_request_at_a_time_where_the_server_reruns_it(mode):
+    """Two requests in one batch on the instance that hangs: the ensemble and fused modes rerun
+    each alone on the fresh instance (the server's ensemble waits, its fused model reruns a failed
+    joined run one request at a time); the async BLS mode fails both, as the server's BLS calls
+    time out. The sync BLS mode runs its round's two calls one after the other, so the second
+    is no batch of the first and finds the fresh instance."""
+    events = {"inits": [], "finalized": [], "release": threading.Event()}
+    p = hanging_pipeline(events, batching=True, delay_us=200_000, renewal_s=0.5)
+    got: list[object] = []
+
+    async def one(rt):
+        try:
+            got.append(await rt.infer({"x": X}))
+        except StepTimeoutError as exc:
+            got.append(exc)
+
+    async def main():
+        async with LocalRuntime(p, mode, bls_instance_count=2) as rt:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, rt)
+                tg.start_soon(one, rt)
+
+    try:
+        anyio.run(main)
+    finally:
+        events["release"].set()
+    assert len(got) == 2
+    if mode == "bls":
+        assert all(isinstance(g, StepTimeoutError) for g in got), got
+    elif mode == "bls-sync":
+        assert isinstance(got[0], StepTimeoutError), got
+        np.testing.assert_array_equal(got[1]["y"], X + 1)
+    else:
+        for g in got:
+            assert not isinstance(g, BaseException), g
+            np.testing.assert_array_equal(g["y"], X + 1)
+        assert len(events["inits"]) == 2  # one fresh instance served both reruns
 
 
 async def _wait_until(predicate) -> None:

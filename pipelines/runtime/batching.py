@@ -3,7 +3,10 @@
 When an instance of the step is free, the batcher gathers queued requests up to
 ``max_batch_size`` rows (waiting at most ``max_queue_delay_us`` for more), runs
 them as one batch, and hands each caller its own rows. If the batch fails, each
-request is rerun alone, so one bad request does not take the others down.
+request is rerun alone, so one bad request does not take the others down. A batch
+that ran past the step's timeout has lost its instance: with ``rerun_stuck``, each
+of its requests is rerun alone on the fresh one, as the server's fused model reruns
+a joined run that failed (a BLS call's wait is bounded, so there the batch fails).
 """
 
 from __future__ import annotations
@@ -63,8 +66,10 @@ class DynamicBatcher:
         max_batch_size: int,
         max_queue_delay_s: float,
         preferred_batch_sizes: Sequence[int] = (),
+        rerun_stuck: bool = False,
     ) -> None:
         self.step = step
+        self._rerun_stuck = rerun_stuck
         self._pool = pool
         self._execute = execute
         self._max = max_batch_size
@@ -176,7 +181,10 @@ class DynamicBatcher:
                 outputs, compute = await self._execute(lease, merged, rows)
             except Exception:
                 if lease.abandoned:
-                    raise
+                    if not self._rerun_stuck:
+                        raise
+                    await self._rerun_on_fresh_instances(batch)
+                    return
                 # Find the request that broke the batch: the others still get their answers.
                 for pending in batch:
                     await self._alone(lease, pending)
@@ -193,6 +201,18 @@ class DynamicBatcher:
                 pending.answer(None, exc, 0.0, len(batch))
         finally:
             self._running.difference_update(batch)
+
+    async def _rerun_on_fresh_instances(self, batch: list[_Pending]) -> None:
+        """Each request of a batch that got stuck, alone, on whichever instance is free next
+        (the stuck one's replacement): only the request that sticks again fails."""
+        for pending in batch:
+            lease = await self._pool.acquire()
+            try:
+                await self._alone(lease, pending)
+            except Exception as exc:  # this one stuck again: its instance is replaced as well
+                pending.answer(None, exc, 0.0, 1)
+            finally:
+                self._pool.give_back(lease)
 
     async def _alone(self, lease: Lease, pending: _Pending) -> None:
         if pending.gone:

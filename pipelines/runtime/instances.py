@@ -4,6 +4,13 @@ Each node of a pipeline becomes a :class:`StepModel`, as each composing model of
 an ensemble has its own ``instance_group`` and queue in Triton. An execution runs
 inline on the event loop, on a worker thread, or awaited (async steps).
 
+A step's timeout bounds one execution. Where the server calls the step through a BLS
+call (the BLS forms, and an external model in the fused form), it bounds the wait for
+an instance as well, since Triton drops a BLS request queued past its ``timeout``;
+an ensemble's steps, and a fused model's Python steps, are not timed while they wait,
+so the requests queued behind a stuck execution are served once its instance is
+replaced, as on the server (docs/triton_ensemble.md, "Timeouts").
+
 A sync call that outlives its step's timeout cannot be stopped: it is abandoned
 and keeps its instance, which is then no longer trusted (it may hold a lock or
 half-written state). A fresh instance takes its place at once (``initialize()``
@@ -299,6 +306,7 @@ class StepModel:
         offload: str,
         threads: StepThreads,
         in_model: int | None = None,
+        timeout_covers_queue: bool = False,
     ) -> None:
         step = node.step
         # Inside a fused model (``in_model`` = its instance count) a step has one instance per
@@ -315,6 +323,7 @@ class StepModel:
         self.batched = node.max_batch_size > 0
         self.max_batch_size = node.max_batch_size
         self.timeout = step.options.timeout
+        self.timeout_covers_queue = timeout_covers_queue  # called through BLS on the server (see above)
         self.offload = offload
         self._threads = threads
         self.pool: InstancePool | None = None
@@ -359,6 +368,7 @@ class StepModel:
                 max_batch_size=self.max_batch_size,
                 max_queue_delay_s=db.max_queue_delay_us / 1e6,
                 preferred_batch_sizes=db.preferred_batch_sizes,
+                rerun_stuck=not self.timeout_covers_queue,
             )
 
     def _instantiate(self, index: int) -> Lease:
@@ -409,14 +419,17 @@ class StepModel:
     async def run(self, inputs: dict[str, Any], rows: int, *, inline: bool) -> tuple[dict[str, Any], float, float, int]:
         """Execute once for one request: ``(outputs, queue_wait_s, compute_s, requests_in_batch)``.
 
-        The step's timeout bounds the wait for an instance and the execution together,
-        so a stuck instance cannot make the requests queued behind it hang.
+        The step's timeout bounds the execution, and the wait for an instance too where
+        ``timeout_covers_queue``; a stuck execution's instance is replaced at its timeout,
+        so the requests queued behind it do not hang either way.
         """
+        queue_timeout = self.timeout if self.timeout_covers_queue else None
         if self.batcher is not None:
-            if self.timeout is None:
+            # A batch's own run is bounded by _execute_batch.
+            if queue_timeout is None:
                 return await self.batcher.submit(inputs, rows)
             try:
-                with anyio.fail_after(self.timeout):
+                with anyio.fail_after(queue_timeout):
                     return await self.batcher.submit(inputs, rows)
             except TimeoutError:
                 raise self._timeout_error("waiting in its dynamic batcher or running") from None
@@ -431,13 +444,14 @@ class StepModel:
         t0 = perf_counter()
         where = "waiting for a free instance"
         try:
-            with anyio.fail_after(self.timeout):
+            with anyio.fail_after(queue_timeout):
                 if lease is None:
                     lease = await self.pool.acquire()
                 queue = perf_counter() - t0
                 where = "running"
                 try:
-                    outputs, compute = await self.execute(lease, inputs, rows, inline=False)
+                    with anyio.fail_after(self.timeout if queue_timeout is None else None):
+                        outputs, compute = await self.execute(lease, inputs, rows, inline=False)
                 finally:
                     self.pool.give_back(lease)
         except TimeoutError:

@@ -288,6 +288,7 @@ class LocalRuntime:
                     offload=self.offload,
                     threads=self._executor,
                     in_model=self._fused_instances if name in self._in_process else None,
+                    timeout_covers_queue=self.form.one_execute_per_instance and name not in self._in_process,
                 )
                 owner = owners.get(id(node.step))
                 if owner is None:
