@@ -24,6 +24,7 @@ from pipelines.errors import (
     ServerDiedError,
     ServerError,
     ServerStartError,
+    StepError,
     StepTimeoutError,
 )
 from pipelines.triton import (
@@ -387,11 +388,45 @@ def test_a_model_that_fails_to_load_is_named_and_the_others_are_served(tmp_path)
         x = np.arange(4, dtype=np.float32).reshape(1, 4)
         with server.client("http") as client:
             np.testing.assert_array_equal(client.infer("double", {"x": x})["y"], x * 2)
-            with pytest.raises(InferenceError, match="broken"):
+            with pytest.raises(InferenceError, match=r"model 'broken' failed to load when the server started: "
+                               r".*broken model cannot be imported"):
                 client.infer("broken", {"x": x})
         server.require(["double"])
         with pytest.raises(ServerStartError, match=r"could not load 'broken': .*broken model cannot be imported"):
             server.require(["double", "broken"])
+
+
+class WontLoad:
+    """A step whose initialize() fails, as one whose weights are missing."""
+
+    def initialize(self, config):
+        raise RuntimeError("weights file missing")
+
+    def execute(self, x):
+        return {"y": x}
+
+
+def test_a_request_to_a_pipeline_whose_step_failed_to_load_says_which_step_and_why(tmp_path):
+    from pipelines import Pipeline, TensorSpec, step
+
+    v = TensorSpec("FP32", [2])
+    p = Pipeline("wont", inputs={"x": v}, max_batch_size=4)
+    p.output("y", p.add(step(WontLoad, name="loader", inputs={"x": v}, outputs={"y": v}), x=p.input("x"))["y"])
+    p.compile("all").write(tmp_path / "repo")
+    x = np.zeros((1, 2), np.float32)
+    with pytest.warns(ModelsUnavailableWarning), TritonServer(tmp_path / "repo") as server:
+        assert set(server.unavailable) == {"wont__loader", "wont_ensemble", "wont_fused"}
+        with server.client("grpc") as client:
+            # Triton says only "unknown model" for the ensemble it left unloaded, and "not ready" for the step.
+            with pytest.raises(InferenceError, match=r"model 'wont_ensemble' failed to load when the server "
+                               r"started: not loaded: an ensemble calling 'wont__loader', which failed to load"):
+                client.infer("wont_ensemble", {"x": x})
+            with pytest.raises(StepError, match=r"model 'wont__loader' failed to load when the server started: "
+                               r".*RuntimeError: weights file missing"):
+                client.infer("wont_bls", {"x": x})
+            with pytest.raises(InferenceError, match=r"'wont_fused' failed to load when the server started: "
+                               r".*weights file missing"):
+                client.infer("wont_fused", {"x": x})
 
 
 def test_a_broken_repository_fails_start_with_the_log_tail_where_asked_to(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Mapping
 from typing import Protocol
 
 from tritonclient.utils import InferenceServerException
@@ -56,6 +57,9 @@ class Liveness(Protocol):
 
     def reloading_models(self) -> dict[str, str]:
         """Each model that fails now, or did a moment ago, because a stub died: the model whose stub died."""
+
+    def unavailable(self) -> Mapping[str, str]:
+        """Each model that failed to load when the server started: Triton's reason."""
 
 
 def check_protocol(protocol: str) -> str:
@@ -132,7 +136,8 @@ class ErrorTranslator:
                 reloading = self._reloading(text, model)
                 if reloading is not None:
                     return self._stub_died(text, context, model, dead=reloading)
-                return _server_error(text, model=model, suffix=f" ({what} {subject}, {status_note}{where})")
+                suffix = f" ({what} {subject}, {status_note}{where}){self._never_loaded(text, model)}"
+                return _server_error(text, model=model, suffix=suffix)
         elif _is_timeout(exc):
             return self._timeout(what, subject, model, timeout, where)
         if self.liveness is not None:
@@ -158,6 +163,20 @@ class ErrorTranslator:
             return None
         # Until the reload is done every failure is its doing; after it, only the reload's own words are.
         return dead if self.liveness.broken(dead) is not None or _RELOAD_SYMPTOM.search(text) else None
+
+    def _never_loaded(self, text: str, model: str | None) -> str:
+        """Why the model that Triton answers "unknown" or "not ready" for (the one asked, or a
+        step the text names) failed to load at the server's start, as a sentence; "" if it did not.
+        """
+        if self.liveness is None or not _RELOAD_SYMPTOM.search(text):
+            return ""
+        unavailable = self.liveness.unavailable()
+        name = model if model in unavailable else next((n for n in unavailable if f"'{n}'" in text), None)
+        if name is None:
+            return ""
+        why = unavailable[name].strip().splitlines()[0] if unavailable[name].strip() else "no reason given"
+        return (f"; model {name!r} failed to load when the server started: {why} "
+                "(the server log has the rest); fix it, then load it or restart the server")
 
     def _stub_died(
         self, text: str, context: str, model: str | None, *, dead: str, instance: str | None = None

@@ -383,11 +383,12 @@ class TritonServer:
         ready = {m["name"] for m in index if m.get("state") == "READY"}
         # Every model was asked for: one left unloaded is an ensemble Triton skipped.
         everything = self.arguments.load_models == ("*",) or self.arguments.model_control_mode != "explicit"
-        self.unavailable = {
-            m["name"]: (m.get("reason") or "").strip() or "not loaded: an ensemble is loaded once every model it calls is"
+        failed = {
+            m["name"]: (m.get("reason") or "").strip()
             for m in index
             if m["name"] not in ready and (m.get("state") == "UNAVAILABLE" or (everything and not m.get("state")))
         }
+        self.unavailable = {name: why or self._why_not_loaded(name, failed) for name, why in failed.items()}
         if self.unavailable:
             warnings.warn(
                 f"the Triton server for {self.repository} serves its other models, but "
@@ -397,6 +398,20 @@ class TritonServer:
                 ModelsUnavailableWarning,
                 stacklevel=4,
             )
+
+    def _why_not_loaded(self, name: str, failed: Mapping[str, str]) -> str:
+        """Why Triton left a model unloaded without a reason of its own: an ensemble whose steps did not all load."""
+        from ..compile.configs import parse_config
+
+        try:
+            config = parse_config((self.repository / name / "config.pbtxt").read_text())
+        except Exception:  # unreadable here: say the rule that leaves models unloaded
+            config = None
+        calls = [] if config is None else [s.model_name for s in config.ensemble_scheduling.step]
+        culprits = sorted({m for m in calls if m in failed})
+        if culprits:
+            return f"not loaded: an ensemble calling {', '.join(map(repr, culprits))}, which failed to load"
+        return "not loaded: an ensemble is loaded once every model it calls is"
 
     def require(self, models: Sequence[str]) -> None:
         """Fail (``ServerStartError``) if any of ``models`` failed to load, naming each with Triton's reason."""
@@ -653,6 +668,9 @@ class _Liveness:
 
     def reloading_models(self) -> dict[str, str]:
         return self._server.reloading_models()
+
+    def unavailable(self) -> dict[str, str]:
+        return self._server.unavailable
 
 
 class _PortTaken(Exception):
