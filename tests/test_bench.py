@@ -735,6 +735,18 @@ def test_an_interrupted_rerun_sets_an_earlier_complete_run_aside_and_a_complete_
     assert sorted(f.name for f in tmp_path.iterdir() if "previous" in f.name) == []  # replaced by a complete run
 
 
+def test_a_complete_run_without_plots_is_set_aside_without_an_older_runs_plots(tmp_path):
+    # Run B finished its results but was stopped while plotting; run A's files were set aside by B.
+    from pipelines.bench.runner import _set_aside_a_complete_run
+
+    (tmp_path / "results.json").write_text(json.dumps({"status": "complete", "started": "B"}))
+    (tmp_path / "results.previous.json").write_text(json.dumps({"status": "complete", "started": "A"}))
+    (tmp_path / "throughput.previous.png").write_bytes(b"A's plot")
+    _set_aside_a_complete_run(tmp_path)  # run C begins
+    assert json.loads((tmp_path / "results.previous.json").read_text())["started"] == "B"
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["results.previous.json"]
+
+
 def test_settings_from_reads_every_field_from_the_cli_options():
     # settings_from reads each BenchSettings field from the option of the same name: every
     # field must have one, and --requests replaces the duration.

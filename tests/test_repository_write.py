@@ -417,6 +417,24 @@ def test_a_staging_directory_that_cannot_be_removed_is_named_in_a_warning(tmp_pa
     assert os.listdir(tmp_path) == ["models"]
 
 
+def test_a_requirements_txt_that_cannot_be_rewritten_warns_and_the_write_stands(tmp_path):
+    target = tmp_path / "models"
+    target.mkdir()
+    (target / "requirements.txt").write_text("tritonclient==2.51.0\n")  # the user's, kept immutable
+    with immutable(target / "requirements.txt"):
+        with pytest.warns(disk.RepositoryWarning, match=r"(?s)the models are written, but .*requirements\.txt' "
+                          r"could not be rewritten .*cloudpickle"):
+            pipeline("first").compile("ensemble").write(target)
+        assert models_in(target) == ["first", "first__double"]
+        assert sorted(os.listdir(target)) == [".pipelines.lock", "first", "first__double", "requirements.txt"]
+        assert os.listdir(tmp_path) == ["models"]  # no staging, no journal for later writes to retry
+        with pytest.warns(disk.RepositoryWarning):  # a later write goes through too, and says so again
+            pipeline("second", locked_free_step()).compile("ensemble").write(target)
+        assert models_in(target) == ["first", "first__double", "second", "second__plus"]
+    pipeline("third").compile("ensemble").write(target)  # mended: rewritten
+    assert "cloudpickle" in (target / "requirements.txt").read_text()
+
+
 def test_sigterm_to_pipelines_compile_discards_its_staging_as_ctrl_c_does(tmp_path, monkeypatch):
     target = tmp_path / "models"
     target.mkdir()

@@ -4,8 +4,10 @@ runs the requests of one call side by side."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import warnings
 
 import anyio
 import numpy as np
@@ -82,3 +84,21 @@ def test_a_bad_instance_count_is_refused():
     p, _ = tracked_pipeline("gate_bad")
     with pytest.raises(InferenceError, match="bls_instance_count must be an int >= 1"):
         LocalRuntime(p, "bls", bls_instance_count=0)
+
+
+@pytest.mark.parametrize("mode", ["bls", "bls-sync", "fused"])
+def test_a_runtime_closed_and_opened_again_leaves_no_stream_unclosed(mode):
+    p, _ = tracked_pipeline(f"gate_close_{mode.replace('-', '_')}")
+
+    async def main():
+        rt = LocalRuntime(p, mode)
+        for i in range(2):  # the gate's queue is made afresh for each opening
+            async with rt:
+                out = await rt.infer({"x": np.full((1, 2), i, np.float32)})
+                np.testing.assert_array_equal(out["y"], np.full((1, 2), i + 1, np.float32))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        anyio.run(main)
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []

@@ -102,6 +102,9 @@ def test_infer_doubles_over_each_protocol(server, protocol):
         only_z = client.infer("double", {"x": x}, outputs=["z"])
         assert list(only_z) == ["z"]
         np.testing.assert_array_equal(only_z["z"], x + 1)
+        # One name alone, and a name given twice, as p.run takes them.
+        assert list(client.infer("double", {"x": x}, outputs="z")) == ["z"]
+        assert list(client.infer("double", {"x": x}, outputs=["y", "y"])) == ["y"]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -157,8 +160,13 @@ def test_python_backend_settings_are_data_and_not_passed_twice(tmp_path):
         PythonBackendSettings(shm_growth_byte_size=0)
     with pytest.raises(ServerStartError, match=r"python_backend=PythonBackendSettings\(shm_default_byte_size=\.\.\.\)"):
         TritonServer(tmp_path, extra_args=["--backend-config=python,shm-default-byte-size=4096"])
-    with pytest.raises(ServerStartError, match=r"pass it as the TritonServer keyword"):
+    with pytest.raises(ServerStartError, match=r"pass TritonServer's http_port= instead"):
         TritonServer(tmp_path, extra_args=["--http-port=1234"])
+    # Each owned flag names what exists to set it.
+    with pytest.raises(ServerStartError, match=r"pass TritonServer's exit_on_error= \(True also makes"):
+        TritonServer(tmp_path, extra_args=["--strict-readiness=true"])
+    with pytest.raises(ServerStartError, match=r"installation=TritonInstallation"):
+        TritonServer(tmp_path, extra_args=["--backend-directory=/opt/backends"])
 
 
 def test_one_blocking_client_serves_many_threads(server):
@@ -251,6 +259,7 @@ def test_the_async_client_runs_requests_concurrently(server, protocol):
             for i, out in enumerate(results):
                 np.testing.assert_array_equal(out["y"], np.full((1, 4), 2 * i))
             assert list(await client.infer("double", {"x": np.ones((1, 4), np.float32)}, outputs=["z"])) == ["z"]
+            assert list(await client.infer("double", {"x": np.ones((1, 4), np.float32)}, outputs="z")) == ["z"]
             with pytest.raises(ClientTimeoutError, match="slow"):
                 await client.infer("slow", {"seconds": np.array([3.0], np.float32)}, timeout=0.3)
             with pytest.raises(InferenceError, match="step 'fail' refused"):
@@ -382,7 +391,7 @@ def test_explicit_mode_loads_and_unloads_and_an_exception_stops_the_server(small
 def test_a_model_that_fails_to_load_is_named_and_the_others_are_served(tmp_path):
     # One pipeline's broken step must not take a shared repository's other models down.
     repository = write_broken_repository(write_test_repository(tmp_path / "repo", ("double",)))
-    with pytest.warns(ModelsUnavailableWarning, match=r"serves its other models, but 1 failed to load: 'broken': .*"
+    with pytest.warns(ModelsUnavailableWarning, match=r"serves its other models, but 1 cannot answer: 'broken': .*"
                       r"broken model cannot be imported"), TritonServer(repository) as server:
         assert list(server.unavailable) == ["broken"]
         x = np.arange(4, dtype=np.float32).reshape(1, 4)
@@ -415,7 +424,10 @@ def test_a_request_to_a_pipeline_whose_step_failed_to_load_says_which_step_and_w
     p.compile("all").write(tmp_path / "repo")
     x = np.zeros((1, 2), np.float32)
     with pytest.warns(ModelsUnavailableWarning), TritonServer(tmp_path / "repo") as server:
-        assert set(server.unavailable) == {"wont__loader", "wont_ensemble", "wont_fused"}
+        assert set(server.unavailable) == {"wont__loader", "wont_ensemble", "wont_fused", "wont_bls", "wont_bls_sync"}
+        # Triton lists the BLS models READY: their step is called from their code.
+        assert server.unavailable["wont_bls"] == ("loaded, but it calls 'wont__loader', which failed to load: "
+                                                  "every request to it fails")
         with server.client("grpc") as client:
             # Triton says only "unknown model" for the ensemble it left unloaded, and "not ready" for the step.
             with pytest.raises(InferenceError, match=r"model 'wont_ensemble' failed to load when the server "
@@ -427,6 +439,34 @@ def test_a_request_to_a_pipeline_whose_step_failed_to_load_says_which_step_and_w
             with pytest.raises(InferenceError, match=r"'wont_fused' failed to load when the server started: "
                                r".*weights file missing"):
                 client.infer("wont_fused", {"x": x})
+
+
+@pytest.mark.parametrize("mode", ["poll", "explicit"])
+def test_every_model_asked_for_that_cannot_answer_is_named_with_its_reason(tmp_path, mode):
+    # Poll mode retries a failed model (LOADING when the server is up); Triton leaves a folder it
+    # refuses before loading (no version folder) out of its index; explicit names may be wrong.
+    repository = write_broken_repository(write_test_repository(tmp_path / "repo", ("double",)))
+    (repository / "noversion").mkdir()
+    (repository / "noversion" / "config.pbtxt").write_text('name: "noversion"\nbackend: "python"\n')
+    (repository / "notes").mkdir()
+    (repository / "notes" / "README.md").write_text("not a model\n")
+    load = ("double", "typo") if mode == "explicit" else ()
+    with pytest.warns(ModelsUnavailableWarning), TritonServer(repository, model_control_mode=mode,
+                                                             load_models=load) as server:
+        why = server.unavailable
+        if mode == "explicit":
+            assert list(why) == ["typo"] and "not found" in why["typo"]
+        else:
+            assert sorted(why) == ["broken", "notes", "noversion"]
+            assert "broken model cannot be imported" in why["broken"]
+            assert "at least one version must be available" in why["noversion"]
+            assert "backend" in why["notes"]
+        server.require(["double"])
+        with pytest.raises(ServerStartError, match=r"'nope': the repository holds no model 'nope'"):
+            server.require(["double", "nope"])
+        with server.client("http") as client:
+            x = np.ones((1, 4), np.float32)
+            np.testing.assert_array_equal(client.infer("double", {"x": x})["y"], x * 2)
 
 
 def test_a_broken_repository_fails_start_with_the_log_tail_where_asked_to(tmp_path):

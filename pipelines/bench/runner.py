@@ -197,6 +197,10 @@ def _set_aside_a_complete_run(out_dir: Path) -> None:
         return
     if not isinstance(earlier, dict) or earlier.get("status") != "complete":
         return  # an interrupted run's levels: this rerun of it replaces them
+    # One run's files as a unit: an older run's plots must not stay beside these results
+    # (a run stopped while plotting has results but no plots).
+    for older in _previous(out_dir):
+        older.unlink()
     for name, aside in zip((RESULTS_FILE, *PLOT_FILES), _previous(out_dir, existing=False), strict=True):
         if (out_dir / name).is_file():
             os.replace(out_dir / name, aside)

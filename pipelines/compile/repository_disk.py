@@ -674,8 +674,23 @@ def _refresh_requirements(target: Path) -> None:
     if text == previous:
         return
     tmp = path.parent / f".{REQUIREMENTS_FILE}.{uuid.uuid4().hex}"
-    if text is None:
-        link.unlink(missing_ok=True)  # a link goes, never the shared file it points to
-        return
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        if text is None:
+            link.unlink(missing_ok=True)  # a link goes, never the shared file it points to
+            return
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        # The models are in by now: a file that lists what they need is no reason to call the
+        # write failed (nor to leave a journal that every later write would retry).
+        tmp.unlink(missing_ok=True)
+        warnings.warn(
+            f"the models are written, but {str(path)!r} could not be "
+            + ("removed" if text is None else "rewritten")
+            + f" ({exc.strerror or exc}); it should "
+            + ("be gone: no model in the repository needs a package" if text is None
+               else "read:\n" + text)
+            + "Mend its permissions or attributes; the next write rewrites it",
+            RepositoryWarning,
+            stacklevel=3,
+        )

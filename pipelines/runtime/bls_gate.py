@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 __all__ = ["BlsGate"]
 
@@ -53,8 +54,14 @@ class BlsGate:
         self.instances = max(1, int(instances))
         self.concurrent = concurrent
         self.max_rows = max(1, int(max_rows))
-        self._send, self._receive = anyio.create_memory_object_stream[_Waiter](math.inf)
+        # Made on first use and closed when serving ends, so that a runtime opened again gets fresh ones.
+        self._streams: tuple[MemoryObjectSendStream[_Waiter], MemoryObjectReceiveStream[_Waiter]] | None = None
         self._held: deque[_Waiter] = deque()  # taken off the stream, but did not fit in a round
+
+    def _queue(self) -> tuple[MemoryObjectSendStream[_Waiter], MemoryObjectReceiveStream[_Waiter]]:
+        if self._streams is None:
+            self._streams = anyio.create_memory_object_stream[_Waiter](math.inf)
+        return self._streams
 
     @asynccontextmanager
     async def slot(self, rows: int) -> AsyncIterator[bool]:
@@ -63,7 +70,7 @@ class BlsGate:
         Leaving it waits for the round's end, when the execute call returns every response.
         """
         waiter = _Waiter(rows)
-        self._send.send_nowait(waiter)
+        self._queue()[0].send_nowait(waiter)
         try:
             await waiter.start.wait()
             yield waiter.opens
@@ -75,9 +82,15 @@ class BlsGate:
 
     async def serve(self) -> None:
         """Run the instances' rounds until cancelled (in the runtime's service task group)."""
-        async with anyio.create_task_group() as tg:
-            for _ in range(self.instances):
-                tg.start_soon(self._instance)
+        try:
+            async with anyio.create_task_group() as tg:
+                for _ in range(self.instances):
+                    tg.start_soon(self._instance)
+        finally:
+            streams, self._streams = self._streams, None
+            self._held.clear()
+            for stream in streams or ():
+                stream.close()
 
     def _next(self) -> _Waiter | None:
         while self._held:
@@ -86,7 +99,7 @@ class BlsGate:
                 return waiter
         while True:
             try:
-                waiter = self._receive.receive_nowait()
+                waiter = self._queue()[1].receive_nowait()
             except anyio.WouldBlock:
                 return None
             if not waiter.gone:
@@ -96,7 +109,7 @@ class BlsGate:
         while True:
             first = self._next()
             if first is None:
-                first = await self._receive.receive()
+                first = await self._queue()[1].receive()
                 if first.gone:
                     continue
             first.opens = True

@@ -15,25 +15,26 @@ from ..freed_memory import VARIABLES
 __all__ = ["MODEL_CONTROL_MODES", "Ports", "PythonBackendSettings", "ServerArguments"]
 
 MODEL_CONTROL_MODES = ("none", "explicit", "poll")
-# Flags this dataclass renders itself; passing them again in ``extra`` would contradict it.
-_OWNED_FLAGS = (
-    "--model-repository",
-    "--backend-directory",
-    "--model-control-mode",
-    "--load-model",
-    "--http-address",
-    "--http-port",
-    "--grpc-address",
-    "--grpc-port",
-    "--metrics-address",
-    "--metrics-port",
-    "--exit-timeout-secs",
-    "--log-verbose",
-    "--allow-grpc",
-    "--allow-metrics",
-    "--exit-on-error",
-    "--strict-readiness",
-)
+# The flags TritonServer sets itself (passing them again in extra_args would contradict it),
+# each with what to pass instead.
+_OWNED_FLAGS = {
+    "--model-repository": "the repository argument",
+    "--backend-directory": "installation=TritonInstallation(...) (the backends come with the server binary)",
+    "--model-control-mode": "model_control_mode=",
+    "--load-model": "load_models=",
+    "--http-address": "host=",
+    "--http-port": "http_port=",
+    "--grpc-address": "host=",
+    "--grpc-port": "grpc_port=",
+    "--metrics-address": "host=",
+    "--metrics-port": "metrics_port=",
+    "--exit-timeout-secs": "exit_timeout=",
+    "--log-verbose": "log_verbose=",
+    "--allow-grpc": "allow_grpc=",
+    "--allow-metrics": "allow_metrics=",
+    "--exit-on-error": "exit_on_error= (True also makes readiness strict)",
+    "--strict-readiness": "exit_on_error= (True also makes readiness strict)",
+}
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ class ServerArguments:
             if flag in _OWNED_FLAGS:
                 raise ServerStartError(
                     f"extra argument {arg!r} sets {flag}, which TritonServer sets itself; "
-                    "pass it as the TritonServer keyword of the same name instead"
+                    f"pass TritonServer's {_OWNED_FLAGS[flag]} instead"
                 )
 
     def command(self, *, binary: Path, backend_directory: Path, ports: Ports) -> list[str]:

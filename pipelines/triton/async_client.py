@@ -68,7 +68,7 @@ class AsyncTritonClient(ClientBase):
         model: str,
         inputs: Mapping[str, Any],
         *,
-        outputs: Sequence[str] | None = None,
+        outputs: str | Sequence[str] | None = None,
         timeout: float | None = None,
     ) -> dict[str, np.ndarray]:
         """Run ``model`` on numpy ``inputs``; return its outputs (all of them, or those named)."""

@@ -171,7 +171,9 @@ class ErrorTranslator:
         if self.liveness is None or not _RELOAD_SYMPTOM.search(text):
             return ""
         unavailable = self.liveness.unavailable()
-        name = model if model in unavailable else next((n for n in unavailable if f"'{n}'" in text), None)
+        # The model the text names first (a BLS model's step), else the one asked for.
+        named = [n for n in unavailable if f"'{n}'" in text and n != model]
+        name = named[0] if named else model if model in unavailable else None
         if name is None:
             return ""
         why = unavailable[name].strip().splitlines()[0] if unavailable[name].strip() else "no reason given"

@@ -14,13 +14,18 @@ from ..errors import InputError
 __all__ = ["infer_inputs", "message_to_dict", "requested_outputs", "result_arrays"]
 
 
-def requested_outputs(module: Any, outputs: Sequence[str] | None, *, binary: bool) -> list[Any] | None:
-    """tritonclient's requested outputs for ``outputs`` (None: all of them)."""
+def requested_outputs(module: Any, outputs: str | Sequence[str] | None, *, binary: bool) -> list[Any] | None:
+    """tritonclient's requested outputs for ``outputs`` (None: all of them).
+
+    One name may be given alone, and a name given twice is asked for once, as ``p.run``
+    takes them (a bare string is otherwise a sequence of one-letter names).
+    """
     if not outputs:
         return None
+    names = [outputs] if isinstance(outputs, str) else list(dict.fromkeys(outputs))
     if binary:  # only HTTP takes binary_data; gRPC is always binary
-        return [module.InferRequestedOutput(n, binary_data=True) for n in outputs]
-    return [module.InferRequestedOutput(n) for n in outputs]
+        return [module.InferRequestedOutput(n, binary_data=True) for n in names]
+    return [module.InferRequestedOutput(n) for n in names]
 
 
 def result_arrays(result: Any, protocol: str) -> dict[str, np.ndarray]:

@@ -19,10 +19,11 @@ import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..compile.calls import models_called
 from ..compile.repository_disk import leftover_staging
 from ..errors import PipelinesError, ServerDiedError, ServerError, ServerStartError
 from .arguments import Ports, PythonBackendSettings, ServerArguments
@@ -375,47 +376,75 @@ class TritonServer:
         ).start()
 
     def _find_unavailable(self) -> None:
-        """After the start: the models that failed to load, and why, said in a warning."""
+        """After the start: the models asked for that cannot answer, and why, said in a warning.
+
+        Asked for: every model folder of the repository (modes none and poll, explicit with
+        '*'), or the models named in ``load_models``. One cannot answer when the repository
+        index does not say READY (poll mode retries a failed model: LOADING), when the index
+        leaves it out (Triton refused it before loading: no version folder, a version policy
+        naming none there; or a name the repository does not hold), or when it is ready but calls
+        a model that did not load (a compiled BLS model's step). Triton's reason is the index's,
+        else the log's line for the model.
+        """
         from .client import TritonClient
 
         with TritonClient(self.http_url, timeout=30) as client:
             index = client.repository_index()
-        ready = {m["name"] for m in index if m.get("state") == "READY"}
-        # Every model was asked for: one left unloaded is an ensemble Triton skipped.
+        states = {m["name"]: m for m in index}
         everything = self.arguments.load_models == ("*",) or self.arguments.model_control_mode != "explicit"
-        failed = {
-            m["name"]: (m.get("reason") or "").strip()
-            for m in index
-            if m["name"] not in ready and (m.get("state") == "UNAVAILABLE" or (everything and not m.get("state")))
-        }
-        self.unavailable = {name: why or self._why_not_loaded(name, failed) for name, why in failed.items()}
+        asked = (set(states) | set(_model_folders(self.repository))) if everything else set(self.arguments.load_models)
+        said = _load_failures_in_log(self._log_path)
+        failed = {}
+        for name in asked:
+            entry = states.get(name) or {}
+            if entry.get("state") == "READY":
+                continue
+            failed[name] = (entry.get("reason") or "").strip() or said.get(name, "")
+        down = failed.keys() | {n for n, m in states.items() if m.get("state") != "READY"}
+        for name in sorted(failed):
+            failed[name] = failed[name] or self._why_not_loaded(name, down, listed=name in states)
+        for name in sorted(n for n in asked if n not in failed):  # ready, but a model it calls is not
+            culprits = sorted(models_called(self.repository / name) & down)
+            if culprits:
+                failed[name] = (f"loaded, but it calls {', '.join(map(repr, culprits))}, which failed to load: "
+                                "every request to it fails")
+        self.unavailable = dict(sorted(failed.items()))
         if self.unavailable:
             warnings.warn(
                 f"the Triton server for {self.repository} serves its other models, but "
-                f"{len(self.unavailable)} failed to load: "
-                + "; ".join(f"{name!r}: {why}" for name, why in sorted(self.unavailable.items()))
+                f"{len(self.unavailable)} cannot answer: "
+                + "; ".join(f"{name!r}: {why}" for name, why in self.unavailable.items())
                 + ". Requests to them fail; fix them and start the server again (or load them)",
                 ModelsUnavailableWarning,
                 stacklevel=4,
             )
 
-    def _why_not_loaded(self, name: str, failed: Mapping[str, str]) -> str:
-        """Why Triton left a model unloaded without a reason of its own: an ensemble whose steps did not all load."""
-        from ..compile.configs import parse_config
-
-        try:
-            config = parse_config((self.repository / name / "config.pbtxt").read_text())
-        except Exception:  # unreadable here: say the rule that leaves models unloaded
-            config = None
-        calls = [] if config is None else [s.model_name for s in config.ensemble_scheduling.step]
-        culprits = sorted({m for m in calls if m in failed})
+    def _why_not_loaded(self, name: str, down: Set[str], *, listed: bool) -> str:
+        """Why a model that Triton gave no reason for did not load."""
+        folder = self.repository / name
+        if not folder.is_dir():
+            return f"the repository holds no model {name!r}"
+        if not (folder / "config.pbtxt").is_file():
+            return "not loaded: its folder holds no config.pbtxt"
+        culprits = sorted(models_called(folder) & down)
         if culprits:
             return f"not loaded: an ensemble calling {', '.join(map(repr, culprits))}, which failed to load"
+        if not listed:
+            return "not loaded: Triton refused it before loading it (see the server log)"
         return "not loaded: an ensemble is loaded once every model it calls is"
 
     def require(self, models: Sequence[str]) -> None:
-        """Fail (``ServerStartError``) if any of ``models`` failed to load, naming each with Triton's reason."""
+        """Fail (``ServerStartError``) if any of ``models`` cannot answer: one that did not load at the
+        start (named with Triton's reason), or one the server does not serve now."""
+        from .client import TritonClient
+
         missing = {name: self.unavailable[name] for name in models if name in self.unavailable}
+        with TritonClient(self.http_url, timeout=30) as client:
+            ready = {m["name"] for m in client.repository_index() if m.get("state") == "READY"}
+        for name in models:
+            if name not in missing and name not in ready:
+                missing[name] = ("not loaded now" if (self.repository / name).is_dir()
+                                 else f"the repository holds no model {name!r}")
         if missing:
             raise ServerStartError(
                 f"the Triton server for {self.repository} could not load "
@@ -675,6 +704,35 @@ class _Liveness:
 
 class _PortTaken(Exception):
     """Another process bound one of the chosen ports first; choose again."""
+
+
+# Triton's log lines for a model it could not load, or refused before loading (2.51 wording).
+_LOAD_FAILURE = re.compile(
+    r"(?:failed to (?:load|poll) model|Poll failed for model directory|failed to load) '(?P<name>[^']+)'"
+    r"(?: version \d+)?: (?P<why>.*?)\"?$"
+)
+
+
+def _load_failures_in_log(log: Path | None) -> dict[str, str]:
+    """Each model the server's log says failed to load, with the log's reason (the first line)."""
+    try:
+        text = log.read_text("utf-8", "replace") if log is not None else ""
+    except OSError:
+        return {}
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        match = _LOAD_FAILURE.search(line) if _ERROR_LINE.match(line) else None
+        if match is not None:
+            found.setdefault(match["name"], match["why"].strip())
+    return found
+
+
+def _model_folders(repository: Path) -> list[str]:
+    """The repository's model folders as Triton sees them: hidden ones (a write's staging) are not models."""
+    try:
+        return [e.name for e in os.scandir(repository) if e.is_dir() and not e.name.startswith(".")]
+    except OSError:
+        return []
 
 
 def describe_exit(code: int | None) -> str:
