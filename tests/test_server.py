@@ -441,6 +441,17 @@ def test_a_request_to_a_pipeline_whose_step_failed_to_load_says_which_step_and_w
                 client.infer("wont_fused", {"x": x})
 
 
+def test_a_repository_whose_path_has_a_space_and_non_ascii_letters_is_served(tmp_path):
+    # Triton 2.51's Python backend splits its stub's arguments at spaces and reads them as ASCII.
+    repository = write_test_repository(tmp_path / "my models ü", ("double",))
+    started = time.monotonic()
+    with TritonServer(repository, startup_timeout=60) as server, server.client("grpc") as client:
+        assert server.unavailable == {}
+        x = np.ones((1, 4), np.float32)
+        np.testing.assert_array_equal(client.infer("double", {"x": x})["y"], x * 2)
+    assert time.monotonic() - started < 30
+
+
 @pytest.mark.parametrize("mode", ["poll", "explicit"])
 def test_every_model_asked_for_that_cannot_answer_is_named_with_its_reason(tmp_path, mode):
     # Poll mode retries a failed model (LOADING when the server is up); Triton leaves a folder it

@@ -154,11 +154,14 @@ class ServerArguments:
                     f"pass TritonServer's {_OWNED_FLAGS[flag]} instead"
                 )
 
-    def command(self, *, binary: Path, backend_directory: Path, ports: Ports) -> list[str]:
-        """The ``tritonserver`` command line."""
+    def command(
+        self, *, binary: Path, backend_directory: Path, ports: Ports, repository: Path | None = None
+    ) -> list[str]:
+        """The ``tritonserver`` command line; ``repository`` is the path to give Triton for
+        :attr:`repository` (a link to it), where that differs."""
         args = [
             str(binary),
-            f"--model-repository={self.repository}",
+            f"--model-repository={repository or self.repository}",
             f"--backend-directory={backend_directory}",
             f"--model-control-mode={self.model_control_mode}",
             f"--http-address={self.host}",

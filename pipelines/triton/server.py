@@ -280,7 +280,9 @@ class TritonServer:
     def _launch(self, installation: TritonInstallation, backends: Path, attempt: int) -> None:
         assert self._workdir is not None
         self._ports = choose_ports(self._fixed_ports, self.host)
-        args = self.arguments.command(binary=installation.binary, backend_directory=backends, ports=self._ports)
+        args = self.arguments.command(
+            binary=installation.binary, backend_directory=backends, ports=self._ports, repository=self._served_path()
+        )
         env = {**self.arguments.python_backend.environment(), **os.environ, **self.env}
         # The stub's embedded interpreter finds its site-packages through the python on PATH;
         # the stub (unlike the server binary) has no RPATH to the wheel's libraries.
@@ -374,6 +376,20 @@ class TritonServer:
             note=self._note,
             prepare=self._learn_ensembles,
         ).start()
+
+    def _served_path(self) -> Path:
+        """The repository's path as Triton is given it: its own, or a link to it in the work folder
+        where its own would break every Python model. The Python backend of 2.51 passes a model's
+        path to its stub in a command line that the stub splits at spaces ("Expected 9 arguments,
+        found 4", and the start waits out its timeout), and the stub reads it as ASCII."""
+        assert self._workdir is not None
+        path = str(self.repository)
+        if path.isascii() and not any(c.isspace() for c in path):
+            return self.repository
+        link = self._workdir / "repository"
+        if not link.is_symlink():
+            link.symlink_to(self.repository, target_is_directory=True)
+        return link
 
     def _find_unavailable(self) -> None:
         """After the start: the models asked for that cannot answer, and why, said in a warning.
