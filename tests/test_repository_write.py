@@ -417,6 +417,20 @@ def test_a_staging_directory_that_cannot_be_removed_is_named_in_a_warning(tmp_pa
     assert os.listdir(tmp_path) == ["models"]
 
 
+def test_a_removal_that_fails_part_way_puts_back_what_it_removed_and_says_so(tmp_path):
+    target = tmp_path / "models"
+    scaled_pipeline("demo", 1.0).compile("both").write(target)
+    hand_made(target)
+    before = snapshot(target)
+    with immutable(target / "demo_ensemble"):
+        with pytest.raises(RepositoryWriteError, match=r"removing models from .* failed at .*demo_ensemble.*"
+                           r"removed before it were put back: the repository is as it was.* remove them again"):
+            remove_pipelines(target, ["demo"])
+        assert snapshot(target) == before
+    assert "demo_ensemble" in remove_pipelines(target, ["demo"])
+    assert models_in(target) == ["resnet50"]
+
+
 def test_a_requirements_txt_that_cannot_be_rewritten_warns_and_the_write_stands(tmp_path):
     target = tmp_path / "models"
     target.mkdir()

@@ -488,20 +488,23 @@ def _transact(target: Path, stage: Path, journal: Mapping[str, Any]) -> None:
     try:
         _apply(target, stage, journal, done=done)
     except OSError as exc:
-        what = f"swapping the new models into {str(target)!r} failed at {exc.filename or 'a model'!r}: {exc.strerror or exc}"
+        doing = "swapping the new models into" if journal["install"] else "removing models from"
+        what = f"{doing} {str(target)!r} failed at {exc.filename or 'a model'!r}: {exc.strerror or exc}"
+        moved = "swapped in" if journal["install"] else "removed"
         try:
             _undo(done)
         except OSError as undo_exc:
             raise RepositoryWriteError(
-                f"{what}; putting back the {len(done)} model(s) swapped before it failed too ({undo_exc}). Each "
+                f"{what}; putting back the {len(done)} model(s) {moved} before it failed too ({undo_exc}). Each "
                 f"model is whole (old or new); the next write or removal into this repository finishes this "
                 f"one (its journal is in {str(stage)!r}) once the cause is mended"
             ) from exc
         (stage / "journal.json").unlink()
         _discard(stage, target)
         raise RepositoryWriteError(
-            f"{what}. The {len(done)} model(s) swapped in before it were put back: the repository is as it "
-            "was. Mend the cause (the directory's owner, permissions or attributes) and write again"
+            f"{what}. The {len(done)} model(s) {moved} before it were put back: the repository is as it "
+            f"was. Mend the cause (the directory's owner, permissions or attributes) and "
+            f"{'write' if journal['install'] else 'remove them'} again"
         ) from exc
     _refresh_requirements(target)
     _discard(stage, target)
