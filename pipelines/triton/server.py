@@ -418,7 +418,8 @@ class TritonServer:
             failed[name] = (entry.get("reason") or "").strip() or said.get(name, "")
         down = failed.keys() | {n for n, m in states.items() if m.get("state") != "READY"}
         for name in sorted(failed):
-            failed[name] = failed[name] or self._why_not_loaded(name, down, listed=name in states)
+            state = (states[name].get("state") or "") if name in states else None
+            failed[name] = failed[name] or self._why_not_loaded(name, down, state=state)
         for name in sorted(n for n in asked if n not in failed):  # ready, but a model it calls is not
             culprits = sorted(models_called(self.repository / name) & down)
             if culprits:
@@ -435,8 +436,8 @@ class TritonServer:
                 stacklevel=4,
             )
 
-    def _why_not_loaded(self, name: str, down: Set[str], *, listed: bool) -> str:
-        """Why a model that Triton gave no reason for did not load."""
+    def _why_not_loaded(self, name: str, down: Set[str], *, state: str | None) -> str:
+        """Why a model that Triton gave no reason for did not load (``state``: the index's; None: unlisted)."""
         folder = self.repository / name
         if not folder.is_dir():
             return f"the repository holds no model {name!r}"
@@ -445,9 +446,9 @@ class TritonServer:
         culprits = sorted(models_called(folder) & down)
         if culprits:
             return f"not loaded: an ensemble calling {', '.join(map(repr, culprits))}, which failed to load"
-        if not listed:
+        if state is None:
             return "not loaded: Triton refused it before loading it (see the server log)"
-        return "not loaded: an ensemble is loaded once every model it calls is"
+        return f"not loaded (state {state or 'none'}; see the server log)"
 
     def require(self, models: Sequence[str]) -> None:
         """Fail (``ServerStartError``) if any of ``models`` cannot answer: one that did not load at the
