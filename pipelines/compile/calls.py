@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from google.protobuf import text_format
-
 from .bls import BLS_PLAN
-from .configs import parse_config
+from .configs import ensemble_steps
 from .fused import FUSED_PLAN
 
 __all__ = ["models_called"]
@@ -19,13 +17,7 @@ __all__ = ["models_called"]
 def models_called(model_dir: Path) -> frozenset[str]:
     """The models that the model in ``model_dir`` calls; empty when it calls none, or when its
     files do not say (a hand-written Python model's calls are in its code, which is not read)."""
-    called: set[str] = set()
-    try:
-        config = parse_config((model_dir / "config.pbtxt").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, text_format.ParseError):
-        config = None
-    if config is not None:
-        called |= {step.model_name for step in config.ensemble_scheduling.step}
+    called = set(ensemble_steps(model_dir))
     for plan_file in (BLS_PLAN, FUSED_PLAN):
         for version in _versions(model_dir):
             try:

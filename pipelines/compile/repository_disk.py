@@ -47,10 +47,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from google.protobuf import text_format
-
 from ..errors import RepositoryWriteError
-from .configs import parse_config
+from .configs import ensemble_steps
 from .requirements import render_requirements
 
 if TYPE_CHECKING:
@@ -354,11 +352,7 @@ def _users_of(target: Path, names: Sequence[str], *, staying: Sequence[str]) -> 
     if not wanted:
         return users
     for model in sorted(staying):
-        try:
-            config = parse_config((target / model / "config.pbtxt").read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, text_format.ParseError):
-            continue
-        for called in {s.model_name for s in config.ensemble_scheduling.step} & wanted:
+        for called in ensemble_steps(target / model) & wanted:
             users.setdefault(called, []).append(model)
     return users
 

@@ -423,7 +423,8 @@ class StepModel:
         ``timeout_covers_queue``; a stuck execution's instance is replaced at its timeout,
         so the requests queued behind it do not hang either way.
         """
-        queue_timeout = self.timeout if self.timeout_covers_queue else None
+        # One bound over the wait and the run, or a bound on the run alone.
+        queue_timeout, run_timeout = (self.timeout, None) if self.timeout_covers_queue else (None, self.timeout)
         if self.batcher is not None:
             # A batch's own run is bounded by _execute_batch.
             if queue_timeout is None:
@@ -450,7 +451,7 @@ class StepModel:
                 queue = perf_counter() - t0
                 where = "running"
                 try:
-                    with anyio.fail_after(self.timeout if queue_timeout is None else None):
+                    with anyio.fail_after(run_timeout):
                         outputs, compute = await self.execute(lease, inputs, rows, inline=False)
                 finally:
                     self.pool.give_back(lease)
