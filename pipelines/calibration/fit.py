@@ -200,6 +200,9 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
         costs["bls_model"] = costs["bls_sync_model"] = stub
         costs["ensemble"] = 0.0
     pairs = {name: (max(0.0, us) / 2, max(0.0, us) / 2) for name, us in costs.items()}
+    # The ensemble's own cost is mostly its answer's copy out of its last step (probes.Probe.stub_models):
+    # it is paid by the request's outputs, on the way out.
+    pairs["ensemble"] = (0.0, max(0.0, costs["ensemble"]))
     pairs["stub"] = stub_pair
     for kind, name in _STUB_OF.items():
         pairs[name] = stub_of[kind]

@@ -59,6 +59,10 @@ class Budget:
     seconds: float = 0.8
     warmup: int = 1
     lanes_seconds: float = 1.0  # each window of measure_lanes
+    # Requests sent to a probe, untimed, just before each timed one: a pipeline under load finds its
+    # stubs' shared memory warm, and a probe timed right after a dozen others found it cold, 0.7 ms
+    # dearer at 4 MiB (docs/server_profiles.md, "Warm probes").
+    warm: int = 1
 
 
 def measure_probes(
@@ -105,6 +109,10 @@ def measure_probes(
         ):
             for i in members:
                 probe = probes[i]
+                for _ in range(budget.warm):
+                    infer(probe.model, inputs)
+                if statistics is not None and budget.warm:
+                    last = parse_statistics(statistics(""))  # the warming requests are not the sample's
                 t = perf_counter()
                 infer(probe.model, inputs)
                 times[i].append(perf_counter() - t)
@@ -112,7 +120,7 @@ def measure_probes(
                     # read around every request, so the stub's figure is a median as the latency is
                     now = parse_statistics(statistics(""))  # every model: the probe's step models in one answer
                     between = breakdown(last, now)
-                    stub = _held_us(between, probe.step_models)
+                    stub = _held_us(between, probe.stub_models)
                     hold = _held_us(between, (probe.model,)) if probe.kind in BLS_KINDS else None
                     last = now
                     if stub is not None:

@@ -28,7 +28,7 @@ __all__ = ["BLS_KINDS", "BUSY_MS", "CHAINS", "KINDS", "SIZES", "Probe", "identit
 BYTES = TensorSpec("UINT8", [-1])
 
 #: Chain lengths measured as ensembles and BLS models.
-CHAINS = (1, 2, 4, 8)
+CHAINS = (1, 2, 4, 5)
 #: Tensor sizes in bytes, 1 KiB to 32 MiB.
 SIZES = (1 << 10, 64 << 10, 1 << 20, 4 << 20, 12 << 20, 32 << 20)
 #: ``"step"`` calls a step model directly; the others call a chain's top-level model.
@@ -97,6 +97,19 @@ class Probe:
             return (f"probe_{self.steps}__identity",)
         return tuple(f"probe_{self.steps}__identity" if i == 0 else f"probe_{self.steps}__id_{i}"
                      for i in range(self.steps))
+
+    @property
+    def stub_models(self) -> tuple[str, ...]:
+        """The step models whose statistics price this probe's stubs. In an ensemble, the last
+        step's output is the ensemble's answer, and Triton counts copying it into the response
+        in that step's compute output (at 4 MiB, 1.35 ms against 0.55 for a step whose output
+        feeds the next one: docs/server_profiles.md); a step of a user's pipeline mostly feeds
+        another step, and the answer's copy is the ensemble's own, paid by the request's
+        outputs. So an ensemble's stubs are priced by its steps before the last (none in an
+        ensemble of one step); a BLS model takes every step's outputs back alike."""
+        if self.kind == "ensemble":
+            return self.step_models[:-1]
+        return self.step_models
 
     @property
     def model(self) -> str:
