@@ -39,7 +39,7 @@ def _synthetic(noise: float = 0.0, seed: int = 0, stub: bool = True):
         rng = np.random.default_rng((seed, KINDS.index(p.kind), p.steps, p.size))  # a probe's noise is its own
         latency = predict_us(TRUE, p.kind, p.steps, p.size) * (1 + noise * rng.uniform(-1, 1))
         stub_us = TRUE["stub"].us(2 * p.size) * (1 + noise * rng.uniform(-1, 1)) if stub else None
-        rows.append((p.kind, p.steps, p.size, latency, stub_us))
+        rows.append((p.row_kind, p.steps, p.size, latency, stub_us))
     return rows
 
 
@@ -134,6 +134,28 @@ def test_each_forms_step_stubs_are_priced_by_its_own_probes_statistics():
     # a profile from before each form's stubs were measured: every form's steps pay its one stub
     older = _profile(**TRUE)
     assert older.costs["ensemble_stub"] == older.costs["bls_stub"] == older.costs["bls_sync_stub"] == TRUE["stub"]
+
+
+def test_the_replay_charges_the_grown_probes_stubs_and_the_calls_are_read_against_the_chains_own():
+    # the chains' stubs, fed by a request of the tensor's size and measured in turns, cost more than
+    # the grown probe's, measured back to back between steps that grow and shrink the tensor
+    true = dict(TRUE, ensemble_stub=Cost(300.0, 1500.0), bls_stub=Cost(250.0, 1400.0), bls_sync_stub=Cost(250.0, 1400.0))
+    warm = {"ensemble": Cost(200.0, 1000.0), "bls": Cost(180.0, 900.0), "bls-sync": Cost(170.0, 950.0)}
+    stub_of = {"step": "stub", "ensemble": "ensemble_stub", "bls": "bls_stub", "bls-sync": "bls_sync_stub"}
+    rows = [(p.row_kind, p.steps, p.size, predict_us(true, p.kind, p.steps, p.size),
+             (warm[p.kind] if p.grown else true[stub_of[p.kind]]).us(2 * p.size)) for p in probe_plan()]
+    assert any(r[0] == "grown bls" for r in rows)
+    costs, points = fit_costs(rows)
+    for kind, cost in warm.items():
+        name = stub_of[kind]
+        assert costs[name].fixed_us == pytest.approx(cost.fixed_us, rel=1e-6), name
+        assert costs[name].us_per_mib == pytest.approx(cost.us_per_mib, rel=1e-6), name
+    # the calls are what the chains' lines leave beyond the chains' own stubs, not beyond the grown ones
+    for name in ("ensemble_step", "bls_call", "bls_sync_call", "request"):
+        assert costs[name].fixed_us == pytest.approx(true[name].fixed_us, rel=1e-6, abs=1e-6), name
+        assert costs[name].us_per_mib == pytest.approx(true[name].us_per_mib, rel=1e-6), name
+    assert {pt.probe for pt in points if pt.probe.startswith("grown")} == {"grown ensemble", "grown bls",
+                                                                           "grown bls-sync"}
 
 
 def _profile(**costs: Cost) -> Profile:
@@ -298,6 +320,7 @@ def test_a_request_pays_what_it_owes_below_a_millisecond_when_it_leaves():
     # would leave it unpaid (or charge 1.15 ms for it); the rest is slept in a thread
     profile = _profile(request=Cost(600, 0))
     requests = [{"x": X}] * 40
+    run_many(one_step(), requests, mode="ensemble", concurrency=1)  # warm: a cold first run's mean is no baseline
     _, plain = run_many(one_step(), requests, mode="ensemble", concurrency=1)
     _, replayed = run_many(one_step(), requests, mode="ensemble", concurrency=1, profile=profile)
     assert replayed.server.overhead_us == pytest.approx(600)
@@ -475,17 +498,28 @@ def test_calibrate_the_bundled_server_with_a_tiny_probe_set(tmp_path):
     assert 1.0 <= profile.lanes <= profile.machine["cpu_count"]  # measured: a throughput ratio, capped by cores
     # measured on the smallest tensor only here (no size of 1 MiB or more): the mean is that one size's
     assert [n for n, _ in profile.lanes_by_size] == [1 << 10] and profile.lanes_by_size[0][1] == profile.lanes
-    assert len(profile.samples) == 2 * (1 + 2 + 2 + 2)  # per size: the step, then two chains of each kind
+    # per size: the step, two chains of each kind, then each kind's grown probe
+    assert [s[0] for s in profile.samples[:10]] == ["step", *("ensemble",) * 2, *("bls",) * 2, *("bls-sync",) * 2,
+                                                    "grown ensemble", "grown bls", "grown bls-sync"]
+    assert len(profile.samples) == 2 * 10
     assert all(s[3] > 0 for s in profile.samples)
     # stubs are priced by steps whose outputs feed another step, or by the step called alone: an
     # ensemble of one step has none (its one step's output is the answer, copied into the response)
     assert all((s[4] is None) == (s[0] == "ensemble" and s[1] == 1) for s in profile.samples)
     assert all(s[4] > 0 for s in profile.samples if s[4] is not None)
     # a BLS probe also tells what its BLS model held its instance (more than its steps' stubs)
-    assert all((s[6] is not None) == (s[0] in BLS_KINDS) for s in profile.samples)
+    assert all((s[6] is not None) == (s[0].removeprefix("grown ") in BLS_KINDS) for s in profile.samples)
     assert all(s[6] > s[1] * s[4] for s in profile.samples if s[6] is not None)
     assert [p.stub_models for p in (Probe("ensemble", 1, 1024), Probe("ensemble", 2, 1024), Probe("bls", 2, 1024))] == [
         (), ("probe_2__identity",), ("probe_2__identity", "probe_2__id_1")]
+    # a grown probe's identity steps all feed another step: each prices a stub, as it would in a BLS model
+    assert Probe("ensemble", 2, 1024, grown=True).stub_models == ("probe_grown__identity", "probe_grown__id_1")
+    # the replay charges the grown probes' stubs, which the points show as such
+    grown_points = [pt for pt in profile.points if pt.probe.startswith("grown ")]
+    assert {pt.boundary for pt in grown_points} == {"ensemble_stub", "bls_stub", "bls_sync_stub"}
+    at_small = {pt.probe: pt.cost_us for pt in grown_points if pt.nbytes == 2 << 10}
+    assert sum(profile.costs["ensemble_stub"].in_us[:1] + profile.costs["ensemble_stub"].out_us[:1]) == (
+        pytest.approx(at_small["grown ensemble"], rel=0.5))
     assert all(c.fixed_us >= 0 and c.us_per_mib >= 0 for c in profile.costs.values())
     # a request to a Python model costs something: the fit found it somewhere
     assert profile.costs["request"].fixed_us + profile.costs["stub"].fixed_us > 0
@@ -731,3 +765,13 @@ def test_a_stub_paid_in_the_steps_worker_thread_holds_its_instance_for_what_it_c
     # between one execution's start and the next's: its 2 ms, its way out and the next one's way in
     beyond = np.diff(STARTS[10:]) - 0.002
     assert np.percentile(beyond, 10) >= 0.45e-3, np.round(np.sort(beyond) * 1e3, 2)
+
+
+def test_lanes_are_measured_once_per_size_when_every_size_is_a_large_one():
+    # calibrate(sizes=(1 MiB, 4 MiB)) measured the 1 MiB probe twice for its lanes, and the profile
+    # refused its own two figures for one size after minutes of measuring
+    from pipelines.calibration.calibrate import _lane_probes
+
+    assert [p.size for p in _lane_probes((1, 2), (MIB, 4 * MIB))] == [MIB]
+    assert [p.size for p in _lane_probes((1, 2), (1 << 10, MIB, 4 * MIB))] == [1 << 10, MIB]
+    assert {p.steps for p in _lane_probes((1, 2), (1 << 10, MIB))} == {2}

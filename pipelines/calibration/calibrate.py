@@ -116,7 +116,7 @@ def _lane_probes(chains: tuple[int, ...], sizes: tuple[int, ...]) -> list[Probe]
     of 1 MiB or more (costs per byte), where there is one."""
     probes = [Probe("ensemble", chains[-1], sizes[0])]
     large = [s for s in sizes if s >= 1 << 20]
-    if large:
+    if large and large[0] != sizes[0]:  # every size 1 MiB or more: the smallest is measured once
         probes.append(Probe("ensemble", chains[-1], large[0]))
     return probes
 

@@ -13,7 +13,12 @@ models (compute input on the way in; compute infer and output on the way
 out), because end-to-end latency cannot tell a
 stub from the boundary that feeds it; each form's probes price that form's
 stubs (``ensemble_stub``, ``bls_stub``, ``bls_sync_stub``: the ensemble's cost
-more), and the step probe's its ``stub``. Then the step probe gives the request,
+more; an ensemble's by its steps before the last, whose compute output holds
+the copy of the answer, which is the ensemble's own cost, paid on the way out),
+and the step probe's its ``stub``. Where a kind's grown probe was measured
+(``grown <kind>`` rows: intermediates of the size between a small request and
+answer, requests back to back), its stubs are the ones the profile keeps; the
+chains' own stubs are what the chains' lines are read against. Then the step probe gives the request,
 and a straight line through each kind's latencies over its chain lengths
 gives, from its slope, the cost of one more step (ensemble step or BLS call)
 and, from its intercept, what the kind pays once per request (the ensemble
@@ -174,6 +179,16 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
     for kind in _KINDS_OF:
         own = [r for r in stub_rows if r[0] == kind]
         stub_of[kind] = _stub_pair(own) if own else stub_pair
+    # What the replay charges a step's stub: the grown probe's, measured warm between steps that
+    # grow and shrink the tensor, as a user's steps pass intermediates (at 4 MiB, 2.0-2.3 ms where
+    # the chains' stubs, fed by a 4 MiB request and measured in turns, cost 3.0-3.3). The chains'
+    # own stubs stay what their lines are read against: what a line leaves per step beyond the
+    # stubs measured with it is the call's.
+    replayed = dict(stub_of)
+    for kind in _KINDS_OF:
+        grown = [r for r in stub_rows if r[0] == f"grown {kind}"]
+        if grown:
+            replayed[kind] = _stub_pair(grown)
     if stub_rows:
         for kind in BLS_KINDS:
             # How long the BLS model holds its instance, over chain lengths: its latency's line less the
@@ -205,7 +220,7 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
     pairs["ensemble"] = (0.0, max(0.0, costs["ensemble"]))
     pairs["stub"] = stub_pair
     for kind, name in _STUB_OF.items():
-        pairs[name] = stub_of[kind]
+        pairs[name] = replayed[kind]
     return pairs
 
 
@@ -277,5 +292,7 @@ def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...
         costs[name] = Cost(fixed, per_mib, tuple(sizes), ins, outs)
     for kind, steps, size, _, stub_us, *_ in rows:
         if stub_us is not None and stub_us > 0:
-            points.append(Point(_STUB_OF.get(kind, "stub"), 2 * size, float(stub_us), f"{kind} x{steps}"))
+            grown = kind.startswith("grown ")
+            name = _STUB_OF.get(kind.removeprefix("grown "), "stub")
+            points.append(Point(name, 2 * size, float(stub_us), kind if grown else f"{kind} x{steps}"))
     return costs, tuple(points)

@@ -45,8 +45,8 @@ class Sample:
 
     @property
     def row(self) -> tuple[str, int, int, float, float | None, float | None, float | None]:
-        return (self.probe.kind, self.probe.steps, self.probe.size, self.latency_us, self.stub_us, self.stub_in_us,
-                self.model_us)
+        return (self.probe.row_kind, self.probe.steps, self.probe.size, self.latency_us, self.stub_us,
+                self.stub_in_us, self.model_us)
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,6 @@ class Budget:
     seconds: float = 0.8
     warmup: int = 1
     lanes_seconds: float = 1.0  # each window of measure_lanes
-    # Requests sent to a probe, untimed, just before each timed one: a pipeline under load finds its
-    # stubs' shared memory warm, and a probe timed right after a dozen others found it cold, 0.7 ms
-    # dearer at 4 MiB (docs/server_profiles.md, "Warm probes").
-    warm: int = 1
 
 
 def measure_probes(
@@ -75,10 +71,14 @@ def measure_probes(
 ) -> list[Sample]:
     """Time ``infer(model, inputs)`` on each probe; ``progress(done, total, probe)`` as they finish.
 
-    The probes of one tensor size are measured in turns, one request each per
+    The chains of one tensor size are measured in turns, one request each per
     turn, so that a drift of the machine (a busy neighbour, memory being
     reclaimed) moves them all alike: the fit reads a size's costs from the
-    differences between its probes. ``statistics(model)`` (Triton's statistics
+    differences between its probes. A grown probe is measured on its own, its
+    requests back to back: it prices the stubs the replay charges, and a
+    pipeline's stubs serve requests one after another, warm (at 4 MiB, 2.0 ms a
+    stub back to back against 3.0 ms taken in turns with other models, on the
+    bundled server: docs/server_profiles.md). ``statistics(model)`` (Triton's statistics
     API answer), when given, is read around each timed request for the stub's own
     cost (the median per execution), and for a BLS probe its BLS model's (what it holds its
     instance; see :class:`Sample`). ``busy_ms`` is what each probe step works before it
@@ -89,9 +89,9 @@ def measure_probes(
 
     busy_us = busy_ms * 1e3
     budget = budget or Budget()
-    groups: dict[int, list[int]] = {}
+    groups: dict[object, list[int]] = {}
     for i, probe in enumerate(probes):
-        groups.setdefault(probe.size, []).append(i)
+        groups.setdefault(probe if probe.grown else probe.size, []).append(i)
     found: dict[int, Sample] = {}
     for members in groups.values():
         times: dict[int, list[float]] = {i: [] for i in members}
@@ -109,10 +109,6 @@ def measure_probes(
         ):
             for i in members:
                 probe = probes[i]
-                for _ in range(budget.warm):
-                    infer(probe.model, inputs)
-                if statistics is not None and budget.warm:
-                    last = parse_statistics(statistics(""))  # the warming requests are not the sample's
                 t = perf_counter()
                 infer(probe.model, inputs)
                 times[i].append(perf_counter() - t)

@@ -5,7 +5,10 @@ compiled models pay: the step adapter, the ensemble's wiring and the BLS
 executor that ``p.compile`` writes. ``probe_<n>`` chains ``n`` identity steps
 over one ``UINT8`` tensor of any length; the step model of ``probe_1`` is also
 called directly, which gives a request and one stub with no ensemble or BLS
-model around it.
+model around it. ``probe_grown`` puts identity steps between a step that grows
+a one-number request to the size asked for and one that shrinks it to a byte:
+its stubs pass intermediates of that size, as a user's steps mostly do, with
+no request or answer of that size on the server at the same time.
 """
 
 from __future__ import annotations
@@ -23,18 +26,23 @@ from ..graph import Pipeline
 from ..step import step
 from ..tensor import TensorSpec
 
-__all__ = ["BLS_KINDS", "BUSY_MS", "CHAINS", "KINDS", "SIZES", "Probe", "identity", "probe_pipeline", "probe_plan", "probe_repository", "size_label"]
+__all__ = ["BLS_KINDS", "BUSY_MS", "CHAINS", "GROWN_STEPS", "KINDS", "SIZES", "Probe", "grow", "grown_pipeline",
+           "identity", "probe_pipeline", "probe_plan", "probe_repository", "shrink", "size_label"]
 
 BYTES = TensorSpec("UINT8", [-1])
+NBYTES = TensorSpec("INT64", [1])
 
 #: Chain lengths measured as ensembles and BLS models.
-CHAINS = (1, 2, 4, 5)
+CHAINS = (1, 2, 4, 8)
 #: Tensor sizes in bytes, 1 KiB to 32 MiB.
 SIZES = (1 << 10, 64 << 10, 1 << 20, 4 << 20, 12 << 20, 32 << 20)
 #: ``"step"`` calls a step model directly; the others call a chain's top-level model.
 KINDS = ("step", "ensemble", "bls", "bls-sync")
 #: The kinds whose top-level model is a BLS model: its statistics say what it holds its instance.
 BLS_KINDS = ("bls", "bls-sync")
+#: Identity steps between ``grow`` and ``shrink`` in ``probe_grown``.
+GROWN_STEPS = 2
+GROWN = "probe_grown"
 
 
 #: How long each probe step works (busy, so exactly) before it answers, in ms.
@@ -65,6 +73,38 @@ class identity:  # noqa: N801 - the probe step models are named after it
         return {"y": x}
 
 
+@step(inputs={"n": NBYTES}, outputs={"y": BYTES}, name="grow")
+def grow(n):
+    """A new tensor of ``n`` bytes, written, as a step that makes an intermediate writes one."""
+    return {"y": np.ones((n.shape[0], int(n.reshape(-1)[0])), np.uint8)}
+
+
+@step(inputs={"x": BYTES}, outputs={"y": BYTES}, name="shrink")
+def shrink(x):
+    """The first byte of each row: an answer of one byte, whatever the intermediates' size."""
+    return {"y": x[:, :1].copy()}
+
+
+def _identities(p: Pipeline, ref, steps: int):
+    for i in range(steps):
+        node = identity if i == 0 else identity.with_options()  # a copy: a model of its own
+        ref = p.add(node, name=f"id_{i}", x=ref)["y"]
+    return ref
+
+
+def _identity_models(pipeline: str, steps: int) -> tuple[str, ...]:
+    return tuple(f"{pipeline}__identity" if i == 0 else f"{pipeline}__id_{i}" for i in range(steps))
+
+
+def grown_pipeline(steps: int = GROWN_STEPS) -> Pipeline:
+    """``n -> grow -> identity x steps -> shrink -> y``: intermediates of ``n`` bytes between
+    a request and an answer of a few bytes."""
+    p = Pipeline(GROWN, inputs={"n": NBYTES}, max_batch_size=8)
+    ref = p.add(grow, n=p.input("n"))["y"]
+    p.output("y", p.add(shrink, x=_identities(p, ref, steps))["y"])
+    return p
+
+
 def probe_pipeline(steps: int) -> Pipeline:
     """``x -> identity -> ... -> y``: ``steps`` nodes, each its own composing model.
 
@@ -74,29 +114,34 @@ def probe_pipeline(steps: int) -> Pipeline:
     does not pay.
     """
     p = Pipeline(f"probe_{steps}", inputs={"x": BYTES}, max_batch_size=8)
-    ref = p.input("x")
-    for i in range(steps):
-        node = identity if i == 0 else identity.with_options()  # a copy: a model of its own
-        ref = p.add(node, name=f"id_{i}", x=ref)["y"]
-    p.output("y", ref)
+    p.output("y", _identities(p, p.input("x"), steps))
     return p
 
 
 @dataclass(frozen=True)
 class Probe:
-    """One measured configuration: a kind of call, a chain length and a tensor size."""
+    """One measured configuration: a kind of call, a chain length and a tensor size; ``grown``:
+    the chain of ``probe_grown``, whose intermediates are ``size`` bytes and whose request and
+    answer are a few bytes."""
 
     kind: str
     steps: int
     size: int
+    grown: bool = False
+
+    @property
+    def pipeline(self) -> str:
+        return GROWN if self.grown else f"probe_{self.steps}"
+
+    @property
+    def row_kind(self) -> str:
+        """The kind its samples are fitted as: ``"grown ensemble"`` for a grown one."""
+        return f"grown {self.kind}" if self.grown else self.kind
 
     @property
     def step_models(self) -> tuple[str, ...]:
         """The identity step models this probe runs (their statistics price a stub)."""
-        if self.kind == "step":
-            return (f"probe_{self.steps}__identity",)
-        return tuple(f"probe_{self.steps}__identity" if i == 0 else f"probe_{self.steps}__id_{i}"
-                     for i in range(self.steps))
+        return _identity_models(self.pipeline, 1 if self.kind == "step" else self.steps)
 
     @property
     def stub_models(self) -> tuple[str, ...]:
@@ -106,8 +151,9 @@ class Probe:
         feeds the next one: docs/server_profiles.md); a step of a user's pipeline mostly feeds
         another step, and the answer's copy is the ensemble's own, paid by the request's
         outputs. So an ensemble's stubs are priced by its steps before the last (none in an
-        ensemble of one step); a BLS model takes every step's outputs back alike."""
-        if self.kind == "ensemble":
+        ensemble of one step); a BLS model takes every step's outputs back alike, and in a
+        grown probe every identity step's output feeds another step."""
+        if self.kind == "ensemble" and not self.grown:
             return self.step_models[:-1]
         return self.step_models
 
@@ -115,29 +161,35 @@ class Probe:
     def model(self) -> str:
         if self.kind == "step":
             return self.step_models[0]
-        return model_name(f"probe_{self.steps}", self.kind)
+        return model_name(self.pipeline, self.kind)
 
     def inputs(self) -> dict[str, np.ndarray]:
+        if self.grown:
+            return {"n": np.array([[self.size]], np.int64)}
         return {"x": np.zeros((1, self.size), np.uint8)}
 
     @property
     def label(self) -> str:
-        return f"{self.kind} x{self.steps} {size_label(self.size)}" if self.kind != "step" else f"step {size_label(self.size)}"
+        if self.kind == "step":
+            return f"step {size_label(self.size)}"
+        return f"{self.kind} {'grown' if self.grown else f'x{self.steps}'} {size_label(self.size)}"
 
 
 def probe_plan(chains: tuple[int, ...] = CHAINS, sizes: tuple[int, ...] = SIZES) -> list[Probe]:
-    """Every probe, small tensors first (a failure shows before the slow ones run)."""
+    """Every probe, small tensors first (a failure shows before the slow ones run): per size, the
+    step, each kind's chains, then each kind's grown probe."""
     plan = []
     for size in sorted(sizes):
         plan.append(Probe("step", 1, size))
         for kind in KINDS[1:]:
             plan += [Probe(kind, n, size) for n in sorted(chains)]
+        plan += [Probe(kind, GROWN_STEPS, size, grown=True) for kind in KINDS[1:]]
     return plan
 
 
 def probe_repository(chains: tuple[int, ...] = CHAINS) -> ModelRepository:
     """The probe pipelines compiled as ensembles and BLS models (async and sync), in one repository."""
-    repos = [probe_pipeline(n).compile("both") for n in sorted(chains)]
+    repos = [p.compile("both") for p in (*(probe_pipeline(n) for n in sorted(chains)), grown_pipeline())]
     first, *rest = repos
     return first.merge(*rest) if rest else first
 
