@@ -17,7 +17,7 @@ seconds moves every form alike. It prints the errors against the targets of issu
 
 Exits 1 when a target is missed, so it runs as a check::
 
-    .venv/bin/python benchmarks/prediction.py --quick          # about 13 minutes
+    .venv/bin/python benchmarks/prediction.py --quick          # about 15 minutes
     .venv/bin/python benchmarks/prediction.py --out prediction  # the full run, about 30
 """
 
@@ -110,7 +110,7 @@ def checks_of(name: str, figures: Figures) -> tuple[list[Check], list[list[str]]
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="quick calibration and short windows (about 4 minutes a round)")
+    parser.add_argument("--quick", action="store_true", help="quick calibration and short windows (about 5 minutes a round)")
     parser.add_argument("--profile", help="use this profile instead of calibrating before each round")
     parser.add_argument("--pipelines", default=",".join(PIPELINES), help=f"some of {','.join(PIPELINES)}")
     parser.add_argument("--protocol", choices=["http", "grpc"], default="http")

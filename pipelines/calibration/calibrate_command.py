@@ -13,7 +13,7 @@ from .probes import CHAINS, SIZES
 
 __all__ = ["QUICK", "add_arguments", "main"]
 
-#: ``--quick``: fewer, shorter probes (about a third of the time), for a first look or a check.
+#: ``--quick``: fewer, shorter probes (about half the time), for a first look or a check.
 QUICK = {"chains": (1, 4, 8), "sizes": (1 << 10, 1 << 20, 4 << 20, 8 << 20, 16 << 20), "budget": Budget(3, 15, 0.4, 1)}
 
 
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where to draw cost against bytes per boundary (default: PROFILE.png beside --out)")
     parser.add_argument("--probes", metavar="DIR", default="probe_repository",
                         help="where to write the probe repository for a remote server (default: probe_repository)")
-    parser.add_argument("--quick", action="store_true", help="fewer and shorter probes (about a third of the time)")
+    parser.add_argument("--quick", action="store_true", help="fewer and shorter probes (about half the time)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
