@@ -77,7 +77,7 @@ def measure_probes(
     differences between its probes. A grown probe is measured on its own, its
     requests back to back: it prices the stubs the replay charges, and a
     pipeline's stubs serve requests one after another, warm (at 4 MiB, 2.0 ms a
-    stub back to back against 3.0 ms taken in turns with other models, on the
+    stub back to back against 2.7 ms taken in turns with other models, on the
     bundled server: docs/server_profiles.md). ``statistics(model)`` (Triton's statistics
     API answer), when given, is read around each timed request for the stub's own
     cost (the median per execution), and for a BLS probe its BLS model's (what it holds its
