@@ -180,8 +180,8 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
         own = [r for r in stub_rows if r[0] == kind]
         stub_of[kind] = _stub_pair(own) if own else stub_pair
     # What the replay charges a step's stub: the grown probe's, measured warm between steps that
-    # grow and shrink the tensor, as a user's steps pass intermediates (at 4 MiB, 2.2-2.6 ms where
-    # the chains' stubs, fed by a 4 MiB request and measured in turns, cost 3.0-3.4). The chains'
+    # grow and shrink the tensor, as a user's steps pass intermediates (at 4 MiB, 2.0-2.6 ms where
+    # the chains' stubs, fed by a 4 MiB request and measured in turns, cost 2.8-3.4). The chains'
     # own stubs stay what their lines are read against: what a line leaves per step beyond the
     # stubs measured with it is the call's.
     replayed = dict(stub_of)
