@@ -52,7 +52,7 @@ import numpy as np
 
 from ..errors import ArgumentError
 from ..forms import FORMS
-from .probes import BLS_KINDS, KINDS
+from .probes import BLS_KINDS, GROWN_ROW, KINDS
 from .profile import BOUNDARIES, MIB, STAND_INS, Cost, Point, with_stand_ins
 
 __all__ = ["crossings", "fit_costs", "predict_us"]
@@ -179,16 +179,6 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
     for kind in _KINDS_OF:
         own = [r for r in stub_rows if r[0] == kind]
         stub_of[kind] = _stub_pair(own) if own else stub_pair
-    # What the replay charges a step's stub: the grown probe's, measured warm between steps that
-    # grow and shrink the tensor, as a user's steps pass intermediates (at 4 MiB, 2.0-2.6 ms where
-    # the chains' stubs, fed by a 4 MiB request and measured in turns, cost 2.8-3.4). The chains'
-    # own stubs stay what their lines are read against: what a line leaves per step beyond the
-    # stubs measured with it is the call's.
-    replayed = dict(stub_of)
-    for kind in _KINDS_OF:
-        grown = [r for r in stub_rows if r[0] == f"grown {kind}"]
-        if grown:
-            replayed[kind] = _stub_pair(grown)
     if stub_rows:
         for kind in BLS_KINDS:
             # How long the BLS model holds its instance, over chain lengths: its latency's line less the
@@ -219,8 +209,14 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
     # it is paid by the request's outputs, on the way out.
     pairs["ensemble"] = (0.0, max(0.0, costs["ensemble"]))
     pairs["stub"] = stub_pair
+    # What the replay charges a step's stub: the grown probe's, measured warm between steps that
+    # grow and shrink the tensor, as a user's steps pass intermediates (at 4 MiB, 2.0-2.6 ms where
+    # the chains' stubs, fed by a 4 MiB request and measured in turns, cost 2.8-3.4). The chains'
+    # own stubs (stub_of) stay what their lines are read against: what a line leaves per step
+    # beyond the stubs measured with it is the call's.
     for kind, name in _STUB_OF.items():
-        pairs[name] = replayed[kind]
+        grown = [r for r in stub_rows if r[0] == GROWN_ROW + kind]
+        pairs[name] = _stub_pair(grown) if grown else stub_of[kind]
     return pairs
 
 
@@ -292,7 +288,7 @@ def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...
         costs[name] = Cost(fixed, per_mib, tuple(sizes), ins, outs)
     for kind, steps, size, _, stub_us, *_ in rows:
         if stub_us is not None and stub_us > 0:
-            grown = kind.startswith("grown ")
-            name = _STUB_OF.get(kind.removeprefix("grown "), "stub")
+            grown = kind.startswith(GROWN_ROW)
+            name = _STUB_OF.get(kind.removeprefix(GROWN_ROW), "stub")
             points.append(Point(name, 2 * size, float(stub_us), kind if grown else f"{kind} x{steps}"))
     return costs, tuple(points)

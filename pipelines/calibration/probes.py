@@ -26,7 +26,7 @@ from ..graph import Pipeline
 from ..step import step
 from ..tensor import TensorSpec
 
-__all__ = ["BLS_KINDS", "BUSY_MS", "CHAINS", "GROWN_STEPS", "KINDS", "SIZES", "Probe", "grow", "grown_pipeline",
+__all__ = ["BLS_KINDS", "BUSY_MS", "CHAINS", "GROWN_ROW", "GROWN_STEPS", "KINDS", "SIZES", "Probe", "grow", "grown_pipeline",
            "identity", "probe_pipeline", "probe_plan", "probe_repository", "shrink", "size_label"]
 
 BYTES = TensorSpec("UINT8", [-1])
@@ -43,6 +43,8 @@ BLS_KINDS = ("bls", "bls-sync")
 #: Identity steps between ``grow`` and ``shrink`` in ``probe_grown``.
 GROWN_STEPS = 2
 GROWN = "probe_grown"
+#: What a grown probe's samples are fitted as: its kind after this (``"grown ensemble"``).
+GROWN_ROW = "grown "
 
 
 #: How long each probe step works (busy, so exactly) before it answers, in ms.
@@ -136,7 +138,7 @@ class Probe:
     @property
     def row_kind(self) -> str:
         """The kind its samples are fitted as: ``"grown ensemble"`` for a grown one."""
-        return f"grown {self.kind}" if self.grown else self.kind
+        return GROWN_ROW + self.kind if self.grown else self.kind
 
     @property
     def step_models(self) -> tuple[str, ...]:
