@@ -57,6 +57,7 @@ __all__ = [
     "RepositoryWriteError",
     "ServerDiedError",
     "ServerError",
+    "ServerRestartingError",
     "ServerStartError",
     "ShapeMismatchError",
     "StepDeclarationError",
@@ -204,6 +205,10 @@ class ServerStartError(ServerError):
 
 class ServerDiedError(ServerError):
     """The server process exited while it was in use."""
+
+
+class ServerRestartingError(ServerDiedError):
+    """The embedded server died on its own and is starting again on the same ports: retry."""
 
 
 class ArgumentError(PipelinesError, ValueError):

@@ -355,7 +355,8 @@ def test_leaving_the_context_closes_its_clients_and_finalizes_the_steps(tmp_path
 
 
 def test_a_killed_server_makes_the_next_call_fail_fast(small_repository):
-    with TritonServer(small_repository) as doomed:
+    # Not started again (tests/test_server_crash.py has the restarts): a call fails fast, and says so.
+    with TritonServer(small_repository, restart_on_crash=False) as doomed:
         client = doomed.client("grpc")
         http = doomed.client("http")
         assert client.ready("double")

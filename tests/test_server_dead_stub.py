@@ -4,6 +4,7 @@ and reloads it; requests succeed again with no action from the user."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -14,7 +15,7 @@ import pytest
 
 from pipelines import Pipeline, TensorSpec, step
 from pipelines.compile import compile_pipeline
-from pipelines.errors import InferenceError, StubDiedError
+from pipelines.errors import InferenceError, ServerRestartingError, StubDiedError
 from pipelines.triton import TritonServer
 from pipelines.triton.stubs import server_stubs
 
@@ -52,6 +53,23 @@ def stub_of(server, model):
     return stub
 
 
+@contextlib.contextmanager
+def unless_triton_aborted(server):
+    """Now and then (about one kill in thirty under load) Triton 2.51 itself aborts when a stub is
+    killed holding a mutex it shares with the server (docs/triton_server_failures.md). The server
+    is then started again instead of the model reloaded (tests/test_server_crash.py checks that),
+    and what this block checks of the reload does not apply."""
+    try:
+        yield
+    except (AssertionError, ServerRestartingError):
+        deadline = time.monotonic() + 2
+        while not (server.crashes or server.restarting) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not (server.crashes or server.restarting):
+            raise
+        wait_for(lambda: server.restarting is None, "the restart after Triton aborted")
+
+
 def wait_for(condition, what):
     deadline = time.monotonic() + RELOAD_LIMIT_S
     while not condition():
@@ -71,7 +89,7 @@ def test_a_killed_stub_is_reloaded_under_load_and_the_client_is_told(server):
                 try:
                     np.testing.assert_array_equal(client.infer(model, {"x": x})["y"], 2)
                     outcomes.append((model, sent, None))
-                except InferenceError as error:
+                except (InferenceError, ServerRestartingError) as error:
                     outcomes.append((model, sent, error))
 
     threads = [threading.Thread(target=load, args=item) for item in models.items()]
@@ -82,21 +100,22 @@ def test_a_killed_stub_is_reloaded_under_load_and_the_client_is_told(server):
         victim = stub_of(server, "brittle__fragile")
         os.kill(victim.pid, signal.SIGKILL)
         killed = time.monotonic()
-        wait_for(lambda: server.unhealthy_models(), "noticing the dead stub")
-        with server.client("grpc") as probe:
+        wait_for(lambda: server.unhealthy_models() or server.crashes or server.restarting, "noticing the dead stub")
+        with unless_triton_aborted(server), server.client("grpc") as probe:
             # Triton itself still says READY here; the server that owns it does not.
             assert not probe.ready("brittle__fragile") and not probe.ready("brittle_ensemble")
             assert not probe.ready() and not server.ready("brittle_ensemble")
             state, reason = next((m["state"], m["reason"]) for m in server.models() if m["name"] == "brittle__fragile")
             assert state != "READY" and "stub process died" in reason
-            wait_for(lambda: server.stub_restarts, "the reload")
-            reloaded = time.monotonic()
-            assert probe.ready("brittle__fragile") and probe.ready("brittle_ensemble") and probe.ready()
+            wait_for(lambda: server.stub_restarts or server.crashes or server.restarting, "the reload")
+            assert server.stub_restarts and probe.ready("brittle__fragile") and probe.ready("brittle_ensemble") and probe.ready()
         count = len(outcomes)
         wait_for(
             lambda: all(any(m == model and e is None for m, _, e in outcomes[count:]) for model in models),
             "answers after the reload",
         )
+        settled = time.monotonic()
+        wait_for(lambda: time.monotonic() > settled + 0.3, "more load")
     finally:
         done.set()
         for thread in threads:
@@ -105,13 +124,16 @@ def test_a_killed_stub_is_reloaded_under_load_and_the_client_is_told(server):
     failures = [(m, t, e) for m, t, e in outcomes if e is not None]
     assert failures, "no request saw the dead stub"
     for _, sent, error in failures:
+        if isinstance(error, ServerRestartingError) and server.crashes:
+            continue  # Triton aborted (see unless_triton_aborted); the client was told to retry
         assert isinstance(error, StubDiedError), error
         assert sent >= killed - 1 and error.model == "brittle__fragile" and error.reloading
         assert "stub process died" in error.message and "the server is reloading it, retry" in error.message
-    # Every request sent after the reload is answered.
-    assert [e for _, sent, e in outcomes if sent > reloaded and e is not None] == []
+    # Every request sent once the model is back is answered.
+    assert [e for _, sent, e in outcomes if sent > settled and e is not None] == []
     log = server.log_tail(400)
-    assert "model 'brittle__fragile': its stub process died" in log and "reloaded in" in log
+    assert "model 'brittle__fragile': its stub process died" in log
+    assert "reloaded in" in log or "started again" in log
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -393,7 +393,8 @@ def _start_server(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack, ba
 
     repo_dir = write_bench_repository(pipeline, out_dir, stack)
     bar.note(f"starting the embedded Triton server on {repo_dir}")
-    server = stack.enter_context(TritonServer(repo_dir))
+    # A run that met a crash measured two servers: it ends there, with why, and is not started again.
+    server = stack.enter_context(TritonServer(repo_dir, restart_on_crash=False))
     # Models of the user's beside the bench's may fail to load; its own must not.
     server.require(repository_pipelines(repo_dir).get(pipeline.name, []))
     bar.note(f"Triton server ready at {server.http_url} (http), {server.grpc_url} (grpc)")

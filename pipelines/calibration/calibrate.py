@@ -71,7 +71,7 @@ def calibrate(
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pipelines-calibrate-")))
             repo = probe_repository(chains).write(root / "repo")
             bar.note(f"starting the bundled Triton server on {len(probe_repository(chains))} probe models")
-            server = stack.enter_context(TritonServer(repo))
+            server = stack.enter_context(TritonServer(repo, restart_on_crash=False))  # one server's figures
             server.require(list(server.unavailable))  # every model there is a probe
             client = stack.enter_context(server.client(protocol, timeout=120))
             connect = partial(server.async_client, protocol, timeout=120)

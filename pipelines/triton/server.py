@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from ..compile.calls import models_called
 from ..compile.repository_disk import leftover_staging
-from ..errors import PipelinesError, ServerDiedError, ServerError, ServerStartError
+from ..errors import PipelinesError, ServerDiedError, ServerError, ServerRestartingError, ServerStartError
 from .arguments import Ports, PythonBackendSettings, ServerArguments
 from .cleanup import (
     REGISTRY,
@@ -36,6 +36,7 @@ from .cleanup import (
     signal_group,
     sweep_orphaned_shm,
 )
+from .crashes import Crash, CrashBudget, crash_reason
 from .installation import TritonInstallation, backend_directory, find_installation
 from .ports import choose_ports, health_ready, listens, taken_port
 from .python_env import current_environment, probe_environment
@@ -78,6 +79,13 @@ class TritonServer:
     served as ``"explicit"`` with every model loaded at start, which loads the same models.
     ``python_backend`` sets the Python backend's shared-memory sizes (:class:`PythonBackendSettings`).
 
+    ``restart_on_crash`` (default): a server that dies on its own (Triton aborts, the OOM killer)
+    is started again at once on the same ports, with the same models (those loaded and unloaded
+    since the start too), up to three times in five minutes; :attr:`crashes` lists each death.
+    Meanwhile calls fail fast with :class:`ServerRestartingError` (retry), and the clients
+    already handed out work again once it is back. Past the budget, or with ``False``, calls
+    fail with :class:`ServerDiedError` and :meth:`wait` returns.
+
     A model that fails to load (a step whose ``initialize()`` raises) does not keep the
     others from being served: the start warns (:class:`ModelsUnavailableWarning`) naming
     each such model with Triton's reason, and :attr:`unavailable` holds them. Requests to
@@ -107,6 +115,7 @@ class TritonServer:
         python_backend: PythonBackendSettings | None = None,
         installation: TritonInstallation | None = None,
         exit_on_error: bool = False,
+        restart_on_crash: bool = True,
     ) -> None:
         # Unique per server: the python backend names its regions <prefix><uuid>.
         self.shm_prefix = f"{SHM_TAG}-{os.getpid()}-{uuid.uuid4().hex[:12]}-"
@@ -146,6 +155,20 @@ class TritonServer:
         self.unavailable: dict[str, str] = {}  # models that failed to load at the start -> why
         self._reaped = False
         self._lock = threading.RLock()
+        # A death nobody asked for, and what came of it (crashes.py).
+        self.restart_on_crash = restart_on_crash
+        self.crashes: list[Crash] = []
+        self._crash_budget = CrashBudget()
+        self._crash_lock = threading.Lock()
+        self._restarting: Crash | None = None  # set from noticing a death until ready again
+        self._classified = threading.Event()  # the exit of the current process has been looked at
+        self._gone = threading.Event()  # exited for good: stopped, or dead and not started again
+        self._gave_up = ""  # why the server was not started again, if it was not
+        self._exit_code: int | None = None
+        self._stopping = False
+        self._launch_with: tuple[TritonInstallation, Path] | None = None
+        self._loaded_later: dict[str, bool] = {}  # loads (True) and unloads since the start, to replay
+        self._earlier_stub_restarts: list[tuple[str, float]] = []  # from before a restart
         # The clients handed out, closed when the server stops (weakly held: a client dropped is gone).
         self._clients: weakref.WeakSet[TritonClient | AsyncTritonClient] = weakref.WeakSet()
 
@@ -186,6 +209,11 @@ class TritonServer:
         if self._proc is None:
             raise ServerError(f"the Triton server for {self.repository} is not started; call start() or use 'with'")
         return self._proc.pid
+
+    @property
+    def restarting(self) -> Crash | None:
+        """The death the server is starting again after, while it does (see ``restart_on_crash``)."""
+        return self._restarting
 
     @property
     def workdir(self) -> Path | None:
@@ -246,7 +274,10 @@ class TritonServer:
         with self._lock:
             if self._proc is not None and not self._stopped:
                 raise ServerError(f"the Triton server for {self.repository} is already started (pid {self._proc.pid})")
-            self._stopped = self._reaped = False
+            self._stopped = self._reaped = self._stopping = False
+            self._restarting, self._gave_up, self._exit_code = None, "", None
+            self._gone.clear()
+            self.crashes, self._loaded_later, self._earlier_stub_restarts = [], {}, []
             if not self.repository.is_dir():
                 raise ServerStartError(f"model repository {self.repository} is not a directory; write one first")
             installation = self._installation or find_installation(self.python_env.python_version)
@@ -256,13 +287,16 @@ class TritonServer:
             try:
                 self._supervisor = Supervisor(workdir=self._workdir, shm_prefix=self.shm_prefix)
                 backends = backend_directory(installation, self._workdir / "backends")
+                self._launch_with = (installation, backends)
                 deadline = time.monotonic() + self.startup_timeout
                 for attempt in range(1, _PORT_ATTEMPTS + 1):
-                    self._launch(installation, backends, attempt)
+                    ports = choose_ports(self._fixed_ports, self.host)
+                    self._launch(installation, backends, ports, self._workdir / f"tritonserver.{attempt}.log")
                     try:
                         self._wait_ready(deadline)
                         self._find_unavailable()
                         self._watch_stubs()
+                        self._watch_process()
                         return self
                     except _PortTaken:
                         kill_server(self._proc, self._pgid, self.shm_prefix)
@@ -277,9 +311,9 @@ class TritonServer:
                 self.stop()
                 raise
 
-    def _launch(self, installation: TritonInstallation, backends: Path, attempt: int) -> None:
+    def _launch(self, installation: TritonInstallation, backends: Path, ports: Ports, log_path: Path) -> None:
         assert self._workdir is not None
-        self._ports = choose_ports(self._fixed_ports, self.host)
+        self._ports = ports
         args = self.arguments.command(
             binary=installation.binary, backend_directory=backends, ports=self._ports, repository=self._served_path()
         )
@@ -289,7 +323,7 @@ class TritonServer:
         env["PATH"] = os.pathsep.join(filter(None, [str(self.python_env.bin), env.get("PATH")]))
         if installation.libs is not None:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(installation.libs), env.get("LD_LIBRARY_PATH")]))
-        self._log_path = self._workdir / f"tritonserver.{attempt}.log"
+        self._log_path = log_path
         # A file, never a pipe that fills up and stalls the server; appended to, so that our
         # own notes (a stub reloaded) can go in the same log without overwriting its lines.
         with open(self._log_path, "ab") as log:
@@ -303,6 +337,8 @@ class TritonServer:
                 start_new_session=True,
             )
         self._pgid = self._proc.pid  # start_new_session makes it the leader of its own group
+        self._reaped = False
+        self._classified.clear()
         assert self._supervisor is not None
         self._supervisor.watch(self._pgid)
 
@@ -341,6 +377,7 @@ class TritonServer:
 
     def stop(self) -> None:
         """Stop the server (gracefully, then by force) and remove everything it left. Safe to call twice."""
+        self._stopping = True  # before the lock: a restart under way gives up at its next step
         with sigint_deferred(), self._lock:
             proc = self._proc
             stub_died = False
@@ -361,6 +398,10 @@ class TritonServer:
                     self._supervisor.release()
                     self._supervisor = None
                 self._stopped = True
+                self._restarting = None
+                if proc is not None and not self._gone.is_set():
+                    self._exit_code = proc.poll()
+                self._gone.set()
                 REGISTRY.discard(self)
 
     # ---------------------------------------------------------------- dead stubs
@@ -376,6 +417,109 @@ class TritonServer:
             note=self._note,
             prepare=self._learn_ensembles,
         ).start()
+
+    # ---------------------------------------------------------------- a server that dies
+
+    def _watch_process(self) -> None:
+        """Notice at once when the server process ends (a thread blocked on its exit)."""
+        proc = self._proc
+        assert proc is not None
+        threading.Thread(target=self._after_exit, args=(proc,), name=f"triton-exit-{proc.pid}", daemon=True).start()
+
+    def _after_exit(self, proc: subprocess.Popen[bytes]) -> None:
+        code = proc.wait()
+        with self._crash_lock:
+            if self._stopping or proc is not self._proc:
+                self._classified.set()
+                return  # stopped on purpose, or replaced already
+            crash = Crash(proc.pid, describe_exit(code), crash_reason(self.log_tail(80)))
+            if self.restart_on_crash and self._crash_budget.spend():
+                self._restarting = crash
+            else:
+                self._exit_code = code
+                if self.restart_on_crash:
+                    self._gave_up = (f"it had been started again {self._crash_budget.restarts} times within "
+                                     f"{self._crash_budget.window_s:g} s, so it is not started again")
+                self.crashes.append(crash)
+                self._gone.set()
+            self._classified.set()
+        if self._restarting is None:
+            if self.restart_on_crash:
+                self._note(f"the server ({crash.describe()}) died on its own; {self._gave_up}")
+            return
+        self._note(f"the server ({crash.describe()}) died on its own; starting it again on the same ports, "
+                   "with the same models")
+        self._restart(proc, crash, code)
+
+    def _restart(self, dead: subprocess.Popen[bytes], crash: Crash, code: int) -> None:
+        """Start the server again where it was: the same ports, arguments, log and loaded models."""
+        started = time.monotonic()
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:  # its stubs die with the server: nothing of theirs to reload
+            watcher.stop(wait=False)
+        try:
+            with self._lock:
+                if self._stopping:
+                    return
+                # Its stubs and shared memory go first. The stubs hold the dead server's listening
+                # sockets (inherited), so until they die a call to its ports hangs instead of failing:
+                # a reload the watcher has under way among them.
+                kill_server(dead, self._pgid, self.shm_prefix)
+            if watcher is not None:
+                watcher.stop()
+                self._earlier_stub_restarts += watcher.restarts
+            with self._lock:
+                if self._stopping:
+                    return
+                assert self._launch_with is not None and self._ports is not None and self._log_path is not None
+                self._launch(*self._launch_with, self._ports, self._log_path)
+            self._wait_ready(started + self.startup_timeout)
+            self._find_unavailable()
+            self._load_again()
+            with self._lock:
+                if self._stopping:
+                    return
+                self._watch_stubs()
+                self.crashes.append(Crash(crash.pid, crash.exit, crash.why, time.monotonic() - started))
+                self._restarting = None
+                self._watch_process()
+            self._note(f"started again {time.monotonic() - started:.2f} s after it died; it answers again")
+        except Exception as error:  # noqa: BLE001 - whatever failed, the server stays down and says why
+            with self._lock:
+                if self._stopping:
+                    return
+                kill_server(self._proc, self._pgid, self.shm_prefix)
+                self._reaped = True
+                said = "a port it had was taken meanwhile" if isinstance(error, _PortTaken) else str(error)
+                self._gave_up = f"starting it again failed: {said.splitlines()[0]}"
+                self.crashes.append(crash)
+                self._exit_code = code
+                self._restarting = None
+                self._gone.set()
+            self._note(self._gave_up)
+
+    def _load_again(self) -> None:
+        """Replay the loads and unloads made since the start (the arguments load the start's models)."""
+        if not self._loaded_later:
+            return
+        from .client import TritonClient
+
+        with TritonClient(self.http_url, timeout=max(self.startup_timeout, 60.0)) as client:
+            for name, loaded in list(self._loaded_later.items()):
+                try:
+                    if loaded:
+                        client.load_model(name)
+                    else:
+                        _unload(client, name, wait=30.0)
+                except PipelinesError as error:
+                    self._note(f"model {name!r}: {'loading' if loaded else 'unloading'} it again failed: {error}")
+
+    def _restarting_error(self, crash: Crash) -> ServerRestartingError:
+        return ServerRestartingError(
+            f"the Triton server for {self.repository} ({crash.describe()}) died while in use "
+            f"({crash.exit}); it is starting again on the same ports with the same models: retry in a few "
+            f"seconds\n--- log tail ---\n{self.log_tail(20)}"
+        )
 
     def _served_path(self) -> Path:
         """The repository's path as Triton is given it: its own, or a link to it in the work folder
@@ -539,7 +683,8 @@ class TritonServer:
     @property
     def stub_restarts(self) -> list[tuple[str, float]]:
         """Each model reloaded after its stub died: the model, and seconds from noticing to reloaded."""
-        return self._watcher.restarts if self._watcher is not None else []
+        now = self._watcher.restarts if self._watcher is not None else []
+        return self._earlier_stub_restarts + now
 
     def broken_reason(self, model: str | None = None) -> str | None:
         """Why ``model`` (None: any model) cannot answer although Triton says ready; None if it can.
@@ -588,33 +733,45 @@ class TritonServer:
                     return
 
     def wait(self, timeout: float | None = None) -> int | None:
-        """Wait for the server process to exit on its own; its exit code, or None past ``timeout``."""
+        """Wait until the server has exited for good: stopped, or dead and not started again (see
+        ``restart_on_crash``). Its exit code, or None past ``timeout``."""
         if self._proc is None:
             raise ServerError(f"the Triton server for {self.repository} is not started; call start() or use 'with'")
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            return self._proc.wait(timeout=timeout)
-        return None
+        if not self._gone.wait(timeout):
+            return None
+        return self._exit_code
 
     # ---------------------------------------------------------------- use
 
     def check_alive(self) -> None:
-        """Raise :class:`ServerDiedError` unless the server process is running."""
+        """Raise :class:`ServerDiedError` unless the server process is running
+        (:class:`ServerRestartingError` while it starts again after dying on its own)."""
         proc = self._proc
         if proc is None or self._stopped:
             raise ServerDiedError(
                 f"the Triton server for {self.repository} is "
                 f"{'stopped' if self._stopped else 'not started'}; start it again (start() or 'with')"
             )
+        crash = self._restarting
+        if crash is None:
+            if proc.poll() is None:
+                return
+            self._classified.wait(1.0)  # its exit is being looked at this very moment
+            crash = self._restarting
+        if crash is not None:
+            raise self._restarting_error(crash)
         code = proc.poll()
-        if code is not None:
-            with self._lock:
-                if not self._reaped:
-                    kill_server(self._proc, self._pgid, self.shm_prefix)  # its stubs and shared memory must go too
-                    self._reaped = True
-            raise ServerDiedError(
-                f"the Triton server for {self.repository} (pid {proc.pid}) died while in use "
-                f"({describe_exit(code)}); start a new TritonServer\n--- log tail ---\n{self.log_tail(20)}"
-            )
+        if code is None:
+            return
+        with self._lock:
+            if not self._reaped:
+                kill_server(self._proc, self._pgid, self.shm_prefix)  # its stubs and shared memory must go too
+                self._reaped = True
+        why = f"; {self._gave_up}" if self._gave_up else ""
+        raise ServerDiedError(
+            f"the Triton server for {self.repository} (pid {proc.pid}) died while in use "
+            f"({describe_exit(code)}){why}; start a new TritonServer\n--- log tail ---\n{self.log_tail(20)}"
+        )
 
     def _wait_dead(self, timeout: float) -> bool:
         """Whether the process has exited, waiting up to ``timeout`` for a dying one to finish."""
@@ -646,19 +803,17 @@ class TritonServer:
         """Load (or reload) model ``name``; needs ``model_control_mode='explicit'``."""
         with self.client() as client:
             client.load_model(name)
+        self._loaded_later.pop(name, None)  # replayed in the order of the last call
+        self._loaded_later[name] = True
         if self._watcher is not None:
             self._watcher.rescan()  # watch the new stubs
 
     def unload_model(self, name: str, *, wait: float = 30.0) -> None:
         """Unload model ``name``; Triton answers at once, so wait up to ``wait`` s until it has."""
         with self.client() as client:
-            client.unload_model(name)
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                states = {m["state"] for m in client.repository_index() if m["name"] == name}
-                if "UNLOADING" not in states:
-                    return
-                time.sleep(0.05)
+            _unload(client, name, wait=wait)
+        self._loaded_later.pop(name, None)
+        self._loaded_later[name] = False
 
     def models(self) -> list[dict]:
         """The repository index: each model's name, version, state and reason.
@@ -742,6 +897,16 @@ def _load_failures_in_log(log: Path | None) -> dict[str, str]:
         if match is not None:
             found.setdefault(match["name"], match["why"].strip())
     return found
+
+
+def _unload(client: TritonClient, name: str, *, wait: float) -> None:
+    """Unload model ``name``; Triton answers at once, so wait up to ``wait`` s until it has."""
+    client.unload_model(name)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if "UNLOADING" not in {m["state"] for m in client.repository_index() if m["name"] == name}:
+            return
+        time.sleep(0.05)
 
 
 def _model_folders(repository: Path) -> list[str]:

@@ -2,7 +2,7 @@
 
 Triton 2.51 never restarts a stub that died (``kill -9``, a segfault in a step): the model
 stays READY and every request fails with "Stub process '<instance>' is not healthy"
-(docs/triton_failures.md). :class:`StubWatcher` holds a pidfd of every stub of one server, so a
+(docs/triton_server_failures.md). :class:`StubWatcher` holds a pidfd of every stub of one server, so a
 stub's exit wakes it at once; a stub that exits while its model is still READY and no other
 stub took its instance's place has died, and the watcher reloads the model through explicit
 model control. Until the reload is done, the model counts as not ready.
@@ -114,10 +114,13 @@ class StubWatcher:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, *, wait: bool = True) -> None:
+        """Stop watching; ``wait=False`` only tells the thread to end, and ``stop()`` must follow."""
         self._stopping = True
         with contextlib.suppress(OSError):
             os.write(self._wake_write, b"x")
+        if not wait:
+            return
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
         for fd in (self._wake_read, self._wake_write):
