@@ -277,6 +277,7 @@ class TritonServer:
             self._stopped = self._reaped = self._stopping = False
             self._restarting, self._gave_up, self._exit_code = None, "", None
             self._gone.clear()
+            self._crash_budget = CrashBudget()
             self.crashes, self._loaded_later, self._earlier_stub_restarts = [], {}, []
             if not self.repository.is_dir():
                 raise ServerStartError(f"model repository {self.repository} is not a directory; write one first")
@@ -444,6 +445,10 @@ class TritonServer:
                 self._gone.set()
             self._classified.set()
         if self._restarting is None:
+            with self._lock:
+                if not (self._reaped or self._stopping):  # its stubs and shared memory, now rather than at the next call
+                    kill_server(proc, self._pgid, self.shm_prefix)
+                    self._reaped = True
             if self.restart_on_crash:
                 self._note(f"the server ({crash.describe()}) died on its own; {self._gave_up}")
             return
@@ -518,7 +523,7 @@ class TritonServer:
         return ServerRestartingError(
             f"the Triton server for {self.repository} ({crash.describe()}) died while in use "
             f"({crash.exit}); it is starting again on the same ports with the same models: retry in a few "
-            f"seconds\n--- log tail ---\n{self.log_tail(20)}"
+            f"seconds (its log: {self._log_path})"
         )
 
     def _served_path(self) -> Path:
