@@ -521,8 +521,8 @@ class TritonServer:
 
     def _restarting_error(self, crash: Crash) -> ServerRestartingError:
         return ServerRestartingError(
-            f"the Triton server for {self.repository} ({crash.describe()}) died while in use "
-            f"({crash.exit}); it is starting again on the same ports with the same models: retry in a few "
+            f"the Triton server for {self.repository} (pid {crash.pid}) died while in use "
+            f"({crash.exit}{': ' + crash.why if crash.why else ''}); it is starting again on the same ports with the same models: retry in a few "
             f"seconds (its log: {self._log_path})"
         )
 
