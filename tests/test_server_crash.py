@@ -11,13 +11,14 @@ import threading
 import time
 from pathlib import Path
 
+import anyio
 import numpy as np
 import pytest
 
 from pipelines import Pipeline, TensorSpec, step
 from pipelines.compile import compile_pipeline
 from pipelines.errors import PipelinesError, ServerDiedError, ServerRestartingError
-from pipelines.triton import TritonServer
+from pipelines.triton import TritonClient, TritonServer
 from pipelines.triton.crashes import CrashBudget, crash_reason
 from pipelines.triton.stubs import server_stubs
 
@@ -110,6 +111,27 @@ def test_a_server_that_aborts_under_load_starts_again_on_the_same_ports_with_the
         log = server.log_tail(400)
         assert f"the server (pid {dead}, killed by SIGABRT" in log and "started again" in log
     assert server.wait(timeout=0) is not None
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_grpc_client_answers_at_once_after_the_restart_though_its_channel_failed_meanwhile(repository, kind):
+    """gRPC shares a subchannel between channels to one address, and one that failed to connect
+    keeps failing until its backoff (1 s, growing) runs out: a client reconnects on a fresh one."""
+    x = {"x": np.ones((1, 4), np.float32)}
+    with TritonServer(repository) as server:
+        owned = server.client("grpc", timeout=LIMIT_S) if kind == "sync" else server.async_client("grpc")
+        infer = (lambda: owned.infer("sturdy_bls", x)) if kind == "sync" else (
+            lambda: anyio.run(owned.infer, "sturdy_bls", x))
+        np.testing.assert_array_equal(infer()["y"], 2)
+        plain = TritonClient(server.grpc_url, "grpc", timeout=5)  # not the server's: it tries to connect
+        os.kill(server.pid, signal.SIGKILL)
+        wait_for(lambda: server.restarting, "noticing the death")
+        assert not plain.ready() and not plain.ready()  # the shared subchannel fails, and backs off
+        wait_for(lambda: server.restarting is None, "the restart")
+        np.testing.assert_array_equal(infer()["y"], 2)  # the first call after it is answered
+        if kind == "async":
+            anyio.run(owned.close)
 
 
 @pytest.mark.server

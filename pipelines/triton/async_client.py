@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InferenceError, PipelinesError, ServerError
-from .connection import ClientBase, rejected
+from .connection import ClientBase, grpc_channel_args, rejected
 from .payloads import infer_inputs, message_to_dict, requested_outputs, result_arrays
 from .rejections import explain_rejection
 
@@ -29,6 +29,7 @@ class AsyncTritonClient(ClientBase):
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._generation = 0  # the server's restarts this connection was made after
 
     def _get(self) -> Any:
         if self._closed:
@@ -43,13 +44,21 @@ class AsyncTritonClient(ClientBase):
             else:
                 import tritonclient.grpc.aio as aiogrpcclient
 
-                self._client = aiogrpcclient.InferenceServerClient(self.url)
+                args = grpc_channel_args(own_subchannel=self._generation > 0)
+                self._client = aiogrpcclient.InferenceServerClient(self.url, channel_args=args)
         return self._client
 
     async def _call(self, what: str, model: str | None, timeout: float | None, http_call, grpc_call) -> Any:
         import anyio
 
         self._errors.check()
+        generation = self._errors.generation()
+        if generation != self._generation:  # made before the owning server was started again (client.py)
+            self._generation = generation
+            stale, self._client = self._client, None
+            if stale is not None:
+                with contextlib.suppress(Exception):
+                    await stale.close()
         try:
             client = self._get()
             if self.protocol == "http":

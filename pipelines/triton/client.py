@@ -4,6 +4,7 @@ shapes for both."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InferenceError, PipelinesError, ServerError
-from .connection import ClientBase, rejected
+from .connection import ClientBase, grpc_channel_args, rejected
 from .payloads import infer_inputs, message_to_dict, requested_outputs, result_arrays
 from .rejections import explain_rejection
 
@@ -33,13 +34,15 @@ class TritonClient(ClientBase):
         self._local = threading.local()
         self._http_clients: list[Any] = []
         self._grpc: Any = None
+        self._generation = 0  # the server's restarts these connections were made after
 
     # ---------------------------------------------------------------- plumbing
 
     def _http(self, timeout: float | None) -> Any:
         clients = getattr(self._local, "clients", None)
-        if clients is None:
+        if clients is None or self._local.generation != self._generation:
             clients = self._local.clients = {}
+            self._local.generation = self._generation
         client = clients.get(timeout)
         if client is None:
             import tritonclient.http as httpclient
@@ -58,15 +61,35 @@ class TritonClient(ClientBase):
             with self._lock:
                 self._ensure_open()
                 if self._grpc is None:
-                    self._grpc = grpcclient.InferenceServerClient(self.url)
+                    args = grpc_channel_args(own_subchannel=self._generation > 0)
+                    self._grpc = grpcclient.InferenceServerClient(self.url, channel_args=args)
         return self._grpc
 
     def _ensure_open(self) -> None:
         if self._closed:
             raise ServerError(f"this TritonClient of {self.url} is closed; make a new one")
 
+    def _reconnect_if_restarted(self) -> None:
+        """Drop the connections made before the owning server was started again: a gRPC channel
+        that failed to connect while it was down keeps failing, "Connection refused", until its
+        reconnect backoff (1 s, growing) runs out; its successor gets a subchannel of its own."""
+        generation = self._errors.generation()
+        if generation == self._generation:
+            return
+        with self._lock:
+            if generation == self._generation:
+                return
+            self._generation = generation
+            stale = [self._grpc] if self._grpc is not None else []
+            stale += self._http_clients
+            self._grpc, self._http_clients = None, []
+        for client in stale:
+            with contextlib.suppress(Exception):  # a connection to a dead server may fail to close
+                client.close()
+
     def _call(self, what: str, model: str | None, timeout: float | None, http_call, grpc_call) -> Any:
         self._errors.check()
+        self._reconnect_if_restarted()
         try:
             if self.protocol == "http":
                 return http_call(self._http(timeout))

@@ -37,6 +37,27 @@ _RELOAD_SYMPTOM = re.compile(r"is not ready|not healthy|unknown model|is not fou
                              r"not loaded|unload", re.IGNORECASE)
 
 
+def grpc_channel_args(*, own_subchannel: bool) -> list[tuple[str, int]] | None:
+    """The gRPC channel options of a client: tritonclient's defaults (None), or those on a
+    subchannel of its own. gRPC shares subchannels between channels to one address, so a new
+    channel to a server started again on the same port would inherit the old one's failed
+    connection, "Connection refused" until its reconnect backoff (1 s, growing) ran out."""
+    if not own_subchannel:
+        return None
+    import tritonclient.grpc as grpcclient
+
+    keepalive = grpcclient.KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
+
+
 class Liveness(Protocol):
     """What a client of a server owned by this process calls to fail fast once that server died."""
 
@@ -60,6 +81,9 @@ class Liveness(Protocol):
 
     def unavailable(self) -> Mapping[str, str]:
         """Each model that failed to load when the server started: Triton's reason."""
+
+    def generation(self) -> int:
+        """How many times the server was started again after dying; a client reconnects when it changes."""
 
 
 def check_protocol(protocol: str) -> str:
@@ -116,6 +140,9 @@ class ErrorTranslator:
     def check(self) -> None:
         if self.liveness is not None:
             self.liveness.check()
+
+    def generation(self) -> int:
+        return self.liveness.generation() if self.liveness is not None else 0
 
     def translate(self, exc: BaseException, *, what: str, model: str | None, timeout: float | None) -> PipelinesError:
         where = f"{self.protocol} {self.url}"

@@ -169,6 +169,7 @@ class TritonServer:
         self._launch_with: tuple[TritonInstallation, Path] | None = None
         self._loaded_later: dict[str, bool] = {}  # loads (True) and unloads since the start, to replay
         self._earlier_stub_restarts: list[tuple[str, float]] = []  # from before a restart
+        self._generation = 0  # restarts after a crash, over the server's life: clients reconnect on a change
         # The clients handed out, closed when the server stops (weakly held: a client dropped is gone).
         self._clients: weakref.WeakSet[TritonClient | AsyncTritonClient] = weakref.WeakSet()
 
@@ -486,6 +487,7 @@ class TritonServer:
                     return
                 self._watch_stubs()
                 self.crashes.append(Crash(crash.pid, crash.exit, crash.why, time.monotonic() - started))
+                self._generation += 1  # before a call can pass: its client reconnects first
                 self._restarting = None
                 self._watch_process()
             self._note(f"started again {time.monotonic() - started:.2f} s after it died; it answers again")
@@ -877,6 +879,9 @@ class _Liveness:
 
     def unavailable(self) -> dict[str, str]:
         return self._server.unavailable
+
+    def generation(self) -> int:
+        return self._server._generation
 
 
 class _PortTaken(Exception):
