@@ -759,7 +759,9 @@ def test_a_stub_paid_in_the_steps_worker_thread_holds_its_instance_for_what_it_c
     p = Pipeline("one_stamped", inputs={"x": V}, max_batch_size=8)
     p.output("y", p.add(stamped, x=p.input("x"))["y"])
     STARTS.clear()
-    _, report = run_many(p, [{"x": X}] * 60, mode="ensemble", concurrency=4, profile=_profile(ensemble_stub=Cost(600, 0)))
+    # isolation="thread": STARTS is this process's list (the step's own process has a copy)
+    _, report = run_many(p, [{"x": X}] * 60, mode="ensemble", concurrency=4, profile=_profile(ensemble_stub=Cost(600, 0)),
+                         isolation="thread")
     assert report.server.compute_input_us == pytest.approx(300, rel=0.05)  # 1.8 lanes: nothing stretched
     assert report.server.compute_output_us == pytest.approx(300, rel=0.05)
     # between one execution's start and the next's: its 2 ms, its way out and the next one's way in

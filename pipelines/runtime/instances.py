@@ -42,6 +42,7 @@ from ..step import DynamicBatching, StepInstance, check_outputs, instance_config
 from .batching import DynamicBatcher
 from .device import CopyCounter, Placement
 from .replay import StubInThread, nbytes_of
+from .step_process import ProcessInstance
 from .workers import StepThreads
 
 __all__ = ["InstancePool", "Lease", "StepModel"]
@@ -289,6 +290,9 @@ class _ThreadCall:
             self.state = "abandoned"
             self.lease.abandoned = True
         self.threads.abandoned()
+        abandon = getattr(self.lease.instance, "abandon", None)
+        if abandon is not None:  # a step's process can be killed, where a thread cannot
+            abandon()
         self.pool.replace(self.lease)
 
 
@@ -307,6 +311,7 @@ class StepModel:
         threads: StepThreads,
         in_model: int | None = None,
         timeout_covers_queue: bool = False,
+        isolated: bool = False,
     ) -> None:
         step = node.step
         # Inside a fused model (``in_model`` = its instance count) a step has one instance per
@@ -325,6 +330,8 @@ class StepModel:
         self.timeout = step.options.timeout
         self.timeout_covers_queue = timeout_covers_queue  # called through BLS on the server (see above)
         self.offload = offload
+        # Each instance in a process of its own, as a Triton stub (pipelines.runtime.step_process).
+        self.isolated = isolated
         self._threads = threads
         self.pool: InstancePool | None = None
         self.batcher: DynamicBatcher | None = None
@@ -357,7 +364,8 @@ class StepModel:
             raise self._raised(exc, "initialize()") from exc
         self.pool = InstancePool(leases, renew=self._instantiate, pipeline=self.pipeline, step=self.name)
         self.is_async = leases[0].instance.is_async
-        self.inline_ok = not self.is_async and self.timeout is None and self.offload != "always"
+        # A process's instance is waited for in a worker thread: inline, it would block the event loop.
+        self.inline_ok = not self.is_async and self.timeout is None and self.offload != "always" and not self.isolated
         self.always_inline = self.inline_ok and self.offload == "never"
         db = self.dynamic_batching
         if db is not None and self.batched:
@@ -372,6 +380,8 @@ class StepModel:
             )
 
     def _instantiate(self, index: int) -> Lease:
+        if self.isolated:
+            return Lease(ProcessInstance(self.step, self._config(index), pipeline=self.pipeline, node=self.name), index)
         return Lease(self.step.instantiate(self._config(index)), index)
 
     def share(self, owner: StepModel) -> None:
@@ -383,6 +393,7 @@ class StepModel:
         self.pool = owner.pool
         self.batcher = owner.batcher
         self.is_async = owner.is_async
+        self.isolated = owner.isolated
         self.inline_ok = owner.inline_ok
         self.always_inline = owner.always_inline
         self.shared = True
@@ -531,17 +542,26 @@ class StepModel:
     ) -> tuple[dict[str, Any], float]:
         assert self.pool is not None
         call = _ThreadCall(lease, self.pool, self._threads)
-        execute: Callable[[dict[str, Any]], dict[str, Any]] = lease.instance.execute
+        instance = lease.instance
+        execute: Callable[[dict[str, Any]], dict[str, Any]] = instance.execute
+        isolated = isinstance(instance, ProcessInstance)
 
         def work() -> tuple[dict[str, Any], float] | None:
             if not call.begin():
                 return None
             try:
-                if stub is not None:
+                if stub is not None and not isolated:
                     stub.enter(nbytes_of(inputs))
+                lag = stub.lag() if stub is not None else 0.0
                 t = perf_counter()
                 outputs = execute(inputs)
                 compute = perf_counter() - t
+                if isolated:
+                    # The step's function alone; the rest moved tensors through shared memory, as
+                    # a stub does, and pays for as much of the stub's costs, both ways.
+                    compute, handover = instance.last_compute, max(0.0, compute - instance.last_compute)
+                    if stub is not None:
+                        stub.enter(nbytes_of(inputs), lag=lag, spent=handover)
                 if stub is not None:
                     stub.leave(nbytes_of(outputs))
                 return outputs, compute

@@ -42,6 +42,7 @@ import dataclasses
 import functools
 import graphlib
 import math
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from time import perf_counter
@@ -64,6 +65,7 @@ from .device import CopyCounter, Placement, gpu_available, resolve_device
 from .instances import StepModel, thread_hop_cost
 from .replay import Replay, nbytes_of
 from .report import CostRecorder, Report
+from .step_process import is_async_impl, isolation_supported
 from .workers import StepThreads
 
 if TYPE_CHECKING:
@@ -74,6 +76,7 @@ __all__ = ["MODES", "LocalRuntime", "run_many", "run_pipeline"]
 #: The local runtime's modes: one per form of the table in :mod:`pipelines.forms`.
 MODES = form_names()
 _OFFLOAD = ("auto", "always", "never")
+_ISOLATION = ("auto", "process", "thread")
 
 Key = tuple["str | None", str]  # (producing node or None for a pipeline input, tensor name)
 
@@ -163,6 +166,11 @@ class LocalRuntime:
     that latency, throughput and the report predict that server (see
     :mod:`pipelines.runtime.replay`); it replaces ``server_copies``, whose copies
     the profile's costs include.
+    ``isolation`` is where a step's instances run: ``"process"`` gives each instance a
+    forked process of its own, as Triton gives each Python model instance a stub, so that
+    steps do not wait for each other's GIL (:mod:`pipelines.runtime.step_process`);
+    ``"thread"`` runs them in this process; ``"auto"`` (the default) is ``"process"`` with a
+    ``profile`` (predicting a server) on Linux, and ``"thread"`` otherwise.
     ``keep_freed_memory`` (on by default) gives this process, when the runtime
     opens, the ``malloc`` thresholds the bundled server gives its stubs, so that a
     step's fresh arrays cost what they cost there and the same from run to run
@@ -184,6 +192,7 @@ class LocalRuntime:
         fused_instance_count: int = 1,
         profile: Any = None,
         keep_freed_memory: bool = True,
+        isolation: str = "auto",
     ) -> None:
         if not isinstance(pipeline, Pipeline):
             raise InferenceError(f"LocalRuntime needs a Pipeline; got {type(pipeline).__name__}")
@@ -195,6 +204,17 @@ class LocalRuntime:
         if offload not in _OFFLOAD:
             raise InferenceError(
                 f"pipeline {name!r}: offload must be one of {', '.join(_OFFLOAD)}; got {offload!r}", pipeline=name
+            )
+        if isolation not in _ISOLATION:
+            raise InferenceError(
+                f"pipeline {name!r}: isolation must be one of {', '.join(_ISOLATION)}; got {isolation!r}",
+                pipeline=name,
+            )
+        if isolation == "process" and not isolation_supported():
+            raise InferenceError(
+                f"pipeline {name!r}: isolation='process' forks a process per step instance and shares memory "
+                f"with it through memfd, which needs Linux; this is {sys.platform}. Use isolation='thread'",
+                pipeline=name,
             )
         try:
             self.device = resolve_device(device)
@@ -211,6 +231,9 @@ class LocalRuntime:
         self._replay = Replay(profile, mode, self._ensemble_layout) if profile is not None else None
         if self._replay is not None:
             self._crossings = 0
+        if isolation == "auto":  # predicting a server: run each instance where the server does
+            isolation = "process" if self._replay is not None and isolation_supported() else "thread"
+        self.isolation = isolation
         self.plan = plan_of(pipeline)
         # Nodes that run inside the top-level model (the fused form's Python steps): no server copy.
         self._in_process = frozenset(
@@ -264,6 +287,19 @@ class LocalRuntime:
                 max_rows=pipeline.max_batch_size or 1,
             )
 
+    def _isolated(self, node: Any) -> bool:
+        """Whether ``node``'s instances run in processes of their own (``isolation="process"``).
+
+        Not a fused model's Python steps, which share the fused model's one process on the
+        server too; not a step on a GPU, since CUDA cannot be used in a forked process; not an
+        ``async def`` step, which runs on the event loop.
+        """
+        if self.isolation != "process" or node.name in self._in_process:
+            return False
+        wants = node.step.options.device
+        on_cpu = wants == "cpu" or (wants is None and self.device != "gpu")
+        return on_cpu and not is_async_impl(node.step.impl)
+
     # ---------------------------------------------------------------- lifecycle
 
     async def __aenter__(self) -> LocalRuntime:
@@ -274,6 +310,8 @@ class LocalRuntime:
         if self.keep_freed_memory:
             keep_freed_memory_here()
         self._executor = StepThreads(self._threads)
+        if self._replay is not None and self.isolation == "process":
+            self._replay.burn_cpu()  # the server's boundaries take cores from its stubs, as the steps' processes
         routes = self._routes[None]
         owners: dict[int, StepModel] = {}  # one step model per step, shared by its nodes
         try:
@@ -289,6 +327,7 @@ class LocalRuntime:
                     threads=self._executor,
                     in_model=self._fused_instances if name in self._in_process else None,
                     timeout_covers_queue=self.form.one_execute_per_instance and name not in self._in_process,
+                    isolated=self._isolated(node),
                 )
                 owner = owners.get(id(node.step))
                 if owner is None:
@@ -335,6 +374,8 @@ class LocalRuntime:
             ) from first
 
     def _close_models(self) -> list[BaseException]:
+        if self._replay is not None:
+            self._replay.close()
         errors: list[BaseException] = []
         for model in self._models.values():
             errors.extend(model.close())

@@ -84,6 +84,7 @@ import anyio.to_thread
 
 from ..forms import form
 from ..tables import format_table
+from .cpu_burn import Burners
 
 if TYPE_CHECKING:
     from ..calibration.profile import Profile
@@ -183,13 +184,15 @@ class _ThreadSleep:
 
 
 async def _spend(ledger: Ledger, seconds: float, lanes: _Lanes, nbytes: int,
-                 settle: _ThreadSleep | None = None) -> float:
+                 settle: _ThreadSleep | None = None, burners: Burners | None = None) -> float:
     """Pay ``seconds`` on ``ledger``'s account for a boundary carrying ``nbytes``, sleeping while
     holding a lane; returns what the lanes added: the wait for one, and the stretch of a shared
     one (0.0 when one was free). With ``settle`` (the request's last cost), what is left of
     the debt below a millisecond is slept by it too, to within a tenth of a millisecond:
     otherwise the loop's rounding would leave up to 0.65 ms of every request unpaid, or
     charge 1.15 ms for 0.65 (docs/server_profiles.md)."""
+    if burners is not None:
+        burners.burn(seconds)
     ledger.debt += seconds
     whole_ms = (math.floor if settle is not None else round)((ledger.debt - _WAKE_S) * 1e3)
     if whole_ms < 1 and (settle is None or ledger.debt <= settle.overhead / 2):
@@ -245,10 +248,20 @@ class StubInThread:
         self.input = 0.0  # what each way cost, stretch included (Triton's compute input, output)
         self.output = 0.0
 
-    def enter(self, nbytes: int) -> None:
-        """On the worker thread, before the step's function: the stub takes ``nbytes`` in."""
-        lag = perf_counter() - self._began
-        self.input, owed = self._pay(nbytes, leaving=False, credit=lag)
+    def lag(self) -> float:
+        """The hand-over to the worker thread so far, which holds the instance too."""
+        return perf_counter() - self._began
+
+    def enter(self, nbytes: int, *, lag: float | None = None, spent: float = 0.0) -> None:
+        """On the worker thread, before the step's function: the stub takes ``nbytes`` in.
+
+        A step in a process of its own (:mod:`pipelines.runtime.step_process`) pays its way in
+        after the call instead, with ``lag`` taken before it, and ``spent``: the call's time
+        moving tensors to and from its process, through shared memory as a stub's are, which
+        pays for as much of both ways.
+        """
+        lag = self.lag() if lag is None else lag
+        self.input, owed = self._pay(nbytes, leaving=False, credit=lag + spent)
         self._credit = max(0.0, -owed)
 
     def leave(self, nbytes: int) -> None:
@@ -261,6 +274,7 @@ class StubInThread:
         replay = self._replay
         lanes = replay._lanes
         seconds = replay._way(self._cost, nbytes, leaving)
+        replay._burn(seconds - credit)  # the hand-over burnt its share already, as the stub's copies do
         stretch = lanes.take(nbytes)
         try:
             owed = seconds * stretch - credit
@@ -330,6 +344,21 @@ class Replay:
         self._lanes = _Lanes(self.profile)  # the server's cores, shared by this runtime's requests
         self._settle = _ThreadSleep()
         self._return_lag = 60e-6  # a worker thread's answer reaching the event loop (learned)
+        self._burners: Burners | None = None
+
+    def burn_cpu(self) -> None:
+        """From now on, burn in other processes the CPU time each cost sleeps (:mod:`.cpu_burn`)."""
+        if self._burners is None:
+            self._burners = Burners(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+
+    def close(self) -> None:
+        burners, self._burners = self._burners, None
+        if burners is not None:
+            burners.close()
+
+    def _burn(self, seconds: float) -> None:
+        if self._burners is not None:
+            self._burners.burn(seconds)
 
     def reset(self) -> None:
         self._totals = Ledger()
@@ -358,7 +387,7 @@ class Replay:
             seconds += self._way(self._own, nbytes, leaving)
         ledger.overhead += seconds
         settle = self._settle if leaving else None  # its last cost: what is left of its debt is paid now
-        ledger.overhead += await _spend(ledger, seconds, self._lanes, nbytes, settle)
+        ledger.overhead += await _spend(ledger, seconds, self._lanes, nbytes, settle, self._burners)
 
     async def bls_stub(self, ledger: Ledger, nbytes: int, *, leaving: bool, opens_round: bool = True) -> None:
         """The BLS model's own stub taking the request's inputs, or giving its outputs. Its fixed
@@ -379,7 +408,7 @@ class Replay:
         seconds = self._way(cost, nbytes, leaving)
         if not fixed:  # only what its bytes add
             seconds = max(0.0, seconds - self._way(cost, 0, leaving))
-        seconds += await _spend(holder, seconds, self._lanes, nbytes)  # what it costs, starved of a core or not
+        seconds += await _spend(holder, seconds, self._lanes, nbytes, burners=self._burners)  # what it costs, starved of a core or not
         if leaving:
             accounts.output += seconds
         else:
@@ -392,7 +421,7 @@ class Replay:
         """
         hop = self._way(self._hop, nbytes, False) + self._way(self._hop, nbytes, True)
         ledger.overhead += hop
-        ledger.overhead += await _spend(ledger, hop, self._lanes, nbytes)
+        ledger.overhead += await _spend(ledger, hop, self._lanes, nbytes, burners=self._burners)
         assert self._gate is not None
         queued = perf_counter()
         async with self._gate:  # its one instance
@@ -412,7 +441,7 @@ class Replay:
             return
         seconds = self._way(self._hop, nbytes, leaving)
         ledger.overhead += seconds
-        ledger.overhead += await _spend(ledger, seconds, self._lanes, nbytes)
+        ledger.overhead += await _spend(ledger, seconds, self._lanes, nbytes, burners=self._burners)
 
     async def stub(self, model: object, nbytes: int, *, leaving: bool, instance: int = 0) -> None:
         """A step's stub taking its inputs, or giving its outputs; the caller holds ``instance``."""
