@@ -117,6 +117,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="prediction-results", help="where results go (default: prediction-results)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="measure every pipeline this many times, in turns, and judge the medians (default: 3)")
+    parser.add_argument("--isolation", choices=("thread", "process"), default="thread",
+                        help="where the local runtime runs step instances (default: thread)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -155,6 +157,7 @@ def main(argv=None) -> int:
             turns=2 if args.quick else 3,
             forms=FORMS,  # the three forms issue 14 names ("fused" is measured by pipelines bench)
             profile=profile,
+            isolation=args.isolation,
         )
         for name in names:
             where = out / name if args.rounds == 1 else out / name / f"round_{r + 1}"

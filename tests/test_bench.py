@@ -511,6 +511,29 @@ def test_the_command_line_runs_a_local_benchmark(tmp_path, capsys):
     assert len(data["measurements"]) == len(FORMS) * 2  # every form of the table, at two loads
 
 
+def test_the_local_benchmark_runs_steps_in_processes_when_asked(tmp_path, monkeypatch):
+    from pipelines.bench.local_target import LocalTarget
+    from pipelines.cli import main
+
+    isolations: set[str] = set()
+    infer = LocalTarget.infer
+
+    async def recording(self, inputs):
+        isolations.add(self.runtime.isolation)
+        return await infer(self, inputs)
+
+    monkeypatch.setattr(LocalTarget, "infer", recording)
+    code = main([
+        "bench", "pipelines.examples.basic:chain", "--no-server", "--concurrency", "2", "--duration", "0.1",
+        "--warmup", "0", "--max-trials", "3", "--forms", "ensemble,bls", "--isolation", "process",
+        "--out", str(tmp_path), "--quiet",
+    ])
+    assert code == 0 and isolations == {"process"}
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["settings"]["isolation"] == "process"
+    assert all(m["errors"] == 0 for m in data["measurements"]), data["measurements"]
+
+
 def test_turns_go_round_every_form_and_pool_each_forms_windows(monkeypatch):
     from pipelines.bench.local_target import LocalTarget
 

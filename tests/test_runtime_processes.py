@@ -95,17 +95,28 @@ def _profile() -> Profile:
                    machine={"cpu": "test cpu", "cpu_count": 2}, date="2026-01-01T00:00:00+00:00")
 
 
-def test_a_profile_runs_steps_in_processes_unless_told_otherwise():
+def test_a_profiles_stub_costs_are_paid_by_a_step_in_its_process_as_well():
+    # 20 ms in and out of each stub: a step's hand-over to its process pays for part of them, not more
+    profile = Profile(costs={**{k: Cost(0.0, 0.0) for k in BOUNDARIES}, "ensemble_stub": Cost(40_000, 0)},
+                      server_version="2.51.0", protocol="http", machine={"cpu": "test cpu", "cpu_count": 2},
+                      date="2026-01-01T00:00:00+00:00")
     x = np.ones(3, np.float32)
-    (predicted,) = run(where_pipeline(), [{"x": x}], profile=_profile())
-    assert int(predicted["first_pid"][0]) != os.getpid()
-    (plain,) = run(where_pipeline(), [{"x": x}])
-    (told,) = run(where_pipeline(), [{"x": x}], profile=_profile(), isolation="thread")
-    assert int(plain["first_pid"][0]) == int(told["first_pid"][0]) == os.getpid()
+
+    async def main() -> tuple[float, dict]:
+        async with LocalRuntime(where_pipeline(), isolation="process", profile=profile) as rt:
+            await rt.infer({"x": x})
+            t = time.perf_counter()
+            out = await rt.infer({"x": x})
+            return time.perf_counter() - t, out
+
+    took, out = anyio.run(main)
+    assert int(out["first_pid"][0]) != os.getpid()
+    # two steps' stubs, each paid once; the hand-overs to the processes pay for part of them
+    assert 2 * 0.040 - 0.005 <= took < 2 * 0.040 + 0.060
 
 
 def test_an_unknown_isolation_is_refused_by_name():
-    with pytest.raises(InferenceError, match=r"isolation must be one of auto, process, thread; got 'stub'"):
+    with pytest.raises(InferenceError, match=r"isolation must be one of thread, process; got 'stub'"):
         LocalRuntime(where_pipeline(), isolation="stub")
 
 
@@ -326,3 +337,51 @@ def test_a_steps_process_exits_when_the_runtimes_process_is_killed(tmp_path):
     while alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(), "the step's process outlived the runtime's"
+
+
+def test_an_input_on_the_gpu_is_refused_by_a_steps_process_by_name():
+    class OnGpu:  # what the step's process cannot take: an array with CUDA's interface
+        __cuda_array_interface__ = {"shape": (1,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+    from pipelines.runtime.step_process import ProcessInstance
+
+    node = where_pipeline().nodes["first"]
+    instance = ProcessInstance(node.step, {}, pipeline="where", node="first")
+    try:
+        with pytest.raises(StepError, match=r"step 'first': input 'x' is on the GPU.*isolation='thread'") as caught:
+            instance.execute({"x": OnGpu()})
+        assert caught.value.tensor == "x"
+        np.testing.assert_array_equal(instance.execute({"x": np.ones(2, np.float32)})["y"], [2, 2])
+    finally:
+        instance.finalize()
+
+
+@pytest.mark.parametrize("mode", ISOLATED_MODES)
+def test_dynamic_batches_and_a_step_used_twice_run_in_the_steps_processes(mode):
+    from pipelines.runtime.local import run_many
+
+    row = TensorSpec("FP64", [2])
+
+    def model(x):
+        return {"y": x * 10, "rows": np.full((len(x), 1), len(x), np.int64),
+                "pid": np.full((len(x), 1), os.getpid(), np.int64)}
+
+    s = step(model, inputs={"x": row}, outputs={"y": row, "rows": TensorSpec("INT64", [1]),
+                                                 "pid": TensorSpec("INT64", [1])},
+             name="model", max_batch_size=8, dynamic_batching={"max_queue_delay_us": 20_000}, instance_count=2)
+    p = Pipeline("batched", inputs={"x": row}, max_batch_size=4)
+    first = p.add(s, x=p.input("x"), name="first")
+    second = p.add(s, x=first["y"], name="second")  # the same step: the same model and processes
+    p.output("y", second["y"])
+    p.output("rows", second["rows"])
+    p.output("pid", second["pid"])
+    p.output("first_pid", first["pid"])
+    requests = [{"x": np.full((1 + i % 3, 2), float(i))} for i in range(24)]
+    answers, _ = run_many(p, requests, mode=mode, concurrency=8, isolation="process")
+    pids = set()
+    for request, out in zip(requests, answers, strict=True):
+        np.testing.assert_array_equal(out["y"], request["x"] * 100)  # nobody got another caller's rows
+        pids |= {int(v) for v in out["pid"].ravel()} | {int(v) for v in out["first_pid"].ravel()}
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2  # the step's two instances, shared by both nodes
+    if mode != "bls-sync":  # requests one after another reach it one at a time there
+        assert max(int(out["rows"].max()) for out in answers) > 3  # rows of several requests ran as one batch

@@ -157,6 +157,13 @@ def server(tmp_path_factory):
         _CONFIG.format(name="one_at_a_time", input="x", dtype="TYPE_FP32") + "instance_group [{ count: 1 kind: KIND_CPU }]\n"
     )
     (root / "one_at_a_time" / "1" / "model.py").write_text(_ONE_AT_A_TIME)
+    (root / "two_instances" / "1").mkdir(parents=True)
+    (root / "two_instances" / "config.pbtxt").write_text(
+        _CONFIG.format(name="two_instances", input="x", dtype="TYPE_FP32") + "instance_group [{ count: 2 kind: KIND_CPU }]\n"
+    )
+    (root / "two_instances" / "1" / "model.py").write_text(_TEMPLATE.format(body=textwrap.indent(
+        "import os, time\ntime.sleep(0.3)  # held, so that requests at once need both instances\nsaid = str(os.getpid())",
+        " " * 12)))
     (root / "sender" / "1").mkdir(parents=True)
     (root / "sender" / "config.pbtxt").write_text(
         'name: "sender" backend: "python" max_batch_size: 0\n'
@@ -203,6 +210,12 @@ def test_one_instance_runs_one_execute_at_a_time_even_an_async_one(server):
     assert answers == ["alone", "alone"], answers
 
 
+def test_each_instance_of_a_python_model_runs_in_a_process_of_its_own(server):
+    with ThreadPoolExecutor(4) as pool:
+        pids = set(pool.map(lambda _: said(server, "two_instances", np.ones(2, np.float32)), range(8)))
+    assert len(pids) == 2 and all(p.isdigit() for p in pids), pids
+
+
 def test_triton_refuses_a_bls_request_that_breaks_the_config_before_execute(server):
     answers = server.infer("sender", {"x": np.ones(2, np.float32)})["said"]
     said = dict(a.decode().split(": ", 1) for a in answers)
@@ -223,6 +236,7 @@ def test_the_docs_state_each_fact_with_its_test():
         "test_a_bytes_tensor_has_no_dlpack",
         "test_bf16_cannot_be_numpy_but_travels_by_dlpack",
         "test_one_instance_runs_one_execute_at_a_time_even_an_async_one",
+        "test_each_instance_of_a_python_model_runs_in_a_process_of_its_own",
         "test_the_bundled_server_declares_numpy_below_2",
         "test_triton_refuses_a_bls_request_that_breaks_the_config_before_execute",
     ):

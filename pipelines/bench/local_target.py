@@ -34,11 +34,13 @@ class LocalTarget:
 
 @asynccontextmanager
 async def local_target(
-    pipeline: Pipeline, mode: str, *, server_copies: bool = True, profile: Any = None
+    pipeline: Pipeline, mode: str, *, server_copies: bool = True, profile: Any = None, isolation: str = "thread"
 ) -> AsyncIterator[LocalTarget]:
     """Start the local runtime in ``mode`` (``"ensemble"``, ``"bls"`` or ``"bls-sync"``),
     replaying a server ``profile`` if one is given."""
     from ..runtime.local import LocalRuntime
 
-    async with LocalRuntime(pipeline, mode=mode, server_copies=server_copies, profile=profile) as runtime:
+    async with LocalRuntime(
+        pipeline, mode=mode, server_copies=server_copies, profile=profile, isolation=isolation
+    ) as runtime:
         yield LocalTarget(runtime)

@@ -298,7 +298,9 @@ async def _measure(
         targets: list[tuple[Configuration, Any]] = []
         if settings.local:
             for form in settings.forms:
-                runtime = local_target(pipeline, form, server_copies=settings.server_copies, profile=profile)
+                runtime = local_target(
+                    pipeline, form, server_copies=settings.server_copies, profile=profile, isolation=settings.isolation
+                )
                 targets.append((Configuration("local", form), await stack.enter_async_context(runtime)))
         if connect is not None:
             client = await stack.enter_async_context(connect())

@@ -76,7 +76,7 @@ __all__ = ["MODES", "LocalRuntime", "run_many", "run_pipeline"]
 #: The local runtime's modes: one per form of the table in :mod:`pipelines.forms`.
 MODES = form_names()
 _OFFLOAD = ("auto", "always", "never")
-_ISOLATION = ("auto", "process", "thread")
+_ISOLATION = ("thread", "process")
 
 Key = tuple["str | None", str]  # (producing node or None for a pipeline input, tensor name)
 
@@ -169,8 +169,10 @@ class LocalRuntime:
     ``isolation`` is where a step's instances run: ``"process"`` gives each instance a
     forked process of its own, as Triton gives each Python model instance a stub, so that
     steps do not wait for each other's GIL (:mod:`pipelines.runtime.step_process`);
-    ``"thread"`` runs them in this process; ``"auto"`` (the default) is ``"process"`` with a
-    ``profile`` (predicting a server) on Linux, and ``"thread"`` otherwise.
+    ``"thread"`` (the default) runs them in this process. With a profile, ``"process"``
+    brought yolov5's ensemble at concurrency 4 within 7 % of the server's throughput (a
+    step's numpy calls no longer wait for the GIL), but ten 1 ms steps pay a hop to a
+    process each, which is not in the profile; see docs/server_profiles.md.
     ``keep_freed_memory`` (on by default) gives this process, when the runtime
     opens, the ``malloc`` thresholds the bundled server gives its stubs, so that a
     step's fresh arrays cost what they cost there and the same from run to run
@@ -192,7 +194,7 @@ class LocalRuntime:
         fused_instance_count: int = 1,
         profile: Any = None,
         keep_freed_memory: bool = True,
-        isolation: str = "auto",
+        isolation: str = "thread",
     ) -> None:
         if not isinstance(pipeline, Pipeline):
             raise InferenceError(f"LocalRuntime needs a Pipeline; got {type(pipeline).__name__}")
@@ -231,8 +233,6 @@ class LocalRuntime:
         self._replay = Replay(profile, mode, self._ensemble_layout) if profile is not None else None
         if self._replay is not None:
             self._crossings = 0
-        if isolation == "auto":  # predicting a server: run each instance where the server does
-            isolation = "process" if self._replay is not None and isolation_supported() else "thread"
         self.isolation = isolation
         self.plan = plan_of(pipeline)
         # Nodes that run inside the top-level model (the fused form's Python steps): no server copy.
@@ -310,8 +310,6 @@ class LocalRuntime:
         if self.keep_freed_memory:
             keep_freed_memory_here()
         self._executor = StepThreads(self._threads)
-        if self._replay is not None and self.isolation == "process":
-            self._replay.burn_cpu()  # the server's boundaries take cores from its stubs, as the steps' processes
         routes = self._routes[None]
         owners: dict[int, StepModel] = {}  # one step model per step, shared by its nodes
         try:
@@ -374,8 +372,6 @@ class LocalRuntime:
             ) from first
 
     def _close_models(self) -> list[BaseException]:
-        if self._replay is not None:
-            self._replay.close()
         errors: list[BaseException] = []
         for model in self._models.values():
             errors.extend(model.close())

@@ -84,7 +84,6 @@ import anyio.to_thread
 
 from ..forms import form
 from ..tables import format_table
-from .cpu_burn import Burners
 
 if TYPE_CHECKING:
     from ..calibration.profile import Profile
@@ -184,15 +183,13 @@ class _ThreadSleep:
 
 
 async def _spend(ledger: Ledger, seconds: float, lanes: _Lanes, nbytes: int,
-                 settle: _ThreadSleep | None = None, burners: Burners | None = None) -> float:
+                 settle: _ThreadSleep | None = None) -> float:
     """Pay ``seconds`` on ``ledger``'s account for a boundary carrying ``nbytes``, sleeping while
     holding a lane; returns what the lanes added: the wait for one, and the stretch of a shared
     one (0.0 when one was free). With ``settle`` (the request's last cost), what is left of
     the debt below a millisecond is slept by it too, to within a tenth of a millisecond:
     otherwise the loop's rounding would leave up to 0.65 ms of every request unpaid, or
     charge 1.15 ms for 0.65 (docs/server_profiles.md)."""
-    if burners is not None:
-        burners.burn(seconds)
     ledger.debt += seconds
     whole_ms = (math.floor if settle is not None else round)((ledger.debt - _WAKE_S) * 1e3)
     if whole_ms < 1 and (settle is None or ledger.debt <= settle.overhead / 2):
@@ -274,7 +271,6 @@ class StubInThread:
         replay = self._replay
         lanes = replay._lanes
         seconds = replay._way(self._cost, nbytes, leaving)
-        replay._burn(seconds - credit)  # the hand-over burnt its share already, as the stub's copies do
         stretch = lanes.take(nbytes)
         try:
             owed = seconds * stretch - credit
@@ -344,21 +340,6 @@ class Replay:
         self._lanes = _Lanes(self.profile)  # the server's cores, shared by this runtime's requests
         self._settle = _ThreadSleep()
         self._return_lag = 60e-6  # a worker thread's answer reaching the event loop (learned)
-        self._burners: Burners | None = None
-
-    def burn_cpu(self) -> None:
-        """From now on, burn in other processes the CPU time each cost sleeps (:mod:`.cpu_burn`)."""
-        if self._burners is None:
-            self._burners = Burners(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
-
-    def close(self) -> None:
-        burners, self._burners = self._burners, None
-        if burners is not None:
-            burners.close()
-
-    def _burn(self, seconds: float) -> None:
-        if self._burners is not None:
-            self._burners.burn(seconds)
 
     def reset(self) -> None:
         self._totals = Ledger()
@@ -387,7 +368,7 @@ class Replay:
             seconds += self._way(self._own, nbytes, leaving)
         ledger.overhead += seconds
         settle = self._settle if leaving else None  # its last cost: what is left of its debt is paid now
-        ledger.overhead += await _spend(ledger, seconds, self._lanes, nbytes, settle, self._burners)
+        ledger.overhead += await _spend(ledger, seconds, self._lanes, nbytes, settle)
 
     async def bls_stub(self, ledger: Ledger, nbytes: int, *, leaving: bool, opens_round: bool = True) -> None:
         """The BLS model's own stub taking the request's inputs, or giving its outputs. Its fixed
@@ -408,7 +389,7 @@ class Replay:
         seconds = self._way(cost, nbytes, leaving)
         if not fixed:  # only what its bytes add
             seconds = max(0.0, seconds - self._way(cost, 0, leaving))
-        seconds += await _spend(holder, seconds, self._lanes, nbytes, burners=self._burners)  # what it costs, starved of a core or not
+        seconds += await _spend(holder, seconds, self._lanes, nbytes)  # what it costs, starved of a core or not
         if leaving:
             accounts.output += seconds
         else:
@@ -421,7 +402,7 @@ class Replay:
         """
         hop = self._way(self._hop, nbytes, False) + self._way(self._hop, nbytes, True)
         ledger.overhead += hop
-        ledger.overhead += await _spend(ledger, hop, self._lanes, nbytes, burners=self._burners)
+        ledger.overhead += await _spend(ledger, hop, self._lanes, nbytes)
         assert self._gate is not None
         queued = perf_counter()
         async with self._gate:  # its one instance
@@ -441,7 +422,7 @@ class Replay:
             return
         seconds = self._way(self._hop, nbytes, leaving)
         ledger.overhead += seconds
-        ledger.overhead += await _spend(ledger, seconds, self._lanes, nbytes, burners=self._burners)
+        ledger.overhead += await _spend(ledger, seconds, self._lanes, nbytes)
 
     async def stub(self, model: object, nbytes: int, *, leaving: bool, instance: int = 0) -> None:
         """A step's stub taking its inputs, or giving its outputs; the caller holds ``instance``."""

@@ -6,7 +6,7 @@ beside it (other steps, the event loop, the hand-overs) lengthens it. On a
 server, each instance has a stub process and a GIL of its own. Measured on
 yolov5's stand-in detector: 12.7 ms alone, 210 ms beside a thread looping on
 pure Python, 12.2 ms beside the same loop in another process
-(docs/server_profiles.md). So a runtime that predicts a server runs each
+(docs/server_profiles.md). ``LocalRuntime(isolation="process")`` runs each
 instance of a step where the server runs it: in a process of its own.
 
 :class:`ProcessInstance` stands in for a :class:`~pipelines.step.StepInstance`:
@@ -17,7 +17,7 @@ the instance's process and waits for its outputs, without holding the GIL.
   declared it, a function from a notebook cell included; nothing is pickled but
   tensors' metadata and errors. ``initialize(config)`` runs in the process, as it
   runs in the stub. Forking needs Linux; CUDA cannot be used in a forked process,
-  so steps placed on a GPU stay in threads (:func:`isolation_supported`).
+  so steps placed on a GPU stay in threads (``LocalRuntime._isolated``).
 - **Tensors through shared memory**, as between Triton and its stubs: one region
   for the inputs (written by this process) and one for the outputs (written by the
   step's), each an anonymous ``memfd`` handed over with ``SCM_RIGHTS`` and grown
@@ -384,6 +384,14 @@ class ProcessInstance:
             self._start()  # the last process died: a fresh one, as Triton restarts a stub
         conn = self._conn
         assert conn is not None
+        for name, value in inputs.items():
+            if hasattr(value, "__cuda_array_interface__"):
+                raise StepError(
+                    f"pipeline {self.pipeline!r} step {self.node!r}: input {name!r} is on the GPU, and this step "
+                    "runs in a process of its own (isolation='process'), where CUDA cannot be used after a fork; "
+                    "give the step device='gpu' (it then runs in this process), or use isolation='thread'",
+                    pipeline=self.pipeline, step=self.node, node=self.node, tensor=name,
+                )
         specs, nbytes = _layout(dict(inputs))
         fd = self._inputs.ensure(nbytes)
         _write(self._inputs, inputs, specs)
