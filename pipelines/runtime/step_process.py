@@ -223,6 +223,12 @@ def _serve(conn: Connection, step: Any, config: dict[str, Any], parent: int) -> 
 _FORK_LOCK = threading.Lock()
 
 
+def _fresh_fork_lock() -> None:
+    """In a forked child: the lock is held by the thread that forked, which is not here."""
+    global _FORK_LOCK
+    _FORK_LOCK = threading.Lock()
+
+
 def fork_with_pipe(child: Any) -> tuple[Connection, int]:
     """Fork a process that runs ``child(its_end, our_end, parent_pid)`` and exits: ``(our end, pid)``.
 
@@ -239,6 +245,7 @@ def fork_with_pipe(child: Any) -> tuple[Connection, int]:
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
         if pid == 0:
+            _fresh_fork_lock()
             try:
                 child(theirs, ours, parent)
             finally:
