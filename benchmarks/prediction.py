@@ -34,6 +34,7 @@ from statistics import median
 from pipelines.bench import BenchSettings, run_benchmark
 from pipelines.calibration import calibrate, load_profile
 from pipelines.calibration.calibrate_command import QUICK
+from pipelines.runtime.step_process import ISOLATIONS
 from pipelines.tables import format_table
 
 PIPELINES = {
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="prediction-results", help="where results go (default: prediction-results)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="measure every pipeline this many times, in turns, and judge the medians (default: 3)")
-    parser.add_argument("--isolation", choices=("thread", "process"), default="thread",
+    parser.add_argument("--isolation", choices=ISOLATIONS, default=ISOLATIONS[0],
                         help="where the local runtime runs step instances (default: thread)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)

@@ -400,6 +400,13 @@ def _as_step_failure(exc: SystemExit | KeyboardInterrupt) -> BaseException:
     return exc if _users_ctrl_c() else StepInterrupted(exc)
 
 
+def is_coroutine_callable(fn: Any) -> bool:
+    """Whether calling ``fn`` gives a coroutine: an ``async def``, or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(fn) or (
+        not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
+    )
+
+
 def _exits_raise(fn: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
     if is_async:
         async def guarded_async(**inputs: Any) -> Any:
@@ -454,10 +461,7 @@ class StepInstance:
     @property
     def is_async(self) -> bool:
         """Whether the step is an ``async def`` (then use :meth:`execute_async`)."""
-        fn = self._fn
-        return inspect.iscoroutinefunction(fn) or (
-            not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
-        )
+        return is_coroutine_callable(self._fn)
 
     def execute(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Call the step with its inputs as keyword arguments; return a dict of outputs."""

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from ..errors import PipelinesError
 from ..interrupts import sigterm_as_interrupt
+from ..runtime.step_process import ISOLATIONS
 from .measurement import FORMS
 from .runner import run_benchmark
 from .settings import DEFAULT_PIPELINE, BenchSettings
@@ -92,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", metavar="FILE",
                         help="a server profile from 'pipelines calibrate': the local runtime replays its costs "
                         "and predicts that server; with --server, predicted and measured side by side")
-    parser.add_argument("--isolation", choices=("thread", "process"), default="thread",
+    parser.add_argument("--isolation", choices=ISOLATIONS, default=ISOLATIONS[0],
                         help="where the local runtime runs each step instance: in this process's threads, or in "
                         "a forked process of its own, as Triton runs each Python model instance in a stub; "
                         "'process' keeps steps from waiting for each other's GIL (default: thread)")

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..errors import PipelinesError
+from ..runtime.step_process import ISOLATIONS
 from .loadgen import LoadPlan
 from .measurement import FORMS
 from .stability import StabilityRule
@@ -58,8 +59,8 @@ class BenchSettings:
     isolation: str = "thread"
 
     def __post_init__(self) -> None:
-        if self.isolation not in ("thread", "process"):
-            raise PipelinesError(f"isolation must be thread or process; got {self.isolation!r}")
+        if self.isolation not in ISOLATIONS:
+            raise PipelinesError(f"isolation must be {' or '.join(ISOLATIONS)}; got {self.isolation!r}")
         if self.server and self.url is not None:
             raise PipelinesError(
                 f"choose the embedded server (--server) or a remote one (--url {self.url}), not both"

@@ -544,7 +544,7 @@ class StepModel:
         call = _ThreadCall(lease, self.pool, self._threads)
         instance = lease.instance
         execute: Callable[[dict[str, Any]], dict[str, Any]] = instance.execute
-        isolated = isinstance(instance, ProcessInstance)
+        isolated = self.isolated
 
         def work() -> tuple[dict[str, Any], float] | None:
             if not call.begin():
@@ -552,7 +552,7 @@ class StepModel:
             try:
                 if stub is not None and not isolated:
                     stub.enter(nbytes_of(inputs))
-                lag = stub.lag() if stub is not None else 0.0
+                lag = stub.lag() if stub is not None and isolated else 0.0
                 t = perf_counter()
                 outputs = execute(inputs)
                 compute = perf_counter() - t

@@ -65,7 +65,7 @@ from .device import CopyCounter, Placement, gpu_available, resolve_device
 from .instances import StepModel, thread_hop_cost
 from .replay import Replay, nbytes_of
 from .report import CostRecorder, Report
-from .step_process import is_async_impl, isolation_supported
+from .step_process import ISOLATIONS, is_async_impl, isolation_supported
 from .workers import StepThreads
 
 if TYPE_CHECKING:
@@ -76,7 +76,6 @@ __all__ = ["MODES", "LocalRuntime", "run_many", "run_pipeline"]
 #: The local runtime's modes: one per form of the table in :mod:`pipelines.forms`.
 MODES = form_names()
 _OFFLOAD = ("auto", "always", "never")
-_ISOLATION = ("thread", "process")
 
 Key = tuple["str | None", str]  # (producing node or None for a pipeline input, tensor name)
 
@@ -207,9 +206,9 @@ class LocalRuntime:
             raise InferenceError(
                 f"pipeline {name!r}: offload must be one of {', '.join(_OFFLOAD)}; got {offload!r}", pipeline=name
             )
-        if isolation not in _ISOLATION:
+        if isolation not in ISOLATIONS:
             raise InferenceError(
-                f"pipeline {name!r}: isolation must be one of {', '.join(_ISOLATION)}; got {isolation!r}",
+                f"pipeline {name!r}: isolation must be one of {', '.join(ISOLATIONS)}; got {isolation!r}",
                 pipeline=name,
             )
         if isolation == "process" and not isolation_supported():

@@ -57,8 +57,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import StepError, StubDiedError
+from ..process_exit import describe_exit
+from ..serving import is_coroutine_callable
 
-__all__ = ["ProcessInstance", "fork_with_pipe", "is_async_impl", "isolation_supported"]
+__all__ = ["ISOLATIONS", "ProcessInstance", "fork_with_pipe", "is_async_impl", "isolation_supported"]
+
+#: Where the local runtime can run a step's instances: its own threads (the default), or a
+#: process of their own each.
+ISOLATIONS = ("thread", "process")
 
 _ALIGN = 64
 _MIN_REGION = 1 << 20
@@ -75,11 +81,8 @@ def isolation_supported() -> bool:
 def is_async_impl(impl: Any) -> bool:
     """Whether a step's function, or its class's ``execute``/``__call__``, is ``async def``."""
     if inspect.isclass(impl):
-        fn = getattr(impl, "execute", None) or impl.__call__
-        return inspect.iscoroutinefunction(fn)
-    return inspect.iscoroutinefunction(impl) or (
-        not inspect.isroutine(impl) and inspect.iscoroutinefunction(type(impl).__call__)
-    )
+        return is_coroutine_callable(getattr(impl, "execute", None) or impl.__call__)
+    return is_coroutine_callable(impl)
 
 
 # ------------------------------------------------------------------ shared memory
@@ -279,14 +282,12 @@ def _kill_live() -> None:
         instance.kill()
 
 
-def _how(status: int) -> str:
-    code = os.waitstatus_to_exitcode(status)
-    if code < 0:
+def _sigkill(pid: int) -> None:
+    if pid:
         try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 class ProcessInstance:
@@ -301,10 +302,7 @@ class ProcessInstance:
         self.node = node
         self.last_compute = 0.0  # the step's function alone, in the last call
         self.pid = 0
-        self.restarts = 0  # processes forked again after one died
         self._conn: Connection | None = None
-        self._inputs = _Region("pipelines-step-in")
-        self._outputs = _Region("pipelines-step-out")
         self._lock = threading.Lock()  # kill() may come from another thread than the call's
         self._finalized = False
         self._start()
@@ -314,8 +312,8 @@ class ProcessInstance:
     def _start(self) -> None:
         ours, pid = fork_with_pipe(lambda mine, other, parent: _child(mine, other, self.step, self.config, parent))
         self._conn, self.pid = ours, pid
-        self._inputs = _Region("pipelines-step-in")  # a fresh process has none of the old regions
-        self._outputs = _Region("pipelines-step-out")
+        # this side's regions: a fresh process has none of an earlier one's
+        self._inputs, self._outputs = _Region("pipelines-step-in"), _Region("pipelines-step-out")
         _live.add(self)
         reply = self._receive("initialize()")
         if reply[0] != "ready":
@@ -347,12 +345,7 @@ class ProcessInstance:
     def kill(self) -> None:
         """Kill the process now (a call abandoned at its timeout, or this process exiting)."""
         with self._lock:
-            pid = self.pid
-            if pid:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _sigkill(self.pid)
 
     abandon = kill
 
@@ -367,15 +360,12 @@ class ProcessInstance:
         if not pid:
             return "gone"
         if kill:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _sigkill(pid)
         try:
             _, status = os.waitpid(pid, 0)
         except ChildProcessError:
             return "gone"
-        return _how(status)
+        return describe_exit(os.waitstatus_to_exitcode(status))
 
     # -------------------------------------------------------------- calls
 
@@ -387,7 +377,6 @@ class ProcessInstance:
                     f"pipeline {self.pipeline!r} step {self.node!r}: this instance was finalized",
                     pipeline=self.pipeline, step=self.node, node=self.node,
                 )
-            self.restarts += 1
             self._start()  # the last process died: a fresh one, as Triton restarts a stub
         conn = self._conn
         assert conn is not None

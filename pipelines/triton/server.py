@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from ..compile.calls import models_called
 from ..compile.repository_disk import leftover_staging
 from ..errors import PipelinesError, ServerDiedError, ServerError, ServerRestartingError, ServerStartError
+from ..process_exit import describe_exit
 from .arguments import Ports, PythonBackendSettings, ServerArguments
 from .cleanup import (
     REGISTRY,
@@ -927,13 +928,3 @@ def _model_folders(repository: Path) -> list[str]:
         return []
 
 
-def describe_exit(code: int | None) -> str:
-    """How a process ended, in words: its exit code or the signal that killed it."""
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
