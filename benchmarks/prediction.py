@@ -118,8 +118,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="prediction-results", help="where results go (default: prediction-results)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="measure every pipeline this many times, in turns, and judge the medians (default: 3)")
-    parser.add_argument("--isolation", choices=ISOLATIONS, default=ISOLATIONS[0],
-                        help="where the local runtime runs step instances (default: thread)")
+    parser.add_argument("--isolation", choices=ISOLATIONS, default=None,
+                        help="where the local runtime runs step instances (default: auto: a step that keeps a "
+                        "core busy for 2 ms a call moves to processes of its own, the others stay in threads)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     out = Path(args.out)

@@ -116,7 +116,7 @@ def test_a_profiles_stub_costs_are_paid_by_a_step_in_its_process_as_well():
 
 
 def test_an_unknown_isolation_is_refused_by_name():
-    with pytest.raises(InferenceError, match=r"isolation must be one of thread, process; got 'stub'"):
+    with pytest.raises(InferenceError, match=r"isolation must be one of thread, process, auto; got 'stub'"):
         LocalRuntime(where_pipeline(), isolation="stub")
 
 

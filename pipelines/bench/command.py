@@ -93,10 +93,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", metavar="FILE",
                         help="a server profile from 'pipelines calibrate': the local runtime replays its costs "
                         "and predicts that server; with --server, predicted and measured side by side")
-    parser.add_argument("--isolation", choices=ISOLATIONS, default=ISOLATIONS[0],
+    parser.add_argument("--isolation", choices=ISOLATIONS, default=None,
                         help="where the local runtime runs each step instance: in this process's threads, or in "
-                        "a forked process of its own, as Triton runs each Python model instance in a stub; "
-                        "'process' keeps steps from waiting for each other's GIL (default: thread)")
+                        "a forked process of its own, as Triton runs each Python model instance in a stub "
+                        "('process' keeps steps from waiting for each other's GIL); 'auto' moves a step to "
+                        "processes once it keeps a core busy for 2 ms a call (default: auto with --profile, "
+                        "thread without)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -34,7 +34,7 @@ class LocalTarget:
 
 @asynccontextmanager
 async def local_target(
-    pipeline: Pipeline, mode: str, *, server_copies: bool = True, profile: Any = None, isolation: str = "thread"
+    pipeline: Pipeline, mode: str, *, server_copies: bool = True, profile: Any = None, isolation: str | None = None
 ) -> AsyncIterator[LocalTarget]:
     """Start the local runtime in ``mode`` (``"ensemble"``, ``"bls"`` or ``"bls-sync"``),
     replaying a server ``profile`` if one is given."""

@@ -35,8 +35,9 @@ class BenchSettings:
     ``turns`` > 1 measures each level in that many turns, every configuration in
     turn, and pools each one's turns: a machine whose speed drifts over seconds
     then moves every form alike, and the ratios between forms hold still.
-    ``isolation`` is where the local runtime runs step instances: ``"thread"`` or
-    ``"process"`` (one forked process each, as Triton's stubs; see ``LocalRuntime``).
+    ``isolation`` is where the local runtime runs step instances: ``"thread"``,
+    ``"process"`` (one forked process each, as Triton's stubs) or ``"auto"``; ``None``
+    (the default) is ``"auto"`` with a profile and ``"thread"`` without (see ``LocalRuntime``).
     """
 
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -56,11 +57,11 @@ class BenchSettings:
     size: int = 16
     profile: Any = None
     turns: int = 1
-    isolation: str = "thread"
+    isolation: str | None = None
 
     def __post_init__(self) -> None:
-        if self.isolation not in ISOLATIONS:
-            raise PipelinesError(f"isolation must be {' or '.join(ISOLATIONS)}; got {self.isolation!r}")
+        if self.isolation is not None and self.isolation not in ISOLATIONS:
+            raise PipelinesError(f"isolation must be one of {', '.join(ISOLATIONS)}; got {self.isolation!r}")
         if self.server and self.url is not None:
             raise PipelinesError(
                 f"choose the embedded server (--server) or a remote one (--url {self.url}), not both"

@@ -18,16 +18,25 @@ runs again, on a thread of its own), so later requests are served; the stuck
 instance is finalized if its call ever returns. Worker threads are daemon
 threads (:mod:`pipelines.runtime.workers`), so a stuck call never keeps the
 process from exiting.
+
+With ``isolation="auto"``, a step starts in threads and moves to processes of its own
+(:mod:`pipelines.runtime.step_process`) once its first calls show that it keeps a core
+busy for ``MOVE_CPU_S`` a call or more: such a step's numpy calls lose more to waiting
+for the GIL beside other steps than a hop to a process costs, and a lighter one the other
+way round (docs/server_profiles.md). Each instance is built afresh in its process
+(``initialize()`` again) while the thread's instance goes on serving, which is then
+finalized.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
 from collections import deque
 from collections.abc import Callable
-from time import perf_counter
+from time import perf_counter, thread_time
 from typing import Any
 
 import anyio
@@ -45,11 +54,16 @@ from .replay import StubInThread, nbytes_of
 from .step_process import ProcessInstance
 from .workers import StepThreads
 
-__all__ = ["InstancePool", "Lease", "StepModel"]
+__all__ = ["MOVE_CPU_S", "InstancePool", "Lease", "StepModel"]
 
 
-#: How many executions are timed before a step may be judged cheap enough to run inline.
+#: How many executions are timed before a step may be judged cheap enough to run inline,
+#: or busy enough to move to processes.
 _SAMPLES = 3
+#: The CPU time a call of a step must take, at least, for ``isolation="auto"`` to move the
+#: step to processes: where a hop to a process (0.3-0.5 ms on a 2-core VM) costs less than
+#: the quarter of a step's time that waiting for the GIL took from yolov5's detector.
+MOVE_CPU_S = 2e-3
 _hop_cost: float | None = None
 
 
@@ -77,12 +91,13 @@ async def thread_hop_cost() -> float:
 class Lease:
     """One instance lent out by a pool; ``abandoned`` once a stuck thread holds it for good."""
 
-    __slots__ = ("instance", "index", "abandoned")
+    __slots__ = ("instance", "index", "abandoned", "isolated")
 
-    def __init__(self, instance: StepInstance, index: int = 0) -> None:
+    def __init__(self, instance: StepInstance, index: int = 0, *, isolated: bool = False) -> None:
         self.instance = instance
         self.index = index  # its place in the instance group (the config's instance index)
         self.abandoned = False
+        self.isolated = isolated  # in a process of its own (a ProcessInstance)
 
 
 class _Waiter:
@@ -113,9 +128,17 @@ class InstancePool:
         self._renew = renew  # builds a fresh instance for an index (runs initialize())
         self._pipeline, self._step = pipeline, step
         self._alive = len(leases)  # instances not abandoned, plus those being built
+        self._size = len(leases)
         self.renewed = 0  # instances built in place of abandoned ones
         self.renew_error: BaseException | None = None
         self.closed = False
+        # Moving to processes (convert): thread instances still serving, and how many of them
+        # have a successor in a process already, to be finalized when next free.
+        self._threaded = 0
+        self._to_retire = 0
+        self._awaited = 0  # successors being built
+        self.moved = 0  # instances now in processes in place of threads
+        self.move_error: BaseException | None = None
 
     def try_acquire(self) -> Lease | None:
         if self._free and not self._waiters:
@@ -150,11 +173,15 @@ class InstancePool:
         return waiter.lease
 
     def give_back(self, lease: Lease) -> None:
-        """Return an instance, unless a stuck thread holds it (a fresh one replaces it)."""
+        """Return an instance, unless a stuck thread holds it (a fresh one replaces it), or
+        its successor in a process serves already."""
         if lease.abandoned:
             return
         if self.closed:
             lease.instance.finalize()
+            return
+        if self._to_retire and not lease.isolated:
+            self._retire(lease)
             return
         if self._waiters:
             waiter = self._waiters.popleft()
@@ -170,24 +197,81 @@ class InstancePool:
         of its own; requests wait for the fresh instance as for a busy one.
         """
         self._alive -= 1
+        if not lease.isolated and self._threaded:  # moving to processes: its successor stands in
+            self._threaded -= 1
+            if self._to_retire:  # arrived already, and was to retire it
+                self._to_retire -= 1
+                return
+            if self._awaited:  # on its way (see _converted)
+                return
         if self._renew is None or self.closed:
             return
         self._alive += 1
+        self._build(lease.index, self._arrived)
+
+    def convert(self, threaded: int) -> None:
+        """On the event loop: build each instance afresh with ``renew`` (which now makes them
+        in processes), in the background; the ``threaded`` instances serving meanwhile are
+        finalized one by one as their successors arrive and they are next free."""
+        if self._renew is None or self.closed:
+            return
+        self._threaded = threaded
+        self._awaited = self._size
+        for index in range(self._size):
+            self._build(index, functools.partial(self._converted, index))
+
+    def _build(self, index: int, arrived: Callable[[Lease | None, BaseException | None], None]) -> None:
+        """Build an instance for ``index`` on a daemon thread of its own (``initialize()`` may take
+        seconds: weights), then hand it to ``arrived`` on the event loop."""
         renew, token = self._renew, anyio.lowlevel.current_token()
+        assert renew is not None
 
         def build() -> None:
             fresh, error = None, None
             try:
-                fresh = renew(lease.index)
-            except BaseException as exc:  # handed to the event loop, which reports it on acquire
+                fresh = renew(index)
+            except BaseException as exc:  # handed to the event loop, which reports it
                 error = exc
             try:
-                anyio.from_thread.run_sync(self._arrived, fresh, error, token=token)
+                anyio.from_thread.run_sync(arrived, fresh, error, token=token)
             except Exception:  # the event loop is gone: nobody will use the instance
                 if fresh is not None:
                     fresh.instance.finalize()
 
         threading.Thread(target=build, name=f"pipelines-renew-{self._step}", daemon=True).start()
+
+    def _converted(self, index: int, fresh: Lease | None, error: BaseException | None) -> None:
+        self._awaited -= 1
+        if fresh is None:  # the thread's instance goes on serving
+            self.move_error = error
+            if self._alive < self._size and not self.closed:
+                self._alive += 1  # it was to stand in for an abandoned one: renew that one after all
+                self._build(index, self._arrived)
+            return
+        replaces = self._threaded > self._to_retire
+        if self.closed or not (replaces or self._alive < self._size):  # nothing left for it to replace
+            fresh.instance.finalize()
+            return
+        self.moved += 1
+        self._alive += 1
+        if not replaces:  # in place of one abandoned meanwhile
+            self.give_back(fresh)
+            return
+        self._to_retire += 1
+        for lease in [x for x in self._free if not x.isolated][: self._to_retire]:
+            self._free.remove(lease)
+            self._retire(lease)
+        self.give_back(fresh)
+
+    def _retire(self, lease: Lease) -> None:
+        """Finalize a thread's instance whose successor serves in a process."""
+        self._to_retire -= 1
+        self._threaded -= 1
+        self._alive -= 1
+        try:
+            lease.instance.finalize()
+        except Exception:  # its successor serves; a finalize() error has nobody to go to
+            pass
 
     def _arrived(self, fresh: Lease | None, error: BaseException | None) -> None:
         if fresh is None:
@@ -311,7 +395,7 @@ class StepModel:
         threads: StepThreads,
         in_model: int | None = None,
         timeout_covers_queue: bool = False,
-        isolated: bool = False,
+        isolation: str = "thread",
     ) -> None:
         step = node.step
         # Inside a fused model (``in_model`` = its instance count) a step has one instance per
@@ -330,8 +414,11 @@ class StepModel:
         self.timeout = step.options.timeout
         self.timeout_covers_queue = timeout_covers_queue  # called through BLS on the server (see above)
         self.offload = offload
-        # Each instance in a process of its own, as a Triton stub (pipelines.runtime.step_process).
-        self.isolated = isolated
+        # Each instance in a process of its own, as a Triton stub (pipelines.runtime.step_process);
+        # with "auto", once the step shows it is busy enough (see MOVE_CPU_S).
+        self.isolated = isolation == "process"
+        self._may_move = isolation == "auto"
+        self._group = [self]  # the nodes served by these instances (see share), which move together
         self._threads = threads
         self.pool: InstancePool | None = None
         self.batcher: DynamicBatcher | None = None
@@ -346,6 +433,7 @@ class StepModel:
         self.replay: Any = None  # a server profile's costs (pipelines.runtime.replay), spent while the instance is held
         self._typical = 0.0
         self._timed = 0
+        self._least_cpu = float("inf")  # the least CPU time a call took, of the first few
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -381,7 +469,8 @@ class StepModel:
 
     def _instantiate(self, index: int) -> Lease:
         if self.isolated:
-            return Lease(ProcessInstance(self.step, self._config(index), pipeline=self.pipeline, node=self.name), index)
+            instance = ProcessInstance(self.step, self._config(index), pipeline=self.pipeline, node=self.name)
+            return Lease(instance, index, isolated=True)
         return Lease(self.step.instantiate(self._config(index)), index)
 
     def share(self, owner: StepModel) -> None:
@@ -394,6 +483,9 @@ class StepModel:
         self.batcher = owner.batcher
         self.is_async = owner.is_async
         self.isolated = owner.isolated
+        self._may_move = owner._may_move
+        self._group = owner._group
+        self._group.append(self)
         self.inline_ok = owner.inline_ok
         self.always_inline = owner.always_inline
         self.shared = True
@@ -491,23 +583,24 @@ class StepModel:
         stub = replay.stub_in_thread(self) if replay is not None and threaded else None
         if replay is not None and not threaded:
             await replay.stub(self, nbytes_of(inputs), leaving=False, instance=lease.index)
+        cpu = None  # the call's CPU time, where it ran on one of this process's threads
         try:
             if self.is_async:
                 t = perf_counter()
                 outputs = await instance.execute_async(inputs)
                 compute = perf_counter() - t
             elif inline:
-                t = perf_counter()
+                t, c = perf_counter(), thread_time()
                 outputs = instance.execute(inputs)
-                compute = perf_counter() - t
+                compute, cpu = perf_counter() - t, thread_time() - c
             else:
-                outputs, compute = await self._in_thread(lease, inputs, stub)
+                outputs, compute, cpu = await self._in_thread(lease, inputs, stub)
             if stub is not None:
                 replay.account(stub)
             check_outputs(
                 self.step, serving.as_arrays(outputs), batched=self.batched, batch_size=rows if self.batched else None
             )
-            self._learn(compute)
+            self._learn(compute, cpu)
             if replay is not None and not threaded:
                 await replay.stub(self, nbytes_of(outputs), leaving=True, instance=lease.index)
         except PipelinesError as exc:
@@ -531,40 +624,58 @@ class StepModel:
             f"{where} raised {type(exc).__name__}: {exc}", pipeline=self.pipeline, step=self.name, node=self.name
         )
 
-    def _learn(self, compute: float) -> None:
+    def _learn(self, compute: float, cpu: float | None = None) -> None:
         # an exponential average follows a step that changes pace without storing a history
         self._typical = compute if not self._timed else self._typical + 0.2 * (compute - self._typical)
         self._timed += 1
         self.cheap = self._timed >= _SAMPLES and self._typical < self.hop_cost
+        if self._may_move and cpu is not None:
+            # The least of the first calls: what the step itself burns, not what it waited for.
+            self._least_cpu = min(self._least_cpu, cpu)
+            if self._timed >= _SAMPLES:
+                self._move_if_busy()
+
+    def _move_if_busy(self) -> None:
+        """``isolation="auto"``: judged once, after the first calls. A step that keeps a core
+        busy for ``MOVE_CPU_S`` a call moves to processes; the others stay in threads."""
+        for model in self._group:
+            model._may_move = False
+        if self._least_cpu < MOVE_CPU_S or self.pool is None:
+            return
+        for model in self._group:
+            model.isolated = True
+            model.inline_ok = model.always_inline = False  # a process's answer is waited for in a thread
+        self.pool.convert(threaded=self.instance_count)
 
     async def _in_thread(
         self, lease: Lease, inputs: dict[str, Any], stub: StubInThread | None = None
-    ) -> tuple[dict[str, Any], float]:
+    ) -> tuple[dict[str, Any], float, float | None]:
         assert self.pool is not None
         call = _ThreadCall(lease, self.pool, self._threads)
         instance = lease.instance
         execute: Callable[[dict[str, Any]], dict[str, Any]] = instance.execute
-        isolated = self.isolated
+        isolated = lease.isolated
 
-        def work() -> tuple[dict[str, Any], float] | None:
+        def work() -> tuple[dict[str, Any], float, float | None] | None:
             if not call.begin():
                 return None
             try:
                 if stub is not None and not isolated:
                     stub.enter(nbytes_of(inputs))
                 lag = stub.lag() if stub is not None and isolated else 0.0
-                t = perf_counter()
+                t, c = perf_counter(), thread_time()
                 outputs = execute(inputs)
-                compute = perf_counter() - t
+                compute, cpu = perf_counter() - t, thread_time() - c
                 if isolated:
                     # The step's function alone; the rest moved tensors through shared memory, as
                     # a stub does, and pays for as much of the stub's costs, both ways.
                     compute, handover = instance.last_compute, max(0.0, compute - instance.last_compute)
+                    cpu = None  # this thread only waited
                     if stub is not None:
                         stub.enter(nbytes_of(inputs), lag=lag, spent=handover)
                 if stub is not None:
                     stub.leave(nbytes_of(outputs))
-                return outputs, compute
+                return outputs, compute, cpu
             finally:
                 call.end()
 

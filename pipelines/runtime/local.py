@@ -65,7 +65,7 @@ from .device import CopyCounter, Placement, gpu_available, resolve_device
 from .instances import StepModel, thread_hop_cost
 from .replay import Replay, nbytes_of
 from .report import CostRecorder, Report
-from .step_process import ISOLATIONS, is_async_impl, isolation_supported
+from .step_process import ISOLATIONS, is_async_impl, isolation_supported, resolve_isolation
 from .workers import StepThreads
 
 if TYPE_CHECKING:
@@ -168,10 +168,14 @@ class LocalRuntime:
     ``isolation`` is where a step's instances run: ``"process"`` gives each instance a
     forked process of its own, as Triton gives each Python model instance a stub, so that
     steps do not wait for each other's GIL (:mod:`pipelines.runtime.step_process`);
-    ``"thread"`` (the default) runs them in this process. With a profile, ``"process"``
-    brought yolov5's ensemble at concurrency 4 within 7 % of the server's throughput (a
-    step's numpy calls no longer wait for the GIL), but ten 1 ms steps pay a hop to a
-    process each, which is not in the profile; see docs/server_profiles.md.
+    ``"thread"`` runs them in this process; ``"auto"`` starts them in threads and moves a
+    step to processes once its first calls show that it keeps a core busy for 2 ms or more
+    a call (its ``initialize()`` runs again there). The default is ``"auto"`` with a
+    profile and ``"thread"`` without one. With a profile, processes bring yolov5's
+    ensemble at concurrency 4 within a few % of the server's throughput (a step's numpy
+    calls no longer wait for the GIL), but a chain of ten 1 ms steps pays a hop to a process
+    per call, which is not in the profile; ``"auto"`` gives each the one that predicts it
+    (docs/server_profiles.md).
     ``keep_freed_memory`` (on by default) gives this process, when the runtime
     opens, the ``malloc`` thresholds the bundled server gives its stubs, so that a
     step's fresh arrays cost what they cost there and the same from run to run
@@ -193,7 +197,7 @@ class LocalRuntime:
         fused_instance_count: int = 1,
         profile: Any = None,
         keep_freed_memory: bool = True,
-        isolation: str = "thread",
+        isolation: str | None = None,
     ) -> None:
         if not isinstance(pipeline, Pipeline):
             raise InferenceError(f"LocalRuntime needs a Pipeline; got {type(pipeline).__name__}")
@@ -206,7 +210,7 @@ class LocalRuntime:
             raise InferenceError(
                 f"pipeline {name!r}: offload must be one of {', '.join(_OFFLOAD)}; got {offload!r}", pipeline=name
             )
-        if isolation not in ISOLATIONS:
+        if isolation is not None and isolation not in ISOLATIONS:
             raise InferenceError(
                 f"pipeline {name!r}: isolation must be one of {', '.join(ISOLATIONS)}; got {isolation!r}",
                 pipeline=name,
@@ -232,7 +236,7 @@ class LocalRuntime:
         self._replay = Replay(profile, mode, self._ensemble_layout) if profile is not None else None
         if self._replay is not None:
             self._crossings = 0
-        self.isolation = isolation
+        self.isolation = resolve_isolation(isolation, profile=profile is not None)
         self.plan = plan_of(pipeline)
         # Nodes that run inside the top-level model (the fused form's Python steps): no server copy.
         self._in_process = frozenset(
@@ -286,18 +290,20 @@ class LocalRuntime:
                 max_rows=pipeline.max_batch_size or 1,
             )
 
-    def _isolated(self, node: Any) -> bool:
-        """Whether ``node``'s instances run in processes of their own (``isolation="process"``).
-
-        Not a fused model's Python steps, which share the fused model's one process on the
-        server too; not a step on a GPU, since CUDA cannot be used in a forked process; not an
-        ``async def`` step, which runs on the event loop.
+    def _isolation_of(self, node: Any) -> str:
+        """Where ``node``'s instances run: the runtime's ``isolation``, or ``"thread"`` where
+        a process cannot stand for the server's: a fused model's Python steps, which share the
+        fused model's one process on the server too; a step on a GPU, since CUDA cannot be used
+        in a forked process; an ``async def`` step, which runs on the event loop. ``"auto"``
+        keeps an external model's stand-in here too (ONNX Runtime lets go of the GIL).
         """
-        if self.isolation != "process" or node.name in self._in_process:
-            return False
+        if self.isolation == "thread" or node.name in self._in_process:
+            return "thread"
+        if self.isolation == "auto" and node.step.is_external:
+            return "thread"  # another backend's model, in no stub on the server; its stand-in stays here
         wants = node.step.options.device
         on_cpu = wants == "cpu" or (wants is None and self.device != "gpu")
-        return on_cpu and not is_async_impl(node.step.impl)
+        return self.isolation if on_cpu and not is_async_impl(node.step.impl) else "thread"
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -324,7 +330,7 @@ class LocalRuntime:
                     threads=self._executor,
                     in_model=self._fused_instances if name in self._in_process else None,
                     timeout_covers_queue=self.form.one_execute_per_instance and name not in self._in_process,
-                    isolated=self._isolated(node),
+                    isolation=self._isolation_of(node),
                 )
                 owner = owners.get(id(node.step))
                 if owner is None:

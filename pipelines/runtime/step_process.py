@@ -60,11 +60,14 @@ from ..errors import StepError, StubDiedError
 from ..process_exit import describe_exit
 from ..serving import is_coroutine_callable
 
-__all__ = ["ISOLATIONS", "ProcessInstance", "fork_with_pipe", "is_async_impl", "isolation_supported"]
+__all__ = [
+    "ISOLATIONS", "ProcessInstance", "fork_with_pipe", "is_async_impl", "isolation_supported", "resolve_isolation"
+]
 
-#: Where the local runtime can run a step's instances: its own threads (the default), or a
-#: process of their own each.
-ISOLATIONS = ("thread", "process")
+#: Where the local runtime can run a step's instances: its own threads, a process of their
+#: own each, or ``"auto"``: threads, until a step shows that it keeps a core busy for long
+#: enough that waiting for the GIL costs it more than a hop to a process would.
+ISOLATIONS = ("thread", "process", "auto")
 
 _ALIGN = 64
 _MIN_REGION = 1 << 20
@@ -76,6 +79,21 @@ _FINALIZE_WAIT_S = 10.0
 def isolation_supported() -> bool:
     """Whether this platform can fork a step's process and share memory with it (Linux)."""
     return hasattr(os, "fork") and hasattr(os, "memfd_create") and sys.platform.startswith("linux")
+
+
+def resolve_isolation(isolation: str | None, *, profile: bool) -> str:
+    """The isolation a runtime uses when asked for ``isolation`` (``None``: the default).
+
+    The default is ``"auto"`` when a server profile is replayed (a prediction of the server,
+    whose stubs are processes) and ``"thread"`` otherwise (a step stays in this process,
+    where a debugger and ``print`` reach it). ``"auto"`` is ``"thread"`` where processes
+    cannot be forked; ``"process"`` there is an error, raised by the caller.
+    """
+    if isolation is None:
+        isolation = "auto" if profile else "thread"
+    if isolation == "auto" and not isolation_supported():
+        return "thread"
+    return isolation
 
 
 def is_async_impl(impl: Any) -> bool:
