@@ -100,6 +100,10 @@ def test_a_busy_step_moves_to_a_process_and_light_or_sleeping_ones_stay(tmp_path
             await _until_moved(rt, {"x": x}, answers)
             for _ in range(5):  # and it stays there
                 answers.append(await rt.infer({"x": x}))
+            report = rt.report()
+            assert report.in_processes == ("busy",)
+            assert "steps in processes of their own: busy\n" in str(report)
+            assert report.to_dict()["in_processes"] == ["busy"]
 
     anyio.run(main)
     me = os.getpid()
@@ -215,6 +219,7 @@ def test_a_step_whose_process_cannot_initialize_keeps_serving_from_its_thread(tm
             while pool.move_error is None and time.monotonic() < deadline:
                 await anyio.sleep(0.05)
             outs += [await rt.infer({"x": x}) for _ in range(5)]
+            assert rt.report().in_processes == ()  # it never moved
             return outs, pool
 
     outs, pool = anyio.run(main)

@@ -132,11 +132,13 @@ class InstancePool:
         self.renewed = 0  # instances built in place of abandoned ones
         self.renew_error: BaseException | None = None
         self.closed = False
-        # Moving to processes (convert): thread instances still serving, and how many of them
-        # have a successor in a process already, to be finalized when next free.
+        # Moving to processes (convert): the thread instances still serving, the successors built
+        # in processes that wait for one of them to be free (then it is finalized and the
+        # successor takes its place, so the pool never holds more instances than it should),
+        # and how many successors are being built.
         self._threaded = 0
-        self._to_retire = 0
-        self._awaited = 0  # successors being built
+        self._successors: list[Lease] = []
+        self._awaited = 0
         self.moved = 0  # instances now in processes in place of threads
         self.move_error: BaseException | None = None
 
@@ -180,7 +182,7 @@ class InstancePool:
         if self.closed:
             lease.instance.finalize()
             return
-        if self._to_retire and not lease.isolated:
+        if self._successors and not lease.isolated:
             self._retire(lease)
             return
         if self._waiters:
@@ -197,12 +199,13 @@ class InstancePool:
         of its own; requests wait for the fresh instance as for a busy one.
         """
         self._alive -= 1
-        if not lease.isolated and self._threaded:  # moving to processes: its successor stands in
+        if not lease.isolated and self._threaded:  # moving to processes: a successor stands in
             self._threaded -= 1
-            if self._to_retire:  # arrived already, and was to retire it
-                self._to_retire -= 1
+            if self._successors:  # one is waiting already
+                self._alive += 1
+                self.give_back(self._successors.pop(0))
                 return
-            if self._awaited:  # on its way (see _converted)
+            if self._awaited:  # one is on its way (see _converted)
                 return
         if self._renew is None or self.closed:
             return
@@ -248,30 +251,29 @@ class InstancePool:
                 self._alive += 1  # it was to stand in for an abandoned one: renew that one after all
                 self._build(index, self._arrived)
             return
-        replaces = self._threaded > self._to_retire
+        replaces = self._threaded > len(self._successors)
         if self.closed or not (replaces or self._alive < self._size):  # nothing left for it to replace
             fresh.instance.finalize()
             return
         self.moved += 1
-        self._alive += 1
         if not replaces:  # in place of one abandoned meanwhile
+            self._alive += 1
             self.give_back(fresh)
             return
-        self._to_retire += 1
-        for lease in [x for x in self._free if not x.isolated][: self._to_retire]:
-            self._free.remove(lease)
-            self._retire(lease)
-        self.give_back(fresh)
+        self._successors.append(fresh)
+        idle = next((x for x in self._free if not x.isolated), None)
+        if idle is not None:
+            self._free.remove(idle)
+            self._retire(idle)
 
     def _retire(self, lease: Lease) -> None:
-        """Finalize a thread's instance whose successor serves in a process."""
-        self._to_retire -= 1
+        """Finalize a thread's instance, and let the next successor in a process serve instead."""
         self._threaded -= 1
-        self._alive -= 1
         try:
             lease.instance.finalize()
         except Exception:  # its successor serves; a finalize() error has nobody to go to
             pass
+        self.give_back(self._successors.pop(0))
 
     def _arrived(self, fresh: Lease | None, error: BaseException | None) -> None:
         if fresh is None:
@@ -288,6 +290,8 @@ class InstancePool:
         """Finalize the instances that are free; busy ones are finalized when they come back."""
         self.closed = True
         errors: list[BaseException] = []
+        self._free.extend(self._successors)  # built, never served
+        self._successors.clear()
         for lease in self._free:
             try:
                 lease.instance.finalize()
@@ -434,6 +438,12 @@ class StepModel:
         self._typical = 0.0
         self._timed = 0
         self._least_cpu = float("inf")  # the least CPU time a call took, of the first few
+
+    @property
+    def in_processes(self) -> bool:
+        """Whether its instances run in processes of their own (or will, once they are built)."""
+        pool = self.pool
+        return self.isolated and pool is not None and (pool.moved > 0 or pool.move_error is None)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -640,8 +650,8 @@ class StepModel:
         busy for ``MOVE_CPU_S`` a call moves to processes; the others stay in threads."""
         for model in self._group:
             model._may_move = False
-        if self._least_cpu < MOVE_CPU_S or self.pool is None:
-            return
+        if self._least_cpu < MOVE_CPU_S or self.pool is None or self.offload == "never":
+            return  # offload="never": the user keeps the step on the event loop
         for model in self._group:
             model.isolated = True
             model.inline_ok = model.always_inline = False  # a process's answer is waited for in a thread

@@ -453,7 +453,9 @@ class LocalRuntime:
 
     def report(self) -> Report:
         """Costs aggregated over every request served since the start (or :meth:`reset_report`)."""
-        return self._predicted(self._recorder.report())
+        report = self._predicted(self._recorder.report())
+        moved = tuple(name for name, model in self._models.items() if model.in_processes)
+        return dataclasses.replace(report, in_processes=moved) if moved else report
 
     def reset_report(self) -> None:
         """Forget the costs gathered so far (e.g. after a warm-up)."""

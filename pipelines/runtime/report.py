@@ -57,7 +57,8 @@ class Report:
     ``copies`` and ``copy_bytes`` are totals over the ``requests`` (divide for
     one request's share). ``server`` is the prediction of a Triton server when the
     runtime replays a server profile; without one the figures are in-process
-    figures, not predictions of a server.
+    figures, not predictions of a server. ``in_processes`` names the steps whose
+    instances ran in processes of their own (``isolation``), as the report was taken.
     """
 
     pipeline: str
@@ -75,6 +76,7 @@ class Report:
     critical_path_us: float
     parallelism: float
     server: ServerPrediction | None = None
+    in_processes: tuple[str, ...] = ()
 
     @property
     def latency_over_critical_path(self) -> float:
@@ -101,6 +103,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["critical_path"] = list(self.critical_path)
+        data["in_processes"] = list(self.in_processes)
         data["latency_over_critical_path"] = _finite(self.latency_over_critical_path)
         data["steps"] = [dict(asdict(s), mean_batch=s.mean_batch) for s in self.steps]
         return {k: _finite(v) for k, v in data.items()}
@@ -117,6 +120,8 @@ class Report:
             f"latency / critical path {self.latency_over_critical_path:.2f}; parallelism {self.parallelism:.2f}\n"
             f"copies between devices: {self.copies} ({_bytes(self.copy_bytes)})\n"
         )
+        if self.in_processes:
+            head += f"steps in processes of their own: {', '.join(self.in_processes)}\n"
         if self.server is None:
             head += ("these are in-process figures, not predictions of a Triton server: "
                      "give a server profile (profile=..., from 'pipelines calibrate') for those\n")
