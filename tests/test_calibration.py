@@ -86,6 +86,28 @@ def test_one_probe_measured_while_the_machine_was_busy_does_not_tilt_its_line(di
         assert at_4_mib(costs[name]) == pytest.approx(at_4_mib(cost), rel=0.2), name
 
 
+def test_a_size_whose_calls_cost_more_than_the_next_larger_ones_is_taken_between_its_neighbours():
+    # as two calibrations of one day put an ensemble step at 4 MiB at 2.9 and 6.5 ms a way (every
+    # chain at that size slow but the one-step one), where 1 and 12 MiB gave nothing
+    rows = [(k, n, size, latency + (20_000.0 * (n - 1) if (k, size) == ("ensemble", 4 * MIB) else 0.0), stub)
+            for k, n, size, latency, stub in _synthetic()]
+    costs, _ = fit_costs(rows)
+    step = costs["ensemble_step"]
+    truth = TRUE["ensemble_step"]
+    assert step.way_us(4 * MIB, leaving=False) == pytest.approx(truth.way_us(4 * MIB, leaving=False), rel=0.1)
+    # the other sizes, and the other boundaries at 4 MiB, are as they were
+    for size in (MIB, 32 * MIB):
+        assert step.way_us(size, leaving=True) == pytest.approx(truth.way_us(size, leaving=True), rel=1e-6)
+    assert costs["bls_call"].way_us(4 * MIB, leaving=False) == pytest.approx(
+        TRUE["bls_call"].way_us(4 * MIB, leaving=False), rel=1e-6)
+    # a figure that grows with the bytes, however fast, is no spike
+    steep = dict(TRUE, ensemble_step=Cost(60.0, 4000.0))
+    rows = [(p.row_kind, p.steps, p.size, predict_us(steep, p.kind, p.steps, p.size), TRUE["stub"].us(2 * p.size))
+            for p in probe_plan()]
+    fitted, _ = fit_costs(rows)
+    assert fitted["ensemble_step"].us_per_mib == pytest.approx(4000.0, rel=1e-6)
+
+
 def test_a_bls_models_own_statistics_price_its_calls_without_the_requests_noise():
     # the request's HTTP body varies by milliseconds at large sizes: every probe's latency carries
     # its own draw of it, and only what the BLS model held its instance says what its calls cost
