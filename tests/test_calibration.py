@@ -86,7 +86,7 @@ def test_one_probe_measured_while_the_machine_was_busy_does_not_tilt_its_line(di
         assert at_4_mib(costs[name]) == pytest.approx(at_4_mib(cost), rel=0.2), name
 
 
-def test_a_size_whose_calls_cost_more_than_the_next_larger_ones_is_taken_between_its_neighbours():
+def test_a_size_whose_calls_cost_more_than_both_neighbours_is_taken_between_them():
     # as two calibrations of one day put an ensemble step at 4 MiB at 2.9 and 6.5 ms a way (every
     # chain at that size slow but the one-step one), where 1 and 12 MiB gave nothing
     rows = [(k, n, size, latency + (20_000.0 * (n - 1) if (k, size) == ("ensemble", 4 * MIB) else 0.0), stub)

@@ -114,8 +114,8 @@ def _nonnegative_lstsq(a: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.
 # A chain length whose latency is this many times what the other lengths' line says (or that
 # many times less) was disturbed while it was measured, and is left out of its kind's line.
 _OFF_LINE = 1.5
-# What a size's figure may exceed the next larger size's by, beyond _OFF_LINE times, before it
-# counts as a spike (see _without_spikes): small figures are near zero and differ by more.
+# What a size's figure may exceed its neighbours' by, beyond _OFF_LINE times, before it counts
+# as a spike (see _without_spikes): small figures are near zero and differ by more.
 _SPIKE_US = 500.0
 
 
@@ -231,18 +231,19 @@ def _stub_pair(rows: Sequence[Row]) -> tuple[float, float]:
 
 
 def _without_spikes(sizes: Sequence[int], ins: Sequence[float], outs: Sequence[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Each way's figures by size, with a size that costs more than the next larger one by
-    :data:`_OFF_LINE` times (plus :data:`_SPIKE_US`) taken as the interpolation of its two
-    neighbours. A boundary costs no less for more bytes, so such a figure is the noise of the
-    probes it is read off: calibrating twice on one day put an ensemble step at 4 MiB at 2.9
-    and 6.5 ms a way, where 1 and 12 MiB gave nothing and the server ran the ``large``
-    pipeline's three 4 MiB steps in 8.5 ms (docs/server_profiles.md). The largest size has no
-    larger one to be judged against, and is kept.
+    """Each way's figures by size, with a size that costs more than both its neighbours by
+    :data:`_OFF_LINE` times (plus :data:`_SPIKE_US`) taken as their interpolation. A boundary
+    costs no less for more bytes, so such a figure is the noise of the probes it is read off:
+    calibrating twice on one day put an ensemble step at 4 MiB at 2.9 and 6.5 ms a way, where
+    1 and 12 MiB gave nothing and the server ran the ``large`` pipeline's three 4 MiB steps in
+    8.5 ms (docs/server_profiles.md). Both neighbours, not only the larger one: a larger size
+    that noise put low must not make its smaller neighbour a spike. The smallest and largest
+    sizes have one neighbour each, and are kept.
     """
     totals = [i + o for i, o in zip(ins, outs, strict=True)]
     ins, outs = list(ins), list(outs)
     for k in range(1, len(sizes) - 1):
-        if totals[k] > _OFF_LINE * totals[k + 1] + _SPIKE_US:
+        if totals[k] > _OFF_LINE * max(totals[k - 1], totals[k + 1]) + _SPIKE_US:
             w = (sizes[k] - sizes[k - 1]) / (sizes[k + 1] - sizes[k - 1])
             ins[k] = (1 - w) * ins[k - 1] + w * ins[k + 1]
             outs[k] = (1 - w) * outs[k - 1] + w * outs[k + 1]
