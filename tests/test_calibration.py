@@ -349,6 +349,28 @@ def test_a_request_pays_what_it_owes_below_a_millisecond_when_it_leaves():
     assert replayed.latency_us - plain.latency_us >= 600 - 150
 
 
+def test_one_slow_hand_over_to_a_thread_does_not_stop_the_requests_paying_what_they_owe():
+    # On a loaded machine one hand-over to a worker thread took 20 ms; learning it whole made the
+    # hand-over look dearer than any request's remaining debt, and no request slept again.
+    import anyio
+
+    from pipelines.runtime.replay import _HANDOVER_MAX_S, _ThreadSleep
+
+    slow = [0.02]
+
+    def sleep(seconds):
+        time.sleep(seconds + (slow.pop() if slow else 0.0))
+
+    async def main():
+        settle = _ThreadSleep(sleep)
+        await settle(600e-6)  # the slow one
+        assert settle.overhead <= _HANDOVER_MAX_S
+        took = [await settle(600e-6) for _ in range(20)]
+        return sorted(took)[len(took) // 2]
+
+    assert anyio.run(main) >= 600e-6 - 150e-6
+
+
 def test_a_stub_cost_holds_the_instance_so_requests_queue_behind_it():
     # one instance, a 40 ms stub cost on the way in and out, and 4 requests at once: each waits for the ones before it
     profile = _profile(stub=Cost(80_000, 0))
