@@ -84,7 +84,7 @@ def calibrate(
         version = client.metadata().get("version")
 
         def tick(done: int, total: int, probe: Probe) -> None:
-            bar.update("calibrating", probe.label, done / total, f"{done}/{total} probes")
+            bar.update("calibrating", probe.label, done / total, f"{done}/{total} probe passes")
 
         samples = measure_probes(
             lambda model, inputs: client.infer(model, inputs), probes, budget, tick, statistics=client.statistics,

@@ -13,12 +13,13 @@ drives a server).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import median
 from time import perf_counter
 from typing import Any
 
 from ..blocking import run_blocking
+from ..errors import ArgumentError
 from .probes import BLS_KINDS, Probe
 
 __all__ = ["Budget", "Sample", "measure_lanes", "measure_probes"]
@@ -52,13 +53,30 @@ class Sample:
 @dataclass(frozen=True)
 class Budget:
     """How long each probe is measured: at least ``min_requests``, at most ``max_requests``
-    answers, and no longer than ``seconds`` once ``min_requests`` are in."""
+    answers, and no longer than ``seconds`` once ``min_requests`` are in; in ``passes``
+    over every probe, which share those answers and seconds (see :func:`measure_probes`)."""
 
     min_requests: int = 4
     max_requests: int = 30
-    seconds: float = 0.8
+    seconds: float = 0.7
     warmup: int = 1
     lanes_seconds: float = 1.0  # each window of measure_lanes
+    passes: int = 2
+
+    def __post_init__(self) -> None:
+        if self.passes < 1 or self.min_requests < 1 or self.max_requests < self.min_requests:
+            raise ArgumentError(f"a budget needs passes >= 1 and 1 <= min_requests <= max_requests; got "
+                                f"passes={self.passes}, min_requests={self.min_requests}, "
+                                f"max_requests={self.max_requests}")
+
+    def per_pass(self) -> tuple[int, int, float]:
+        """``(min_requests, max_requests, seconds)`` of one pass."""
+        return (-(-self.min_requests // self.passes), -(-self.max_requests // self.passes), self.seconds / self.passes)
+
+
+# A pass whose probes of one group took this much longer than another pass's (the median of
+# their ratios) met the machine in a slow spell, and is left out of that group's figures.
+_SLOW_PASS = 0.10
 
 
 def measure_probes(
@@ -78,7 +96,11 @@ def measure_probes(
     requests back to back: it prices the stubs the replay charges, and a
     pipeline's stubs serve requests one after another, warm (at 4 MiB, 2.0 ms a
     stub back to back against 2.7 ms taken in turns with other models, on the
-    bundled server: docs/server_profiles.md). ``statistics(model)`` (Triton's statistics
+    bundled server: docs/server_profiles.md). Every probe is measured in ``budget.passes``
+    passes over the whole plan, which share its answers and seconds; where one pass met a
+    slow spell of the machine, its figures of that size are left out (:func:`_unslowed`),
+    and the others' are pooled. ``progress`` counts each probe once per pass.
+    ``statistics(model)`` (Triton's statistics
     API answer), when given, is read around each timed request for the stub's own
     cost (the median per execution), and for a BLS probe its BLS model's (what it holds its
     instance; see :class:`Sample`). ``busy_ms`` is what each probe step works before it
@@ -89,50 +111,94 @@ def measure_probes(
 
     busy_us = busy_ms * 1e3
     budget = budget or Budget()
+    least, most, seconds = budget.per_pass()
     groups: dict[object, list[int]] = {}
     for i, probe in enumerate(probes):
         groups.setdefault(probe if probe.grown else probe.size, []).append(i)
-    found: dict[int, Sample] = {}
-    for members in groups.values():
-        times: dict[int, list[float]] = {i: [] for i in members}
-        stubs: dict[int, list[tuple[float, float]]] = {i: [] for i in members}
-        holds: dict[int, list[float]] = {i: [] for i in members}
-        inputs = probes[members[0]].inputs()
-        for i in members:
-            for _ in range(budget.warmup):  # the first calls of a stub allocate its shared memory
-                infer(probes[i].model, inputs)
-        began = perf_counter()
-        turns = 0
-        last = parse_statistics(statistics("")) if statistics is not None else None
-        while turns < budget.max_requests and (
-            turns < budget.min_requests or perf_counter() - began < budget.seconds * len(members)
-        ):
+    passes: list[dict[int, _Measured]] = []
+    done = 0
+    for n in range(budget.passes):
+        measured = {i: _Measured() for i in range(len(probes))}
+        for members in groups.values():
+            inputs = probes[members[0]].inputs()
             for i in members:
-                probe = probes[i]
-                t = perf_counter()
-                infer(probe.model, inputs)
-                times[i].append(perf_counter() - t)
-                if statistics is not None:
-                    # read around every request, so the stub's figure is a median as the latency is
-                    now = parse_statistics(statistics(""))  # every model: the probe's step models in one answer
-                    between = breakdown(last, now)
-                    stub = _held_us(between, probe.stub_models)
-                    hold = _held_us(between, (probe.model,)) if probe.kind in BLS_KINDS else None
-                    last = now
-                    if stub is not None:
-                        stubs[i].append(stub)
-                    if hold is not None:
-                        holds[i].append(hold[0])
-            turns += 1
-        for i in members:
-            stub_us = max(0.0, median(s[0] for s in stubs[i]) - busy_us) if stubs[i] else None
-            stub_in_us = median(s[1] for s in stubs[i]) if stubs[i] else None
-            latency_us = max(1.0, median(times[i]) * 1e6 - probes[i].steps * busy_us)
-            model_us = max(0.0, median(holds[i]) - probes[i].steps * busy_us) if holds[i] else None
-            found[i] = Sample(probes[i], latency_us, len(times[i]), stub_us, stub_in_us, model_us)
-            if progress is not None:
-                progress(len(found), len(probes), probes[i])
-    return [found[i] for i in range(len(probes))]
+                for _ in range(budget.warmup if n == 0 else 0):  # the first calls of a stub allocate its shared memory
+                    infer(probes[i].model, inputs)
+            began = perf_counter()
+            turns = 0
+            last = parse_statistics(statistics("")) if statistics is not None else None
+            while turns < most and (turns < least or perf_counter() - began < seconds * len(members)):
+                for i in members:
+                    probe = probes[i]
+                    t = perf_counter()
+                    infer(probe.model, inputs)
+                    measured[i].times.append(perf_counter() - t)
+                    if statistics is not None:
+                        # read around every request, so the stub's figure is a median as the latency is
+                        now = parse_statistics(statistics(""))  # every model: the probe's step models in one answer
+                        between = breakdown(last, now)
+                        stub = _held_us(between, probe.stub_models)
+                        hold = _held_us(between, (probe.model,)) if probe.kind in BLS_KINDS else None
+                        last = now
+                        if stub is not None:
+                            measured[i].stubs.append(stub)
+                        if hold is not None:
+                            measured[i].holds.append(hold[0])
+                turns += 1
+            for i in members:
+                done += 1
+                if progress is not None:
+                    progress(done, len(probes) * budget.passes, probes[i])
+        passes.append(measured)
+    kept: dict[int, _Measured] = {}
+    for members in groups.values():
+        chosen = _unslowed([[m[i] for i in members] for m in passes])
+        kept |= {i: pooled for i, pooled in zip(members, chosen, strict=True)}
+    return [kept[i].sample(probes[i], busy_us) for i in range(len(probes))]
+
+
+@dataclass
+class _Measured:
+    """One probe's figures from one pass or more: latencies (s), stub figures (µs: what its
+    step models held, of which on the way in), BLS holds (µs)."""
+
+    times: list[float] = field(default_factory=list)
+    stubs: list[tuple[float, float]] = field(default_factory=list)
+    holds: list[float] = field(default_factory=list)
+
+    def __add__(self, other: _Measured) -> _Measured:
+        return _Measured(self.times + other.times, self.stubs + other.stubs, self.holds + other.holds)
+
+    def sample(self, probe: Probe, busy_us: float) -> Sample:
+        stub_us = max(0.0, median(s[0] for s in self.stubs) - busy_us) if self.stubs else None
+        stub_in_us = median(s[1] for s in self.stubs) if self.stubs else None
+        latency_us = max(1.0, median(self.times) * 1e6 - probe.steps * busy_us)
+        model_us = max(0.0, median(self.holds) - probe.steps * busy_us) if self.holds else None
+        return Sample(probe, latency_us, len(self.times), stub_us, stub_in_us, model_us)
+
+
+def _unslowed(passes: Sequence[Sequence[_Measured]]) -> list[_Measured]:
+    """One group's probes (chains of one size, or one grown probe), pooled over the passes
+    that did not meet a slow spell of the machine.
+
+    A pass is slow where its probes took :data:`_SLOW_PASS` longer than the fastest pass's
+    (the median of their ratios): a calibration on this machine once measured every probe
+    of 4 MiB 8-52 % slower than the next one did (the sizes on either side within their
+    noise), which priced ``large``'s BLS forms 28 % slow (docs/server_profiles.md). The
+    whole group goes with its pass: a size's costs are differences between its probes,
+    which one spell of the machine moves alike.
+    """
+    def pace(measured: Sequence[_Measured]) -> list[float]:
+        return [median(m.times) for m in measured]
+
+    paces = [pace(p) for p in passes]
+    fastest = min(range(len(passes)), key=lambda k: median(a / b for a, b in zip(paces[k], paces[0], strict=True)))
+    kept = [p for k, p in enumerate(passes)
+            if median(a / b for a, b in zip(paces[k], paces[fastest], strict=True)) <= 1 + _SLOW_PASS]
+    pooled = list(kept[0])
+    for p in kept[1:]:
+        pooled = [a + b for a, b in zip(pooled, p, strict=True)]
+    return pooled
 
 
 def _held_us(between: Sequence[Any], models: Sequence[str]) -> tuple[float, float] | None:
