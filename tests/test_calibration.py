@@ -354,7 +354,7 @@ def test_one_slow_hand_over_to_a_thread_does_not_stop_the_requests_paying_what_t
     # hand-over look dearer than any request's remaining debt, and no request slept again.
     import anyio
 
-    from pipelines.runtime.replay import _HANDOVER_MAX_S, _ThreadSleep
+    from pipelines.runtime.replay import _ThreadSleep
 
     slow = [0.02]
 
@@ -364,11 +364,13 @@ def test_one_slow_hand_over_to_a_thread_does_not_stop_the_requests_paying_what_t
     async def main():
         settle = _ThreadSleep(sleep)
         await settle(600e-6)  # the slow one
-        assert settle.overhead <= _HANDOVER_MAX_S
         took = [await settle(600e-6) for _ in range(20)]
-        return sorted(took)[len(took) // 2]
+        return sorted(took)[len(took) // 2], settle
 
-    assert anyio.run(main) >= 600e-6 - 150e-6
+    took, settle = anyio.run(main)
+    assert took >= 600e-6 - 150e-6
+    # what it learned is a hand-over's cost again, and a debt of 0.3 ms is always slept
+    assert settle.overhead < 2e-3 and not settle.skips(300e-6)
 
 
 def test_a_stub_cost_holds_the_instance_so_requests_queue_behind_it():

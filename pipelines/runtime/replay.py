@@ -98,8 +98,10 @@ def _external(model: object) -> bool:
 
 # The event loop oversleeps by about this much past the millisecond it rounds up to.
 _WAKE_S = 150e-6
-# The most a hand-over to a worker thread and back is taken to cost (see _ThreadSleep).
-_HANDOVER_MAX_S = 500e-6
+# What a hand-over to a worker thread and back is never learned to cost less than, and a debt a
+# request always settles in a thread, however dear hand-overs were learned to be (see _ThreadSleep).
+_HANDOVER_MIN_S = 20e-6
+_SETTLE_ALWAYS_S = 250e-6
 
 
 class Ledger:
@@ -171,14 +173,21 @@ class _ThreadSleep:
     loop's timeouts are. Handing the sleep to a thread and back costs a while of its own
     (about 0.2 ms on a 2-core VM), which it learns from each sleep and leaves out of the next.
 
-    What it learns is held to :data:`_HANDOVER_MAX_S`: a loaded machine once took 20 ms to hand
-    one sleep over, which made the hand-over look dearer than every request's remaining debt,
+    Each sleep moves what it learned by a fifth of the difference, and by at most a fifth of
+    what it learned: a loaded machine once took 20 ms to hand one sleep over, and learning
+    that (4 ms at once) made the hand-over look dearer than every request's remaining debt,
     so no request slept again and nothing could teach it otherwise (a 0.6 ms request cost
-    replayed as 0.24 ms on average, most requests paying nothing)."""
+    replayed as 0.24 ms on average, most requests paying nothing). A machine whose hand-overs
+    stay slow under load is still learned, within a dozen sleeps; and a debt above
+    :data:`_SETTLE_ALWAYS_S` is always slept, so a slow spell learned is unlearned after it."""
 
     def __init__(self, sleep=time.sleep) -> None:
         self.overhead = 200e-6
         self._sleep = sleep
+
+    def skips(self, debt: float) -> bool:
+        """Whether ``debt`` is too small to be worth a hand-over."""
+        return debt <= min(self.overhead / 2, _SETTLE_ALWAYS_S)
 
     async def __call__(self, seconds: float) -> float:
         """Sleep about ``seconds``; returns how long it took."""
@@ -186,8 +195,8 @@ class _ThreadSleep:
         t = perf_counter()
         await anyio.to_thread.run_sync(self._sleep, asked)
         took = perf_counter() - t
-        learned = self.overhead + 0.2 * (took - asked - self.overhead)
-        self.overhead = min(_HANDOVER_MAX_S, max(0.0, learned))
+        step = max(-self.overhead, min(self.overhead, took - asked - self.overhead))
+        self.overhead = max(_HANDOVER_MIN_S, self.overhead + 0.2 * step)
         return took
 
 
@@ -201,7 +210,7 @@ async def _spend(ledger: Ledger, seconds: float, lanes: _Lanes, nbytes: int,
     charge 1.15 ms for 0.65 (docs/server_profiles.md)."""
     ledger.debt += seconds
     whole_ms = (math.floor if settle is not None else round)((ledger.debt - _WAKE_S) * 1e3)
-    if whole_ms < 1 and (settle is None or ledger.debt <= settle.overhead / 2):
+    if whole_ms < 1 and (settle is None or settle.skips(ledger.debt)):
         return 0.0
     added = 0.0
     semaphore = lanes.semaphore
@@ -219,7 +228,7 @@ async def _spend(ledger: Ledger, seconds: float, lanes: _Lanes, nbytes: int,
             slept = perf_counter() - t
             ledger.debt -= slept / stretch  # what was paid; the rest is the stretch
             added += slept - slept / stretch
-        if settle is not None and ledger.debt > settle.overhead / 2:
+        if settle is not None and not settle.skips(ledger.debt):
             slept = await settle(ledger.debt * stretch)
             ledger.debt -= slept / stretch
             added += slept - slept / stretch
