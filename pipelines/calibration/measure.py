@@ -58,7 +58,7 @@ class Budget:
 
     min_requests: int = 4
     max_requests: int = 30
-    seconds: float = 0.7
+    seconds: float = 0.5
     warmup: int = 1
     lanes_seconds: float = 1.0  # each window of measure_lanes
     passes: int = 2
