@@ -537,13 +537,12 @@ def _is_tritonserver(pid: str, *, serving) -> bool:
     return b"tritonserver" in argv[0] and any(str(serving).encode() in a for a in argv)
 
 
-@pytest.mark.server
 def test_a_pass_that_met_a_slow_spell_of_the_machine_is_left_out_of_that_sizes_figures():
     from pipelines.calibration.measure import measure_probes
 
     probes = probe_plan(chains=(1, 2), sizes=(1 << 10, 4 << 20))
     big = 4 << 20
-    seen: dict[str, int] = {}
+    seen: dict[tuple[str, int], int] = {}
 
     def infer(model, inputs):
         size = inputs["x"].shape[1] if "x" in inputs else int(inputs["n"][0, 0])
@@ -567,6 +566,7 @@ def test_a_budget_must_measure_something():
         Budget(5, 4)
 
 
+@pytest.mark.server
 def test_calibrate_the_bundled_server_with_a_tiny_probe_set(tmp_path):
     profile = calibrate(chains=(1, 2), sizes=(1 << 10, 256 << 10), budget=Budget(3, 4, 0.05, 1), progress=False)
     assert profile.server_version and profile.protocol == "http" and profile.machine.get("cpu_count")

@@ -195,10 +195,7 @@ def _unslowed(passes: Sequence[Sequence[_Measured]]) -> list[_Measured]:
     fastest = min(range(len(passes)), key=lambda k: median(a / b for a, b in zip(paces[k], paces[0], strict=True)))
     kept = [p for k, p in enumerate(passes)
             if median(a / b for a, b in zip(paces[k], paces[fastest], strict=True)) <= 1 + _SLOW_PASS]
-    pooled = list(kept[0])
-    for p in kept[1:]:
-        pooled = [a + b for a, b in zip(pooled, p, strict=True)]
-    return pooled
+    return [sum(rest, first) for first, *rest in zip(*kept, strict=True)]
 
 
 def _held_us(between: Sequence[Any], models: Sequence[str]) -> tuple[float, float] | None:
