@@ -52,7 +52,7 @@ import numpy as np
 
 from ..errors import ArgumentError
 from ..forms import FORMS
-from .probes import BLS_KINDS, GROWN_ROW, KINDS
+from .probes import BLS_KINDS, GATED_ROW, GROWN_ROW, GROWN_STEPS, KINDS
 from .profile import BOUNDARIES, MIB, STAND_INS, Cost, Point, with_stand_ins
 
 __all__ = ["crossings", "fit_costs", "predict_us"]
@@ -67,7 +67,10 @@ _STUB_OF = {kind: FORMS[kind].stub_cost for kind in _KINDS_OF}
 _FROM_LINE = {name: (kind, part) for kind, (once, per_step) in _KINDS_OF.items()
               for name, part in ((per_step, "slope"), (once, "intercept"))}
 
-Row = tuple  # (kind, steps, size, latency_us[, stub_us[, stub_in_us[, model_us]]])
+# The boundaries read off differences between probes' figures, which carry every probe's noise.
+_DIFFERENCES = frozenset(_FROM_LINE) | {"ensemble_gate"}
+
+Row = tuple  # (kind, steps, size, latency_us[, stub_us[, stub_in_us[, model_us[, steps_us]]]])
 
 
 def crossings(kind: str, steps: int, size: int) -> dict[str, tuple[int, int]]:
@@ -212,6 +215,7 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
     # it is paid by the request's outputs, on the way out.
     pairs["ensemble"] = (0.0, max(0.0, costs["ensemble"]))
     pairs["stub"] = stub_pair
+    pairs["ensemble_gate"] = (0.0, 0.0)  # read off the gated probe across sizes: _gate_from_gated
     # What the replay charges a step's stub: the grown probe's, measured warm between steps that
     # grow and shrink the tensor, as a user's steps pass intermediates (at 4 MiB, 2.0-2.6 ms where
     # the chains' stubs, fed by a 4 MiB request and measured in turns, cost 2.8-3.4). The chains'
@@ -221,6 +225,57 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
         grown = [r for r in stub_rows if r[0] == GROWN_ROW + kind]
         pairs[name] = _stub_pair(grown) if grown else stub_of[kind]
     return pairs
+
+
+# A grown probe's calls: two ways of a few bytes (grow's request, shrink's answer), and every
+# other way carries the intermediate (grow's answer, each identity's both ways, shrink's request).
+_GROWN_WAYS = 2 * GROWN_STEPS + 2
+
+
+def _calls_from_grown(at: dict[int, dict[str, tuple[float, float]]], by_size: dict[int, list[Row]]) -> None:
+    """Each BLS kind's call cost at each size above the smallest, where its grown probe gave
+    its BLS model's hold and its step models' (``model_us``, ``steps_us``), read off that probe.
+
+    The hold less what its steps held and less its own stub is what its calls cost: requests
+    back to back, between steps that grow and shrink the tensor, as a user's pipeline makes
+    them. The chains' slope prices them cold: each request carries the tensor in and out,
+    and the probes take turns. At 4 MiB that put a call 20-35 % above what the grown probe
+    paid, and ``large``'s async BLS 1.5-2 ms slower than the server ran it, where the server
+    ran ``large`` and the grown probe within 1 ms of each other (docs/server_profiles.md). The
+    two small ways and the own stub are priced at the smallest size, by the chains.
+    """
+    smallest = min(at)
+    for kind in BLS_KINDS:
+        own, call = FORMS[kind].own_cost, FORMS[kind].call_cost
+        small_way = sum(at[smallest][call]) / 2
+        own_small = sum(at[smallest][own])
+        for size, rows in by_size.items():
+            grown = [r for r in rows if r[0] == GROWN_ROW + kind and r[6] is not None and r[7] is not None]
+            if size == smallest or not grown:
+                continue
+            calls = median(r[6] - r[7] for r in grown) - own_small
+            way = max(0.0, (calls - 2 * small_way) / _GROWN_WAYS)
+            at[size][call] = (way, way)
+
+
+def _gate_from_gated(at: dict[int, dict[str, tuple[float, float]]], by_size: dict[int, list[Row]]) -> None:
+    """What a gated ensemble pays beyond an ungated one, at each size where both grown probes
+    were measured: the gated probe's latency less the grown ensemble's, less what the replay
+    already charges its gate model (a step and a stub, passing a few bytes: the smallest size's).
+
+    The gated probe runs the same steps, but one identity model serves both identity nodes, so
+    its ensemble is gated: each step carries a failure tensor in and out, and a gate model
+    answers. On the bundled server that cost 0.7-1.4 ms a request more than the same chain
+    ungated, at 1 KiB and at 4 MiB alike, where its gate's step and stub are 0.4 ms
+    (docs/server_profiles.md)."""
+    smallest = min(at)
+    charged = sum(at[smallest]["ensemble_step"]) * 2 + sum(at[smallest]["ensemble_stub"])
+    for size, rows in by_size.items():
+        gated = [r[3] for r in rows if r[0] == GATED_ROW]
+        plain = [r[3] for r in rows if r[0] == GROWN_ROW + "ensemble"]
+        if gated and plain:
+            extra = max(0.0, median(gated) - median(plain) - charged)
+            at[size]["ensemble_gate"] = (extra / 2, extra / 2)
 
 
 def _stub_pair(rows: Sequence[Row]) -> tuple[float, float]:
@@ -275,17 +330,18 @@ def _theil_sen(sizes: Sequence[int], totals: Sequence[float]) -> tuple[float, fl
 
 
 def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...]]:
-    """Fit every boundary's cost to ``(kind, steps, size, latency_us[, stub_us[, stub_in_us[, model_us]]])``
+    """Fit every boundary's cost to ``(kind, steps, size, latency_us[, stub_us[, stub_in_us[, model_us[, steps_us]]]])``
     samples.
 
     ``stub_us`` is what one execution of a probe's step cost inside the server (Triton's
     statistics); ``stub_in_us`` the part of it on the way in; ``model_us``, for a BLS probe,
-    what its BLS model held its instance.
+    what its BLS model held its instance; ``steps_us``, for a grown BLS probe, what all its
+    step models held theirs.
     Returns the costs and the points to plot: each boundary's cost at each size.
     """
     if not samples:
         raise ArgumentError("no samples to fit: give at least one (kind, steps, size, latency_us) row per size")
-    rows = [(str(r[0]), int(r[1]), int(r[2]), float(r[3]), *(tuple(r[4:7]) + (None,) * 3)[:3]) for r in samples]
+    rows = [(str(r[0]), int(r[1]), int(r[2]), float(r[3]), *(tuple(r[4:8]) + (None,) * 4)[:4]) for r in samples]
     if not all(r[3] > 0 for r in rows):
         raise ArgumentError("every latency must be positive (microseconds > 0); a sample of 0 or less was given")
     by_size: dict[int, list[Row]] = defaultdict(list)
@@ -293,16 +349,18 @@ def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...
         by_size[r[2]].append(r)
     sizes = sorted(by_size)
     at = {s: _at_size(by_size[s]) for s in sizes}
+    _calls_from_grown(at, by_size)
+    _gate_from_gated(at, by_size)
     costs: dict[str, Cost] = {}
     points: list[Point] = []
     for name in _NAMES:
         ins = tuple(at[s][name][0] for s in sizes)
         outs = tuple(at[s][name][1] for s in sizes)
-        if name in _FROM_LINE:
+        if name in _DIFFERENCES:
             ins, outs = _without_spikes(sizes, ins, outs)
         totals = [i + o for i, o in zip(ins, outs, strict=True)]
         points += [Point(name, 2 * s, t, "fitted at this size") for s, t in zip(sizes, totals, strict=True)]
-        if name in _FROM_LINE:
+        if name in _DIFFERENCES:
             # Read off differences between probes, these carry every probe's noise, so the line
             # the table shows shrugs off an outlier; but they grow faster than the bytes, as the
             # request's do, and a line through 1 KiB to 32 MiB overpriced a 4 MiB BLS model's

@@ -34,7 +34,10 @@ class Sample:
     ``None`` without statistics), of which ``stub_in_us`` on the way in (compute input);
     and for a BLS probe ``model_us``, how long one execution of its BLS model held that
     model's instance, less its steps' own work (its compute input + infer + output, which
-    hold its calls: ``None`` for other probes, or without statistics).
+    hold its calls: ``None`` for other probes, or without statistics); and for a grown BLS
+    probe ``steps_us``, what all its step models (``grow``, the identities, ``shrink``) held
+    their instances for one request, less the identities' work: the hold less these is
+    what its calls cost, warm, as a user's pipeline makes them.
     """
 
     probe: Probe
@@ -43,11 +46,12 @@ class Sample:
     stub_us: float | None = None
     stub_in_us: float | None = None
     model_us: float | None = None
+    steps_us: float | None = None
 
     @property
-    def row(self) -> tuple[str, int, int, float, float | None, float | None, float | None]:
+    def row(self) -> tuple[str, int, int, float, float | None, float | None, float | None, float | None]:
         return (self.probe.row_kind, self.probe.steps, self.probe.size, self.latency_us, self.stub_us,
-                self.stub_in_us, self.model_us)
+                self.stub_in_us, self.model_us, self.steps_us)
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,10 @@ class Budget:
         return (-(-self.min_requests // self.passes), -(-self.max_requests // self.passes), self.seconds / self.passes)
 
 
+# A grown probe's requests come in bursts of this many timed ones, after one untimed: back to back,
+# as a pipeline's requests are, and in turns with the other kinds' grown probes of the size.
+_GROWN_BURST = 2
+
 # A pass whose probes of one group took this much longer than another pass's (the median of
 # their ratios) met the machine in a slow spell, and is left out of that group's figures.
 _SLOW_PASS = 0.10
@@ -92,11 +100,16 @@ def measure_probes(
     The chains of one tensor size are measured in turns, one request each per
     turn, so that a drift of the machine (a busy neighbour, memory being
     reclaimed) moves them all alike: the fit reads a size's costs from the
-    differences between its probes. A grown probe is measured on its own, its
-    requests back to back: it prices the stubs the replay charges, and a
-    pipeline's stubs serve requests one after another, warm (at 4 MiB, 2.0 ms a
-    stub back to back against 2.7 ms taken in turns with other models, on the
-    bundled server: docs/server_profiles.md). Every probe is measured in ``budget.passes``
+    differences between its probes. A grown probe's requests come back to back:
+    it prices the stubs and calls the replay charges, and a pipeline's stubs serve
+    requests one after another, warm (at 4 MiB, 2.0 ms a stub back to back against
+    2.7 ms taken in turns with other models, on the bundled server:
+    docs/server_profiles.md). So the grown probes of one size take turns in bursts of
+    :data:`_GROWN_BURST` timed requests after an untimed one, which warms the model
+    again: a spell of the machine moves every form's grown probe alike (measured one
+    after the other, two calibrations minutes apart put the async BLS one's at 4 MiB
+    12.4 and 15.5 ms, against its ensemble's 7.7 and 7.5), and the forms' ratios are
+    what users choose by. Every probe is measured in ``budget.passes``
     passes over the whole plan, which share its answers and seconds; where one pass met a
     slow spell of the machine, its figures of that size are left out (:func:`_unslowed`),
     and the others' are pooled. ``progress`` counts each probe once per pass.
@@ -114,7 +127,7 @@ def measure_probes(
     least, most, seconds = budget.per_pass()
     groups: dict[object, list[int]] = {}
     for i, probe in enumerate(probes):
-        groups.setdefault(probe if probe.grown else probe.size, []).append(i)
+        groups.setdefault(("grown", probe.size) if probe.grown else probe.size, []).append(i)
     passes: list[dict[int, _Measured]] = []
     done = 0
     for n in range(budget.passes):
@@ -124,26 +137,27 @@ def measure_probes(
             for i in members:
                 for _ in range(budget.warmup if n == 0 else 0):  # the first calls of a stub allocate its shared memory
                     infer(probes[i].model, inputs)
+            # chains: one request each per turn; grown probes: a burst each, its first untimed
+            warm, timed = (1, _GROWN_BURST) if probes[members[0]].grown else (0, 1)
             began = perf_counter()
             turns = 0
             last = parse_statistics(statistics("")) if statistics is not None else None
-            while turns < most and (turns < least or perf_counter() - began < seconds * len(members)):
+            while turns * timed < most and (turns * timed < least or perf_counter() - began < seconds * len(members)):
                 for i in members:
                     probe = probes[i]
-                    t = perf_counter()
-                    infer(probe.model, inputs)
-                    measured[i].times.append(perf_counter() - t)
-                    if statistics is not None:
-                        # read around every request, so the stub's figure is a median as the latency is
-                        now = parse_statistics(statistics(""))  # every model: the probe's step models in one answer
-                        between = breakdown(last, now)
-                        stub = _held_us(between, probe.stub_models)
-                        hold = _held_us(between, (probe.model,)) if probe.kind in BLS_KINDS else None
-                        last = now
-                        if stub is not None:
-                            measured[i].stubs.append(stub)
-                        if hold is not None:
-                            measured[i].holds.append(hold[0])
+                    for _ in range(warm):
+                        infer(probe.model, inputs)
+                    if warm and statistics is not None:
+                        last = parse_statistics(statistics(""))
+                    for _ in range(timed):
+                        t = perf_counter()
+                        infer(probe.model, inputs)
+                        measured[i].times.append(perf_counter() - t)
+                        if statistics is not None:
+                            # read around every request, so the stub's figure is a median as the latency is
+                            now = parse_statistics(statistics(""))  # every model: the probe's step models in one answer
+                            measured[i].add_statistics(probe, breakdown(last, now))
+                            last = now
                 turns += 1
             for i in members:
                 done += 1
@@ -160,21 +174,38 @@ def measure_probes(
 @dataclass
 class _Measured:
     """One probe's figures from one pass or more: latencies (s), stub figures (µs: what its
-    step models held, of which on the way in), BLS holds (µs)."""
+    step models held, of which on the way in), BLS holds (µs), all its step models' holds per
+    request (µs)."""
 
     times: list[float] = field(default_factory=list)
     stubs: list[tuple[float, float]] = field(default_factory=list)
     holds: list[float] = field(default_factory=list)
+    steps: list[float] = field(default_factory=list)
+
+    def add_statistics(self, probe: Probe, between: Sequence[Any]) -> None:
+        """What one request of ``probe`` held, from the breakdown of the statistics around it."""
+        stub = _held_us(between, probe.stub_models)
+        bls = probe.kind in BLS_KINDS
+        hold = _held_us(between, (probe.model,)) if bls else None
+        steps = _held_us(between, probe.all_step_models, per_request=True) if bls and probe.grown else None
+        if stub is not None:
+            self.stubs.append(stub)
+        if hold is not None:
+            self.holds.append(hold[0])
+        if steps is not None:
+            self.steps.append(steps[0])
 
     def __add__(self, other: _Measured) -> _Measured:
-        return _Measured(self.times + other.times, self.stubs + other.stubs, self.holds + other.holds)
+        return _Measured(self.times + other.times, self.stubs + other.stubs, self.holds + other.holds,
+                         self.steps + other.steps)
 
     def sample(self, probe: Probe, busy_us: float) -> Sample:
         stub_us = max(0.0, median(s[0] for s in self.stubs) - busy_us) if self.stubs else None
         stub_in_us = median(s[1] for s in self.stubs) if self.stubs else None
         latency_us = max(1.0, median(self.times) * 1e6 - probe.steps * busy_us)
         model_us = max(0.0, median(self.holds) - probe.steps * busy_us) if self.holds else None
-        return Sample(probe, latency_us, len(self.times), stub_us, stub_in_us, model_us)
+        steps_us = max(0.0, median(self.steps) - probe.steps * busy_us) if self.steps else None
+        return Sample(probe, latency_us, len(self.times), stub_us, stub_in_us, model_us, steps_us)
 
 
 def _unslowed(passes: Sequence[Sequence[_Measured]]) -> list[_Measured]:
@@ -198,16 +229,19 @@ def _unslowed(passes: Sequence[Sequence[_Measured]]) -> list[_Measured]:
     return [sum(rest, first) for first, *rest in zip(*kept, strict=True)]
 
 
-def _held_us(between: Sequence[Any], models: Sequence[str]) -> tuple[float, float] | None:
+def _held_us(between: Sequence[Any], models: Sequence[str], *, per_request: bool = False
+             ) -> tuple[float, float] | None:
     """Mean time one execution of the ``models`` held its instance in ``between`` (the
     breakdown of two statistics answers: compute input + infer + output), and of that its
-    compute input (µs), or None."""
+    compute input (µs), or None. ``per_request``: their total over ``between`` instead, which
+    holds one request, and None unless every one of the ``models`` ran in it."""
     rows = [t for t in between if t.model in models]
     executions = sum(t.requests for t in rows)
-    if not rows or executions <= 0:
+    if not rows or executions <= 0 or (per_request and {t.model for t in rows} != set(models)):
         return None
     total = sum((t.compute_input_us + t.compute_infer_us + t.compute_output_us) * t.requests for t in rows)
-    return total / executions, sum(t.compute_input_us * t.requests for t in rows) / executions
+    total_in = sum(t.compute_input_us * t.requests for t in rows)
+    return (total, total_in) if per_request else (total / executions, total_in / executions)
 
 
 def measure_lanes(

@@ -8,7 +8,11 @@ called directly, which gives a request and one stub with no ensemble or BLS
 model around it. ``probe_grown`` puts identity steps between a step that grows
 a one-number request to the size asked for and one that shrinks it to a byte:
 its stubs pass intermediates of that size, as a user's steps mostly do, with
-no request or answer of that size on the server at the same time.
+no request or answer of that size on the server at the same time. ``probe_gated``
+is the same chain with one identity model for both identity nodes, so that its
+ensemble is gated (:mod:`pipelines.compile.ensemble`): every step carries a failure
+tensor, and a gate model answers; what it costs beyond ``probe_grown``'s ensemble
+is what a gated ensemble pays.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from ..graph import Pipeline
 from ..step import step
 from ..tensor import TensorSpec
 
-__all__ = ["BLS_KINDS", "BUSY_MS", "CHAINS", "GROWN_ROW", "GROWN_STEPS", "KINDS", "SIZES", "Probe", "grow", "grown_pipeline",
+__all__ = ["BLS_KINDS", "BUSY_MS", "CHAINS", "GATED_ROW", "GROWN_ROW", "GROWN_STEPS", "KINDS", "SIZES", "Probe", "grow", "grown_pipeline",
            "identity", "probe_pipeline", "probe_plan", "probe_repository", "shrink", "size_label"]
 
 BYTES = TensorSpec("UINT8", [-1])
@@ -45,6 +49,9 @@ GROWN_STEPS = 2
 GROWN = "probe_grown"
 #: What a grown probe's samples are fitted as: its kind after this (``"grown ensemble"``).
 GROWN_ROW = "grown "
+GATED = "probe_gated"
+#: What the gated probe's samples are fitted as (an ensemble only: the BLS forms carry no failure tensors).
+GATED_ROW = "gated ensemble"
 
 
 #: How long each probe step works (busy, so exactly) before it answers, in ms.
@@ -98,12 +105,18 @@ def _identity_models(pipeline: str, steps: int) -> tuple[str, ...]:
     return tuple(f"{pipeline}__identity" if i == 0 else f"{pipeline}__id_{i}" for i in range(steps))
 
 
-def grown_pipeline(steps: int = GROWN_STEPS) -> Pipeline:
+def grown_pipeline(steps: int = GROWN_STEPS, *, gated: bool = False) -> Pipeline:
     """``n -> grow -> identity x steps -> shrink -> y``: intermediates of ``n`` bytes between
-    a request and an answer of a few bytes."""
-    p = Pipeline(GROWN, inputs={"n": NBYTES}, max_batch_size=8)
+    a request and an answer of a few bytes; ``gated``: one identity model for every identity
+    node, which gates its ensemble."""
+    p = Pipeline(GATED if gated else GROWN, inputs={"n": NBYTES}, max_batch_size=8)
     ref = p.add(grow, n=p.input("n"))["y"]
-    p.output("y", p.add(shrink, x=_identities(p, ref, steps))["y"])
+    if gated:
+        for i in range(steps):
+            ref = p.add(identity, name=f"id_{i}", x=ref)["y"]
+    else:
+        ref = _identities(p, ref, steps)
+    p.output("y", p.add(shrink, x=ref)["y"])
     return p
 
 
@@ -130,20 +143,31 @@ class Probe:
     steps: int
     size: int
     grown: bool = False
+    gated: bool = False  # the gated grown probe (an ensemble)
 
     @property
     def pipeline(self) -> str:
-        return GROWN if self.grown else f"probe_{self.steps}"
+        return GATED if self.gated else GROWN if self.grown else f"probe_{self.steps}"
 
     @property
     def row_kind(self) -> str:
         """The kind its samples are fitted as: ``"grown ensemble"`` for a grown one."""
-        return GROWN_ROW + self.kind if self.grown else self.kind
+        return GATED_ROW if self.gated else GROWN_ROW + self.kind if self.grown else self.kind
 
     @property
     def step_models(self) -> tuple[str, ...]:
-        """The identity step models this probe runs (their statistics price a stub)."""
+        """The identity step models this probe runs (their statistics price a stub; none for the
+        gated probe, whose figure is its latency)."""
+        if self.gated:
+            return ()
         return _identity_models(self.pipeline, 1 if self.kind == "step" else self.steps)
+
+    @property
+    def all_step_models(self) -> tuple[str, ...]:
+        """Every step model one request runs: a grown probe's ``grow`` and ``shrink`` too."""
+        if self.grown:
+            return (f"{self.pipeline}__grow", *self.step_models, f"{self.pipeline}__shrink")
+        return self.step_models
 
     @property
     def stub_models(self) -> tuple[str, ...]:
@@ -163,6 +187,8 @@ class Probe:
     def model(self) -> str:
         if self.kind == "step":
             return self.step_models[0]
+        if self.gated:  # compiled as an ensemble alone, which then takes the pipeline's own name
+            return GATED
         return model_name(self.pipeline, self.kind)
 
     def inputs(self) -> dict[str, np.ndarray]:
@@ -174,24 +200,27 @@ class Probe:
     def label(self) -> str:
         if self.kind == "step":
             return f"step {size_label(self.size)}"
-        return f"{self.kind} {'grown' if self.grown else f'x{self.steps}'} {size_label(self.size)}"
+        shape = "gated" if self.gated else "grown" if self.grown else f"x{self.steps}"
+        return f"{self.kind} {shape} {size_label(self.size)}"
 
 
 def probe_plan(chains: tuple[int, ...] = CHAINS, sizes: tuple[int, ...] = SIZES) -> list[Probe]:
     """Every probe, small tensors first (a failure shows before the slow ones run): per size, the
-    step, each kind's chains, then each kind's grown probe."""
+    step, each kind's chains, then each kind's grown probe and the gated one."""
     plan = []
     for size in sorted(sizes):
         plan.append(Probe("step", 1, size))
         for kind in KINDS[1:]:
             plan += [Probe(kind, n, size) for n in sorted(chains)]
         plan += [Probe(kind, GROWN_STEPS, size, grown=True) for kind in KINDS[1:]]
+        plan.append(Probe("ensemble", GROWN_STEPS, size, grown=True, gated=True))
     return plan
 
 
 def probe_repository(chains: tuple[int, ...] = CHAINS) -> ModelRepository:
     """The probe pipelines compiled as ensembles and BLS models (async and sync), in one repository."""
     repos = [p.compile("both") for p in (*(probe_pipeline(n) for n in sorted(chains)), grown_pipeline())]
+    repos.append(grown_pipeline(gated=True).compile("ensemble"))
     first, *rest = repos
     return first.merge(*rest) if rest else first
 

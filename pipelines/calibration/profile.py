@@ -45,11 +45,13 @@ BOUNDARIES = {
     "bytes in + out",
     "bls_stub": "a Python step's stub as a BLS model calls it (async execute); bytes in + out",
     "bls_sync_stub": "a Python step's stub as a sync BLS model calls it; bytes in + out",
+    "ensemble_gate": "what a gated ensemble pays per request beyond its gate model's step and stub (the failure "
+    "tensors every step carries); by the intermediates' bytes",
 }
 #: Boundaries a profile may lack (profiles written before they were measured): what stands in for them.
 # In order: a stand-in may itself stand in.
 STAND_INS = {"ensemble": None, "bls_model": "stub", "bls_sync_call": "bls_call", "bls_sync_model": "bls_model",
-             "ensemble_stub": "stub", "bls_stub": "stub", "bls_sync_stub": "bls_stub"}
+             "ensemble_stub": "stub", "bls_stub": "stub", "bls_sync_stub": "bls_stub", "ensemble_gate": None}
 _FORMAT = 1
 MIB = float(1 << 20)
 
@@ -144,7 +146,8 @@ class Profile:
     url: str | None = None
     points: tuple[Point, ...] = ()
     # per probe: (kind, steps, tensor bytes, median latency µs, stub µs per execution or None,
-    # of which on the way in or None[, a BLS probe's BLS model's hold µs or None])
+    # of which on the way in or None[, a BLS probe's BLS model's hold µs or None[, a grown BLS
+    # probe's step models' hold µs or None]])
     samples: tuple[tuple, ...] = ()
     lanes: float | None = None  # None: the machine's cores (see above)
     lanes_by_size: tuple[tuple[int, float], ...] = ()
@@ -219,7 +222,7 @@ class Profile:
                     for p in data.get("points", ())
                 ),
                 samples=tuple(
-                    (str(s[0]), int(s[1]), int(s[2]), float(s[3]), *(None if v is None else float(v) for v in s[4:7]))
+                    (str(s[0]), int(s[1]), int(s[2]), float(s[3]), *(None if v is None else float(v) for v in s[4:8]))
                     for s in data.get("samples", ())
                 ),
                 lanes=None if data.get("lanes") is None else float(data["lanes"]),

@@ -21,7 +21,8 @@ Where each cost is spent (see :mod:`pipelines.calibration` for how they are meas
   that stands for an external model (another backend) has no stub and pays none;
 - an ensemble that compiles with a **gate model** of its own (see
   :mod:`pipelines.compile.ensemble`) pays one more ensemble step and stub per
-  request, for its outputs, holding the gate's one instance;
+  request, for its outputs, holding the gate's one instance, and the profile's
+  **ensemble_gate**, what its steps' failure tensors cost, once per request;
 - ``"fused"``: the Python steps run in the top-level model's own process, so they
   pay no call and no stub; the request and the model's own stub are paid as in BLS,
   and external models are called through BLS.
@@ -353,6 +354,7 @@ class Replay:
         # one instance) that every request passes through: one more step, and one more stub.
         # ``layout``: the ensemble's (compile.ensemble.ensemble_layout_of), in the ensemble mode.
         self._gate = anyio.Lock() if mode == "ensemble" and layout is not None and layout.gate_inputs else None
+        self._gate_extra = costs["ensemble_gate"]
         self._totals = Ledger()
         self._models: dict[tuple[int, int], Ledger] = {}  # what each held instance owes, by (id(model), index)
         self._lanes = _Lanes(self.profile)  # the server's cores, shared by this runtime's requests
@@ -427,6 +429,11 @@ class Replay:
             ledger.queue += perf_counter() - queued
             for leaving in (False, True):
                 await self._stub_half(ledger, self._holder(self._gate), nbytes, leaving=leaving)
+        # What the failure tensors cost beyond the gate's own step and stub: the profile's line,
+        # whose cost does not grow with the intermediates' bytes within its noise, at none.
+        extra = self._gate_extra.fixed_us / 1e6
+        ledger.overhead += extra
+        ledger.overhead += await _spend(ledger, extra, self._lanes, nbytes)
 
     def queued(self, ledger: Ledger, seconds: float) -> None:
         ledger.queue += seconds
