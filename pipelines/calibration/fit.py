@@ -239,10 +239,10 @@ def _calls_from_grown(at: dict[int, dict[str, tuple[float, float]]], by_size: di
     The hold less what its steps held and less its own stub is what its calls cost: requests
     back to back, between steps that grow and shrink the tensor, as a user's pipeline makes
     them. The chains' slope prices them cold: each request carries the tensor in and out,
-    and the probes take turns. At 4 MiB that put a call 20-35 % above what the grown probe
-    paid, and ``large``'s async BLS 1.5-2 ms slower than the server ran it, where the server
-    ran ``large`` and the grown probe within 1 ms of each other (docs/server_profiles.md). The
-    two small ways and the own stub are priced at the smallest size, by the chains.
+    and the probes take turns with a dozen models. At 12 and 32 MiB that read a call at 965
+    and 488 µs a way, less than at 4 MiB (1155), where the grown probe read 2408 and 8334
+    (docs/server_profiles.md). The two small ways and the own stub are priced at the
+    smallest size, by the chains.
     """
     smallest = min(at)
     for kind in BLS_KINDS:
