@@ -94,9 +94,10 @@ def shrink(x):
     return {"y": x[:, :1].copy()}
 
 
-def _identities(p: Pipeline, ref, steps: int):
+def _identities(p: Pipeline, ref, steps: int, *, shared: bool = False):
+    """``steps`` identity nodes after ``ref``: each a model of its own, or one model for all (``shared``)."""
     for i in range(steps):
-        node = identity if i == 0 else identity.with_options()  # a copy: a model of its own
+        node = identity if i == 0 or shared else identity.with_options()  # a copy: a model of its own
         ref = p.add(node, name=f"id_{i}", x=ref)["y"]
     return ref
 
@@ -111,12 +112,7 @@ def grown_pipeline(steps: int = GROWN_STEPS, *, gated: bool = False) -> Pipeline
     node, which gates its ensemble."""
     p = Pipeline(GATED if gated else GROWN, inputs={"n": NBYTES}, max_batch_size=8)
     ref = p.add(grow, n=p.input("n"))["y"]
-    if gated:
-        for i in range(steps):
-            ref = p.add(identity, name=f"id_{i}", x=ref)["y"]
-    else:
-        ref = _identities(p, ref, steps)
-    p.output("y", p.add(shrink, x=ref)["y"])
+    p.output("y", p.add(shrink, x=_identities(p, ref, steps, shared=gated))["y"])
     return p
 
 
@@ -166,7 +162,8 @@ class Probe:
     def all_step_models(self) -> tuple[str, ...]:
         """Every step model one request runs: a grown probe's ``grow`` and ``shrink`` too."""
         if self.grown:
-            return (f"{self.pipeline}__grow", *self.step_models, f"{self.pipeline}__shrink")
+            identities = (f"{GATED}__identity",) if self.gated else self.step_models
+            return (f"{self.pipeline}__grow", *identities, f"{self.pipeline}__shrink")
         return self.step_models
 
     @property
