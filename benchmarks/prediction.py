@@ -9,9 +9,9 @@ of load slows one round, and the machine's speed drifts over minutes
 (docs/server_profiles.md). A latency is judged by its median over the rounds; a ratio
 between two forms is formed within each round, where both were measured in turns on one
 profile, and judged by the median of the rounds' ratios, so that it never sets one
-round's ensemble against another round's BLS form. Within a round, each concurrency level goes round every form
-locally and on the server several times (``BenchSettings.turns``), so that a drift of
-seconds moves every form alike. It prints the errors against the targets of issue 14:
+round's ensemble against another round's BLS form. Within a round, each concurrency
+level goes round every form locally and on the server several times
+(``BenchSettings.turns``), so that a drift of seconds moves every form alike. It prints the errors against the targets of issue 14:
 
 - concurrency 1: every form's p50 latency within ±20 %; the ensemble/bls and
   ensemble/bls-sync p50 ratios within ±10 %;
