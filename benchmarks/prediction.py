@@ -11,7 +11,8 @@ between two forms is formed within each round, where both were measured in turns
 profile, and judged by the median of the rounds' ratios, so that it never sets one
 round's ensemble against another round's BLS form. Within a round, each concurrency
 level goes round every form locally and on the server several times
-(``BenchSettings.turns``), so that a drift of seconds moves every form alike. It prints the errors against the targets of issue 14:
+(``BenchSettings.turns``), so that a drift of seconds moves every form alike. It prints
+the errors against the targets of issue 14:
 
 - concurrency 1: every form's p50 latency within ±20 %; the ensemble/bls and
   ensemble/bls-sync p50 ratios within ±10 %;

@@ -162,7 +162,7 @@ class Probe:
     def all_step_models(self) -> tuple[str, ...]:
         """Every step model one request runs: a grown probe's ``grow`` and ``shrink`` too."""
         if self.grown:
-            identities = (f"{GATED}__identity",) if self.gated else self.step_models
+            identities = _identity_models(self.pipeline, 1) if self.gated else self.step_models  # gated: one shared
             return (f"{self.pipeline}__grow", *identities, f"{self.pipeline}__shrink")
         return self.step_models
 
