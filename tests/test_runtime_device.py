@@ -204,3 +204,43 @@ def test_yolov5_stays_on_the_gpu_in_every_form_and_finds_what_the_cpu_finds(mode
     np.testing.assert_allclose(found, on_cpu["detections"], rtol=1e-5, atol=1e-3)
     for i, s in enumerate(samples):
         assert compare_to_truth(found[i], s["boxes"], s["classes"]).exact
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["ensemble", "bls", "bls-sync"])
+def test_with_a_profile_a_busy_step_handed_gpu_arrays_stays_in_this_process(mode):
+    # A profile's default isolation is "auto", which moves a busy step to a forked process,
+    # where CUDA cannot be used: a step that is handed GPU arrays must stay.
+    import os
+    import time
+
+    from pipelines.calibration import Cost, Profile
+    from pipelines.calibration.profile import BOUNDARIES
+    from pipelines.runtime.instances import MOVE_CPU_S
+
+    cupy = _cupy()
+    pid_spec = TensorSpec("INT64", [1])
+
+    @step(inputs={"x": V}, outputs={"x": V, "pid": pid_spec})
+    def busy(x):
+        start = time.thread_time()
+        while time.thread_time() - start < 2 * MOVE_CPU_S:
+            pass
+        return {"x": x + 1, "pid": np.full((1,), os.getpid())}
+
+    p = Pipeline("busy_on_gpu", inputs={"x": V})
+    b = p.add(busy, x=p.input("x"))
+    p.output("y", b["x"])
+    p.output("pid", b["pid"])
+    profile = Profile(costs={k: Cost(0.0, 0.0) for k in BOUNDARIES}, server_version="2.51.0", protocol="http",
+                      machine={"cpu": "test cpu", "cpu_count": 2}, date="2026-01-01T00:00:00+00:00")
+    x = cupy.zeros(4, cupy.float32)
+
+    async def main():
+        async with LocalRuntime(p, mode, profile=profile) as rt:
+            assert rt.isolation == "auto"
+            return [await rt.infer({"x": x}) for _ in range(12)]
+
+    for out in anyio.run(main):
+        assert isinstance(out["y"], cupy.ndarray) and int(out["y"][0]) == 1
+        assert int(out["pid"][0]) == os.getpid()

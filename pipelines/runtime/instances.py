@@ -25,7 +25,8 @@ busy for ``MOVE_CPU_S`` a call or more: such a step's numpy calls lose more to w
 for the GIL beside other steps than a hop to a process costs, and a lighter one the other
 way round (docs/server_profiles.md). Each instance is built afresh in its process
 (``initialize()`` again) while the thread's instance goes on serving, which is then
-finalized.
+finalized. A step handed or giving arrays on a GPU stays in threads: CUDA cannot be used
+in a forked process.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from ..errors import PipelinesError, StepError, StepTimeoutError
 from ..graph import Node
 from ..step import DynamicBatching, StepInstance, check_outputs, instance_config
 from .batching import DynamicBatcher
-from .device import CopyCounter, Placement
+from .device import CopyCounter, Placement, device_of
 from .replay import StubInThread, nbytes_of
 from .step_process import ProcessInstance
 from .workers import StepThreads
@@ -610,6 +611,8 @@ class StepModel:
             check_outputs(
                 self.step, serving.as_arrays(outputs), batched=self.batched, batch_size=rows if self.batched else None
             )
+            if self._may_move and (_on_a_gpu(inputs) or _on_a_gpu(outputs)):
+                self._stay_in_threads()  # CUDA cannot be used in a forked process
             self._learn(compute, cpu)
             if replay is not None and not threaded:
                 await replay.stub(self, nbytes_of(outputs), leaving=True, instance=lease.index)
@@ -645,11 +648,15 @@ class StepModel:
             if self._timed >= _SAMPLES:
                 self._move_if_busy()
 
-    def _move_if_busy(self) -> None:
-        """``isolation="auto"``: judged once, after the first calls. A step that keeps a core
-        busy for ``MOVE_CPU_S`` a call moves to processes; the others stay in threads."""
+    def _stay_in_threads(self) -> None:
         for model in self._group:
             model._may_move = False
+
+    def _move_if_busy(self) -> None:
+        """``isolation="auto"``: judged once, after the first calls. A step that keeps a core
+        busy for ``MOVE_CPU_S`` a call moves to processes; the others stay in threads, and so
+        does a step handed or giving arrays on a GPU (see ``execute``)."""
+        self._stay_in_threads()
         if self._least_cpu < MOVE_CPU_S or self.pool is None or self.offload == "never":
             return  # offload="never": the user keeps the step on the event loop
         for model in self._group:
@@ -714,3 +721,7 @@ class StepModel:
             step=self.name,
             node=self.name,
         )
+
+
+def _on_a_gpu(tensors: dict[str, Any]) -> bool:
+    return any(device_of(value) == "gpu" for value in tensors.values())
