@@ -37,7 +37,7 @@ import functools
 import threading
 from collections import deque
 from collections.abc import Callable
-from time import perf_counter, thread_time
+from time import perf_counter, sleep, thread_time
 from typing import Any
 
 import anyio
@@ -50,6 +50,7 @@ from ..errors import PipelinesError, StepError, StepTimeoutError
 from ..graph import Node
 from ..step import DynamicBatching, StepInstance, check_outputs, instance_config
 from .batching import DynamicBatcher
+from .cpu_share import CpuShare
 from .device import CopyCounter, Placement, device_of
 from .replay import StubInThread, nbytes_of
 from .step_process import ProcessInstance
@@ -439,6 +440,7 @@ class StepModel:
         self._typical = 0.0
         self._timed = 0
         self._least_cpu = float("inf")  # the least CPU time a call took, of the first few
+        self._core_share: float | None = None  # the share of a core a call was seen to use (replay only)
 
     @property
     def in_processes(self) -> bool:
@@ -664,6 +666,17 @@ class StepModel:
             model.inline_ok = model.always_inline = False  # a process's answer is waited for in a thread
         self.pool.convert(threaded=self.instance_count)
 
+    def _hold_for_shared_cores(self, share: CpuShare, mark: tuple[float, float], compute: float, cpu: float) -> float:
+        """A server profile's replay: how much longer this compute would have run on the server,
+        whose cores the replayed costs share with it (:mod:`pipelines.runtime.cpu_share`), held
+        now, with the instance. Learns the share of a core the step uses, its weight next time."""
+        used = min(1.0, cpu / compute) if compute > 0 else 0.0
+        self._core_share = used if self._core_share is None else self._core_share + 0.2 * (used - self._core_share)
+        extra = cpu * (share.slowdown(mark) - 1.0)
+        if extra > 0:
+            sleep(extra)
+        return max(0.0, extra)
+
     async def _in_thread(
         self, lease: Lease, inputs: dict[str, Any], stub: StubInThread | None = None
     ) -> tuple[dict[str, Any], float, float | None]:
@@ -672,28 +685,37 @@ class StepModel:
         instance = lease.instance
         execute: Callable[[dict[str, Any]], dict[str, Any]] = instance.execute
         isolated = lease.isolated
+        share = self.replay.cpu if self.replay is not None else None
+        weight = self._core_share or 0.0
 
         def work() -> tuple[dict[str, Any], float, float | None] | None:
             if not call.begin():
                 return None
+            mark = None
             try:
                 if stub is not None and not isolated:
                     stub.enter(nbytes_of(inputs))
                 lag = stub.lag() if stub is not None and isolated else 0.0
+                mark = share.begin(weight) if share is not None else None
                 t, c = perf_counter(), thread_time()
                 outputs = execute(inputs)
                 compute, cpu = perf_counter() - t, thread_time() - c
+                used = cpu
                 if isolated:
                     # The step's function alone; the rest moved tensors through shared memory, as
                     # a stub does, and pays for as much of the stub's costs, both ways.
                     compute, handover = instance.last_compute, max(0.0, compute - instance.last_compute)
-                    cpu = None  # this thread only waited
+                    cpu, used = None, instance.last_cpu  # this thread only waited
                     if stub is not None:
                         stub.enter(nbytes_of(inputs), lag=lag, spent=handover)
+                if share is not None and mark is not None:
+                    compute += self._hold_for_shared_cores(share, mark, compute, used)
                 if stub is not None:
                     stub.leave(nbytes_of(outputs))
                 return outputs, compute, cpu
             finally:
+                if share is not None and mark is not None:
+                    share.end(weight)
                 call.end()
 
         try:

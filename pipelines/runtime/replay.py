@@ -85,6 +85,7 @@ import anyio.to_thread
 
 from ..forms import form
 from ..tables import format_table
+from .cpu_share import CpuShare
 
 if TYPE_CHECKING:
     from ..calibration.profile import Profile
@@ -134,8 +135,9 @@ class _Lanes:
     requests sharing ``lanes`` cores), so a fractional ``lanes`` gives that throughput. The
     lanes are the profile's at the bytes each boundary carries (:meth:`Profile.lanes_at`)."""
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, cpu: CpuShare | None = None) -> None:
         self._profile = profile
+        self._cpu = cpu  # whose clock counts the sleepers (see pipelines.runtime.cpu_share)
         self._at: dict[int, float] = {}  # by bytes: a pipeline's tensors come in a few sizes
         most = max([profile.lanes, *(v for _, v in profile.lanes_by_size)])  # each >= 1 (Profile checks)
         self.slots = math.ceil(most - 1e-9)
@@ -148,11 +150,15 @@ class _Lanes:
         with self._held_lock:
             self.held += 1
             held = self.held
+        if self._cpu is not None:
+            self._cpu.sleeper(+1)
         return max(1.0, held / self.at(nbytes))
 
     def give(self) -> None:
         with self._held_lock:
             self.held -= 1
+        if self._cpu is not None:
+            self._cpu.sleeper(-1)
 
     def at(self, nbytes: int) -> float:
         lanes = self._at.get(nbytes)
@@ -333,7 +339,7 @@ class Replay:
     """A profile's costs, ready to be spent by one :class:`~pipelines.runtime.local.LocalRuntime`."""
 
     def __init__(self, profile: Profile | str | os.PathLike[str], mode: str, layout: EnsembleLayout | None = None) -> None:
-        from ..calibration.profile import load_profile
+        from ..calibration.profile import default_lanes, load_profile
 
         self.profile = load_profile(profile)
         self.mode = mode
@@ -357,7 +363,10 @@ class Replay:
         self._gate_extra = costs["ensemble_gate"]
         self._totals = Ledger()
         self._models: dict[tuple[int, int], Ledger] = {}  # what each held instance owes, by (id(model), index)
-        self._lanes = _Lanes(self.profile)  # the server's cores, shared by this runtime's requests
+        # The server's cores: shared by this runtime's requests' replayed costs (lanes), and
+        # by those and the steps' own compute (cpu).
+        self.cpu = CpuShare(default_lanes(self.profile.machine))
+        self._lanes = _Lanes(self.profile, self.cpu)
         self._settle = _ThreadSleep()
         self._return_lag = 60e-6  # a worker thread's answer reaching the event loop (learned)
 

@@ -30,7 +30,8 @@ the instance's process and waits for its outputs, without holding the GIL.
   abandoned at its step's timeout kills its process, which a thread could not be.
   The step's process exits when this one does, even when this one is killed.
 
-Each call's :attr:`last_compute` is the step's function alone; the rest of the
+Each call's :attr:`last_compute` is the step's function alone (:attr:`last_cpu`, the CPU
+time its process spent on it); the rest of the
 call's time is the hand-over, which a server's stub pays too (the replay credits it
 against the stub's calibrated costs, :class:`~pipelines.runtime.replay.StubInThread`).
 """
@@ -51,7 +52,7 @@ import warnings
 import weakref
 from multiprocessing.connection import Connection, Pipe
 from multiprocessing.reduction import recvfds, sendfds
-from time import perf_counter
+from time import perf_counter, process_time
 from typing import Any
 
 import numpy as np
@@ -223,9 +224,9 @@ def _serve(conn: Connection, step: Any, config: dict[str, Any], parent: int) -> 
         if grown:
             inputs.adopt(_recv_fd(conn), grown)
         try:
-            t = perf_counter()
+            t, c = perf_counter(), process_time()
             result = instance.execute(_views(inputs, specs))
-            compute = perf_counter() - t
+            compute, cpu = perf_counter() - t, process_time() - c
             values = dict(result)
             out_specs, nbytes = _layout(values)
             fd = outputs.ensure(nbytes)
@@ -235,7 +236,7 @@ def _serve(conn: Connection, step: Any, config: dict[str, Any], parent: int) -> 
             continue
         finally:
             result = values = None  # views of the input region must not outlive the call
-        conn.send(("done", compute, out_specs, outputs.size if fd is not None else 0))
+        conn.send(("done", compute, cpu, out_specs, outputs.size if fd is not None else 0))
         if fd is not None:
             _send_fd(conn, fd)
             os.close(fd)
@@ -319,6 +320,7 @@ class ProcessInstance:
         self.pipeline = pipeline
         self.node = node
         self.last_compute = 0.0  # the step's function alone, in the last call
+        self.last_cpu = 0.0  # the CPU time its process spent on it
         self.pid = 0
         self._conn: Connection | None = None
         self._lock = threading.Lock()  # kill() may come from another thread than the call's
@@ -421,10 +423,10 @@ class ProcessInstance:
         reply = self._receive("execute()")
         if reply[0] != "done":
             raise self._failure(reply)
-        _, compute, out_specs, grown = reply
+        _, compute, cpu, out_specs, grown = reply
         if grown:
             self._outputs.adopt(_recv_fd(conn), grown)
-        self.last_compute = compute
+        self.last_compute, self.last_cpu = compute, cpu
         # The region is written again by the next call, while these outputs travel on: copy.
         return {n: (v.copy() if isinstance(v, np.ndarray) else v) for n, v in _views(self._outputs, out_specs).items()}
 
