@@ -15,7 +15,9 @@ core's worth of work on the server). Here a compute gets ``min(1, cores_here / k
 core, on the server ``min(1, server_cores / (k + s))``. A compute's CPU time, stretched by
 the mean ratio over its run, is what it would take there; the rest is held, with its
 instance, after the step's function returns. At concurrency 1 nothing shares a core and
-nothing is held.
+nothing is held. A step run on the event loop (``async def``, or one cheaper than a hand-over
+to a thread) is not held: the loop cannot wait, and such a step's compute is too short to
+matter.
 """
 
 from __future__ import annotations

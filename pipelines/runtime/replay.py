@@ -67,6 +67,10 @@ and the stretch count in the column of the boundary they delay (compute input or
 output for a stub, request+hops for the others): a starved boundary takes longer
 on the server too, and Triton's statistics show it inside that boundary's own
 figures, not as queueing for an instance.
+
+The cores are the steps' too: a step's own compute, run beside costs being slept, is held
+afterwards as long as it would have run on the server's cores shared with them
+(:mod:`pipelines.runtime.cpu_share`); every sleeper holding a lane counts on that clock.
 """
 
 from __future__ import annotations
