@@ -8,10 +8,10 @@ import time
 import anyio
 import numpy as np
 import pytest
+from replay_helpers import burn_cpu, flat_profile
 
 from pipelines import Pipeline, TensorSpec, step
 from pipelines.calibration import Cost, Profile
-from pipelines.calibration.profile import BOUNDARIES
 from pipelines.runtime import LocalRuntime
 from pipelines.runtime.cpu_share import CpuShare
 from pipelines.runtime.step_process import isolation_supported
@@ -46,18 +46,12 @@ def test_computes_alone_are_not_slowed_and_the_clock_follows_changes():
     del other
 
 
-def _burn(seconds: float) -> None:
-    start = time.thread_time()
-    while time.thread_time() - start < seconds:
-        pass
-
-
 BURN_S = 0.03
 
 
 @step(inputs={"small": V}, outputs={"small": V})
 def burn(small):
-    _burn(BURN_S)
+    burn_cpu(BURN_S)
     return {"small": small + 1}
 
 
@@ -83,10 +77,7 @@ def _two_branches() -> Pipeline:
 def _profile(stub_us_per_mib: float) -> Profile:
     # A server of one core whose stubs cost nothing but their bytes: the big input's way into
     # its stub is slept while the other branch burns the CPU.
-    return Profile(
-        costs={**{k: Cost(0.0, 0.0) for k in BOUNDARIES}, "ensemble_stub": Cost(0.0, stub_us_per_mib)},
-        server_version="2.51.0", protocol="http", machine={"cpu": "test cpu", "cpu_count": 1},
-        date="2026-01-01T00:00:00+00:00", lanes=1.0)
+    return flat_profile(cpu_count=1, ensemble_stub=Cost(0.0, stub_us_per_mib))
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])

@@ -12,10 +12,9 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
+from replay_helpers import burn_cpu, flat_profile
 
 from pipelines import InferenceError, Pipeline, TensorSpec, step
-from pipelines.calibration import Cost, Profile
-from pipelines.calibration.profile import BOUNDARIES
 from pipelines.runtime import LocalRuntime
 from pipelines.runtime.instances import MOVE_CPU_S
 from pipelines.runtime.step_process import isolation_supported
@@ -24,17 +23,6 @@ pytestmark = pytest.mark.skipif(not isolation_supported(), reason="process isola
 
 V = TensorSpec("FP32", [-1])
 PID = TensorSpec("INT64", [1])
-
-
-def _burn(seconds: float) -> None:
-    start = time.thread_time()
-    while time.thread_time() - start < seconds:
-        pass
-
-
-def _profile() -> Profile:
-    return Profile(costs={k: Cost(0.0, 0.0) for k in BOUNDARIES}, server_version="2.51.0", protocol="http",
-                   machine={"cpu": "test cpu", "cpu_count": 2}, date="2026-01-01T00:00:00+00:00")
 
 
 def busy_and_light(log: Path | None = None, *, batching: bool = False) -> Pipeline:
@@ -51,7 +39,7 @@ def busy_and_light(log: Path | None = None, *, batching: bool = False) -> Pipeli
                     f.write(f"initialize {os.getpid()}\n")
 
         def execute(self, x):
-            _burn(2 * MOVE_CPU_S)
+            burn_cpu(2 * MOVE_CPU_S)
             return {"y": x + 1, "pid": np.full((x.shape[0], 1) if batching else (1,), os.getpid())}
 
         def finalize(self):
@@ -151,8 +139,8 @@ def test_requests_at_once_lose_nothing_while_a_batching_step_moves():
 def test_the_default_is_auto_with_a_profile_and_thread_without():
     p = busy_and_light()
     assert LocalRuntime(p).isolation == "thread"
-    assert LocalRuntime(p, profile=_profile()).isolation == "auto"
-    assert LocalRuntime(p, profile=_profile(), isolation="thread").isolation == "thread"
+    assert LocalRuntime(p, profile=flat_profile()).isolation == "auto"
+    assert LocalRuntime(p, profile=flat_profile(), isolation="thread").isolation == "thread"
     assert LocalRuntime(p, isolation="process").isolation == "process"
     with pytest.raises(InferenceError, match=r"isolation must be one of thread, process, auto; got 'stubs'"):
         LocalRuntime(p, isolation="stubs")
@@ -161,7 +149,7 @@ def test_the_default_is_auto_with_a_profile_and_thread_without():
 def test_one_step_on_two_nodes_moves_once_for_both():
     @step(inputs={"x": V}, outputs={"y": V, "pid": PID})
     def work(x):
-        _burn(2 * MOVE_CPU_S)
+        burn_cpu(2 * MOVE_CPU_S)
         return {"y": x + 1, "pid": np.array([os.getpid()])}
 
     p = Pipeline("twice", inputs={"x": V})
@@ -202,7 +190,7 @@ def test_a_step_whose_process_cannot_initialize_keeps_serving_from_its_thread(tm
                 raise RuntimeError("this step's weights live in its first process")
 
         def execute(self, x):
-            _burn(2 * MOVE_CPU_S)
+            burn_cpu(2 * MOVE_CPU_S)
             return {"y": x * 3, "pid": np.array([os.getpid()])}
 
     p = Pipeline("picky", inputs={"x": V})

@@ -212,10 +212,9 @@ def test_with_a_profile_a_busy_step_handed_gpu_arrays_stays_in_this_process(mode
     # A profile's default isolation is "auto", which moves a busy step to a forked process,
     # where CUDA cannot be used: a step that is handed GPU arrays must stay.
     import os
-    import time
 
-    from pipelines.calibration import Cost, Profile
-    from pipelines.calibration.profile import BOUNDARIES
+    from replay_helpers import burn_cpu, flat_profile
+
     from pipelines.runtime.instances import MOVE_CPU_S
 
     cupy = _cupy()
@@ -223,17 +222,14 @@ def test_with_a_profile_a_busy_step_handed_gpu_arrays_stays_in_this_process(mode
 
     @step(inputs={"x": V}, outputs={"x": V, "pid": pid_spec})
     def busy(x):
-        start = time.thread_time()
-        while time.thread_time() - start < 2 * MOVE_CPU_S:
-            pass
+        burn_cpu(2 * MOVE_CPU_S)
         return {"x": x + 1, "pid": np.full((1,), os.getpid())}
 
     p = Pipeline("busy_on_gpu", inputs={"x": V})
     b = p.add(busy, x=p.input("x"))
     p.output("y", b["x"])
     p.output("pid", b["pid"])
-    profile = Profile(costs={k: Cost(0.0, 0.0) for k in BOUNDARIES}, server_version="2.51.0", protocol="http",
-                      machine={"cpu": "test cpu", "cpu_count": 2}, date="2026-01-01T00:00:00+00:00")
+    profile = flat_profile()
     x = cupy.zeros(4, cupy.float32)
 
     async def main():

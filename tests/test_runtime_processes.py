@@ -16,10 +16,10 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
+from replay_helpers import flat_profile
 
 from pipelines import InferenceError, Pipeline, StepError, StepTimeoutError, StubDiedError, TensorSpec, step
-from pipelines.calibration import Cost, Profile
-from pipelines.calibration.profile import BOUNDARIES
+from pipelines.calibration import Cost
 from pipelines.runtime import LocalRuntime
 from pipelines.runtime.step_process import isolation_supported
 
@@ -90,16 +90,9 @@ def test_a_fused_models_python_steps_share_its_process_and_threads_stay_in_this_
         assert int(out["first_pid"][0]) == int(out["second_pid"][0]) == os.getpid()
 
 
-def _profile() -> Profile:
-    return Profile(costs={k: Cost(0.0, 0.0) for k in BOUNDARIES}, server_version="2.51.0", protocol="http",
-                   machine={"cpu": "test cpu", "cpu_count": 2}, date="2026-01-01T00:00:00+00:00")
-
-
 def test_a_profiles_stub_costs_are_paid_by_a_step_in_its_process_as_well():
     # 20 ms in and out of each stub: a step's hand-over to its process pays for part of them, not more
-    profile = Profile(costs={**{k: Cost(0.0, 0.0) for k in BOUNDARIES}, "ensemble_stub": Cost(40_000, 0)},
-                      server_version="2.51.0", protocol="http", machine={"cpu": "test cpu", "cpu_count": 2},
-                      date="2026-01-01T00:00:00+00:00")
+    profile = flat_profile(ensemble_stub=Cost(40_000, 0))
     x = np.ones(3, np.float32)
 
     async def main() -> tuple[float, dict]:

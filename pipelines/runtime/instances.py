@@ -708,13 +708,13 @@ class StepModel:
                     cpu, used = None, instance.last_cpu  # this thread only waited
                     if stub is not None:
                         stub.enter(nbytes_of(inputs), lag=lag, spent=handover)
-                if share is not None and mark is not None:
+                if mark is not None:
                     compute += self._hold_for_shared_cores(share, mark, compute, used)
                 if stub is not None:
                     stub.leave(nbytes_of(outputs))
                 return outputs, compute, cpu
             finally:
-                if share is not None and mark is not None:
+                if mark is not None:
                     share.end(weight)
                 call.end()
 

@@ -60,6 +60,7 @@ import numpy as np
 from ..errors import StepError, StubDiedError
 from ..process_exit import describe_exit
 from ..serving import is_coroutine_callable
+from .device import device_of
 
 __all__ = [
     "ISOLATIONS", "ProcessInstance", "fork_with_pipe", "is_async_impl", "isolation_supported", "resolve_isolation"
@@ -401,7 +402,7 @@ class ProcessInstance:
         conn = self._conn
         assert conn is not None
         for name, value in inputs.items():
-            if hasattr(value, "__cuda_array_interface__"):
+            if device_of(value) == "gpu":
                 raise StepError(
                     f"pipeline {self.pipeline!r} step {self.node!r}: input {name!r} is on the GPU, and this step "
                     "runs in a process of its own (isolation='process'), where CUDA cannot be used after a fork; "
