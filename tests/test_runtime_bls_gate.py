@@ -74,6 +74,37 @@ def test_async_bls_runs_the_requests_of_one_call_side_by_side():
     assert 1 < peak[0] <= 4  # queued requests share a call; the step has 4 instances
 
 
+def threads_pipeline(name):
+    """A step that notes the thread each of its calls ran on (10 ms: not cheap enough to run
+    inline for that alone)."""
+    threads = []
+
+    @step(inputs={"x": V}, outputs={"y": V}, name="noted")
+    def noted(x):
+        threads.append(threading.get_ident())
+        time.sleep(0.01)
+        return {"y": x + 1}
+
+    p = Pipeline(name, inputs={"x": V}, max_batch_size=8)
+    p.output("y", p.add(noted.with_options(instance_count=4), x=p.input("x"))["y"])
+    return p, threads
+
+
+@pytest.mark.parametrize(("mode", "options", "inline"), [
+    ("bls-sync", {}, True),  # one request in the round at a time: its steps run as one request's do
+    ("bls-sync", {"bls_instance_count": 2}, False),  # two rounds at once: threads, so they overlap
+    ("bls", {}, False),  # the requests of a round run side by side
+    ("ensemble", {}, False),
+])
+def test_a_request_alone_in_the_bls_rounds_runs_its_steps_inline(mode, options, inline):
+    p, threads = threads_pipeline(f"alone_{mode.replace('-', '_')}_{len(options)}")
+    serve(p, mode, 8, **options)
+    on_the_loop = [t == threading.get_ident() for t in threads]
+    assert len(on_the_loop) == 8
+    # the first request of a round of one runs inline in every mode; the rest tell the modes apart
+    assert all(on_the_loop) if inline else not all(on_the_loop)
+
+
 def test_ensemble_mode_has_no_gate():
     p, peak = tracked_pipeline("gate_ens")
     serve(p, "ensemble", 8)

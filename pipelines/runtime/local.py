@@ -25,7 +25,13 @@ When a sync step runs on a worker thread: a hop costs tens of µs (half a
 millisecond on a busy VM), so with ``offload="auto"`` a sync step without a
 timeout runs inline on the event loop when the hop cannot buy overlap:
 
-- it is the only step of the only request in flight (nothing to overlap with), or
+- it is the only step of the only request in flight (nothing to overlap with), or of
+  the only request in the round of a BLS model with one instance (``"bls"``,
+  ``"bls-sync"``, ``"fused"``): the others wait for a round of their own, as they do on
+  the server, and no step of theirs can start meanwhile. A sync BLS round at
+  concurrency 4 thus runs its steps as one request alone does; handed to threads, they
+  held each request of ``large``'s round 0.9 ms longer than at concurrency 1
+  (docs/server_profiles.md), or
 - its typical compute time (an average over its last calls, after 3 of them) is
   below the cost of a hop, measured once per process (overlap would cost more
   than it saves).
@@ -274,7 +280,8 @@ class LocalRuntime:
         self._service: Any = None
         self._executor: StepThreads | None = None
         self._open = False
-        self._active = 0
+        self._active = 0  # requests being served
+        self._in_rounds = 0  # of them, those a BLS model's round has admitted (where there is one)
         self._schedule = {
             "event": self._run_ensemble, "concurrent": self._run_bls, "sequential": self._run_bls_sync
         }[self.form.scheduler]
@@ -289,6 +296,9 @@ class LocalRuntime:
                 concurrent=self.form.scheduler == "concurrent",
                 max_rows=pipeline.max_batch_size or 1,
             )
+        # One BLS instance: no step of another request can start before this round ends. With more,
+        # a step run inline would keep the other instances from starting their rounds beside it.
+        self._one_round_at_a_time = self._bls_gate is not None and self._bls_gate.instances == 1
 
     def _isolation_of(self, node: Any) -> str:
         """Where ``node``'s instances run: the runtime's ``isolation``, or ``"thread"`` where
@@ -508,12 +518,16 @@ class LocalRuntime:
                 else:
                     queued = perf_counter()
                     async with self._bls_gate.slot(req.rows if p.max_batch_size > 0 else 1) as opens:
-                        if ledger is not None:
-                            replay.queued(ledger, perf_counter() - queued)
-                            await replay.bls_stub(ledger, in_bytes, leaving=False, opens_round=opens)
-                        await self._schedule(req)
-                        if ledger is not None:
-                            await replay.bls_stub(ledger, self._output_bytes(req), leaving=True, opens_round=opens)
+                        self._in_rounds += 1
+                        try:
+                            if ledger is not None:
+                                replay.queued(ledger, perf_counter() - queued)
+                                await replay.bls_stub(ledger, in_bytes, leaving=False, opens_round=opens)
+                            await self._schedule(req)
+                            if ledger is not None:
+                                await replay.bls_stub(ledger, self._output_bytes(req), leaving=True, opens_round=opens)
+                        finally:
+                            self._in_rounds -= 1
                 if ledger is not None:
                     await replay.request(ledger, self._output_bytes(req), leaving=True)
                     replay.finish(ledger)
@@ -561,9 +575,8 @@ class LocalRuntime:
             remaining[key] = left
             if not left:  # no remaining consumer: drop our reference now (the step holds its own)
                 del values[key]
-        inline = model.always_inline or (
-            model.inline_ok and (model.cheap or (self._active == 1 and req.inflight == 1))
-        )
+        alone = (self._in_rounds if self._one_round_at_a_time else self._active) == 1
+        inline = model.always_inline or (model.inline_ok and (model.cheap or (alone and req.inflight == 1)))
         if self._replay is not None:  # the ensemble scheduler or the BLS call carries the inputs to the step
             await self._replay.hop(model, nbytes_of(inputs), leaving=False)
         outputs, queue, compute, batch = await model.run(inputs, req.rows, inline=inline)
