@@ -105,6 +105,51 @@ def test_a_request_alone_in_the_bls_rounds_runs_its_steps_inline(mode, options, 
     assert all(on_the_loop) if inline else not all(on_the_loop)
 
 
+def test_the_requests_of_one_async_round_all_start_their_steps_at_once():
+    """A round lets all its requests in before any of them runs: the first must not judge itself
+    alone and run its step inline, holding the event loop while the others wait to start."""
+    barrier = threading.Barrier(3, timeout=5)
+
+    @step(inputs={"x": V}, outputs={"y": V}, name="meet")
+    def meet(x):
+        barrier.wait()  # all three requests of the round inside the step at once, or BrokenBarrierError
+        return {"y": x + 1}
+
+    p = Pipeline("round_meets", inputs={"x": V}, max_batch_size=8)
+    p.output("y", p.add(meet.with_options(instance_count=3), x=p.input("x"))["y"])
+    serve(p, "bls", 3)  # submitted together: one round of three
+
+
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_the_gate_counts_the_requests_it_let_in_and_forgets_the_cancelled(concurrent):
+    from pipelines.runtime.bls_gate import BlsGate
+
+    gate = BlsGate(instances=1, concurrent=concurrent, max_rows=8)
+    seen = {}
+
+    async def one(i, hold, cancel_after=None):
+        with anyio.move_on_after(cancel_after):
+            async with gate.slot(1):
+                seen[i] = gate.admitted
+                await anyio.sleep(hold)
+
+    async def main():
+        async with anyio.create_task_group() as service:
+            service.start_soon(gate.serve)
+            async with anyio.create_task_group() as tg:
+                for i in range(3):  # one round of three; the third cancelled before a sync round reaches it
+                    tg.start_soon(one, i, 0.05, 0.03 if i == 2 else None)
+                await anyio.sleep(0.01)
+                tg.start_soon(one, 8, 0.0, 0.01)  # cancelled while it waits for a round
+                tg.start_soon(one, 7, 1.0, 0.3)  # the next round's, cancelled inside it
+            service.cancel_scope.cancel()
+        return gate.admitted
+
+    assert anyio.run(main) == 0
+    # a sync round lets its requests in one at a time; an async one, all of them at once
+    assert seen == ({0: 3, 1: 3, 2: 3, 7: 1} if concurrent else {0: 1, 1: 1, 7: 1})
+
+
 def test_ensemble_mode_has_no_gate():
     p, peak = tracked_pipeline("gate_ens")
     serve(p, "ensemble", 8)

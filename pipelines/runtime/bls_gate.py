@@ -31,7 +31,7 @@ __all__ = ["BlsGate"]
 
 
 class _Waiter:
-    __slots__ = ("rows", "start", "finished", "released", "gone", "opens")
+    __slots__ = ("rows", "start", "finished", "released", "gone", "opens", "counted")
 
     def __init__(self, rows: int) -> None:
         self.rows = rows
@@ -40,6 +40,7 @@ class _Waiter:
         self.released = anyio.Event()  # its round is over: the execute call returned its response
         self.gone = False  # cancelled while queued: it never joins a round
         self.opens = False  # the first request of its round
+        self.counted = False  # in BlsGate.admitted: its round has let it in, and it is not done
 
 
 class BlsGate:
@@ -57,6 +58,9 @@ class BlsGate:
         # Made on first use and closed when serving ends, so that a runtime opened again gets fresh ones.
         self._streams: tuple[MemoryObjectSendStream[_Waiter], MemoryObjectReceiveStream[_Waiter]] | None = None
         self._held: deque[_Waiter] = deque()  # taken off the stream, but did not fit in a round
+        # Requests that a round has let in and that are not done: counted when their round lets
+        # them in, before any of them runs, so the first of a round already sees the others.
+        self.admitted = 0
 
     def _queue(self) -> tuple[MemoryObjectSendStream[_Waiter], MemoryObjectReceiveStream[_Waiter]]:
         if self._streams is None:
@@ -74,11 +78,24 @@ class BlsGate:
         try:
             await waiter.start.wait()
             yield waiter.opens
+            self._done(waiter)
             waiter.finished.set()
             await waiter.released.wait()
         finally:
             waiter.gone = True
+            self._done(waiter)
             waiter.finished.set()
+
+    def _let_in(self, waiter: _Waiter) -> None:
+        if not waiter.gone:  # one cancelled while it waited for its turn in the round is never counted
+            waiter.counted = True
+            self.admitted += 1
+        waiter.start.set()
+
+    def _done(self, waiter: _Waiter) -> None:
+        if waiter.counted:
+            waiter.counted = False
+            self.admitted -= 1
 
     async def serve(self) -> None:
         """Run the instances' rounds until cancelled (in the runtime's service task group)."""
@@ -123,9 +140,12 @@ class BlsGate:
                     break
                 round_.append(waiter)
                 rows += waiter.rows
-            for waiter in round_:
-                waiter.start.set()
-                if not self.concurrent:
+            if self.concurrent:
+                for waiter in round_:
+                    self._let_in(waiter)
+            else:
+                for waiter in round_:
+                    self._let_in(waiter)
                     await waiter.finished.wait()
             for waiter in round_:
                 await waiter.finished.wait()

@@ -280,8 +280,7 @@ class LocalRuntime:
         self._service: Any = None
         self._executor: StepThreads | None = None
         self._open = False
-        self._active = 0  # requests being served
-        self._in_rounds = 0  # of them, those a BLS model's round has admitted (where there is one)
+        self._active = 0
         self._schedule = {
             "event": self._run_ensemble, "concurrent": self._run_bls, "sequential": self._run_bls_sync
         }[self.form.scheduler]
@@ -298,7 +297,7 @@ class LocalRuntime:
             )
         # One BLS instance: no step of another request can start before this round ends. With more,
         # a step run inline would keep the other instances from starting their rounds beside it.
-        self._one_round_at_a_time = self._bls_gate is not None and self._bls_gate.instances == 1
+        self._one_round = self._bls_gate if self._bls_gate is not None and self._bls_gate.instances == 1 else None
 
     def _isolation_of(self, node: Any) -> str:
         """Where ``node``'s instances run: the runtime's ``isolation``, or ``"thread"`` where
@@ -518,16 +517,12 @@ class LocalRuntime:
                 else:
                     queued = perf_counter()
                     async with self._bls_gate.slot(req.rows if p.max_batch_size > 0 else 1) as opens:
-                        self._in_rounds += 1
-                        try:
-                            if ledger is not None:
-                                replay.queued(ledger, perf_counter() - queued)
-                                await replay.bls_stub(ledger, in_bytes, leaving=False, opens_round=opens)
-                            await self._schedule(req)
-                            if ledger is not None:
-                                await replay.bls_stub(ledger, self._output_bytes(req), leaving=True, opens_round=opens)
-                        finally:
-                            self._in_rounds -= 1
+                        if ledger is not None:
+                            replay.queued(ledger, perf_counter() - queued)
+                            await replay.bls_stub(ledger, in_bytes, leaving=False, opens_round=opens)
+                        await self._schedule(req)
+                        if ledger is not None:
+                            await replay.bls_stub(ledger, self._output_bytes(req), leaving=True, opens_round=opens)
                 if ledger is not None:
                     await replay.request(ledger, self._output_bytes(req), leaving=True)
                     replay.finish(ledger)
@@ -575,7 +570,7 @@ class LocalRuntime:
             remaining[key] = left
             if not left:  # no remaining consumer: drop our reference now (the step holds its own)
                 del values[key]
-        alone = (self._in_rounds if self._one_round_at_a_time else self._active) == 1
+        alone = (self._active if self._one_round is None else self._one_round.admitted) == 1
         inline = model.always_inline or (model.inline_ok and (model.cheap or (alone and req.inflight == 1)))
         if self._replay is not None:  # the ensemble scheduler or the BLS call carries the inputs to the step
             await self._replay.hop(model, nbytes_of(inputs), leaving=False)
