@@ -140,12 +140,9 @@ class BlsGate:
                     break
                 round_.append(waiter)
                 rows += waiter.rows
-            if self.concurrent:
-                for waiter in round_:
-                    self._let_in(waiter)
-            else:
-                for waiter in round_:
-                    self._let_in(waiter)
+            for waiter in round_:
+                self._let_in(waiter)
+                if not self.concurrent:
                     await waiter.finished.wait()
             for waiter in round_:
                 await waiter.finished.wait()

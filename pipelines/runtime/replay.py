@@ -372,7 +372,6 @@ class Replay:
         self.cpu = CpuShare(default_lanes(self.profile.machine))
         self._lanes = _Lanes(self.profile, self.cpu)
         self._settle = _ThreadSleep()
-        self._ways: dict[tuple[int, int, bool], float] = {}  # see _way
         self._return_lag = 60e-6  # a worker thread's answer reaching the event loop (learned)
 
     def reset(self) -> None:
@@ -491,19 +490,10 @@ class Replay:
         TensorRT...) runs in none, nor does a fused form's step."""
         return not (self._in_process or _external(model))
 
-    def _way(self, cost: Any, nbytes: int, leaving: bool) -> float:
-        """Seconds ``nbytes`` cost crossing ``cost``'s boundary one way (see :meth:`Cost.way_us`).
-
-        Remembered by size: a pipeline's tensors come in a few sizes, and working the curve out
-        (``numpy.interp``, about 20 µs) at every boundary was 8 % of the event loop's time
-        in ``chain10``'s ensemble at concurrency 4, time the requests wait for the loop."""
-        key = (id(cost), nbytes, leaving)  # the costs live in self.profile, as long as this replay
-        seconds = self._ways.get(key)
-        if seconds is None:
-            if len(self._ways) >= 4096:  # inputs of every size (images): a bounded memo, not a leak
-                self._ways.clear()
-            seconds = self._ways[key] = cost.way_us(nbytes, leaving=leaving) * 1e-6
-        return seconds
+    @staticmethod
+    def _way(cost: Any, nbytes: int, leaving: bool) -> float:
+        """Seconds ``nbytes`` cost crossing ``cost``'s boundary one way (see :meth:`Cost.way_us`)."""
+        return cost.way_us(nbytes, leaving=leaving) * 1e-6
 
     # --------------------------------------------------------------- report
 
