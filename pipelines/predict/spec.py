@@ -1,0 +1,159 @@
+"""What the simulator is given: one configuration of one pipeline in one form, with every
+cost it needs, as plain frozen data. Built by :mod:`pipelines.predict.prediction` from a
+pipeline, a server profile and step profiles; read by :mod:`pipelines.predict.simulator`.
+
+Times are microseconds, sizes bytes. Nothing here runs a step or reads a file.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from ..errors import PipelinesError
+
+__all__ = ["Curve", "Load", "SimResult", "SimSpec", "StepSpec", "WayCost"]
+
+
+def _interp(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
+    """Linear between points, the first value below the first point, the last slope (never
+    negative) past the last point."""
+    if len(xs) == 1:
+        return float(ys[0])
+    i = bisect_left(xs, x)
+    if i < len(xs) and xs[i] == x:
+        return float(ys[i])
+    if i == 0:
+        return float(ys[0])
+    if i < len(xs):
+        return float(ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1]))
+    slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+    return float(ys[-1] + slope * (x - xs[-1]))
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A cost by batch size: ``us[i]`` at ``rows[i]`` rows, linear between them."""
+
+    rows: tuple[int, ...]
+    us: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.rows or len(self.rows) != len(self.us) or list(self.rows) != sorted(set(self.rows)):
+            raise PipelinesError(f"a curve needs increasing rows and one figure each; got {self.rows}, {self.us}")
+
+    @classmethod
+    def flat(cls, us: float) -> Curve:
+        return cls((1,), (float(us),))
+
+    def at(self, rows: int) -> float:
+        return _interp(self.rows, self.us, rows)
+
+
+@dataclass(frozen=True)
+class WayCost:
+    """One boundary of the server profile, one way: µs at ``sizes`` bytes (linear between,
+    the last slope past the largest). Made from :class:`pipelines.calibration.profile.Cost`."""
+
+    sizes: tuple[int, ...]
+    us: tuple[float, ...]
+
+    def at(self, nbytes: float) -> float:
+        return _interp(self.sizes, self.us, nbytes)
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One live step as its Triton model runs it.
+
+    ``deps``: the steps whose outputs it takes (names in :attr:`SimSpec.steps`); a step with
+    none takes only the request's inputs. ``wall_us``/``cpu_us``: one execution of the step's
+    own code for a batch of that many rows (CPU above wall: it runs threads; below: it waits
+    on something else). ``gil_share``: the part of its CPU time that holds Python's GIL
+    (what threads of one process cannot overlap: the fused form). ``in_bytes``/``out_bytes``:
+    what its inputs and outputs weigh per row. ``external``: another backend's model, which
+    has no Python stub. ``max_batch_size`` 0: no batching (one request an execution).
+    """
+
+    name: str
+    deps: tuple[str, ...]
+    wall_us: Curve
+    cpu_us: Curve
+    in_bytes: float
+    out_bytes: float
+    gil_share: float = 1.0
+    external: bool = False
+    instances: int = 1
+    max_batch_size: int = 0
+    dynamic_batching: bool = False
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    """One configuration to simulate.
+
+    ``form``: ``ensemble``, ``bls``, ``bls-sync`` or ``fused``. ``steps``: the live steps in
+    a topological order. ``rows``: rows per request. ``in_bytes``/``out_bytes``: what the
+    request's inputs and outputs weigh per row. ``top_instances`` and ``top_max_batch_size``:
+    the BLS or fused model's instance count and the rows one ``execute()`` may take.
+    ``gate``: an ensemble that ends in a gate model. ``cores``: the server's cores, shared
+    by every CPU cost (processor sharing). ``costs``: the server profile's boundaries by
+    name (``request``, ``ensemble``, ``ensemble_step``, ``bls_call``, ``bls_stub``, ... see
+    :data:`pipelines.calibration.profile.BOUNDARIES`), each as ``(in, out)`` :class:`WayCost`.
+    """
+
+    form: str
+    steps: tuple[StepSpec, ...]
+    rows: int
+    in_bytes: float
+    out_bytes: float
+    costs: Mapping[str, tuple[WayCost, WayCost]]
+    cores: float
+    top_instances: int = 1
+    top_max_batch_size: int = 0
+    gate: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "costs", MappingProxyType(dict(self.costs)))
+
+
+@dataclass(frozen=True)
+class Load:
+    """How clients load the server: ``concurrency`` clients in a closed loop (as
+    perf_analyzer), or Poisson arrivals at ``rate`` requests/s (open loop); one of the two.
+    ``requests`` are measured after ``warmup`` more; ``seed`` makes arrivals repeatable."""
+
+    concurrency: int | None = None
+    rate: float | None = None
+    requests: int = 2000
+    warmup: int = 200
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.concurrency is None) == (self.rate is None):
+            raise PipelinesError("a load is a concurrency or a rate, one of the two")
+        if self.concurrency is not None and (isinstance(self.concurrency, bool) or int(self.concurrency) < 1):
+            raise PipelinesError(f"concurrency is an int >= 1; got {self.concurrency!r}")
+        if self.rate is not None and not float(self.rate) > 0:
+            raise PipelinesError(f"rate is requests/s > 0; got {self.rate!r}")
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What one simulation gives: latency percentiles (µs), throughput (requests/s), the
+    busy share of each model's instances (0..1, by model name: the steps' by step name, the
+    top-level BLS or fused model's under its form's name, an ensemble's gate model under ``"gate"``), the cores' busy share, and the bottleneck's name (the busiest
+    of those, ``"cpu"`` for the cores)."""
+
+    p50_us: float
+    p95_us: float
+    p99_us: float
+    mean_us: float
+    throughput: float
+    utilisation: Mapping[str, float] = field(default_factory=dict)
+    cpu_utilisation: float = 0.0
+    bottleneck: str = ""
