@@ -75,6 +75,8 @@ class StepSpec:
     (what threads of one process cannot overlap: the fused form). ``in_bytes``/``out_bytes``:
     what its inputs and outputs weigh per row. ``external``: another backend's model, which
     has no Python stub. ``max_batch_size`` 0: no batching (one request an execution).
+    ``model``: the Triton model that runs it; steps that name the same model (one step used by
+    several nodes compiles to one model) share its instances and its queue ("" : its own name).
     """
 
     name: str
@@ -90,6 +92,11 @@ class StepSpec:
     dynamic_batching: bool = False
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_us: float = 0.0
+    model: str = ""
+
+    @property
+    def model_name(self) -> str:
+        return self.model or self.name
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,231 @@
+"""``pipelines advise``: which form, how many instances, which batching.
+
+Every configuration is simulated (:mod:`pipelines.predict.simulator`) on the same server
+profile and step profiles, so a search costs CPU seconds, not hours of a real server.
+
+The space is a product (forms × each step model's instances × its batching × the top-level
+model's instances), too large to enumerate for more than two or three steps. The search is a
+local search from each form's default: each round simulates every configuration one change
+away from the best ones so far (one model's instances or batching, or the top-level model's
+instances), keeps the best few (a beam), and stops when a round finds nothing better or
+the budget of simulations is spent. A change that the simulator can tell nothing about is
+never proposed: batching a step whose ``max_batch_size`` is 0, step-model options in the
+fused form, whose Python steps run in its own process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..errors import ArgumentError
+from ..tables import format_table
+from .configuration import Configuration, ModelChoice
+from .prediction import Prediction, PredictionRow, Predictor
+from .spec import Load
+
+__all__ = ["Advice", "Candidate", "QUEUE_DELAYS_US", "advise", "search"]
+
+#: The dynamic batcher's queue delays the search tries (µs).
+QUEUE_DELAYS_US = (0, 100, 500, 2000)
+INSTANCE_COUNTS = (1, 2, 3, 4)
+_BEAM = 3
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration and what the simulation predicts for it."""
+
+    configuration: Configuration
+    row: PredictionRow
+    meets_bound: bool
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The ranked configurations (best first), the default of each form, and how many were
+    simulated."""
+
+    pipeline: str
+    load: Load
+    p95_ms: float | None
+    ranked: tuple[Candidate, ...]
+    defaults: Mapping[str, Candidate]
+    simulated: int
+    profile: str = ""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def best(self) -> Candidate:
+        return self.ranked[0]
+
+    def top(self, k: int) -> tuple[Candidate, ...]:
+        return self.ranked[:k]
+
+    def table(self, k: int = 5) -> str:
+        headers = ["#", "configuration", "p50 ms", "p95 ms", "infer/s", "bottleneck", "meets p95"]
+        body = []
+        for i, c in enumerate(self.top(k), 1):
+            default = self.defaults.get(c.configuration.form)
+            body.append([str(i), c.configuration.label(default.configuration if default else None),
+                         f"{c.row.p50_ms:.2f}", f"{c.row.p95_ms:.2f}", f"{c.row.throughput:.1f}",
+                         c.row.bottleneck_text(), "yes" if c.meets_bound else "no"])
+        return format_table(headers, body)
+
+    def settings(self, k: int = 5) -> list[str]:
+        """For each of the top ``k``: the exact arguments to set, as code."""
+        out = []
+        for i, c in enumerate(self.top(k), 1):
+            default = self.defaults.get(c.configuration.form)
+            changes = c.configuration.changes(default.configuration) if default else [c.configuration.compile_arguments()]
+            out.append(f"#{i}: " + "\n    ".join(changes))
+        return out
+
+    def __str__(self) -> str:
+        load = f"concurrency {self.load.concurrency}" if self.load.concurrency else f"{self.load.rate:g} requests/s"
+        bound = f", p95 <= {self.p95_ms:g} ms" if self.p95_ms is not None else ""
+        head = (f"advice for pipeline {self.pipeline!r} at {load}{bound}: {self.simulated} configurations simulated "
+                f"({self.profile})")
+        base = "\n".join(f"default {name}: {c.row.throughput:.1f} infer/s, p95 {c.row.p95_ms:.2f} ms"
+                         for name, c in self.defaults.items())
+        return "\n".join([head, self.table(), "", "set:", *self.settings(), "", base,
+                          *(f"note: {n}" for n in self.notes)])
+
+    def as_dicts(self, k: int | None = None) -> list[dict[str, Any]]:
+        rows = []
+        for c in self.ranked[:k]:
+            default = self.defaults.get(c.configuration.form)
+            rows.append({**c.row.as_dict(), "meets_p95": c.meets_bound,
+                         "settings": c.configuration.changes(default.configuration) if default else []})
+        return rows
+
+
+def _choices(base: ModelChoice, batchable: bool, cores: float) -> list[ModelChoice]:
+    counts = sorted(set(INSTANCE_COUNTS) | ({int(cores)} if cores > max(INSTANCE_COUNTS) else set()))
+    out = [replace(base, instance_count=n) for n in counts]
+    if batchable:
+        out.append(replace(base, dynamic_batching=False, max_queue_delay_us=0))
+        out += [replace(base, dynamic_batching=True, max_queue_delay_us=d) for d in QUEUE_DELAYS_US]
+    return out
+
+
+def _neighbours(c: Configuration, predictor: Predictor, batch_limits: Mapping[str, int]) -> Iterable[Configuration]:
+    """Every configuration one change away from ``c`` that can be compiled."""
+    in_process = c.form == "fused"
+    for name, choice in c.models.items():
+        if in_process and not _is_external(predictor, name):
+            continue  # runs inside the fused model: its own model options change nothing
+        for alternative in _choices(choice, batch_limits[name] > 0, predictor.cores):
+            if alternative != choice:
+                yield replace(c, models={**c.models, name: alternative})
+    if c.form != "ensemble":
+        for n in INSTANCE_COUNTS:
+            if n != c.top_instances:
+                yield replace(c, top_instances=n)
+
+
+def _is_external(predictor: Predictor, model: str) -> bool:
+    for m in predictor.plan.models:
+        if m.name == model:
+            return predictor.pipeline.nodes[m.nodes[0]].step.is_external
+    return False
+
+
+def _key(configuration: Configuration) -> tuple:
+    return (configuration.form, configuration.top_instances, tuple(sorted(configuration.models.items())))
+
+
+def search(
+    predictor: Predictor,
+    load: Load,
+    *,
+    forms: Iterable[str] | None = None,
+    p95_ms: float | None = None,
+    budget: int = 400,
+    progress: Callable[[int, int], None] | None = None,
+) -> Advice:
+    """Search the configurations of ``predictor``'s pipeline at ``load`` (see the module docstring)."""
+    if p95_ms is not None and not p95_ms > 0:
+        raise ArgumentError(f"the p95 bound is milliseconds > 0; got {p95_ms!r}")
+    if budget < 1:
+        raise ArgumentError(f"the search budget is a number of simulations >= 1; got {budget!r}")
+    seen: dict[tuple, Candidate] = {}
+
+    def score(c: Candidate) -> tuple:
+        # Throughput among those under the bound; without a bound, the lowest p95.
+        if p95_ms is None:
+            return (0, c.row.p95_ms, -c.row.throughput)
+        return (0 if c.meets_bound else 1, -c.row.throughput if c.meets_bound else c.row.p95_ms, c.row.p95_ms)
+
+    def run(configuration: Configuration) -> Candidate:
+        key = _key(configuration)
+        found = seen.get(key)
+        if found is None:
+            row = predictor.row(configuration, load, configuration.label())
+            found = Candidate(configuration, row, p95_ms is None or row.p95_ms <= p95_ms)
+            seen[key] = found
+            if progress is not None:
+                progress(len(seen), budget)
+        return found
+
+    names = predictor.forms(forms)
+    defaults = {name: run(predictor.default(name)) for name in names}
+    batch_limits = {m.name: predictor.pipeline.nodes[m.nodes[0]].max_batch_size for m in predictor.plan.models}
+    # Each form searched from its own default with its share of the budget: a form that is
+    # slow as declared (one BLS instance, say) may be the fastest once configured.
+    share = max(1, budget // max(1, len(names)))
+    for name in names:
+        beam = [defaults[name]]
+        best = score(beam[0])
+        limit = min(budget, len(seen) + share)
+        while len(seen) < limit:
+            frontier = []
+            for parent in beam:
+                for neighbour in _neighbours(parent.configuration, predictor, batch_limits):
+                    if len(seen) >= limit:
+                        break
+                    if _key(neighbour) not in seen:
+                        frontier.append(run(neighbour))
+            if not frontier:
+                break
+            beam = sorted({_key(c.configuration): c for c in [*beam, *frontier]}.values(), key=score)[:_BEAM]
+            if not score(beam[0]) < best:
+                break  # a round that found nothing better
+            best = score(beam[0])
+    ranked = tuple(sorted(seen.values(), key=score))
+    return Advice(predictor.pipeline.name, load, p95_ms, ranked, defaults, len(seen), predictor.describe(),
+                  tuple(predictor.notes))
+
+
+def advise(
+    pipeline: Any,
+    profile: Any,
+    *,
+    concurrency: int | None = None,
+    rate: float | None = None,
+    p95_ms: float | None = None,
+    forms: Iterable[str] | None = None,
+    cores: float | None = None,
+    inputs: Mapping[str, Any] | None = None,
+    module: Any = None,
+    costs: Mapping[str, Any] | None = None,
+    cache: Any = True,
+    allow_mismatch: bool = False,
+    budget: int = 400,
+    progress: Callable[[int, int], None] | None = None,
+) -> Advice:
+    """Rank ``pipeline``'s configurations by predicted throughput under ``p95_ms`` (or by p95
+    where no bound is given), at ``concurrency`` clients (default 8) or ``rate`` requests/s.
+    ``cores`` is the server's (default: the profile's)."""
+    if concurrency is not None and rate is not None:
+        raise ArgumentError("advise takes a concurrency or a rate, not both")
+    load = Load(rate=float(rate)) if rate is not None else Load(concurrency=int(concurrency or 8))
+    predictor = Predictor(pipeline, profile, inputs=inputs, module=module, costs=costs, cache=cache, cores=cores,
+                          allow_mismatch=allow_mismatch)
+    return search(predictor, load, forms=forms, p95_ms=p95_ms, budget=budget, progress=progress)
+
+
+def prediction_of(advice: Advice, k: int = 5) -> Prediction:
+    """The top ``k`` as a :class:`Prediction` table."""
+    return Prediction(advice.pipeline, tuple(c.row for c in advice.top(k)), advice.profile, advice.notes)

@@ -1,0 +1,179 @@
+"""``pipelines predict`` and ``pipelines advise``: the command lines of :func:`predict` and
+:func:`advise`. Each ``add_*_arguments(parser)`` fills its sub-command's parser and each
+``*_main(args)`` runs it and returns the exit status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..errors import PipelinesError
+from ..forms import FORMS
+
+__all__ = ["add_advise_arguments", "add_predict_arguments", "advise_main", "predict_main"]
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    from ..bench.command import parse_levels
+
+    return parse_levels(text)
+
+
+def _forms(text: str) -> tuple[str, ...]:
+    forms = tuple(f.strip() for f in text.split(",") if f.strip())
+    unknown = [f for f in forms if f not in FORMS]
+    if unknown or not forms:
+        raise argparse.ArgumentTypeError(f"{text!r}: forms are some of {','.join(FORMS)}")
+    return forms
+
+
+def _positive(kind: type, what: str) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}")
+        return value
+
+    return parse
+
+
+def _cost(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    try:
+        us = float(value)
+    except ValueError:
+        us = -1.0
+    if not sep or not name or not us >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not STEP=MICROSECONDS (a step's cost per call, e.g. detector=2500)")
+    return name, us
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("pipeline", metavar="MODULE:ATTR")
+    parser.add_argument("--profile", required=True, metavar="PROFILE.json",
+                        help="the server profile that 'pipelines calibrate' wrote; the step profiles are kept "
+                        "beside it (PROFILE.steps.json)")
+    parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                        help="a sample input from a .npy file (repeat for each input; default: the pipeline "
+                        "module's own sample_inputs()/make_sample(), else random tensors)")
+    parser.add_argument("--forms", type=_forms, default=None, metavar="FORM,...",
+                        help=f"the forms to consider (default: all of {','.join(FORMS)})")
+    parser.add_argument("--cost", type=_cost, action="append", default=[], metavar="STEP=US",
+                        help="a step's cost per call in µs, instead of measuring it here (an external model "
+                        "with no stand-in, or one that runs on other hardware); repeat for each")
+    parser.add_argument("--cores", type=_positive(float, "a number of cores > 0"), default=None, metavar="N",
+                        help="the server's cores (default: the parallelism the profile measured)")
+    parser.add_argument("--allow-mismatch", action="store_true",
+                        help="use a profile measured on another machine, Triton version or protocol (warns, "
+                        "naming each difference)")
+    parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+
+
+def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
+    _common(parser)
+    parser.add_argument("--concurrency", type=_levels, default=None, metavar="1,4,16",
+                        help="clients in a closed loop, as perf_analyzer (also LOW:HIGH for powers of two; "
+                        "default 1,4,16 unless --rate is given)")
+    parser.add_argument("--rate", type=_positive(float, "requests/s > 0"), action="append", default=None,
+                        metavar="R", help="an open-loop load of R requests/s (Poisson arrivals); repeatable. "
+                        "Given alone, replaces the default concurrencies")
+
+
+def add_advise_arguments(parser: argparse.ArgumentParser) -> None:
+    _common(parser)
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=_positive(int, "an int >= 1"), default=None, metavar="N",
+                      help="clients in a closed loop (default 8)")
+    load.add_argument("--rate", type=_positive(float, "requests/s > 0"), default=None, metavar="R",
+                      help="an open-loop load of R requests/s")
+    parser.add_argument("--p95-ms", type=_positive(float, "milliseconds > 0"), default=None, metavar="X",
+                        help="rank by throughput among configurations whose p95 is at most X ms "
+                        "(default: rank by p95)")
+    parser.add_argument("--top", type=_positive(int, "an int >= 1"), default=5, metavar="K",
+                        help="how many configurations to print (default 5)")
+    parser.add_argument("--budget", type=_positive(int, "an int >= 1"), default=400, metavar="N",
+                        help="at most this many configurations simulated (default 400)")
+    parser.add_argument("--verify", action="store_true",
+                        help="compile the top 3 and the default, measure them on the bundled Triton server "
+                        "(or --url), and print predicted against measured")
+    parser.add_argument("--url", metavar="HOST:PORT", default=None,
+                        help="with --verify: measure on this server, which must serve the repository that "
+                        "--verify --repository wrote")
+    parser.add_argument("--duration", type=_positive(float, "seconds > 0"), default=3.0, metavar="S",
+                        help="with --verify: seconds measured per configuration (default 3)")
+    parser.add_argument("--write", metavar="DIR", default=None,
+                        help="write the winner's model repository into DIR (its other models are left as they are)")
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | None]:
+    from ..input_files import parse_inputs
+    from ..loading import load_pipeline_and_module
+
+    pipeline, module = load_pipeline_and_module(args.pipeline)
+    inputs = parse_inputs(args.input, pipeline) if args.input else None
+    return pipeline, module, inputs
+
+
+def predict_main(args: argparse.Namespace) -> int:
+    from .prediction import predict
+
+    pipeline, module, inputs = _load(args)
+    concurrency = args.concurrency if args.concurrency is not None else ((1, 4, 16) if args.rate is None else ())
+    result = predict(pipeline, args.profile, concurrency=concurrency, forms=args.forms, rate=args.rate,
+                     inputs=inputs, module=module, costs=dict(args.cost) or None, cores=args.cores,
+                     allow_mismatch=args.allow_mismatch)
+    if args.json:
+        print(json.dumps(result.as_dicts(), indent=2))
+    else:
+        print(result)
+        levels = sorted({(r.concurrency, r.rate) for r in result.rows}, key=lambda x: (x[0] is None, x))
+        for c, r in levels:
+            print(f"winner at {'concurrency ' + str(c) if c is not None else f'{r:g} requests/s'}: "
+                  f"{result.winner(concurrency=c, rate=r)}")
+    return 0
+
+
+def advise_main(args: argparse.Namespace) -> int:
+    from ..bench.inputs import sample_requests
+    from .advise import advise
+
+    if args.url and not args.verify:
+        raise PipelinesError("--url is where --verify measures; add --verify, or drop --url")
+    pipeline, module, inputs = _load(args)
+    advice = advise(pipeline, args.profile, concurrency=args.concurrency, rate=args.rate, p95_ms=args.p95_ms,
+                    forms=args.forms, cores=args.cores, inputs=inputs, module=module, costs=dict(args.cost) or None,
+                    allow_mismatch=args.allow_mismatch, budget=args.budget)
+    if args.json:
+        print(json.dumps(advice.as_dicts(args.top), indent=2))
+    else:
+        print(str(advice).replace(advice.table(), advice.table(args.top)))
+    if args.verify:
+        from .verify import measure_configurations, verified_table
+
+        if advice.load.concurrency is None:
+            raise PipelinesError("--verify measures at a concurrency (perf_analyzer's closed loop); give "
+                                 "--concurrency N instead of --rate")
+        default = max(advice.defaults.values(), key=lambda c: c.row.throughput)
+        entries = [(f"#{i} {c.configuration.label(advice.defaults[c.configuration.form].configuration)}",
+                    c.configuration, c.row.throughput, c.row.p95_ms) for i, c in enumerate(advice.top(3), 1)]
+        entries.append((f"default {default.configuration.form}", default.configuration, default.row.throughput,
+                        default.row.p95_ms))
+        samples = [inputs] if inputs else sample_requests(pipeline, module=module)
+        rows = measure_configurations(pipeline, entries, samples, concurrency=advice.load.concurrency, url=args.url,
+                                      duration=args.duration, note=lambda t: print(t, file=sys.stderr))
+        print("\npredicted against measured at concurrency", advice.load.concurrency)
+        print(verified_table(rows))
+    if args.write:
+        from ..compile.repository import write_models
+        from .configuration import configured
+
+        best = advice.best.configuration
+        repo = configured(pipeline, best).compile(best.form, **best.compile_options())
+        path = write_models(repo, args.write, overwrite_hint="removing the models first")
+        print(f"wrote the winner ({best.label()}) to {path}: {', '.join(sorted(repo.models))}")
+    return 0

@@ -1,0 +1,328 @@
+"""``p.predict(profile, ...)``: a pipeline's forms simulated on a server profile.
+
+The server profile (``pipelines calibrate``) prices the boundaries; the step profiles
+(:mod:`pipelines.predict.step_profiles`, each step run for real here) price the steps; the
+simulator (:mod:`pipelines.predict.simulator`) plays the server's schedule on a virtual
+clock. This module builds what the simulator is given (:class:`~pipelines.predict.spec.SimSpec`)
+from those three, and shapes its answers into a :class:`Prediction`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ArgumentError
+from ..forms import FORMS
+from ..forms import form as form_named
+from ..graph import Pipeline
+from ..plan import plan_of
+from ..tables import format_table
+from .configuration import Configuration, default_configuration
+from .spec import Curve, Load, SimResult, SimSpec, StepSpec, WayCost
+
+__all__ = ["Prediction", "PredictionRow", "Predictor", "predict"]
+
+MIB = float(1 << 20)
+
+
+@dataclass(frozen=True)
+class PredictionRow:
+    """One form at one load, as the simulation predicts it."""
+
+    form: str
+    concurrency: int | None
+    rate: float | None
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    throughput: float
+    bottleneck: str
+    utilisation: Mapping[str, float] = field(default_factory=dict)
+    configuration: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["utilisation"] = dict(self.utilisation)
+        return data
+
+    @property
+    def load(self) -> str:
+        return f"c={self.concurrency}" if self.concurrency is not None else f"{self.rate:g}/s"
+
+    def bottleneck_text(self) -> str:
+        share = self.utilisation.get(self.bottleneck)
+        return self.bottleneck if share is None else f"{self.bottleneck} {share:.0%}"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Rows of ``form``, ``concurrency`` (or ``rate``), ``p50_ms``, ``p95_ms``, ``p99_ms``,
+    ``throughput`` and ``bottleneck``; a table in the terminal and in notebooks."""
+
+    pipeline: str
+    rows: tuple[PredictionRow, ...]
+    profile: str = ""
+    notes: tuple[str, ...] = ()
+
+    def winner(self, concurrency: int | None = None, rate: float | None = None) -> str:
+        """The form with the highest predicted throughput at that load."""
+        at = [r for r in self.rows if r.concurrency == concurrency and r.rate == rate]
+        if not at:
+            raise ArgumentError(f"no prediction at concurrency={concurrency} rate={rate}")
+        return max(at, key=lambda r: (r.throughput, -r.p50_ms)).form
+
+    def as_dicts(self) -> list[dict[str, Any]]:
+        return [r.as_dict() for r in self.rows]
+
+    def _table(self) -> tuple[list[str], list[list[str]]]:
+        headers = ["form", "load", "p50 ms", "p95 ms", "p99 ms", "infer/s", "bottleneck"]
+        body = [[r.form, r.load, f"{r.p50_ms:.2f}", f"{r.p95_ms:.2f}", f"{r.p99_ms:.2f}", f"{r.throughput:.1f}",
+                 r.bottleneck_text()] for r in self.rows]
+        return headers, body
+
+    def __str__(self) -> str:
+        headers, body = self._table()
+        text = f"predicted for pipeline {self.pipeline!r} ({self.profile})\n" + format_table(headers, body)
+        return "\n".join([text, *(f"note: {n}" for n in self.notes)])
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        headers, body = self._table()
+        head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+        rows = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in body)
+        notes = "".join(f"<p>{escape(n)}</p>" for n in self.notes)
+        return (f"<p>predicted for pipeline <b>{escape(self.pipeline)}</b> ({escape(self.profile)})</p>"
+                f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{notes}")
+
+
+def _ways(cost: Any) -> tuple[WayCost, WayCost]:
+    """A profile boundary as the simulator reads it: the measured curve each way, or, for an
+    old profile with only a line, half its fixed cost each way plus its cost per byte."""
+    if cost.sizes:
+        return WayCost(tuple(cost.sizes), tuple(cost.in_us)), WayCost(tuple(cost.sizes), tuple(cost.out_us))
+    line = WayCost((0, int(MIB)), (cost.fixed_us / 2, cost.fixed_us / 2 + cost.us_per_mib))
+    return line, line
+
+
+def _rows_of(pipeline: Pipeline, inputs: Mapping[str, Any]) -> int:
+    if not pipeline.batched:
+        return 1
+    first = next(iter(inputs.values()))
+    return int(np.shape(first)[0]) if np.ndim(first) else 1
+
+
+def _nbytes(arrays: Mapping[str, Any]) -> int:
+    return sum(int(getattr(a, "nbytes", 0)) for a in arrays.values())
+
+
+class Predictor:
+    """Everything one pipeline's simulations share: the server profile's boundaries, the step
+    profiles, the request's sizes. :meth:`spec` builds one configuration's
+    :class:`~pipelines.predict.spec.SimSpec`; :meth:`simulate` runs it. ``advise`` makes one
+    and simulates hundreds of configurations with it, measuring the steps once.
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        profile: Any,
+        *,
+        inputs: Mapping[str, Any] | None = None,
+        module: Any = None,
+        costs: Mapping[str, Any] | None = None,
+        cache: str | os.PathLike[str] | bool | None = True,
+        cores: float | None = None,
+        allow_mismatch: bool = False,
+        progress: Callable[[int, int, str], None] | None = None,
+    ) -> None:
+        from ..calibration.profile import load_profile
+        from .step_profiles import profile_steps
+
+        if not isinstance(pipeline, Pipeline):
+            raise ArgumentError(f"predict needs a Pipeline; got {type(pipeline).__name__}")
+        pipeline.validate()
+        self.pipeline = pipeline
+        self.server = load_profile(profile)
+        self.notes: list[str] = []
+        self._require_match(allow_mismatch)
+        if inputs is None:
+            inputs = sample_inputs(pipeline, module)
+        self.inputs = dict(inputs)
+        if cache is True:
+            cache = (Path(profile).with_suffix(".steps.json")
+                     if isinstance(profile, (str, os.PathLike)) else None)
+        elif cache is False:
+            cache = None
+        self.steps = profile_steps(pipeline, self.inputs, cache=cache, costs=costs, progress=progress)
+        self.plan = plan_of(pipeline, warn=False)
+        self.rows = _rows_of(pipeline, self.inputs)
+        outputs = pipeline.run(self.inputs, mode="ensemble")
+        self.in_bytes = _nbytes(self.inputs) / self.rows
+        self.out_bytes = _nbytes(outputs) / self.rows
+        self.costs = {name: _ways(cost) for name, cost in self.server.costs.items()}
+        if cores is not None and not (isinstance(cores, (int, float)) and cores >= 1):
+            raise ArgumentError(f"cores is a number >= 1 (the server's cores); got {cores!r}")
+        self.cores = float(cores) if cores is not None else float(self.server.lanes)
+        self.gate, self.ensemble_refused = self._ensemble_shape()
+
+    def _require_match(self, allow_mismatch: bool) -> None:
+        """Step profiles are measured on this machine: the server profile must come from one like it."""
+        from ..bench.results import machine_info
+
+        found = self.server.require_match(machine=machine_info(), allow_mismatch=allow_mismatch)
+        self.notes += [f"the profile was measured elsewhere: {d}" for d in found]
+
+    def _ensemble_shape(self) -> tuple[bool, str | None]:
+        """Whether the ensemble ends in a gate model, or why the compiler refuses an ensemble."""
+        from ..compile.ensemble import ensemble_layout_of
+
+        layout = ensemble_layout_of(self.pipeline)
+        if layout is None:
+            return False, "the ensemble compiler refuses this pipeline"
+        return bool(layout.gate_inputs), None
+
+    def forms(self, forms: Iterable[str] | None = None) -> tuple[str, ...]:
+        """The forms asked for (all by default), less the ensemble where it cannot be compiled."""
+        names = tuple(FORMS) if forms is None else tuple(form_named(f).name for f in forms)
+        if self.ensemble_refused and "ensemble" in names:
+            self.notes.append(f"ensemble left out: {self.ensemble_refused}")
+            names = tuple(n for n in names if n != "ensemble")
+        return names
+
+    def default(self, form: str) -> Configuration:
+        return default_configuration(self.pipeline, form)
+
+    def spec(self, configuration: Configuration) -> SimSpec:
+        """The simulator's view of ``configuration`` (steps in the plan's order)."""
+        steps = []
+        for model in self.plan.models:
+            choice = configuration.models.get(model.name)
+            for node_name in model.nodes:
+                node = self.pipeline.nodes[node_name]
+                measured = self.steps[node_name]
+                if choice is None:
+                    raise ArgumentError(f"the configuration has no options for model {model.name!r}")
+                steps.append((node_name, StepSpec(
+                    name=node_name,
+                    deps=tuple(self.plan.node(node_name).after),
+                    wall_us=Curve(tuple(measured.rows), tuple(measured.wall_us)),
+                    cpu_us=Curve(tuple(measured.rows), tuple(measured.cpu_us)),
+                    in_bytes=float(measured.in_bytes),
+                    out_bytes=float(measured.out_bytes),
+                    gil_share=float(measured.gil_share),
+                    external=node.step.is_external,
+                    instances=choice.instance_count,
+                    max_batch_size=choice.max_batch_size,
+                    dynamic_batching=choice.dynamic_batching and choice.max_batch_size > 0,
+                    preferred_batch_sizes=choice.preferred_batch_sizes,
+                    max_queue_delay_us=float(choice.max_queue_delay_us),
+                    model=model.name,
+                )))
+        order = {name: i for i, name in enumerate(self.plan.order)}
+        steps.sort(key=lambda pair: order[pair[0]])
+        return SimSpec(
+            form=configuration.form,
+            steps=tuple(s for _, s in steps),
+            rows=self.rows,
+            in_bytes=self.in_bytes,
+            out_bytes=self.out_bytes,
+            costs=self.costs,
+            cores=self.cores,
+            top_instances=configuration.top_instances,
+            top_max_batch_size=self.pipeline.max_batch_size,
+            gate=self.gate and configuration.form == "ensemble",
+        )
+
+    def simulate(self, configuration: Configuration, load: Load) -> SimResult:
+        from .simulator import simulate
+
+        return simulate(self.spec(configuration), load)
+
+    def row(self, configuration: Configuration, load: Load, label: str = "") -> PredictionRow:
+        result = self.simulate(configuration, load)
+        return PredictionRow(
+            form=configuration.form,
+            concurrency=load.concurrency,
+            rate=load.rate,
+            p50_ms=result.p50_us / 1e3,
+            p95_ms=result.p95_us / 1e3,
+            p99_ms=result.p99_us / 1e3,
+            throughput=result.throughput,
+            bottleneck=result.bottleneck,
+            utilisation=dict(result.utilisation, cpu=result.cpu_utilisation),
+            configuration=label,
+        )
+
+    def describe(self) -> str:
+        p = self.server
+        return f"Triton {p.server_version or '?'} over {p.protocol}, {self.cores:g} cores, profiled {p.date}"
+
+
+def loads(concurrency: Iterable[int] | int | None, rate: Iterable[float] | float | None) -> list[Load]:
+    """The loads asked for: each concurrency, and each rate."""
+    out: list[Load] = []
+    if isinstance(concurrency, int):
+        concurrency = (concurrency,)
+    if isinstance(rate, (int, float)):
+        rate = (rate,)
+    for c in concurrency or ():
+        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1:
+            raise ArgumentError(f"a concurrency is an int >= 1; got {c!r}")
+        out.append(Load(concurrency=int(c)))
+    for r in rate or ():
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0:
+            raise ArgumentError(f"a rate is requests/s > 0; got {r!r}")
+        out.append(Load(rate=float(r)))
+    if not out:
+        raise ArgumentError("predict needs at least one concurrency or rate")
+    return out
+
+
+def sample_inputs(pipeline: Pipeline, module: Any = None) -> dict[str, Any]:
+    """One request for a pipeline with no inputs given: ``module``'s own ``sample_inputs()`` or
+    ``make_sample()`` where it has one (as the benchmark sends), else random tensors shaped by
+    the pipeline's input specs."""
+    from ..bench.inputs import sample_requests
+
+    return dict(sample_requests(pipeline, module=module)[0])
+
+
+def predict(
+    pipeline: Pipeline,
+    profile: Any,
+    concurrency: Sequence[int] | int | None = (1, 4, 16),
+    forms: Iterable[str] | None = None,
+    *,
+    rate: Sequence[float] | float | None = None,
+    inputs: Mapping[str, Any] | None = None,
+    module: Any = None,
+    costs: Mapping[str, Any] | None = None,
+    cache: str | os.PathLike[str] | bool | None = True,
+    cores: float | None = None,
+    allow_mismatch: bool = False,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> Prediction:
+    """Predict each form of ``pipeline`` at each concurrency (closed loop) or rate (open loop).
+
+    ``profile``: a server profile or the path of its JSON file. ``inputs``: one sample request
+    (default: the pipeline module's own samples, else random tensors). ``costs``: µs per call
+    (or ``{rows: µs}``) for steps not to measure here, such as external models without a
+    stand-in. ``cache``: where the step profiles are kept (default: beside the profile file).
+    ``cores``: the server's cores (default: the profile's measured parallelism).
+    """
+    wanted = loads(concurrency, rate)
+    predictor = Predictor(pipeline, profile, inputs=inputs, module=module, costs=costs, cache=cache, cores=cores,
+                          allow_mismatch=allow_mismatch, progress=progress)
+    rows = []
+    for name in predictor.forms(forms):
+        configuration = predictor.default(name)
+        for load in wanted:
+            rows.append(predictor.row(configuration, load))
+    return Prediction(pipeline.name, tuple(rows), predictor.describe(), tuple(predictor.notes))

@@ -1,0 +1,222 @@
+"""``p.predict``, ``p.advise`` and their command lines: the simulation put to a pipeline.
+
+The simulator itself is tested exactly on virtual time (tests/test_simulator.py); here the
+whole path runs: the step profiles are measured for real, the configurations compile, and
+one ``advise --verify`` measures on the bundled Triton server.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines import DynamicBatching, Pipeline, TensorSpec, step
+from pipelines.bench.results import machine_info
+from pipelines.calibration.profile import BOUNDARIES, Cost, Profile
+from pipelines.cli import main
+from pipelines.errors import PipelinesError
+from pipelines.examples import capacity
+from pipelines.examples.basic import make_diamond
+from pipelines.predict import Configuration, ModelChoice, advise, configured, default_configuration, predict
+
+
+def flat_profile(us: float = 40.0, *, lanes: float = 2.0) -> Profile:
+    """A server whose every boundary costs ``us`` each way, whatever the bytes."""
+    return Profile(
+        costs={b: Cost(2 * us, 0.0, (1, 1 << 20), (us, us), (us, us)) for b in BOUNDARIES},
+        server_version="2.51.0", protocol="http", machine=machine_info(), date="2026-11-26", lanes=lanes,
+    )
+
+
+@pytest.fixture(scope="module")
+def profile_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("profile") / "profile.json"
+    flat_profile().save(path)
+    return path
+
+
+def test_predict_gives_a_row_per_form_and_load_and_names_the_winner(profile_path):
+    diamond = make_diamond(ms=20.0)
+    result = diamond.predict(profile_path, concurrency=(1, 4))
+    assert {(r.form, r.concurrency) for r in result.rows} == {
+        (f, c) for f in ("ensemble", "bls", "bls-sync", "fused") for c in (1, 4)
+    }
+    by = {(r.form, r.concurrency): r for r in result.rows}
+    # The two 20 ms branches overlap in the ensemble and one after another in the sync BLS form.
+    assert by["bls-sync", 1].p50_ms > 1.6 * by["ensemble", 1].p50_ms
+    assert 20.0 < by["ensemble", 1].p50_ms < 30.0
+    for row in result.rows:
+        assert row.p50_ms <= row.p95_ms <= row.p99_ms
+        assert row.throughput > 0 and row.bottleneck
+    assert result.winner(concurrency=1) != "bls-sync"
+    text = str(result)
+    assert "bls-sync" in text and "p95 ms" in text
+    assert "<table>" in result._repr_html_()
+    keys = set(result.as_dicts()[0])
+    assert {"form", "concurrency", "p50_ms", "p95_ms", "p99_ms", "throughput", "bottleneck"} <= keys
+
+
+def test_the_same_prediction_twice_gives_the_same_figures(profile_path, tmp_path):
+    diamond = make_diamond(ms=5.0)
+    # The step profiles are cached beside the profile: the second prediction reads them.
+    first = predict(diamond, profile_path, concurrency=(4,), forms=["ensemble"])
+    second = predict(diamond, profile_path, concurrency=(4,), forms=["ensemble"])
+    assert first.rows == second.rows
+
+
+def test_a_rate_is_an_open_loop_load(profile_path):
+    result = capacity.twin.predict(profile_path, concurrency=None, forms=["ensemble"], rate=50.0)
+    (row,) = result.rows
+    assert row.concurrency is None and row.rate == 50.0
+    # Below the server's capacity, an open loop's throughput is its rate.
+    assert row.throughput == pytest.approx(50.0, rel=0.1)
+
+
+def test_a_bad_load_is_refused_with_what_was_expected(profile_path):
+    with pytest.raises(PipelinesError, match="concurrency is an int >= 1"):
+        make_diamond().predict(profile_path, concurrency=(0,))
+    with pytest.raises(PipelinesError, match="at least one concurrency or rate"):
+        make_diamond().predict(profile_path, concurrency=())
+
+
+def test_a_profile_with_a_nan_cost_is_refused_naming_the_field(tmp_path):
+    data = flat_profile().to_dict()
+    data["costs"]["bls_call"]["in_us"][1] = float("nan")
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PipelinesError, match="bls_call"):
+        make_diamond().predict(path, concurrency=(1,))
+
+
+def test_a_profile_from_another_machine_is_refused_unless_allowed(tmp_path):
+    other = flat_profile()
+    data = other.to_dict()
+    data["machine"] = {**data["machine"], "cpu": "a CPU of another machine", "cpu_count": 512}
+    path = tmp_path / "elsewhere.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PipelinesError, match="cpu_count"):
+        make_diamond(ms=1.0).predict(path, concurrency=(1,), forms=["ensemble"])
+    with pytest.warns(UserWarning, match="cpu_count"):
+        result = make_diamond(ms=1.0).predict(path, concurrency=(1,), forms=["ensemble"], allow_mismatch=True)
+    assert result.rows
+
+
+def test_configured_sets_each_models_options_and_still_compiles():
+    p = capacity.fixed
+    base = default_configuration(p, "bls")
+    slow = next(name for name in base.models if name.endswith("__slow"))
+    assert base.models[slow] == ModelChoice(instance_count=1, max_batch_size=8)
+    choice = ModelChoice(instance_count=3, max_batch_size=8, dynamic_batching=True, max_queue_delay_us=500)
+    config = Configuration("bls", {**base.models, slow: choice}, top_instances=2)
+    copy = configured(p, config)
+    assert copy.nodes["slow"].step.options.instance_count == 3
+    assert copy.nodes["slow"].step.options.dynamic_batching == DynamicBatching((), 500)
+    assert copy.nodes["prepare"].step.options == p.nodes["prepare"].step.options
+    repo = copy.compile("bls", **config.compile_options())
+    text = repo.models["fixed__slow"].config_text
+    assert "count: 3" in text and "max_queue_delay_microseconds: 500" in text
+    assert "count: 2" in repo.models["fixed"].config_text
+    np.testing.assert_allclose(copy.run(capacity.sample_inputs()[0], mode="bls")["y"],
+                               p.run(capacity.sample_inputs()[0], mode="bls")["y"])
+    assert config.changes(base) == [
+        "slow: .with_options(instance_count=3, max_batch_size=8, "
+        "dynamic_batching=DynamicBatching(max_queue_delay_us=500))",
+        'p.compile("bls", bls_instance_count=2)',
+    ]
+
+
+def test_nodes_that_share_a_step_still_share_one_model_once_configured():
+    vec = TensorSpec("FP32", [4])
+
+    @step(inputs={"x": vec}, outputs={"y": vec})
+    def twice(x):
+        return {"y": x * 2}
+
+    p = Pipeline("shared", inputs={"x": vec}, max_batch_size=4)
+    a = p.add(twice, name="first", x=p.input("x"))
+    p.output("y", p.add(twice, name="second", x=a["y"])["y"])
+    base = default_configuration(p, "ensemble")
+    assert list(base.models) == ["shared__twice"]
+    config = Configuration("ensemble", {"shared__twice": ModelChoice(instance_count=2, max_batch_size=4)})
+    copy = configured(p, config)
+    assert copy.nodes["first"].step is copy.nodes["second"].step
+    assert set(copy.compile("ensemble").models) == {"shared", "shared__twice"}
+
+
+def test_advise_finds_batching_or_instances_for_a_step_that_costs_the_same_per_call(profile_path):
+    advice = advise(capacity.fixed, profile_path, concurrency=8, forms=["ensemble", "bls"], budget=120)
+    best = advice.best
+    default = advice.defaults[best.configuration.form]
+    assert best.row.throughput >= 3 * default.row.throughput
+    slow = best.configuration.models["fixed__slow"]
+    assert slow.dynamic_batching or slow.instance_count > 1
+    assert 0 < advice.simulated <= 120
+    assert "with_options" in "\n".join(advice.settings(1))
+    # Ranked by p95 without a bound: the list is in that order.
+    p95s = [c.row.p95_ms for c in advice.ranked]
+    assert p95s == sorted(p95s)
+
+
+def test_advise_under_a_p95_bound_ranks_by_throughput_among_those_that_meet_it(profile_path):
+    advice = advise(capacity.fixed, profile_path, concurrency=8, forms=["ensemble"], p95_ms=200.0, budget=60)
+    meeting = [c for c in advice.ranked if c.meets_bound]
+    assert meeting and all(c.row.p95_ms <= 200.0 for c in meeting)
+    assert advice.ranked[: len(meeting)] == tuple(meeting)
+    tputs = [c.row.throughput for c in meeting]
+    assert tputs == sorted(tputs, reverse=True)
+
+
+def test_advise_never_proposes_batching_a_step_that_cannot_batch(profile_path):
+    p = make_diamond(ms=5.0, max_batch_size=0, name="flat")
+    advice = advise(p, profile_path, concurrency=4, budget=80)
+    for candidate in advice.ranked:
+        for choice in candidate.configuration.models.values():
+            assert not choice.dynamic_batching
+            assert choice.max_batch_size == 0
+
+
+def test_predict_command_prints_json_rows(profile_path, capsys):
+    code = main(["predict", "pipelines.examples.basic:diamond", "--profile", str(profile_path),
+                 "--concurrency", "1,4", "--forms", "ensemble,bls", "--json"])
+    assert code == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["form"], r["concurrency"]) for r in rows] == [("ensemble", 1), ("ensemble", 4), ("bls", 1), ("bls", 4)]
+    assert all(math.isfinite(r["p95_ms"]) for r in rows)
+
+
+def test_predict_command_explains_a_bad_profile(tmp_path, capsys):
+    path = tmp_path / "nope.json"
+    path.write_text("[1, 2]")
+    assert main(["predict", "pipelines.examples.basic:diamond", "--profile", str(path)]) == 2
+    assert "not a profile" in capsys.readouterr().err
+
+
+def test_advise_command_writes_the_winner(profile_path, tmp_path, capsys):
+    out = tmp_path / "repo"
+    (out / "other_model" / "1").mkdir(parents=True)
+    (out / "other_model" / "config.pbtxt").write_text('name: "other_model"\nbackend: "python"\n')
+    code = main(["advise", "pipelines.examples.capacity:fixed", "--profile", str(profile_path), "--concurrency", "8",
+                 "--forms", "ensemble", "--top", "2", "--budget", "40", "--write", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "#1" in printed and "set:" in printed
+    assert (out / "fixed" / "config.pbtxt").exists() and (out / "fixed__slow" / "config.pbtxt").exists()
+    assert (out / "other_model" / "config.pbtxt").read_text().startswith('name: "other_model"')
+
+
+@pytest.mark.server
+def test_advise_verify_measures_the_top_picks_on_the_bundled_server(profile_path, capsys):
+    code = main(["advise", "pipelines.examples.capacity:twin", "--profile", str(profile_path), "--concurrency", "4",
+                 "--forms", "ensemble", "--budget", "20", "--verify", "--duration", "1"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    table = printed.split("predicted against measured", 1)[1]
+    rows = [line for line in table.splitlines() if line.startswith(("#", "default"))]
+    assert len(rows) == 4  # the top 3 and the default
+    for line in rows:
+        measured = float(line.split()[-5])
+        assert measured > 0
