@@ -1,28 +1,20 @@
-"""How well the local runtime, replaying a server profile, predicts the Triton server.
+"""How well the simulation predicts the Triton server: predicted against measured, side by side.
 
-Calibrates the bundled server (or reads --profile), then for each of four pipelines
-predicts every form (ensemble, bls, bls-sync) in the local runtime and measures it on the
-server, side by side in one run per pipeline, at concurrency 1 and 4. It does so
-``--rounds`` times (3 by default), each round calibrating first and then running the
-pipelines in turns, and judges the medians over the rounds: on a shared machine a burst
-of load slows one round, and the machine's speed drifts over minutes
-(docs/server_profiles.md). A latency is judged by its median over the rounds; a ratio
-between two forms is formed within each round, where both were measured in turns on one
-profile, and judged by the median of the rounds' ratios, so that it never sets one
-round's ensemble against another round's BLS form. Within a round, each concurrency
-level goes round every form locally and on the server several times
-(``BenchSettings.turns``), so that a drift of seconds moves every form alike. It prints
-the errors against the targets of issue 14:
+Calibrates the bundled server (or reads --profile), then for each pipeline predicts every
+form (ensemble, bls, bls-sync, fused) at concurrency 1, 4 and 16 by simulation
+(``pipelines.predict``), and measures the same forms at the same levels on the bundled
+server, in one run. It prints the errors against the targets of issue 41:
 
-- concurrency 1: every form's p50 latency within ±20 %; the ensemble/bls and
-  ensemble/bls-sync p50 ratios within ±10 %;
-- concurrency 4: those ratios within ±15 %, and the predicted winner (throughput) is the
-  measured one.
+- concurrency 1: every form's p50 latency within ±10 % of the server's;
+- concurrency 4 and 16: every form's throughput within ±15 %;
+- at every level, the predicted winner (throughput) is the measured one (forms measured
+  within 5 % of the best are a tie: either is the winner);
+- speed: yolov5's four forms at 1, 4 and 16 predicted in <= 2 s once its step profiles
+  exist; ``advise`` over >= 200 configurations in <= 30 s.
 
 Exits 1 when a target is missed, so it runs as a check::
 
-    .venv/bin/python benchmarks/prediction.py --quick          # about 15 minutes
-    .venv/bin/python benchmarks/prediction.py --out prediction  # the full run, about 30
+    .venv/bin/python benchmarks/prediction.py --profile profile.json --out prediction-results
 """
 
 from __future__ import annotations
@@ -33,25 +25,30 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import median
 
 from pipelines.bench import BenchSettings, run_benchmark
 from pipelines.calibration import calibrate, load_profile
-from pipelines.calibration.calibrate_command import QUICK
-from pipelines.runtime.step_process import ISOLATIONS
+from pipelines.forms import FORMS
+from pipelines.loading import load_pipeline_and_module
+from pipelines.predict import advise, predict
+from pipelines.predict.prediction import sample_inputs
 from pipelines.tables import format_table
 
 PIPELINES = {
     "diamond": "pipelines.examples.basic:diamond",
-    "yolov5": "pipelines.examples.yolov5:pipeline",
     "chain10": "pipelines.examples.boundaries:chain10",
+    "yolov5": "pipelines.examples.yolov5:pipeline",
     "large": "pipelines.examples.boundaries:large",
+    "twin": "pipelines.examples.capacity:twin",  # one step at instance_count=2
+    "batched": "pipelines.examples.capacity:batched",  # a dynamically batched step
 }
-FORMS = ("ensemble", "bls", "bls-sync")
-LATENCY_C1 = 0.20
-RATIO_C1 = 0.10
-RATIO_C4 = 0.15
-TIE = 0.05  # measured throughputs this close are a tie: either form is the winner
+LEVELS = (1, 4, 16)
+LATENCY_C1 = 0.10
+THROUGHPUT = 0.15
+TIE = 0.05
+PREDICT_S = 2.0
+ADVISE_S = 30.0
+ADVISE_CONFIGS = 200
 
 
 @dataclass(frozen=True)
@@ -61,7 +58,7 @@ class Check:
     figure: str
     predicted: float
     measured: float
-    tolerance: float | None  # None: a winner check
+    tolerance: float
 
     @property
     def error(self) -> float:
@@ -76,134 +73,112 @@ class Check:
                 f"{self.error:+.1%}", f"±{self.tolerance:.0%}", "ok" if self.ok else "MISSED"]
 
 
-Figures = dict  # (where, form, concurrency) -> (p50 ms, infer/s)
+def measured_figures(result) -> dict[tuple[str, int], tuple[float, float]]:
+    """(form, concurrency) -> (p50 ms, infer/s) on the server."""
+    return {(m.config.form, m.concurrency): (m.latency.p50_ms, m.throughput)
+            for m in result.measurements if m.config.where == "server"}
 
 
-def figures_of(measurements) -> Figures:
-    """Each measurement's p50 latency and throughput, by (where, form, concurrency)."""
-    return {(m.config.where, m.config.form, m.concurrency): (m.latency.p50_ms, m.throughput) for m in measurements}
-
-
-def median_figures(rounds: list[Figures]) -> Figures:
-    """Per configuration, the median of the rounds' p50s and of their throughputs: a burst of
-    load on the machine that slows one round moves no median."""
-    keys = set().union(*rounds) if rounds else set()
-    return {k: (median(r[k][0] for r in rounds if k in r), median(r[k][1] for r in rounds if k in r)) for k in keys}
-
-
-def median_ratio(rounds: list[Figures], where: str, form: str, concurrency: int) -> float:
-    """The median over the rounds of the ensemble's p50 over ``form``'s, each ratio formed within
-    its round. The medians of each form's p50 taken apart could set the ensemble of a round
-    whose calibration met a fast spell against the BLS form of another: in one full run that
-    made a ratio 13.7 % off whose rounds were 12.2, 8.2 and 2.1 % off (docs/server_profiles.md)."""
-    ensemble, other = (where, "ensemble", concurrency), (where, form, concurrency)
-    return median(r[ensemble][0] / r[other][0] for r in rounds if ensemble in r and other in r)
-
-
-def checks_of(name: str, rounds: list[Figures]) -> tuple[list[Check], list[list[str]]]:
-    """The targets of issue 14 for one pipeline, judged on its rounds' figures."""
-    checks: list[Check] = []
-    winners: list[list[str]] = []
-    figures = median_figures(rounds)
-    for c in sorted({k[2] for k in figures}):
-        p50 = {(w, f): figures[(w, f, c)][0] for w in ("local", "server") for f in FORMS if (w, f, c) in figures}
-        if c == 1:
-            for f in FORMS:
-                checks.append(Check(name, c, f"{f} p50 ms", p50[("local", f)], p50[("server", f)], LATENCY_C1))
-        tolerance = RATIO_C1 if c == 1 else RATIO_C4
-        for f in FORMS[1:]:
-            checks.append(Check(name, c, f"ensemble/{f}", median_ratio(rounds, "local", f, c),
-                                median_ratio(rounds, "server", f, c), tolerance))
-        if c > 1:
-            local = {f: figures[("local", f, c)][1] for f in FORMS}
-            server = {f: figures[("server", f, c)][1] for f in FORMS}
-            predicted = max(local, key=local.get)
+def checks_of(name: str, predicted, measured) -> tuple[list[Check], list[list[str]]]:
+    checks, winners = [], []
+    by = {(r.form, r.concurrency): r for r in predicted.rows}
+    forms = sorted({f for f, _ in measured}, key=list(FORMS).index)
+    for c in LEVELS:
+        for f in forms:
+            if (f, c) not in measured or (f, c) not in by:
+                continue
+            if c == 1:
+                checks.append(Check(name, c, f"{f} p50 ms", by[f, c].p50_ms, measured[f, c][0], LATENCY_C1))
+            else:
+                checks.append(Check(name, c, f"{f} infer/s", by[f, c].throughput, measured[f, c][1], THROUGHPUT))
+        server = {f: measured[f, c][1] for f in forms if (f, c) in measured}
+        if server:
+            guess = predicted.winner(concurrency=c)
             best = max(server.values())
-            tied = sorted(f for f in FORMS if server[f] >= best * (1 - TIE))
-            winners.append([name, str(c), predicted, "/".join(tied), "ok" if predicted in tied else "MISSED"])
+            tied = sorted(f for f in server if server[f] >= best * (1 - TIE))
+            winners.append([name, str(c), guess, "/".join(tied), "ok" if guess in tied else "MISSED"])
     return checks, winners
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="quick calibration and short windows (about 5 minutes a round)")
-    parser.add_argument("--profile", help="use this profile instead of calibrating before each round")
+    parser.add_argument("--profile", help="use this profile instead of calibrating first")
+    parser.add_argument("--quick", action="store_true", help="a quick calibration and short windows")
     parser.add_argument("--pipelines", default=",".join(PIPELINES), help=f"some of {','.join(PIPELINES)}")
-    parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
     parser.add_argument("--out", default="prediction-results", help="where results go (default: prediction-results)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="measure every pipeline this many times, in turns, and judge the medians (default: 3)")
-    parser.add_argument("--isolation", choices=ISOLATIONS, default=None,
-                        help="where the local runtime runs step instances (default: auto: a step that keeps a "
-                        "core busy for 2 ms a call moves to processes of its own, the others stay in threads)")
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds per measurement window (default 2)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
-    if args.rounds < 1:
-        parser.error(f"--rounds must be at least 1; got {args.rounds}")
-    names = args.pipelines.split(",")
-    profiles = []
-    given = load_profile(args.profile) if args.profile else None
+    if args.profile:
+        profile_path = Path(args.profile)
+        load_profile(profile_path)
+    else:
+        from pipelines.calibration.calibrate_command import QUICK
 
-    def profile_for(r: int):
-        """The given profile, or one calibrated now: each round calibrates before it measures,
-        so that what the machine does over the run's minutes moves both alike."""
-        if given is not None:
-            return given
-        options = QUICK if args.quick else {}
-        profile = calibrate(protocol=args.protocol, progress=not args.quiet, **options)
-        profile.save(out / f"profile_round_{r + 1}.json")
-        profile.plot(out / f"profile_round_{r + 1}.png")
-        return profile
-
-    rounds: dict[str, list[Figures]] = {name: [] for name in names}
-    for r in range(args.rounds):  # pipelines in turns: a slow minute of the machine touches one round of each
-        profile = profile_for(r)
-        profiles.append(profile)
-        print(f"round {r + 1}: {profile.table()}")
-        settings = BenchSettings(
-            concurrency=(1, 4),
-            protocol=args.protocol,
-            duration=0.5 if args.quick else 1.0,
-            warmup=0.5 if args.quick else 1.0,
-            max_trials=3,
-            # Every form in turns, pooled: the machine's speed drifts over seconds, and one form
-            # measured in one stretch caught the steps 12 % faster than the next (docs/server_profiles.md).
-            turns=2 if args.quick else 3,
-            forms=FORMS,  # the three forms issue 14 names ("fused" is measured by pipelines bench)
-            profile=profile,
-            isolation=args.isolation,
-        )
-        for name in names:
-            where = out / name if args.rounds == 1 else out / name / f"round_{r + 1}"
-            result = run_benchmark(PIPELINES[name], settings, out=where, progress=not args.quiet, echo=False)
-            rounds[name].append(figures_of(result.measurements))
+        profile = calibrate(progress=not args.quiet, **(QUICK if args.quick else {}))
+        profile_path = out / "profile.json"
+        profile.save(profile_path)
+    profile = load_profile(profile_path)
+    print(profile.table())
     checks: list[Check] = []
     winners: list[list[str]] = []
-    for name in names:
-        c, w = checks_of(name, rounds[name])
+    speeds: list[list[str]] = []
+    results = {}
+    for name in args.pipelines.split(","):
+        pipeline, module = load_pipeline_and_module(PIPELINES[name])
+        inputs = sample_inputs(pipeline, module)
+        started = time.perf_counter()
+        predicted = predict(pipeline, profile_path, concurrency=LEVELS, inputs=inputs)
+        first = time.perf_counter() - started
+        started = time.perf_counter()
+        predicted = predict(pipeline, profile_path, concurrency=LEVELS, inputs=inputs)
+        again = time.perf_counter() - started
+        print(predicted)
+        if name == "yolov5":
+            speeds.append(["yolov5: 4 forms x 3 levels predicted (step profiles cached)", f"{again:.2f} s",
+                           f"<= {PREDICT_S:g} s", "ok" if again <= PREDICT_S else "MISSED"])
+        settings = BenchSettings(concurrency=LEVELS, local=False, forms=tuple(FORMS), duration=args.duration,
+                                 warmup=1.0 if args.quick else 2.0, max_trials=3, turns=1 if args.quick else 2)
+        result = run_benchmark(PIPELINES[name], settings, out=out / name, progress=not args.quiet, echo=False)
+        measured = measured_figures(result)
+        c, w = checks_of(name, predicted, measured)
         checks += c
         winners += w
+        results[name] = {"predicted": predicted.as_dicts(), "predict_s": [round(first, 3), round(again, 3)],
+                         "measured": {f"{f} {c}": list(v) for (f, c), v in sorted(measured.items())}}
+    if "yolov5" in args.pipelines.split(","):
+        pipeline, module = load_pipeline_and_module(PIPELINES["yolov5"])
+        started = time.perf_counter()
+        advice = advise(pipeline, profile_path, concurrency=8, module=module, budget=400)
+        took = time.perf_counter() - started
+        ok = took <= ADVISE_S and advice.simulated >= ADVISE_CONFIGS
+        speeds.append([f"yolov5: advise over {advice.simulated} configurations", f"{took:.1f} s",
+                       f"<= {ADVISE_S:g} s, >= {ADVISE_CONFIGS}", "ok" if ok else "MISSED"])
     print(format_table(["pipeline", "conc", "figure", "predicted", "measured", "error", "target", ""],
                        [c.row() for c in checks]))
     print()
     print(format_table(["pipeline", "conc", "predicted winner", "measured winner", ""], winners))
-    missed = [c for c in checks if not c.ok] + [w for w in winners if w[-1] != "ok"]
+    print()
+    print(format_table(["speed", "took", "target", ""], speeds))
+    missed = [c for c in checks if not c.ok] + [w for w in winners if w[-1] != "ok"] + \
+        [s for s in speeds if s[-1] != "ok"]
+    total = len(checks) + len(winners) + len(speeds)
     summary = {
-        "profiles": [p.to_dict() | {"points": len(p.points)} for p in profiles],
+        "profile": str(profile_path),
         "checks": [dict(zip(("pipeline", "conc", "figure", "predicted", "measured", "error", "target", "ok"),
                             c.row(), strict=True)) for c in checks],
         "winners": winners,
-        "rounds": {name: [{" ".join(map(str, k)): list(v) for k, v in sorted(f.items())} for f in rounds[name]]
-                   for name in names},
+        "speeds": speeds,
+        "results": results,
         "missed": len(missed),
         "seconds": round(time.perf_counter() - began),
     }
     (out / "prediction.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    print(f"\n{len(checks) + len(winners) - len(missed)} of {len(checks) + len(winners)} targets met "
-          f"in {time.perf_counter() - began:.0f} s; wrote {out / 'prediction.json'}")
+    print(f"\n{total - len(missed)} of {total} targets met in {time.perf_counter() - began:.0f} s; "
+          f"wrote {out / 'prediction.json'}")
     return 1 if missed else 0
 
 

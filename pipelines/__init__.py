@@ -18,6 +18,10 @@ _LAZY = {
     "ModelRepository": ("pipelines.compile", "ModelRepository"),
     "LocalRuntime": ("pipelines.runtime", "LocalRuntime"),
     "compare": ("pipelines.runtime", "compare"),
+    "predict": ("pipelines.predict", "predict"),
+    "advise": ("pipelines.predict", "advise"),
+    "Prediction": ("pipelines.predict", "Prediction"),
+    "Advice": ("pipelines.predict", "Advice"),
 }
 
 
@@ -32,6 +36,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'pipelines' has no attribute {name!r}")
 
 __all__ = [
+    "Advice",  # noqa: F405 - imported on first use (_LAZY)
     "DATATYPES",
     "DynamicBatching",
     "ExternalModel",
@@ -40,13 +45,16 @@ __all__ = [
     "ModelRepository",  # noqa: F405 - imported on first use (_LAZY)
     "Node",
     "Pipeline",
+    "Prediction",  # noqa: F405 - imported on first use (_LAZY)
     "Step",
     "TensorRef",
     "TensorSpec",
     "__version__",
+    "advise",  # noqa: F405 - imported on first use (_LAZY)
     "compare",  # noqa: F405 - imported on first use (_LAZY)
     "compile_pipeline",  # noqa: F405 - imported on first use (_LAZY)
     "external_model",
+    "predict",  # noqa: F405 - imported on first use (_LAZY)
     "step",
 ]
 # The errors: the same names, read from the module that defines them (pyright follows this form).

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import pickle
 import sys
 import warnings
 from collections.abc import Sequence
@@ -15,6 +14,7 @@ from typing import Any
 
 from .errors import PipelinesError
 from .forms import FORMS, TARGETS
+from .input_files import parse_inputs
 from .interrupts import sigterm_as_interrupt
 from .loading import load_pipeline
 from .output_paths import output_dir
@@ -31,6 +31,8 @@ examples:
   pipelines run pipelines.examples.basic:diamond --mode bls --input x=x.npy
   pipelines bench pipelines.examples.basic:diamond --server --concurrency 1,4,16
   pipelines calibrate --out profile.json
+  pipelines predict pipelines.examples.yolov5:pipeline --profile profile.json
+  pipelines advise pipelines.examples.yolov5:pipeline --profile profile.json --concurrency 8
 
 MODULE:ATTR names a pipeline: an importable module (pkg.mod) or a file
 (path/to/file.py), then the attribute that holds the Pipeline, or a function
@@ -86,86 +88,6 @@ def _cmd_remove(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_inputs(pairs: Sequence[str], pipeline: Any) -> dict[str, Any]:
-    inputs = {}
-    for pair in pairs:
-        name, sep, file = pair.partition("=")
-        if not sep or not name or not file:
-            raise PipelinesError(f"--input {pair!r} is not NAME=FILE.npy")
-        inputs[name] = _as_declared(_load_npy(name, file), pipeline.inputs.get(name))
-    return inputs
-
-
-# What unpickling an object array of str/bytes saved by np.save needs, and nothing more:
-# a .npy that names any other global is refused instead of running its code.
-_NPY_OBJECT_GLOBALS = {
-    ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy", "ndarray"),
-    ("numpy", "dtype"),
-    ("_codecs", "encode"),  # bytes, as protocol 2 pickles them
-}
-
-
-class _StringArrayUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in _NPY_OBJECT_GLOBALS:
-            raise pickle.UnpicklingError(f"it holds a pickled {module}.{name}, not strings")
-        return super().find_class(module, name)
-
-
-def _load_npy(name: str, file: str) -> Any:
-    """``np.load`` without pickles, except object arrays of str/bytes (BYTES tensors), read safely."""
-    import numpy as np
-
-    from .serving import bytes_tensor
-
-    try:
-        with open(file, "rb") as f:
-            magic = f.read(len(np.lib.format.MAGIC_PREFIX))
-    except OSError as exc:
-        raise PipelinesError(f"--input {name}: cannot read {file!r} ({exc.strerror or exc})") from None
-    if magic != np.lib.format.MAGIC_PREFIX:
-        # np.load would take any other file for a pickle, and say so
-        raise PipelinesError(
-            f"--input {name}: {file!r} is not a .npy file (it does not start with numpy's magic "
-            f"{np.lib.format.MAGIC_PREFIX!r}); save the array with np.save(path, array)"
-        )
-    try:
-        return np.load(file, allow_pickle=False)
-    except ValueError as exc:
-        if "allow_pickle" not in str(exc):
-            raise PipelinesError(f"--input {name}: cannot load {file!r} as a .npy array ({exc})") from None
-    except (OSError, EOFError) as exc:
-        raise PipelinesError(f"--input {name}: cannot load {file!r} as a .npy array ({exc})") from None
-    try:
-        with open(file, "rb") as f:
-            major, _ = np.lib.format.read_magic(f)
-            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-            read_header(f)
-            array = _StringArrayUnpickler(f).load()
-    except (OSError, EOFError, ValueError, pickle.UnpicklingError, AttributeError, TypeError) as exc:
-        raise PipelinesError(
-            f"--input {name}: {file!r} is an object array that is not str or bytes ({exc}); "
-            "--input takes numeric arrays, or arrays of str/bytes for BYTES inputs"
-        ) from None
-    kinds = {type(v).__name__ for v in np.asarray(array, dtype=object).flat if not isinstance(v, (str, bytes))}
-    if not isinstance(array, np.ndarray) or kinds:
-        raise PipelinesError(
-            f"--input {name}: {file!r} holds {sorted(kinds) or type(array).__name__} objects; "
-            "--input takes numeric arrays, or arrays of str/bytes for BYTES inputs"
-        )
-    # BYTES tensors are object arrays of bytes, as tritonclient sends them; str is sent as UTF-8.
-    return bytes_tensor(array)
-
-
-def _as_declared(array: Any, spec: Any) -> Any:
-    """A BF16 array comes back from np.save as raw 2-byte records (``|V2``): view it as BF16 again."""
-    if spec is not None and spec.dtype == "BF16" and array.dtype.kind == "V" and array.dtype.itemsize == 2:
-        return array.view(spec.numpy_dtype)
-    return array
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     import anyio
     import numpy as np
@@ -173,7 +95,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .runtime.local import LocalRuntime
 
     p = load_pipeline(args.pipeline)
-    inputs = _parse_inputs(args.input, p)
+    inputs = parse_inputs(args.input, p)
     out_dir = output_dir(args.out, "--out") if args.out else None
 
     async def go():
@@ -354,23 +276,49 @@ def build_parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("calibrate", help="measure a Triton server's costs into a profile",
                        description="Run generated probe models on a Triton server (the bundled one by default) and "
-                       "fit a fixed cost plus a cost per byte for each boundary a request crosses; the profile "
-                       "lets the local runtime predict that server (LocalRuntime(..., profile=...), bench --profile).",
+                       "fit a fixed cost plus a cost per byte for each boundary a request crosses, with a confidence "
+                       "interval for each; 'pipelines predict' and 'pipelines advise' simulate that server from it "
+                       "(p.predict(profile), bench --profile).",
                        **_examples("calibrate --out profile.json", "calibrate --quick --out profile.json",
                                    "calibrate --url HOST:8001 --protocol grpc --out remote-grpc.json"))
     _delegate(k, "pipelines.calibration.calibrate_command")
+
+    pr = sub.add_parser("predict", help="predict each form's latency and throughput on a profiled server",
+                        description="Simulate the pipeline's forms on the server that a profile measured: the "
+                        "server's schedule (instances, dynamic batching, the ensemble scheduler, BLS rounds, the "
+                        "cores) on a virtual clock, with each step's cost measured here on the pipeline's own "
+                        "tensors. No server runs; a prediction takes seconds. Rows: form, load, p50/p95/p99, "
+                        "throughput and the bottleneck (the busiest model, or the cores).",
+                        **_examples("predict pipelines.examples.yolov5:pipeline --profile profile.json",
+                                    "predict pipelines.examples.basic:diamond --profile profile.json "
+                                    "--concurrency 1,4,16 --json",
+                                    "predict pipelines.examples.basic:diamond --profile profile.json --rate 200"))
+    _delegate(pr, "pipelines.predict.commands", "add_predict_arguments", "predict_main")
+
+    ad = sub.add_parser("advise", help="search forms, instance counts and batching for the fastest configuration",
+                        description="Simulate hundreds of configurations (form, each step's instance_count, "
+                        "dynamic batching and its queue delay, the BLS or fused model's instances) and rank them "
+                        "by predicted throughput under a p95 bound (or by p95). Prints the top K with the exact "
+                        "options to set; --verify measures the top 3 and the default on a real server, --write "
+                        "writes the winner's repository.",
+                        **_examples("advise pipelines.examples.yolov5:pipeline --profile profile.json --concurrency 8",
+                                    "advise pipelines.examples.basic:diamond --profile profile.json --p95-ms 20 "
+                                    "--top 3 --verify",
+                                    "advise pipelines.examples.basic:diamond --profile profile.json --write "
+                                    "model_repository"))
+    _delegate(ad, "pipelines.predict.commands", "add_advise_arguments", "advise_main")
     return parser
 
 
-def _delegate(parser: argparse.ArgumentParser, module: str) -> None:
-    """A subcommand whose ``add_arguments(parser)`` and ``main(args)`` live in ``module``.
+def _delegate(parser: argparse.ArgumentParser, module: str, add: str = "add_arguments", run: str = "main") -> None:
+    """A subcommand whose ``add_arguments(parser)`` and ``main(args)`` (or ``add`` and ``run``) live in ``module``.
 
     Imported when the parser is built, so importing ``pipelines.cli`` does not import the
     benchmark or the calibration.
     """
     command = importlib.import_module(module)
-    command.add_arguments(parser)
-    parser.set_defaults(func=command.main)
+    getattr(command, add)(parser)
+    parser.set_defaults(func=getattr(command, run))
 
 
 def _format_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> str:

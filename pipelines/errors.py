@@ -27,6 +27,7 @@ message that says what is wrong, what was expected, and the fix::
     ├── ServerError                 the embedded Triton server misbehaved
     │   ├── ServerStartError        it did not become ready (holds the log's tail)
     │   └── ServerDiedError         it exited while in use
+    ├── ProfileMismatchError        a server profile measured on another server, Triton or protocol
     ├── ArgumentError               a call got a value it has no meaning for: an unknown form,
     │                               target, device or output, no values, a plan of another format
     │                               (also a ValueError)
@@ -54,6 +55,7 @@ __all__ = [
     "InvalidNameError",
     "NotFoundError",
     "PipelinesError",
+    "ProfileMismatchError",
     "RepositoryWriteError",
     "ServerDiedError",
     "ServerError",
@@ -209,6 +211,23 @@ class ServerDiedError(ServerError):
 
 class ServerRestartingError(ServerDiedError):
     """The embedded server died on its own and is starting again on the same ports: retry."""
+
+
+class ProfileMismatchError(PipelinesError):
+    """A server profile was measured on another server, Triton version, protocol or machine than
+    the one it would predict. ``differences`` names each; the message says how to go on anyway
+    (``--allow-mismatch``, ``allow_mismatch=True``) or to recalibrate."""
+
+    def __init__(self, message: str, *, differences: tuple[str, ...] = (), **context) -> None:
+        super().__init__(message, **context)
+        self.differences = tuple(differences)
+
+    def __reduce__(self):  # keep the differences when the error crosses a process boundary
+        return _rebuild_mismatch, (self.message, self.differences)
+
+
+def _rebuild_mismatch(message, differences):
+    return ProfileMismatchError(message, differences=differences)
 
 
 class ArgumentError(PipelinesError, ValueError):

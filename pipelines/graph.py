@@ -389,6 +389,32 @@ class Pipeline:
 
         return run_pipeline(self, inputs, mode=mode, outputs=outputs, **options)
 
+    def predict(
+        self,
+        profile: Any,
+        concurrency: Iterable[int] | int | None = (1, 4, 16),
+        forms: Iterable[str] | None = None,
+        **options: Any,
+    ) -> Any:
+        """Predict each form's latency and throughput on the server ``profile`` measured
+        (``pipelines calibrate``), by simulation: a :class:`~pipelines.predict.Prediction`
+        table. ``options`` go to :func:`pipelines.predict.predict` (``rate``, ``inputs``,
+        ``costs``, ``cores``, ``allow_mismatch``...)."""
+        self.validate()
+        from .predict import predict
+
+        return predict(self, profile, concurrency, forms, **options)
+
+    def advise(self, profile: Any, **options: Any) -> Any:
+        """Search forms, instance counts and batching for the fastest configuration on the
+        server ``profile`` measured: an :class:`~pipelines.predict.Advice`, best first.
+        ``options`` go to :func:`pipelines.predict.advise` (``concurrency``, ``rate``,
+        ``p95_ms``, ``cores``...)."""
+        self.validate()
+        from .predict import advise
+
+        return advise(self, profile, **options)
+
     # ------------------------------------------------------------------ internal
 
     def _node(self, node: Node | str) -> Node:

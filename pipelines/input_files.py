@@ -1,16 +1,18 @@
-"""Input tensors from ``.npy`` files, as ``--input NAME=FILE.npy`` gives them to ``pipelines run``,
-``predict`` and ``advise``: numeric arrays, or str/bytes arrays for BYTES inputs, never a pickle
-that could run code."""
+"""What the command lines read from their arguments: input tensors from ``.npy`` files, as
+``--input NAME=FILE.npy`` gives them to ``pipelines run``, ``predict`` and ``advise`` (numeric
+arrays, or str/bytes arrays for BYTES inputs, never a pickle that could run code), and
+concurrency levels (``--concurrency 1,4,16``)."""
 
 from __future__ import annotations
 
+import argparse
 import pickle
 from collections.abc import Sequence
 from typing import Any
 
 from .errors import PipelinesError
 
-__all__ = ["parse_inputs"]
+__all__ = ["parse_inputs", "parse_levels"]
 
 
 def parse_inputs(pairs: Sequence[str], pipeline: Any) -> dict[str, Any]:
@@ -91,3 +93,23 @@ def _as_declared(array: Any, spec: Any) -> Any:
     if spec is not None and spec.dtype == "BF16" and array.dtype.kind == "V" and array.dtype.itemsize == 2:
         return array.view(spec.numpy_dtype)
     return array
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    """``"1,2,4"`` -> ``(1, 2, 4)``; also ``"1:16"`` for powers of two from 1 to 16, like perf_analyzer's range."""
+    text = text.strip()
+    try:
+        if ":" in text:
+            low, high = (int(x) for x in text.split(":", 1))
+            levels = []
+            c = max(low, 1)
+            while c <= high:
+                levels.append(c)
+                c *= 2
+        else:
+            levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of concurrency levels such as 1,2,4,8") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: concurrency levels must be integers >= 1, such as 1,2,4,8")
+    return tuple(levels)

@@ -17,6 +17,8 @@ all run from this one plan, so they agree on:
   that reuses a step name is ``<pipeline>__<node>``);
 - the **ensemble tensor** that carries each wire: a pipeline output keeps its
   name, an internal wire is ``<node>.<output>`` made unique.
+- whether the ensemble form is **gated** (:func:`gated_ensemble`): the compiler
+  wires it by this, and the local runtime's ensemble mode runs by it.
 
 :meth:`ExecutionPlan.for_outputs` prunes the plan to the nodes a subset of the
 outputs needs (cached per subset), for requests that ask for fewer outputs.
@@ -31,7 +33,7 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +52,7 @@ __all__ = [
     "Source",
     "TensorPlan",
     "critical_path",
+    "gated_ensemble",
     "plan_of",
 ]
 
@@ -351,6 +354,33 @@ def critical_path(
         path.append(node)
         node = best[node][1]
     return path[::-1], total
+
+
+def gated_ensemble(plan: ExecutionPlan, external: Collection[str] = ()) -> bool:
+    """Whether ``plan``'s ensemble form carries step failures as data to a gate
+    (:mod:`pipelines.compile.ensemble`) instead of answering with a step's own error.
+
+    It does where two live nodes may run at once (Triton 2.51 breaks when a step fails while
+    a sibling runs), where one Python step model serves several nodes (only a gate can tell
+    which node failed), or where an external model's output would need an output copy (it
+    declares only its own outputs). ``external`` names the nodes that stand for external
+    models. The ensemble compiler lays the ensemble out by this; the local runtime runs every
+    live node of a gated ensemble whatever outputs a request asks for, as Triton does, since
+    every output passes through the gate (docs/triton_requested_outputs.md).
+    """
+    external = frozenset(external)
+    upstream: dict[str, set[str]] = {}
+    for node in plan.nodes:  # topological order
+        upstream[node.name] = set().union(*(upstream[a] | {a} for a in node.after))
+    names = plan.order
+    if any(a not in upstream[b] and b not in upstream[a] for i, a in enumerate(names) for b in names[i + 1:]):
+        return True
+    if any(len(m.nodes) > 1 and m.nodes[0] not in external for m in plan.models):
+        return True
+    for tensor in plan.tensors:
+        if tensor.node in external and (len(tensor.outputs) > 1 or (tensor.outputs and tensor.consumers)):
+            return True
+    return False
 
 
 def plan_of(pipeline: Pipeline, *, warn: bool = True) -> ExecutionPlan:

@@ -24,16 +24,19 @@ from hypothesis import strategies as st
 
 from pipelines import Pipeline, TensorSpec, step
 from pipelines.bench import (
+    BenchmarkResult,
     BenchSettings,
     Configuration,
     LatencySummary,
     LoadPlan,
     Measurement,
     StabilityRule,
+    render,
     run_benchmark,
     run_load,
 )
 from pipelines.bench.command import parse_levels
+from pipelines.bench.report_tables import prediction_table
 from pipelines.bench.stats import breakdown, parse_statistics
 from pipelines.bench.verdict import compare_ratios, verdict
 from pipelines.errors import PipelinesError
@@ -327,6 +330,23 @@ def test_verdict_of_windows_too_short_for_one_request_says_so():
     assert verdict([failed], pipeline="p") == "10 requests failed (local ensemble); their messages are in results.json."
 
 
+def test_predicted_rows_are_set_beside_the_servers_measurements_with_each_error():
+    ms = [_measurement("server", "ensemble", 1, 10.0, 100.0), _measurement("server", "bls", 4, 20.0, 200.0),
+          _measurement("local", "ensemble", 4, 1.0, 1000.0)]
+    predicted = [{"form": "bls", "concurrency": 4, "p50_ms": 22.0, "throughput": 180.0, "bottleneck": "x"},
+                 {"form": "ensemble", "concurrency": 1, "p50_ms": 9.0, "throughput": 110.0},
+                 {"form": "ensemble", "concurrency": 4, "p50_ms": 5.0, "throughput": 900.0}]  # nothing measured there
+    table = prediction_table(predicted, ms)
+    rows = [line.split() for line in table.splitlines()[2:]]
+    assert rows == [["ensemble", "1", "9.00", "10.00", "-10.0%", "110.0", "100.0", "+10.0%"],
+                    ["bls", "4", "22.00", "20.00", "+10.0%", "180.0", "200.0", "-10.0%"]]
+    assert prediction_table([], ms) == ""
+    result = BenchmarkResult(pipeline="p", settings={"forms": ["ensemble", "bls"]}, measurements=tuple(ms),
+                             comparisons=(), verdict="v", predictions=tuple(predicted))
+    assert "predicted from the profile vs measured (server)" in render(result)
+    assert result.to_dict()["predictions"] == predicted
+
+
 def test_a_form_named_twice_is_measured_once():
     assert BenchSettings(forms=("ensemble", "bls", "ensemble")).forms == ("ensemble", "bls")
     from pipelines.bench.command import settings_from
@@ -340,19 +360,17 @@ def test_a_bad_profile_or_out_is_refused_before_an_earlier_runs_results_are_touc
     earlier = tmp_path / "results.json"
     earlier.write_text('{"status": "complete"}\n')
     settings = BenchSettings(concurrency=(1,), server=False, forms=("ensemble",), duration=0.05, warmup=0,
-                             max_trials=3, profile=str(tmp_path / "typo.json"))
-    with pytest.raises(PipelinesError, match="typo.json"):
-        run_benchmark("pipelines.examples.basic:chain", settings, out=tmp_path, progress=False, echo=False)
-    assert earlier.read_text() == '{"status": "complete"}\n'
+                             max_trials=3)
+    with pytest.raises(PipelinesError, match="typo.json: no such file.*pipelines calibrate"):
+        dataclasses.replace(settings, profile=str(tmp_path / "typo.json"))
     with pytest.raises(PipelinesError, match="is a file; give a directory"):
-        run_benchmark("pipelines.examples.basic:chain", dataclasses.replace(settings, profile=None), out=earlier,
-                      progress=False, echo=False)
+        run_benchmark("pipelines.examples.basic:chain", settings, out=earlier, progress=False, echo=False)
     # A run that fails before it measures anything (a hand-made model where the bench writes its own)
     # leaves the earlier results alone, and says what the user can do about it.
     (tmp_path / "model_repository" / "chain_bls").mkdir(parents=True)
     (tmp_path / "model_repository" / "chain_bls" / "config.pbtxt").write_text('name: "chain_bls"\n')
     with pytest.raises(PipelinesError, match="'chain_bls'.*move what is there out of the way, or write to another directory") as info:
-        run_benchmark("pipelines.examples.basic:chain", dataclasses.replace(settings, profile=None, server=True),
+        run_benchmark("pipelines.examples.basic:chain", dataclasses.replace(settings, server=True),
                       out=tmp_path, progress=False, echo=False)
     assert "overwrite=True" not in str(info.value)  # the bench has no such option
     assert earlier.read_text() == '{"status": "complete"}\n'

@@ -208,35 +208,30 @@ def test_yolov5_stays_on_the_gpu_in_every_form_and_finds_what_the_cpu_finds(mode
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["ensemble", "bls", "bls-sync"])
-def test_with_a_profile_a_busy_step_handed_gpu_arrays_stays_in_this_process(mode):
-    # A profile's default isolation is "auto", which moves a busy step to a forked process,
-    # where CUDA cannot be used: a step that is handed GPU arrays must stay.
+def test_with_processes_asked_for_a_step_on_the_gpu_stays_in_this_process(mode):
+    # CUDA cannot be used in a forked process: a step the runtime places on the GPU runs in
+    # this process whatever the isolation, and its arrays stay on the GPU.
     import os
-
-    from replay_helpers import burn_cpu, flat_profile
-
-    from pipelines.runtime.instances import MOVE_CPU_S
 
     cupy = _cupy()
     pid_spec = TensorSpec("INT64", [1])
 
     @step(inputs={"x": V}, outputs={"x": V, "pid": pid_spec})
-    def busy(x):
-        burn_cpu(2 * MOVE_CPU_S)
+    def where(x):
         return {"x": x + 1, "pid": np.full((1,), os.getpid())}
 
-    p = Pipeline("busy_on_gpu", inputs={"x": V})
-    b = p.add(busy, x=p.input("x"))
+    p = Pipeline("where_on_gpu", inputs={"x": V})
+    b = p.add(where, x=p.input("x"))
     p.output("y", b["x"])
     p.output("pid", b["pid"])
-    profile = flat_profile()
-    x = cupy.zeros(4, cupy.float32)
 
     async def main():
-        async with LocalRuntime(p, mode, profile=profile) as rt:
-            assert rt.isolation == "auto"
-            return [await rt.infer({"x": x}) for _ in range(12)]
+        async with LocalRuntime(p, mode, device="gpu", isolation="process") as rt:
+            outs = [await rt.infer({"x": cupy.zeros(4, cupy.float32)}) for _ in range(3)]
+            return outs, rt.report()
 
-    for out in anyio.run(main):
+    outs, report = anyio.run(main)
+    assert report.in_processes == ()
+    for out in outs:
         assert isinstance(out["y"], cupy.ndarray) and int(out["y"][0]) == 1
         assert int(out["pid"][0]) == os.getpid()

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from ..errors import PipelinesError
+from ..input_files import parse_levels
 from ..interrupts import sigterm_as_interrupt
 from ..runtime.step_process import ISOLATIONS
 from .measurement import FORMS
@@ -18,26 +19,6 @@ from .runner import run_benchmark
 from .settings import DEFAULT_PIPELINE, BenchSettings
 
 __all__ = ["add_arguments", "main", "parse_levels", "run", "settings_from"]
-
-
-def parse_levels(text: str) -> tuple[int, ...]:
-    """``"1,2,4"`` -> ``(1, 2, 4)``; also ``"1:16"`` for powers of two from 1 to 16, like perf_analyzer's range."""
-    text = text.strip()
-    try:
-        if ":" in text:
-            low, high = (int(x) for x in text.split(":", 1))
-            levels = []
-            c = max(low, 1)
-            while c <= high:
-                levels.append(c)
-                c *= 2
-        else:
-            levels = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a list of concurrency levels such as 1,2,4,8") from None
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: concurrency levels must be integers >= 1, such as 1,2,4,8")
-    return tuple(levels)
 
 
 def _forms(text: str) -> tuple[str, ...]:
@@ -66,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-copies", action=argparse.BooleanOptionalAction, default=True,
                         help="let the local runtime copy tensors where a Triton server moves them between "
                         "processes (one copy per step boundary in an ensemble, two in BLS), so that it "
-                        "predicts the server (default: on)")
+                        "moves the bytes a server moves (default: on)")
     parser.add_argument("--forms", type=_forms, default=FORMS, metavar=",".join(FORMS),
                         help="which forms to measure (default: every form)")
     parser.add_argument("--batch", type=int, default=1, help="batch size of each request (default: 1)")
@@ -91,14 +72,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", default="bench-results",
                         help="where results.json, the PNG plots and the model repository go (default: bench-results)")
     parser.add_argument("--profile", metavar="FILE",
-                        help="a server profile from 'pipelines calibrate': the local runtime replays its costs "
-                        "and predicts that server; with --server, predicted and measured side by side")
-    parser.add_argument("--isolation", choices=ISOLATIONS, default=None,
+                        help="a server profile from 'pipelines calibrate': the report sets the server's predicted "
+                        "figures beside the measured ones (the local runtime executes and predicts nothing; "
+                        "'pipelines predict' predicts without measuring)")
+    parser.add_argument("--allow-mismatch", action="store_true",
+                        help="with --profile: use a profile measured on another machine, Triton version or "
+                        "protocol (warns, naming each difference)")
+    parser.add_argument("--isolation", choices=ISOLATIONS, default="thread",
                         help="where the local runtime runs each step instance: in this process's threads, or in "
                         "a forked process of its own, as Triton runs each Python model instance in a stub "
-                        "('process' keeps steps from waiting for each other's GIL); 'auto' moves a step to "
-                        "processes once it keeps a core busy for 2 ms a call (default: auto with --profile, "
-                        "thread without)")
+                        "('process' keeps steps from waiting for each other's GIL; default: thread)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -34,13 +34,11 @@ class LocalTarget:
 
 @asynccontextmanager
 async def local_target(
-    pipeline: Pipeline, mode: str, *, server_copies: bool = True, profile: Any = None, isolation: str | None = None
+    pipeline: Pipeline, mode: str, *, server_copies: bool = True, isolation: str = "thread"
 ) -> AsyncIterator[LocalTarget]:
-    """Start the local runtime in ``mode`` (``"ensemble"``, ``"bls"`` or ``"bls-sync"``),
-    replaying a server ``profile`` if one is given."""
+    """Start the local runtime in ``mode`` (a form of :data:`pipelines.forms.FORMS`); it
+    executes the pipeline, and predicts no server."""
     from ..runtime.local import LocalRuntime
 
-    async with LocalRuntime(
-        pipeline, mode=mode, server_copies=server_copies, profile=profile, isolation=isolation
-    ) as runtime:
+    async with LocalRuntime(pipeline, mode=mode, server_copies=server_copies, isolation=isolation) as runtime:
         yield LocalTarget(runtime)

@@ -5,7 +5,8 @@ cost report, the prediction against the measurement, and the verdict.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..tables import format_table
 from .measurement import Measurement
@@ -19,7 +20,6 @@ __all__ = [
     "ratio_table",
     "render",
     "results_table",
-    "server_prediction_table",
 ]
 
 
@@ -41,17 +41,10 @@ def render(result: BenchmarkResult, *, tables: bool = True, files: bool = True) 
                       "reports them)", breakdown_table(server)]
         local = [m for m in result.measurements if m.local_report]
         if local:
-            parts += ["\nlocal runtime cost report (per request)", local_table(local)]
-            predicted = [m for m in local if m.local_report.get("server")]
-            if predicted:
-                parts += ["\nserver time per request predicted from the profile (µs, summed over the models, in the "
-                          "columns of Triton's statistics;\nrequest+hops: the request's way in and out and the hops "
-                          "between models, which no model's statistics show)", server_prediction_table(predicted)]
-            else:
-                parts += ["(in-process figures, not predictions of a server: give --profile for those)"]
-        side = prediction_table(result.measurements)
+            parts += ["\nlocal runtime cost report (per request, measured in this process)", local_table(local)]
+        side = prediction_table(result.predictions, result.measurements)
         if side:
-            parts += ["\npredicted from the profile (local) vs measured (server), per form and concurrency", side]
+            parts += ["\npredicted from the profile vs measured (server), per form and concurrency", side]
         if result.comparisons:
             parts += ["\nensemble/BLS p50 latency ratio: predicted by the local runtime vs measured on the server",
                       ratio_table(result.comparisons)]
@@ -140,32 +133,23 @@ def local_table(measurements: Sequence[Measurement]) -> str:
     return format_table(headers, rows) if rows else ""
 
 
-def server_prediction_table(measurements: Sequence[Measurement]) -> str:
-    """The server's time per request a profile predicts, in Triton's statistics columns (µs)."""
-    headers = ["configuration", "conc", "queue", "in", "infer", "out", "request+hops"]
-    rows = []
-    for m in measurements:
-        s = m.local_report.get("server") or {}
-        rows.append([m.config.label, str(m.concurrency)] + [
-            f"{float(s.get(k) or 0.0):.0f}"
-            for k in ("queue_us", "compute_input_us", "compute_infer_us", "compute_output_us", "overhead_us")
-        ])
-    return format_table(headers, rows) if rows else ""
-
-
-def prediction_table(measurements: Sequence[Measurement]) -> str:
-    """Predicted (local runtime replaying a profile) against measured (server) p50 and throughput, with errors."""
-    at = {(m.config.where, m.config.form, m.concurrency): m for m in measurements}
+def prediction_table(predictions: Sequence[Mapping[str, Any]], measurements: Sequence[Measurement]) -> str:
+    """The server's predicted p50 and throughput (rows of ``form``, ``concurrency``, ``p50_ms``,
+    ``throughput``) against the server's measured ones, with the error of each; a prediction
+    with no server measurement at its form and concurrency has no row."""
+    server = {(m.config.form, m.concurrency): m for m in measurements if m.config.where == "server"}
     headers = ["form", "conc", "predicted p50", "measured p50", "error", "predicted infer/s", "measured infer/s",
                "error"]
     rows = []
-    for (where, form, c), local in sorted(at.items(), key=lambda kv: (kv[0][2], kv[0][1])):
-        server = at.get(("server", form, c))
-        if where != "local" or server is None or not (local.local_report or {}).get("server"):
+    for row in sorted(predictions, key=lambda r: (int(r["concurrency"]), str(r["form"]))):
+        form, c = str(row["form"]), int(row["concurrency"])
+        measured = server.get((form, c))
+        if measured is None:
             continue
-        p, s = local.latency.p50_ms, server.latency.p50_ms
-        rows.append([form, str(c), _ms(p), _ms(s), _error(p, s), f"{local.throughput:.1f}",
-                     f"{server.throughput:.1f}", _error(local.throughput, server.throughput)])
+        p, s = row.get("p50_ms"), measured.latency.p50_ms
+        t = row.get("throughput")
+        rows.append([form, str(c), _ms(p), _ms(s), _error(p, s), "-" if t is None else f"{float(t):.1f}",
+                     f"{measured.throughput:.1f}", _error(t, measured.throughput)])
     return format_table(headers, rows) if rows else ""
 
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import NotFoundError
+from ..machine import machine_info
 from ..output_paths import replace_text
 from .measurement import Measurement
 from .verdict import RatioComparison
@@ -25,45 +24,6 @@ from .verdict import RatioComparison
 __all__ = ["BenchmarkResult", "machine_info", "package_versions"]
 
 _PACKAGES = ("pipelines", "numpy", "anyio", "tritonclient", "nvidia-pytriton", "onnxruntime", "cupy-cuda12x")
-
-
-def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
-def _memory_gib() -> float | None:
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return None
-
-
-def machine_info() -> dict[str, Any]:
-    """The machine the figures come from: CPU, cores usable by this process, memory, GPU presence."""
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        usable = os.cpu_count()
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "usable_cpus": usable,
-        "memory_gib": _memory_gib(),
-        "nvidia_smi": shutil.which("nvidia-smi") is not None,
-    }
 
 
 def package_versions(extra: Mapping[str, str | None] | None = None) -> dict[str, str | None]:
@@ -97,6 +57,9 @@ class BenchmarkResult:
     status: str = "complete"
     #: One-line remarks for the reader, such as plots that could not be drawn.
     notes: tuple[str, ...] = ()
+    #: The server's figures predicted from a profile (``--profile``): rows of ``form``,
+    #: ``concurrency``, ``p50_ms`` and ``throughput``, set beside the measured ones.
+    predictions: tuple[Mapping[str, Any], ...] = ()
 
     def find(self, label: str, concurrency: int) -> Measurement:
         """The measurement of configuration ``label`` (e.g. ``"server bls"``) at ``concurrency``."""
@@ -119,6 +82,7 @@ class BenchmarkResult:
             "settings": dict(self.settings),
             "measurements": [m.to_dict() for m in self.measurements],
             "prediction_vs_measurement": [c.to_dict() for c in self.comparisons],
+            "predictions": [dict(row) for row in self.predictions],
             "verdict": self.verdict,
             "files": list(self.files),
             "notes": list(self.notes),

@@ -2,8 +2,9 @@
 
 The local runtime in each mode and the Triton server (embedded, or remote with
 ``url``) on each top-level model are all opened first, then measured one after
-another at each concurrency level. ``results.json`` is rewritten after every
-level, so a run that is interrupted (Ctrl-C, SIGTERM, a server that dies) keeps
+another at each concurrency level. With a server profile, the server's predicted
+figures enter the report in one place (:func:`_prediction_rows`), beside the
+measured ones. ``results.json`` is rewritten after every level, so a run that is interrupted (Ctrl-C, SIGTERM, a server that dies) keeps
 every level it finished; then the tables and the verdict are printed, and the
 plots are drawn last, only if matplotlib is there.
 """
@@ -25,7 +26,6 @@ from typing import Any, TextIO
 
 import anyio
 
-from ..calibration.profile import load_profile
 from ..errors import PipelinesError, sole_exception
 from ..freed_memory import keep_freed_memory_here
 from ..graph import Pipeline
@@ -83,13 +83,12 @@ def run_benchmark(
     samples = sample_requests(pipeline, module=module, inputs=inputs, batch=settings.batch, size=settings.size)
     bar = Progress(enabled=progress)
     out_dir = output_dir(out, "the results directory (out)") if out is not None else None
-    if settings.profile is not None:
-        load_profile(settings.profile)  # a bad profile is refused before it replaces an earlier run's results.json
+    # Before anything is measured: a bad profile is refused before it replaces an earlier run's results.json.
+    predictions = tuple(_prediction_rows(settings, pipeline, samples))
     stream = sys.stdout if echo is True else echo or None
     started = now()
     measurements: list[Measurement] = []
     versions: dict[str, str | None] = {}
-    profile_notes: list[str] = []
 
     def result(status: str, files: Sequence[str] = (), notes: Sequence[str] = ()) -> BenchmarkResult:
         ordered = sorted(measurements, key=_order)
@@ -98,14 +97,15 @@ def run_benchmark(
             settings={**settings.to_dict(), "samples": len(samples), "out": None if out is None else str(out)},
             measurements=tuple(ordered),
             comparisons=tuple(compare_ratios(ordered)),
-            verdict=verdict(ordered, pipeline=pipeline.name) if ordered else "nothing was measured",
+            verdict=verdict(ordered, pipeline=pipeline.name, predictions=predictions) if ordered else "nothing was measured",
             machine=machine_info(),
             versions=package_versions(versions),
             started=started,
             finished=now(),
             files=tuple(files),
             status=status,
-            notes=tuple(f"the profile may not fit this server: {n}" for n in profile_notes) + tuple(notes),
+            notes=tuple(notes),
+            predictions=predictions,
         )
 
     results_path = out_dir / RESULTS_FILE if out_dir is not None else None
@@ -129,12 +129,6 @@ def run_benchmark(
             connect = None
             if settings.on_server:
                 connect = _server(pipeline, settings, bar, out_dir, stack, versions)
-            if settings.profile is not None:
-                profile_notes += load_profile(settings.profile).check(
-                    server_version=versions.get("tritonserver") if settings.on_server else None,
-                    protocol=settings.protocol if settings.on_server else None,
-                    machine=machine_info() if settings.server else None,
-                )
             _run_async(_measure, pipeline, samples, settings, bar, connect, measurements, level_done)
     except BaseException as raised:
         exc = sole_exception(raised)  # a step's error, not the task group that carried it
@@ -184,6 +178,32 @@ def run_benchmark(
 
 
 # ---------------------------------------------------------------------------- internal
+
+
+def _prediction_rows(
+    settings: BenchSettings, pipeline: Pipeline, requests: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The one place where a prediction of the server enters the benchmark's report.
+
+    Rows of ``form``, ``concurrency``, ``p50_ms`` and ``throughput`` (as
+    ``p.predict(profile, ...).rows`` gives them) for ``settings.profile`` at
+    ``settings.concurrency`` over ``settings.forms``, predicted from ``requests`` (the
+    samples the benchmark sends); :func:`~pipelines.bench.report_tables.prediction_table`
+    sets them beside the server's measurements, with the error of each figure. Called
+    before anything is measured, so that a profile it refuses leaves earlier results alone.
+
+    The steps are profiled on the first sample (kept beside a profile file), the server's
+    schedule simulated (:mod:`pipelines.predict`); a profile from another machine is refused
+    unless ``settings.allow_mismatch``.
+    """
+    if settings.profile is None:
+        return []
+    from ..predict import predict
+
+    prediction = predict(pipeline, settings.profile, concurrency=settings.concurrency, forms=settings.forms,
+                         inputs=requests[0], allow_mismatch=settings.allow_mismatch)
+    return prediction.as_dicts()
+
 
 
 def _set_aside_a_complete_run(out_dir: Path) -> None:
@@ -293,14 +313,11 @@ async def _measure(
     seconds moves every target alike too. ``level_done`` is called after each level
     (it saves what is finished).
     """
-    profile = None if settings.profile is None else load_profile(settings.profile)
     async with AsyncExitStack() as stack:
         targets: list[tuple[Configuration, Any]] = []
         if settings.local:
             for form in settings.forms:
-                runtime = local_target(
-                    pipeline, form, server_copies=settings.server_copies, profile=profile, isolation=settings.isolation
-                )
+                runtime = local_target(pipeline, form, server_copies=settings.server_copies, isolation=settings.isolation)
                 targets.append((Configuration("local", form), await stack.enter_async_context(runtime)))
         if connect is not None:
             client = await stack.enter_async_context(connect())

@@ -4,7 +4,9 @@ server starts) and recorded in ``results.json``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from ..errors import PipelinesError
@@ -27,17 +29,16 @@ class BenchSettings:
     server on the compiled repository; ``url`` (``HOST:PORT`` of ``protocol``)
     measures a remote server where the repository compiled with ``"all"`` is
     already deployed. ``server_copies`` makes the local runtime copy tensors where
-    a server moves them between processes, so its figures predict the server's.
+    a server moves them between processes, so that it moves the bytes a server does.
     Windows last ``duration`` seconds, or ``requests`` answers. Generated inputs
     give variable (-1) dims the length ``size``. ``profile`` (the path of a
-    ``pipelines calibrate`` profile, or a loaded one) makes the local runtime
-    replay that server's costs, so its figures are predictions of the server.
+    ``pipelines calibrate`` profile, or a loaded one) is the server whose prediction
+    the report sets beside the measurements; the local runtime never replays it.
     ``turns`` > 1 measures each level in that many turns, every configuration in
     turn, and pools each one's turns: a machine whose speed drifts over seconds
     then moves every form alike, and the ratios between forms hold still.
-    ``isolation`` is where the local runtime runs step instances: ``"thread"``,
-    ``"process"`` (one forked process each, as Triton's stubs) or ``"auto"``; ``None``
-    (the default) is ``"auto"`` with a profile and ``"thread"`` without (see ``LocalRuntime``).
+    ``isolation`` is where the local runtime runs step instances: ``"thread"`` (the
+    default) or ``"process"`` (one forked process each, as Triton's stubs; see ``LocalRuntime``).
     """
 
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -56,12 +57,18 @@ class BenchSettings:
     timeout: float = 60.0
     size: int = 16
     profile: Any = None
+    allow_mismatch: bool = False
     turns: int = 1
-    isolation: str | None = None
+    isolation: str = "thread"
 
     def __post_init__(self) -> None:
-        if self.isolation is not None and self.isolation not in ISOLATIONS:
+        if self.isolation not in ISOLATIONS:
             raise PipelinesError(f"isolation must be one of {', '.join(ISOLATIONS)}; got {self.isolation!r}")
+        if isinstance(self.profile, (str, os.PathLike)) and not Path(self.profile).is_file():
+            raise PipelinesError(
+                f"--profile {os.fspath(self.profile)}: no such file; measure a server into one with "
+                "'pipelines calibrate --out FILE'"
+            )
         if self.server and self.url is not None:
             raise PipelinesError(
                 f"choose the embedded server (--server) or a remote one (--url {self.url}), not both"

@@ -1,13 +1,14 @@
-"""The benchmark's conclusion: which form wins at which load, and whether the local
-runtime predicted the server.
+"""The benchmark's conclusion: which form wins at which load, and, with ``--profile``,
+whether the simulation of the server (``pipelines.predict``) named the same winners.
 
-The prediction is the local runtime's ensemble/BLS p50-latency ratio; the
-measurement is the same ratio on the server, at the same concurrency.
+:func:`compare_ratios` keeps the local runtime's ensemble/BLS p50-latency ratio beside the
+server's in results.json: how far in-process execution is from the server's (the local
+runtime executes, it does not predict).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -117,8 +118,10 @@ def _spread(measurements: Sequence[Measurement], where: str) -> str | None:
     return f"bls-sync's p50 latency is {ratio:.2f}× the ensemble's at concurrency {levels[0]}"
 
 
-def verdict(measurements: Sequence[Measurement], *, pipeline: str) -> str:
-    """One paragraph: winners on the server (else locally), the prediction's gap, errors and instability."""
+def verdict(measurements: Sequence[Measurement], *, pipeline: str,
+            predictions: Sequence[Mapping[str, Any]] = ()) -> str:
+    """One paragraph: winners on the server (else locally), whether the prediction (rows of
+    ``p.predict(...).as_dicts()``) named the same winners, errors and instability."""
     parts = []
     wheres = [w for w in ("server", "local") if any(m.config.where == w for m in measurements)]
     for where in wheres:
@@ -131,19 +134,8 @@ def verdict(measurements: Sequence[Measurement], *, pipeline: str) -> str:
         spread = _spread(measurements, where)
         if spread:
             parts.append(f"{where_text.split(',')[0]}, {spread}.")
-    comparisons = [r for r in compare_ratios(measurements) if r.versus == "bls"]
-    if comparisons:
-        pairs = ", ".join(
-            f"{r.predicted:.2f} predicted vs {r.measured:.2f} measured at concurrency {r.concurrency} "
-            f"({abs(r.gap):.0%} {'over' if r.gap > 0 else 'under'})"
-            for r in comparisons
-        )
-        worst = max(abs(r.gap) for r in comparisons)
-        judgement = "a good predictor" if worst <= 0.15 else "a rough guide only" if worst <= 0.5 else "no predictor"
-        parts.append(
-            f"The local runtime's ensemble/bls latency ratio was {pairs}: at worst {worst:.0%} apart, "
-            f"so here it is {judgement} of the server."
-        )
+    if predictions:
+        parts.append(_prediction_verdict(predictions, measurements))
     errors = sum(m.errors for m in measurements)
     if errors:
         failing = sorted({m.config.label for m in measurements if m.errors})
@@ -171,3 +163,22 @@ def _alone(measurements: Sequence[Measurement], where: str) -> str | None:
     figures = ", ".join(f"{m.throughput:,.1f} infer/s at concurrency {m.concurrency}"
                         for m in sorted(served, key=lambda m: m.concurrency))
     return f"only {forms.pop()} was measured ({figures}); give --forms two or more forms to compare them"
+
+
+def _prediction_verdict(predictions: Sequence[Mapping[str, Any]], measurements: Sequence[Measurement]) -> str:
+    """Whether the simulation named the server's winner (the highest throughput) at each level
+    where both exist; forms measured within 5 % of the best are a tie, either one the winner."""
+    server = {(m.config.form, m.concurrency): m.throughput for m in measurements if m.config.where == "server"}
+    said = []
+    for c in sorted({int(r["concurrency"]) for r in predictions if r.get("concurrency") is not None}):
+        rows = [r for r in predictions if r.get("concurrency") == c and (r["form"], c) in server]
+        if len(rows) < 2:
+            continue
+        guess = max(rows, key=lambda r: float(r["throughput"]))["form"]
+        best = max(server[(r["form"], c)] for r in rows)
+        tied = sorted(r["form"] for r in rows if server[(r["form"], c)] >= best * 0.95)
+        said.append(f"at concurrency {c} it named {guess}, the server's winner {'/'.join(tied)}: "
+                    f"{'right' if guess in tied else 'WRONG'}")
+    if not said:
+        return "The prediction has no level measured on the server beside it."
+    return "The simulation's prediction (--profile) " + "; ".join(said) + "."

@@ -1,16 +1,18 @@
-"""Server profiles: what a Triton server pays at each boundary, so the local runtime can predict it.
+"""Server profiles: what a Triton server pays at each boundary, so that a pipeline's schedule on it
+can be predicted.
 
-``calibrate()`` (``pipelines calibrate``) runs generated probe models on a
-server and fits, for each kind of boundary, a fixed cost plus a cost per byte
-(the request and the stub also at each probe size, on the way in and out);
-the :class:`Profile` saves as JSON and is replayed by
-``LocalRuntime(p, mode, profile=...)``.
+``calibrate()`` (``pipelines calibrate``) runs generated probe models on a server in
+rounds, and fits, for each kind of boundary, its cost at each probe size on the way in
+and out (and a fixed cost plus a cost per byte through them), each with a confidence
+interval; the :class:`Profile` saves as JSON, and refuses a file whose costs are missing
+or no time, or (:meth:`Profile.require_match`) a server it was not measured on.
 """
 
 from __future__ import annotations
 
+from ..errors import ProfileMismatchError
 from .calibrate import ProbesNotDeployed, calibrate
-from .fit import fit_costs
+from .fit import estimate, fit_costs, fit_rounds
 from .probes import probe_pipeline, probe_repository, write_probe_repository
 from .profile import BOUNDARIES, Cost, Point, Profile, ProfileMismatchWarning, load_profile
 
@@ -20,9 +22,12 @@ __all__ = [
     "Point",
     "ProbesNotDeployed",
     "Profile",
+    "ProfileMismatchError",
     "ProfileMismatchWarning",
     "calibrate",
+    "estimate",
     "fit_costs",
+    "fit_rounds",
     "load_profile",
     "probe_pipeline",
     "probe_repository",

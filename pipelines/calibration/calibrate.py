@@ -14,7 +14,7 @@ from time import perf_counter
 from ..errors import PipelinesError
 from ..freed_memory import keep_freed_memory_here
 from ..output_paths import output_dir
-from .fit import fit_costs
+from .fit import fit_rounds
 from .measure import Budget, measure_lanes, measure_probes
 from .probes import BUSY_MS, CHAINS, SIZES, Probe, probe_plan, probe_repository
 from .profile import Profile
@@ -50,7 +50,7 @@ def calibrate(
     """
     from ..bench.progress import Progress
     from ..bench.results import machine_info
-    from ..runtime.triton import TritonClient, TritonServer
+    from ..triton import TritonClient, TritonServer
     from ..triton.async_client import AsyncTritonClient
 
     if protocol not in PROTOCOLS:
@@ -84,7 +84,7 @@ def calibrate(
         version = client.metadata().get("version")
 
         def tick(done: int, total: int, probe: Probe) -> None:
-            bar.update("calibrating", probe.label, done / total, f"{done}/{total} probe passes")
+            bar.update("calibrating", probe.label, done / total, f"{done}/{total} probes x rounds")
 
         samples = measure_probes(
             lambda model, inputs: client.infer(model, inputs), probes, budget, tick, statistics=client.statistics,
@@ -95,8 +95,9 @@ def calibrate(
         lanes, rows = measure_lanes(connect, lane_probes, cores, budget.lanes_seconds)
         # size by size as well: large copies share the memory bus as well as the cores
         lanes_by_size = tuple((p.size, row[3]) for p, row in zip(lane_probes, rows, strict=True))
-    costs, points = fit_costs([s.row for s in samples])
-    bar.finish("calibrated", f"{len(samples)} probes in {perf_counter() - began:.0f} s")
+    round_rows = [row for s in samples for row in s.round_rows()]
+    costs, points, estimated = fit_rounds(round_rows)
+    bar.finish("calibrated", f"{len(samples)} probes, {budget.rounds} rounds, in {perf_counter() - began:.0f} s")
     return Profile(
         costs=costs,
         server_version=version,
@@ -105,9 +106,11 @@ def calibrate(
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         url=url,
         points=points,
-        samples=tuple(s.row for s in samples),
+        samples=tuple(estimated),
         lanes=lanes,
         lanes_by_size=lanes_by_size,
+        rounds=budget.rounds,
+        round_samples=tuple(round_rows),
     )
 
 

@@ -14,7 +14,8 @@ from .probes import CHAINS, SIZES
 __all__ = ["QUICK", "add_arguments", "main"]
 
 #: ``--quick``: fewer, shorter probes (about half the time), for a first look or a check.
-QUICK = {"chains": (1, 4, 8), "sizes": (1 << 10, 1 << 20, 4 << 20, 8 << 20, 16 << 20), "budget": Budget(3, 15, 0.4, 1)}
+QUICK = {"chains": (1, 4, 8), "sizes": (1 << 10, 1 << 20, 4 << 20, 8 << 20, 16 << 20),
+         "budget": Budget(rounds=5, max_requests=3, seconds=0.2)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,13 +22,16 @@ chains' own stubs are what the chains' lines are read against. Then the step pro
 and a straight line through each kind's latencies over its chain lengths
 gives, from its slope, the cost of one more step (ensemble step or BLS call)
 and, from its intercept, what the kind pays once per request (the ensemble
-scheduler's own work, or the BLS model's own stub). A BLS model's line is read
-from its own statistics where they are given: the time it held its instance
-(compute input + infer + output) holds its own stub and every call it made, and
-none of the request, whose HTTP body varies by milliseconds from one request to
-the next at 4 MiB and more; that line plus the request is the latency's line,
-without the request's noise. (On this machine's bundled server, at 1 KiB, the
-latency's intercept lay within 0.1 ms of the request plus the hold's.) Without statistics the
+scheduler's own work, or the BLS model's own stub). A BLS model's and an
+ensemble's line are read from their own statistics where they are given: the time
+a BLS model held its instance (compute input + infer + output) holds its own stub
+and every call it made, and the ensemble's own request time (from the request
+received whole to its answer) every step and hand-off; neither holds the
+client's send, whose HTTP body of 4 MiB stalls 40-60 ms in some requests and
+not in others. That line plus the request is the latency's line, without the
+request's noise. (On this machine's bundled server, at 1 KiB, the latency's
+intercept lay within 0.1 ms of the request plus the hold's; an ensemble's
+latency less its request time was 0.23-0.28 ms, as the step probe's.) Without statistics the
 stub is what the step probe leaves once the ensemble's intercept has priced
 the request (the ensemble's and the BLS model's own costs are then taken as
 nothing and as one stub).
@@ -36,14 +39,29 @@ nothing and as one stub).
 Fitting each size on its own keeps what a line through every size loses: on
 a real server, costs per byte grow with the size (an HTTP body of 16 MiB
 costs about twice as much per byte as one of 1 MiB), so the profile keeps each boundary's cost at each
-measured size, and the replay interpolates between them. The straight line
+measured size, and what predicts the server interpolates between them. The straight line
 through those figures (numpy's least squares, relative errors, no cost below
 zero) is what the table and the plot show. A cost the noise puts below zero
 is zero.
+
+**The estimator, and its interval** (:func:`fit_rounds`). The calibration measures
+every probe in several rounds (:func:`pipelines.calibration.measure.measure_probes`).
+Each probe's figures are their median over the rounds, and the solve above runs
+once on those medians. The median is where the robustness lives, and the only place:
+a round that met a slow spell of the machine is one of several, and it moves no median.
+So the solve can stay linear least squares. It is exact on the model, and it weighs every chain
+length alike. Theil–Sen over four lengths, or a rule that leaves one out, would
+answer the same noise a second time, with a breakdown of its own and less
+efficiency. Each cost's interval is a percentile bootstrap over the rounds: whole rounds are drawn with
+replacement (every probe of a round together, since a spell moves them alike), the
+medians and the solve are redone on each draw, and the interval holds the middle
+``level`` of the draws' figures. It is seeded, so one set of rounds always gives the
+same profile.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 from statistics import median
@@ -55,7 +73,7 @@ from ..forms import FORMS
 from .probes import BLS_KINDS, GATED_ROW, GROWN_ROW, GROWN_STEPS, KINDS
 from .profile import BOUNDARIES, MIB, STAND_INS, Cost, Point, with_stand_ins
 
-__all__ = ["crossings", "fit_costs", "predict_us"]
+__all__ = ["crossings", "estimate", "fit_costs", "fit_rounds", "predict_us"]
 
 _NAMES = tuple(BOUNDARIES)
 # What each chained probe kind (a form) pays once per request, and per step.
@@ -66,9 +84,6 @@ _STUB_OF = {kind: FORMS[kind].stub_cost for kind in _KINDS_OF}
 # (in the kinds' order: a boundary's stand-in is priced before it).
 _FROM_LINE = {name: (kind, part) for kind, (once, per_step) in _KINDS_OF.items()
               for name, part in ((per_step, "slope"), (once, "intercept"))}
-
-# The boundaries read off differences between probes' figures, which carry every probe's noise.
-_DIFFERENCES = frozenset(_FROM_LINE) | {"ensemble_gate"}
 
 Row = tuple  # (kind, steps, size, latency_us[, stub_us[, stub_in_us[, model_us[, steps_us]]]])
 
@@ -114,24 +129,9 @@ def _nonnegative_lstsq(a: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.
     return coef
 
 
-# A chain length whose latency is this many times what the other lengths' line says (or that
-# many times less) was disturbed while it was measured, and is left out of its kind's line.
-_OFF_LINE = 1.5
-# What a size's figure may exceed its neighbours' by, beyond _OFF_LINE times, before it counts
-# as a spike (see _without_spikes): small figures are near zero and differ by more.
-_SPIKE_US = 500.0
-
-
 def _line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
-    """Intercept and slope of latency over chain length (medians per length), or None with
-    fewer than two lengths.
-
-    With four lengths or more, the one without which the others lie straightest is left out
-    when it is :data:`_OFF_LINE` times off their line: a probe measured while the machine was busy
-    elsewhere (the 8-step ensemble at 4 MiB once took 62.5 ms where the next calibration
-    measured 21.4) would otherwise tilt the whole line, and price every step of that size
-    milliseconds dearer. Honest noise stays well inside it (at 32 MiB, up to 1.3 times).
-    """
+    """Intercept and slope of latency over chain length (least squares through the medians per
+    length), or None with fewer than two lengths."""
     by_steps: dict[int, list[float]] = defaultdict(list)
     for steps, latency in points:
         by_steps[steps].append(latency)
@@ -139,22 +139,8 @@ def _line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
         return None
     n = np.array(sorted(by_steps), float)
     y = np.array([median(by_steps[k]) for k in sorted(by_steps)])
-    if len(n) >= 4:
-        # the suspect is the length without which the others lie straightest (asking how far each
-        # is off the others' line instead would blame a short chain, which the outlier's leverage
-        # tilts that line away from)
-        def without(i: int) -> tuple[float, np.ndarray]:
-            """How far the others lie off their own line (the largest relative gap), and that line."""
-            rest = np.arange(len(n)) != i
-            coef = np.polyfit(n[rest], y[rest], 1)
-            return float(np.max(np.abs(y[rest] - np.polyval(coef, n[rest])) / y[rest])), coef
-
-        lines = [without(i) for i in range(len(n))]
-        suspect = min(range(len(n)), key=lambda i: lines[i][0])
-        rest = np.arange(len(n)) != suspect
-        expected = float(np.polyval(lines[suspect][1], n[suspect]))
-        if expected <= 0 or max(y[suspect] / expected, expected / y[suspect]) > _OFF_LINE:
-            n, y = n[rest], y[rest]
+    # Least squares, every length kept: the figures are already medians over rounds (fit_rounds),
+    # so an outlier is gone before the line; a robust line on top would answer it twice.
     slope, intercept = np.polyfit(n, y, 1)
     return float(intercept), float(slope)
 
@@ -186,9 +172,9 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
         own = [r for r in stub_rows if r[0] == kind]
         stub_of[kind] = _stub_pair(own) if own else stub_pair
     if stub_rows:
-        for kind in BLS_KINDS:
-            # How long the BLS model holds its instance, over chain lengths: its latency's line less the
-            # request, without the request's noise (see the module docstring).
+        for kind in ("ensemble", *BLS_KINDS):
+            # How long the BLS model holds its instance (the ensemble, the request), over chain lengths:
+            # its latency's line less the request, without the request's noise (see the module docstring).
             held = _line([(r[1], r[6]) for r in rows if r[0] == kind and r[6] is not None])
             if held is not None:
                 lines[kind] = (held[0] + request, held[1])  # less the request below: the hold's own
@@ -216,7 +202,7 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
     pairs["ensemble"] = (0.0, max(0.0, costs["ensemble"]))
     pairs["stub"] = stub_pair
     pairs["ensemble_gate"] = (0.0, 0.0)  # read off the gated probe across sizes: _gate_from_gated
-    # What the replay charges a step's stub: the grown probe's, measured warm between steps that
+    # What a step's stub costs in a pipeline: the grown probe's, measured warm between steps that
     # grow and shrink the tensor, as a user's steps pass intermediates (at 4 MiB, 2.0-2.6 ms where
     # the chains' stubs, fed by a 4 MiB request and measured in turns, cost 2.8-3.4). The chains'
     # own stubs (stub_of) stay what their lines are read against: what a line leaves per step
@@ -260,8 +246,8 @@ def _calls_from_grown(at: dict[int, dict[str, tuple[float, float]]], by_size: di
 
 def _gate_from_gated(at: dict[int, dict[str, tuple[float, float]]], by_size: dict[int, list[Row]]) -> None:
     """What a gated ensemble pays beyond an ungated one, at each size where both grown probes
-    were measured: the gated probe's latency less the grown ensemble's, less what the replay
-    already charges its gate model (a step and a stub, passing a few bytes: the smallest size's).
+    were measured: the gated probe's latency less the grown ensemble's, less what the profile
+    already prices its gate model by (a step and a stub, passing a few bytes: the smallest size's).
 
     The gated probe runs the same steps, but one identity model serves both identity nodes, so
     its ensemble is gated: each step carries a failure tensor in and out, and a gate model
@@ -285,26 +271,6 @@ def _stub_pair(rows: Sequence[Row]) -> tuple[float, float]:
     return min(stub_in, stub), max(0.0, stub - stub_in)  # at least the way in, where noise put the total below it
 
 
-def _without_spikes(sizes: Sequence[int], ins: Sequence[float], outs: Sequence[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Each way's figures by size, with a size that costs more than both its neighbours by
-    :data:`_OFF_LINE` times (plus :data:`_SPIKE_US`) taken as their interpolation. A boundary
-    costs no less for more bytes, so such a figure is the noise of the probes it is read off:
-    calibrating twice on one day put an ensemble step at 4 MiB at 2.9 and 6.5 ms a way, where
-    1 and 12 MiB gave nothing and the server ran the ``large`` pipeline's three 4 MiB steps in
-    8.5 ms (docs/server_profiles.md). Both neighbours, not only the larger one: a larger size
-    that noise put low must not make its smaller neighbour a spike. The smallest and largest
-    sizes have one neighbour each, and are kept.
-    """
-    totals = [i + o for i, o in zip(ins, outs, strict=True)]
-    ins, outs = list(ins), list(outs)
-    for k in range(1, len(sizes) - 1):
-        if totals[k] > _OFF_LINE * max(totals[k - 1], totals[k + 1]) + _SPIKE_US:
-            w = (sizes[k] - sizes[k - 1]) / (sizes[k + 1] - sizes[k - 1])
-            ins[k] = (1 - w) * ins[k - 1] + w * ins[k + 1]
-            outs[k] = (1 - w) * outs[k - 1] + w * outs[k + 1]
-    return tuple(ins), tuple(outs)
-
-
 def _summary_line(sizes: Sequence[int], totals: Sequence[float]) -> tuple[float, float]:
     """Fixed µs and µs per MiB of the straight line through (in + out bytes, µs), relative errors."""
     x = np.array([2 * s / MIB for s in sizes])
@@ -316,26 +282,13 @@ def _summary_line(sizes: Sequence[int], totals: Sequence[float]) -> tuple[float,
     return float(fixed), float(per_mib)
 
 
-def _theil_sen(sizes: Sequence[int], totals: Sequence[float]) -> tuple[float, float]:
-    """Fixed µs and µs per MiB of the Theil–Sen line through (in + out bytes, µs): the median
-    of the slopes between every two sizes, then the median intercept. One size in four that
-    noise throws far off does not move it."""
-    x = np.array([2 * s / MIB for s in sizes])
-    y = np.array(totals, float)
-    if len(x) == 1:
-        return max(0.0, float(y[0])), 0.0
-    i, j = np.triu_indices(len(x), 1)
-    per_mib = max(0.0, float(np.median((y[j] - y[i]) / (x[j] - x[i]))))
-    return max(0.0, float(np.median(y - per_mib * x))), per_mib
-
-
 def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...]]:
     """Fit every boundary's cost to ``(kind, steps, size, latency_us[, stub_us[, stub_in_us[, model_us[, steps_us]]]])``
     samples.
 
     ``stub_us`` is what one execution of a probe's step cost inside the server (Triton's
     statistics); ``stub_in_us`` the part of it on the way in; ``model_us``, for a BLS probe,
-    what its BLS model held its instance; ``steps_us``, for a grown BLS probe, what all its
+    what its BLS model held its instance, for an ensemble probe its own request time; ``steps_us``, for a grown BLS probe, what all its
     step models held theirs.
     Returns the costs and the points to plot: each boundary's cost at each size.
     """
@@ -356,18 +309,9 @@ def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...
     for name in _NAMES:
         ins = tuple(at[s][name][0] for s in sizes)
         outs = tuple(at[s][name][1] for s in sizes)
-        if name in _DIFFERENCES:
-            ins, outs = _without_spikes(sizes, ins, outs)
         totals = [i + o for i, o in zip(ins, outs, strict=True)]
         points += [Point(name, 2 * s, t, "fitted at this size") for s, t in zip(sizes, totals, strict=True)]
-        if name in _DIFFERENCES:
-            # Read off differences between probes, these carry every probe's noise, so the line
-            # the table shows shrugs off an outlier; but they grow faster than the bytes, as the
-            # request's do, and a line through 1 KiB to 32 MiB overpriced a 4 MiB BLS model's
-            # own stub by 35-50 % (docs/server_profiles.md): the replay prices each size's own.
-            fixed, per_mib = _theil_sen(sizes, totals)
-        else:
-            fixed, per_mib = _summary_line(sizes, totals)
+        fixed, per_mib = _summary_line(sizes, totals)  # one line for all: the figures are medians already
         costs[name] = Cost(fixed, per_mib, tuple(sizes), ins, outs)
     for kind, steps, size, _, stub_us, *_ in rows:
         if stub_us is not None and stub_us > 0:
@@ -375,3 +319,106 @@ def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...
             name = _STUB_OF.get(kind.removeprefix(GROWN_ROW), "stub")
             points.append(Point(name, 2 * size, float(stub_us), kind if grown else f"{kind} x{steps}"))
     return costs, tuple(points)
+
+
+#: A probe's figures in one round: (kind, steps, size, round, latency_us, stub_us, stub_in_us,
+#: model_us, steps_us), the last four None where not measured (see measure.Sample).
+RoundRow = tuple
+
+
+def _by_probe(rows: Sequence[RoundRow]) -> tuple[list[tuple[str, int, int]], np.ndarray]:
+    """The probes in the order first seen, and their figures as an array [probe, round, 5] (NaN
+    where a figure was not measured, or a probe missed a round)."""
+    probes: dict[tuple[str, int, int], int] = {}
+    rounds: dict[object, int] = {}
+    for r in rows:
+        probes.setdefault((str(r[0]), int(r[1]), int(r[2])), len(probes))
+        rounds.setdefault(r[3], len(rounds))
+    figures = np.full((len(probes), len(rounds), 5), np.nan)
+    for r in rows:
+        values = (tuple(r[4:9]) + (None,) * 5)[:5]
+        figures[probes[str(r[0]), int(r[1]), int(r[2])], rounds[r[3]]] = [np.nan if v is None else float(v)
+                                                                          for v in values]
+    return list(probes), figures
+
+
+def _medians(figures: np.ndarray) -> np.ndarray:
+    """The median over the rounds (axis -2) of each figure, NaN where a figure has none."""
+    measured = ~np.isnan(figures)
+    out = np.full(figures.shape[:-2] + figures.shape[-1:], np.nan)
+    some = measured.any(axis=-2)
+    with warnings.catch_warnings():  # a figure never measured (a chain's BLS hold) is all NaN: it stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out[some] = np.nanmedian(figures, axis=-2)[some]
+    return out
+
+
+def _rows_of(probes: Sequence[tuple[str, int, int]], medians: np.ndarray) -> list[Row]:
+    """Fit rows from each probe's medians: a latency of at least 1 µs, no time below zero; none
+    for a probe without a latency (a draw of only rounds it missed)."""
+    rows = []
+    for (kind, steps, size), m in zip(probes, medians, strict=True):
+        if np.isnan(m[0]):
+            continue
+        rest = [None if np.isnan(v) else max(0.0, float(v)) for v in m[1:]]
+        rows.append((kind, steps, size, max(1.0, float(m[0])), *rest))
+    return rows
+
+
+def estimate(rows: Sequence[RoundRow]) -> list[Row]:
+    """The estimator: each probe's median over the rounds of each of its figures, as one
+    ``(kind, steps, size, latency_us, stub_us, stub_in_us, model_us, steps_us)`` row for
+    :func:`fit_costs` (a latency of at least 1 µs; no time below zero)."""
+    if not rows:
+        raise ArgumentError("no rounds to fit: give (kind, steps, size, round, latency_us, ...) rows")
+    probes, figures = _by_probe(rows)
+    if np.isnan(figures[..., 0]).all(axis=1).any():
+        raise ArgumentError("every probe needs a latency in at least one round")
+    return _rows_of(probes, _medians(figures))
+
+
+def fit_rounds(rows: Sequence[RoundRow], *, resamples: int = 1000, level: float = 0.95, seed: int = 0
+               ) -> tuple[dict[str, Cost], tuple[Point, ...], list[Row]]:
+    """Every boundary's cost from per-round figures, with its confidence intervals.
+
+    The costs are :func:`fit_costs` of :func:`estimate` (each probe's medians over the
+    rounds). The intervals come from ``resamples`` draws of the rounds with replacement,
+    each round whole, that are estimated and fitted again. Each cost's ``fixed_ci``,
+    ``per_mib_ci``, ``in_ci``, ``out_ci`` and ``total_ci`` hold the middle ``level`` of
+    those draws (see the module docstring). Returns the costs, the points to plot, and
+    the estimator's rows (one per probe).
+    """
+    if not 0 < level < 1 or resamples < 1:
+        raise ArgumentError(f"an interval needs 0 < level < 1 and resamples >= 1; got level={level}, "
+                            f"resamples={resamples}")
+    estimated = estimate(rows)
+    costs, points = fit_costs(estimated)
+    probes, figures = _by_probe(rows)
+    n_rounds = figures.shape[1]
+    draws = np.random.default_rng(seed).integers(0, n_rounds, size=(resamples, n_rounds))
+    drawn = _medians(figures[:, draws, :])  # [probe, draw, figure]
+    names = list(costs)
+    lines = np.empty((resamples, len(names), 2))
+    ways = np.empty((resamples, len(names), 3, len(costs[names[0]].sizes)))  # in, out, in + out by size
+    for b in range(resamples):
+        fitted, _ = fit_costs(_rows_of(probes, drawn[:, b, :]))
+        for j, name in enumerate(names):
+            c = fitted[name]
+            lines[b, j] = c.fixed_us, c.us_per_mib
+            ways[b, j, 0], ways[b, j, 1] = c.in_us, c.out_us
+            ways[b, j, 2] = np.add(c.in_us, c.out_us)
+    tails = [(1 - level) / 2, 1 - (1 - level) / 2]
+    line_ci = np.quantile(lines, tails, axis=0)  # [2, boundary, 2]
+    way_ci = np.quantile(ways, tails, axis=0)  # [2, boundary, 3, size]
+
+    def pairs(j: int, k: int) -> tuple[tuple[float, float], ...]:
+        return tuple((float(lo), float(hi)) for lo, hi in zip(way_ci[0, j, k], way_ci[1, j, k], strict=True))
+
+    with_ci = {}
+    for j, name in enumerate(names):
+        c = costs[name]
+        with_ci[name] = Cost(c.fixed_us, c.us_per_mib, c.sizes, c.in_us, c.out_us,
+                             fixed_ci=(float(line_ci[0, j, 0]), float(line_ci[1, j, 0])),
+                             per_mib_ci=(float(line_ci[0, j, 1]), float(line_ci[1, j, 1])),
+                             in_ci=pairs(j, 0), out_ci=pairs(j, 1), total_ci=pairs(j, 2))
+    return with_ci, points, estimated

@@ -1,9 +1,9 @@
-"""Measuring the probes: requests one at a time, the median latency of each probe; and the
-server's lanes, how many requests' boundary work it does at once.
+"""Measuring the probes: requests one at a time, in rounds over every probe, each probe's
+figures per round; and the server's lanes, how many requests' boundary work it does at once.
 
 Costs are measured at concurrency 1 on purpose: a fitted cost is what one
-boundary costs when nothing else runs, and the local runtime's replay adds
-the queueing that concurrency brings. That queueing includes the server's CPU:
+boundary costs when nothing else runs, and what predicts the server adds the
+queueing that concurrency brings. That queueing includes the server's CPU:
 its boundary costs burn cores, so requests at once compete for them.
 :func:`measure_lanes` sees how much by the throughput of one probe at
 concurrency 1 and at a high one (one asyncio client, as ``pipelines bench``
@@ -24,67 +24,76 @@ from .probes import BLS_KINDS, Probe
 
 __all__ = ["Budget", "Sample", "measure_lanes", "measure_probes"]
 
+#: What one probe gives in one round: (latency µs, stub µs, of which in, model's hold µs, steps' hold µs),
+#: each the median of the round's requests, its steps' own work taken off; None where not measured.
+Figures = tuple  # (float, float | None, float | None, float | None, float | None)
+
 
 @dataclass(frozen=True)
 class Sample:
-    """One probe's measurement: the median latency over ``requests`` answers (µs), less its
-    steps' own work, and
-    ``stub_us``, what one execution of the identity step model cost inside the server
-    (Triton's compute input + infer + output for it, the median over the requests;
-    ``None`` without statistics), of which ``stub_in_us`` on the way in (compute input);
-    and for a BLS probe ``model_us``, how long one execution of its BLS model held that
-    model's instance, less its steps' own work (its compute input + infer + output, which
-    hold its calls: ``None`` for other probes, or without statistics); and for a grown BLS
-    probe ``steps_us``, what all its step models (``grow``, the identities, ``shrink``) held
-    their instances for one request, less the identities' work: the hold less these is
-    what its calls cost, warm, as a user's pipeline makes them.
+    """One probe's measurement: its :data:`Figures` in each round (``rounds``), from ``requests``
+    timed answers in all.
+
+    ``latency_us`` is a request's latency less its steps' own work. ``stub_us`` is what one
+    execution of the probe's identity step models cost inside the server (Triton's compute
+    input + infer + output for them; ``None`` without statistics), of which ``stub_in_us`` on
+    the way in (compute input). ``model_us``, for a BLS probe, is how long one execution of
+    its BLS model held that model's instance, less its steps' own work (its compute input +
+    infer + output, which hold its calls); for an ensemble probe, how long the request was in
+    the ensemble (Triton's own request time for it, from receiving the request to answering
+    it), less its steps' work. Neither holds the client's send, which stalls a 4 MiB request
+    by 40-60 ms in some requests and not in others (docs/server_profiles.md). ``None`` for the
+    step probe, or without statistics.
+    ``steps_us``, for a grown BLS probe, what all its step models (``grow``, the identities,
+    ``shrink``) held their instances for one request, less the identities' work: the hold
+    less these is what its calls cost, warm, as a user's pipeline makes them.
+
+    Those five are read per round; the fit (:func:`pipelines.calibration.fit.fit_rounds`)
+    takes their medians over the rounds, and bootstraps the rounds for the intervals.
     """
 
     probe: Probe
-    latency_us: float
+    rounds: tuple[Figures, ...]
     requests: int
-    stub_us: float | None = None
-    stub_in_us: float | None = None
-    model_us: float | None = None
-    steps_us: float | None = None
 
-    @property
-    def row(self) -> tuple[str, int, int, float, float | None, float | None, float | None, float | None]:
-        return (self.probe.row_kind, self.probe.steps, self.probe.size, self.latency_us, self.stub_us,
-                self.stub_in_us, self.model_us, self.steps_us)
+    def round_rows(self) -> list[tuple]:
+        """``(kind, steps, bytes, round, latency_us, stub_us, stub_in_us, model_us, steps_us)`` per
+        round: what :func:`pipelines.calibration.fit.fit_rounds` reads."""
+        p = self.probe
+        return [(p.row_kind, p.steps, p.size, k, *figures) for k, figures in enumerate(self.rounds)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Budget:
-    """How long each probe is measured: at least ``min_requests``, at most ``max_requests``
-    answers, and no longer than ``seconds`` once ``min_requests`` are in; in ``passes``
-    over every probe, which share those answers and seconds (see :func:`measure_probes`)."""
+    """How a calibration measures: ``rounds`` rounds over every probe; in each, each probe takes at
+    least ``min_requests`` and at most ``max_requests`` timed answers, and no longer than its
+    share of ``seconds`` (``seconds / rounds``) once ``min_requests`` are in. ``warmup`` untimed
+    answers per probe come first (the first calls of a stub allocate its shared memory), and
+    ``lanes_seconds`` is each window of :func:`measure_lanes`."""
 
-    min_requests: int = 4
-    max_requests: int = 30
-    seconds: float = 0.45  # 102 probes in two passes: 114-118 s at 0.5, 103-117 s at 0.45 (the issue asks under 120)
+    # Seven rounds: an odd count, so a median is one round's figure. The bootstrap's 95 % interval
+    # of a median of seven lies between the second and the sixth round's figures, which hold the
+    # true median with 87.5 % whatever the noise (Bin(7, 1/2)): fewer rounds would widen it to
+    # the extremes, and more would cost the largest sizes' time, which one request a round sets.
+    # A full calibration with these took 100.7 s on a loaded 2-core machine, where the two passes
+    # it replaced took 101.2 s, back to back with it (docs/server_profiles.md).
+    rounds: int = 7
+    min_requests: int = 1
+    max_requests: int = 4
+    seconds: float = 0.15
     warmup: int = 1
-    lanes_seconds: float = 1.0  # each window of measure_lanes
-    passes: int = 2
+    lanes_seconds: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.passes < 1 or self.min_requests < 1 or self.max_requests < self.min_requests:
-            raise ArgumentError(f"a budget needs passes >= 1 and 1 <= min_requests <= max_requests; got "
-                                f"passes={self.passes}, min_requests={self.min_requests}, "
+        if self.rounds < 1 or self.min_requests < 1 or self.max_requests < self.min_requests:
+            raise ArgumentError(f"a budget needs rounds >= 1 and 1 <= min_requests <= max_requests; got "
+                                f"rounds={self.rounds}, min_requests={self.min_requests}, "
                                 f"max_requests={self.max_requests}")
-
-    def per_pass(self) -> tuple[int, int, float]:
-        """``(min_requests, max_requests, seconds)`` of one pass."""
-        return (-(-self.min_requests // self.passes), -(-self.max_requests // self.passes), self.seconds / self.passes)
 
 
 # A grown probe's requests come in bursts of this many timed ones, after one untimed: back to back,
 # as a pipeline's requests are, and in turns with the other kinds' grown probes of the size.
 _GROWN_BURST = 2
-
-# A pass whose probes of one group took this much longer than another pass's (the median of
-# their ratios) met the machine in a slow spell, and is left out of that group's figures.
-_SLOW_PASS = 0.10
 
 
 def measure_probes(
@@ -94,55 +103,63 @@ def measure_probes(
     progress: Callable[[int, int, Probe], None] | None = None,
     statistics: Callable[[str], Any] | None = None,
     busy_ms: float = 0.0,
+    *,
+    clock: Callable[[], float] = perf_counter,
 ) -> list[Sample]:
-    """Time ``infer(model, inputs)`` on each probe; ``progress(done, total, probe)`` as they finish.
+    """Time ``infer(model, inputs)`` on each probe in ``budget.rounds`` rounds over them all;
+    ``progress(done, total, probe)`` as each probe's part of a round ends.
 
-    The chains of one tensor size are measured in turns, one request each per
-    turn, so that a drift of the machine (a busy neighbour, memory being
-    reclaimed) moves them all alike: the fit reads a size's costs from the
-    differences between its probes. A grown probe's requests come back to back:
-    it prices the stubs and calls the replay charges, and a pipeline's stubs serve
-    requests one after another, warm (at 4 MiB, 2.0 ms a stub back to back against
-    2.7 ms taken in turns with other models, on the bundled server:
-    docs/server_profiles.md). So the grown probes of one size take turns in bursts of
-    :data:`_GROWN_BURST` timed requests after an untimed one, which warms the model
-    again: a spell of the machine moves every form's grown probe alike (measured one
-    after the other, two calibrations minutes apart put the async BLS one's at 4 MiB
-    12.4 and 15.5 ms, against its ensemble's 7.7 and 7.5), and the forms' ratios are
-    what users choose by. Every probe is measured in ``budget.passes``
-    passes over the whole plan, which share its answers and seconds; where one pass met a
-    slow spell of the machine, its figures of that size are left out (:func:`_unslowed`),
-    and the others' are pooled. ``progress`` counts each probe once per pass.
-    ``statistics(model)`` (Triton's statistics
-    API answer), when given, is read around each timed request for the stub's own
-    cost (the median per execution), and for a BLS probe its BLS model's (what it holds its
-    instance; see :class:`Sample`). ``busy_ms`` is what each probe step works before it
-    answers (:data:`~pipelines.calibration.probes.BUSY_MS`): it is taken off both, so that
-    a sample holds the server's costs only.
+    Noise is met by the design of the measurement, not by rules for particular spells:
+
+    - **Rounds.** Each round measures every probe, of every size, with its share of the
+      budget, so that each probe's figures are spread over the whole calibration: a slow
+      spell of the machine (a busy neighbour, memory being reclaimed) lands in a round or
+      two of a probe, and the median over rounds (the fit's) does not see it. The rounds
+      are also what the bootstrap resamples for each cost's interval: a spell moves every
+      probe of its round, and resampling whole rounds keeps that together.
+    - **The probes of one size take turns** within a round, one request each per turn, so
+      that a drift moves them alike: the fit reads a size's costs from the differences
+      between its probes. Each round starts at another size (the order rotates), so no
+      size always follows the same one.
+    - **A grown probe's requests come back to back:** it prices the stubs and calls a
+      pipeline pays, and a pipeline's stubs serve requests one after another, warm (at
+      4 MiB, 2.0 ms a stub back to back against 2.7 ms taken in turns with other models,
+      on the bundled server: docs/server_profiles.md). So the grown probes of one size take
+      turns in bursts of :data:`_GROWN_BURST` timed requests after an untimed one, which
+      warms the model again.
+
+    ``statistics(model)`` (Triton's statistics API answer), when given, is read around each
+    timed request for the stub's own cost, and for a BLS or ensemble probe its top-level
+    model's (what it holds its instance, or the request; see :class:`Sample`). ``busy_ms`` is what each probe step works before it
+    answers (:data:`~pipelines.calibration.probes.BUSY_MS`): it is taken off them all, so that
+    a sample holds the server's costs only. ``clock`` is what times requests and rounds
+    (seconds; a virtual one in tests, which then know each figure exactly).
     """
     from ..bench.stats import breakdown, parse_statistics
 
     busy_us = busy_ms * 1e3
     budget = budget or Budget()
-    least, most, seconds = budget.per_pass()
+    least, most, seconds = budget.min_requests, budget.max_requests, budget.seconds / budget.rounds
     groups: dict[object, list[int]] = {}
     for i, probe in enumerate(probes):
         groups.setdefault(("grown", probe.size) if probe.grown else probe.size, []).append(i)
-    passes: list[dict[int, _Measured]] = []
+    order = list(groups.values())
+    rounds: list[list[Figures]] = [[] for _ in probes]
+    requests = [0] * len(probes)
     done = 0
-    for n in range(budget.passes):
-        measured = {i: _Measured() for i in range(len(probes))}
-        for members in groups.values():
+    for r in range(budget.rounds):
+        for members in order[r % len(order):] + order[:r % len(order)]:
             inputs = probes[members[0]].inputs()
             for i in members:
-                for _ in range(budget.warmup if n == 0 else 0):  # the first calls of a stub allocate its shared memory
+                for _ in range(budget.warmup if r == 0 else 0):  # the first calls of a stub allocate its shared memory
                     infer(probes[i].model, inputs)
+            measured = {i: _Measured() for i in members}
             # chains: one request each per turn; grown probes: a burst each, its first untimed
             warm, timed = (1, _GROWN_BURST) if probes[members[0]].grown else (0, 1)
-            began = perf_counter()
+            began = clock()
             turns = 0
             last = parse_statistics(statistics("")) if statistics is not None else None
-            while turns * timed < most and (turns * timed < least or perf_counter() - began < seconds * len(members)):
+            while turns * timed < most and (turns * timed < least or clock() - began < seconds * len(members)):
                 for i in members:
                     probe = probes[i]
                     for _ in range(warm):
@@ -150,9 +167,9 @@ def measure_probes(
                     if warm and statistics is not None:
                         last = parse_statistics(statistics(""))
                     for _ in range(timed):
-                        t = perf_counter()
+                        t = clock()
                         infer(probe.model, inputs)
-                        measured[i].times.append(perf_counter() - t)
+                        measured[i].times.append(clock() - t)
                         if statistics is not None:
                             # read around every request, so the stub's figure is a median as the latency is
                             now = parse_statistics(statistics(""))  # every model: the probe's step models in one answer
@@ -160,22 +177,19 @@ def measure_probes(
                             last = now
                 turns += 1
             for i in members:
+                rounds[i].append(measured[i].figures(probes[i], busy_us))
+                requests[i] += len(measured[i].times)
                 done += 1
                 if progress is not None:
-                    progress(done, len(probes) * budget.passes, probes[i])
-        passes.append(measured)
-    kept: dict[int, _Measured] = {}
-    for members in groups.values():
-        chosen = _unslowed([[m[i] for i in members] for m in passes])
-        kept |= {i: pooled for i, pooled in zip(members, chosen, strict=True)}
-    return [kept[i].sample(probes[i], busy_us) for i in range(len(probes))]
+                    progress(done, len(probes) * budget.rounds, probes[i])
+    return [Sample(probe, tuple(rounds[i]), requests[i]) for i, probe in enumerate(probes)]
 
 
 @dataclass
 class _Measured:
-    """One probe's figures from one pass or more: latencies (s), stub figures (µs: what its
-    step models held, of which on the way in), BLS holds (µs), all its step models' holds per
-    request (µs)."""
+    """One probe's figures in one round: latencies (s), stub figures (µs: what its step models
+    held, of which on the way in), the top-level model's holds (µs), all its step models' holds
+    per request (µs)."""
 
     times: list[float] = field(default_factory=list)
     stubs: list[tuple[float, float]] = field(default_factory=list)
@@ -186,7 +200,8 @@ class _Measured:
         """What one request of ``probe`` held, from the breakdown of the statistics around it."""
         stub = _held_us(between, probe.stub_models)
         bls = probe.kind in BLS_KINDS
-        hold = _held_us(between, (probe.model,)) if bls else None
+        hold = (_held_us(between, (probe.model,)) if bls
+                else _request_us(between, probe.model) if probe.kind == "ensemble" else None)
         steps = _held_us(between, probe.all_step_models, per_request=True) if bls and probe.grown else None
         if stub is not None:
             self.stubs.append(stub)
@@ -195,38 +210,21 @@ class _Measured:
         if steps is not None:
             self.steps.append(steps[0])
 
-    def __add__(self, other: _Measured) -> _Measured:
-        return _Measured(self.times + other.times, self.stubs + other.stubs, self.holds + other.holds,
-                         self.steps + other.steps)
-
-    def sample(self, probe: Probe, busy_us: float) -> Sample:
-        stub_us = max(0.0, median(s[0] for s in self.stubs) - busy_us) if self.stubs else None
+    def figures(self, probe: Probe, busy_us: float) -> Figures:
+        """The round's :data:`Figures`: the median of each over its requests, the steps' work taken off."""
+        stub_us = median(s[0] for s in self.stubs) - busy_us if self.stubs else None
         stub_in_us = median(s[1] for s in self.stubs) if self.stubs else None
-        latency_us = max(1.0, median(self.times) * 1e6 - probe.steps * busy_us)
-        model_us = max(0.0, median(self.holds) - probe.steps * busy_us) if self.holds else None
-        steps_us = max(0.0, median(self.steps) - probe.steps * busy_us) if self.steps else None
-        return Sample(probe, latency_us, len(self.times), stub_us, stub_in_us, model_us, steps_us)
+        latency_us = median(self.times) * 1e6 - probe.steps * busy_us
+        model_us = median(self.holds) - probe.steps * busy_us if self.holds else None
+        steps_us = median(self.steps) - probe.steps * busy_us if self.steps else None
+        return (latency_us, stub_us, stub_in_us, model_us, steps_us)
 
 
-def _unslowed(passes: Sequence[Sequence[_Measured]]) -> list[_Measured]:
-    """One group's probes (the chains of one size, or its grown probes), pooled over the passes
-    that did not meet a slow spell of the machine.
-
-    A pass is slow where its probes took :data:`_SLOW_PASS` longer than the fastest pass's
-    (the median of their ratios): a calibration on this machine once measured every probe
-    of 4 MiB 8-52 % slower than the next one did (the sizes on either side within their
-    noise), which priced ``large``'s BLS forms 28 % slow (docs/server_profiles.md). The
-    whole group goes with its pass: a size's costs are differences between its probes,
-    which one spell of the machine moves alike.
-    """
-    def pace(measured: Sequence[_Measured]) -> list[float]:
-        return [median(m.times) for m in measured]
-
-    paces = [pace(p) for p in passes]
-    fastest = min(range(len(passes)), key=lambda k: median(a / b for a, b in zip(paces[k], paces[0], strict=True)))
-    kept = [p for k, p in enumerate(passes)
-            if median(a / b for a, b in zip(paces[k], paces[fastest], strict=True)) <= 1 + _SLOW_PASS]
-    return [sum(rest, first) for first, *rest in zip(*kept, strict=True)]
+def _request_us(between: Sequence[Any], model: str) -> tuple[float, float] | None:
+    """Triton's own time per request of ``model`` in ``between`` (µs), as ``(µs, 0)``, or None:
+    for an ensemble, from the request received whole to its answer, which no instance holds."""
+    rows = [t for t in between if t.model == model and t.requests > 0]
+    return (rows[0].total_us, 0.0) if rows else None
 
 
 def _held_us(between: Sequence[Any], models: Sequence[str], *, per_request: bool = False

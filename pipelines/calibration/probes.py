@@ -109,7 +109,22 @@ def _identity_models(pipeline: str, steps: int) -> tuple[str, ...]:
 def grown_pipeline(steps: int = GROWN_STEPS, *, gated: bool = False) -> Pipeline:
     """``n -> grow -> identity x steps -> shrink -> y``: intermediates of ``n`` bytes between
     a request and an answer of a few bytes; ``gated``: one identity model for every identity
-    node, which gates its ensemble."""
+    node, which gates its ensemble.
+
+    What it prices, at each size, with its requests back to back as a pipeline's come
+    (:func:`pipelines.calibration.measure.measure_probes`):
+
+    - ``ensemble_stub``, ``bls_stub`` and ``bls_sync_stub``: the stub of a step whose
+      input comes from a step and whose output goes to one, in each form. Their figure is
+      its identity steps' own statistics (compute input on the way in; compute infer and
+      output on the way out), less their 0.5 ms of work.
+    - ``bls_call`` and ``bls_sync_call`` above the smallest size: the time its BLS model
+      held its instance, less what all its step models held and less the BLS model's own
+      stub. What is left is its calls, warm: two ways of a few bytes, priced at the
+      smallest size, and six ways that carry the intermediate.
+    - ``ensemble_gate`` (gated): its latency less the plain grown ensemble's, less the gate
+      model's step and stub, which the profile prices already.
+    """
     p = Pipeline(GATED if gated else GROWN, inputs={"n": NBYTES}, max_batch_size=8)
     ref = p.add(grow, n=p.input("n"))["y"]
     p.output("y", p.add(shrink, x=_identities(p, ref, steps, shared=gated))["y"])
@@ -123,6 +138,21 @@ def probe_pipeline(steps: int) -> Pipeline:
     nodes would make the ensemble route failures through a gate model
     (see :mod:`pipelines.compile.ensemble`), which a chain of distinct steps
     does not pay.
+
+    What its probes price, at each size, from medians over the rounds
+    (:mod:`pipelines.calibration.fit`):
+
+    - called as ``probe_1``'s step model alone (kind ``"step"``): ``stub``, from the step's own
+      statistics (compute input, infer and output, less its work), and ``request``: the
+      latency less that stub.
+    - as an ensemble of 1, 2, 4 and 8 steps: a least-squares line over the chain length
+      through the ensemble's own request time (its statistics, which hold none of the
+      client's send). Its slope less one stub (the chain's own statistics) is
+      ``ensemble_step``, and its intercept is ``ensemble``.
+    - as an async and a sync BLS model: the same line, through the time the BLS model held
+      its instance (its own statistics). Its slope less one stub is ``bls_call`` /
+      ``bls_sync_call``, and its intercept is ``bls_model`` / ``bls_sync_model``.
+    - without statistics, the lines go through the latencies, less the request.
     """
     p = Pipeline(f"probe_{steps}", inputs={"x": BYTES}, max_batch_size=8)
     p.output("y", _identities(p, p.input("x"), steps))
@@ -133,7 +163,8 @@ def probe_pipeline(steps: int) -> Pipeline:
 class Probe:
     """One measured configuration: a kind of call, a chain length and a tensor size; ``grown``:
     the chain of ``probe_grown``, whose intermediates are ``size`` bytes and whose request and
-    answer are a few bytes."""
+    answer are a few bytes. What each kind prices: :func:`probe_pipeline` (the step and the
+    chains) and :func:`grown_pipeline` (the grown and gated probes)."""
 
     kind: str
     steps: int

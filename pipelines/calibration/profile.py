@@ -1,5 +1,6 @@
-"""A server profile: what each kind of boundary costs on one Triton server, as a fixed
-cost plus a cost per byte, with where and when it was measured. JSON in, JSON out.
+"""A server profile: what each kind of boundary costs on one Triton server, at each probe size
+and as a fixed cost plus a cost per byte, each with its confidence interval, and where and when it
+was measured. JSON in, JSON out; a file with a cost that is no time, or missing, is refused by name.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import PipelinesError
+from ..errors import PipelinesError, ProfileMismatchError
 from ..output_paths import replace_text
 
 __all__ = [
@@ -72,6 +73,11 @@ class Cost:
     server's cost per byte is not one number from 1 KiB to 32 MiB (HTTP bodies and
     fresh outputs cost more per byte the larger they are), and the way in and the
     way out differ (a step's fresh output costs its stub more than its input).
+
+    The ``*_ci`` fields are confidence intervals, ``(low, high)`` µs, of those figures (a
+    bootstrap over the calibration's rounds, :func:`pipelines.calibration.fit.fit_rounds`):
+    ``fixed_ci`` and ``per_mib_ci`` of the line, and per size ``in_ci``, ``out_ci`` and
+    ``total_ci`` (in + out). Empty, or ``None``, where a profile has none (older ones).
     """
 
     fixed_us: float
@@ -79,6 +85,11 @@ class Cost:
     sizes: tuple[int, ...] = ()
     in_us: tuple[float, ...] = ()
     out_us: tuple[float, ...] = ()
+    fixed_ci: tuple[float, float] | None = None
+    per_mib_ci: tuple[float, float] | None = None
+    in_ci: tuple[tuple[float, float], ...] = ()
+    out_ci: tuple[tuple[float, float], ...] = ()
+    total_ci: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not len(self.sizes) == len(self.in_us) == len(self.out_us):
@@ -86,9 +97,33 @@ class Cost:
                                  f"sizes, {len(self.in_us)} in and {len(self.out_us)} out")
         if list(self.sizes) != sorted(set(self.sizes)):
             raise PipelinesError(f"a cost's sizes must increase; got {list(self.sizes)}")
-        for v in (self.fixed_us, self.us_per_mib, *self.in_us, *self.out_us):
-            if not (math.isfinite(v) and v >= 0):  # a time spent: never negative, never NaN
-                raise PipelinesError(f"a cost's figures are finite microseconds >= 0; got {v!r}")
+        for name in ("in_ci", "out_ci", "total_ci"):
+            given = getattr(self, name)
+            if given and len(given) != len(self.sizes):
+                raise PipelinesError(f"a cost's {name} needs one interval per size; got {len(given)} for "
+                                     f"{len(self.sizes)} sizes")
+        for field, value in self.figures():
+            if not _is_time(value):  # a time spent: never negative, never NaN
+                raise PipelinesError(f"a cost's {field} is {_said(value)}; every cost is finite µs >= 0")
+        for name in ("fixed_ci", "per_mib_ci"):
+            low_high = getattr(self, name)
+            if low_high is not None and not low_high[0] <= low_high[1]:
+                raise PipelinesError(f"a cost's {name} is an interval (low <= high); got {list(low_high)}")
+        for name in ("in_ci", "out_ci", "total_ci"):
+            for i, (low, high) in enumerate(getattr(self, name)):
+                if not low <= high:
+                    raise PipelinesError(f"a cost's {name}[{i}] is an interval (low <= high); got {[low, high]}")
+
+    def figures(self) -> list[tuple[str, Any]]:
+        """Every time this cost holds, named as its JSON field is (``in_us[2]``, ``fixed_ci[1]``)."""
+        found: list[tuple[str, Any]] = [("fixed_us", self.fixed_us), ("us_per_mib", self.us_per_mib)]
+        for name in ("in_us", "out_us"):
+            found += [(f"{name}[{i}]", v) for i, v in enumerate(getattr(self, name))]
+        for name in ("fixed_ci", "per_mib_ci"):
+            found += [(f"{name}[{i}]", v) for i, v in enumerate(getattr(self, name) or ())]
+        for name in ("in_ci", "out_ci", "total_ci"):
+            found += [(f"{name}[{i}][{j}]", v) for i, pair in enumerate(getattr(self, name)) for j, v in enumerate(pair)]
+        return found
 
     def us(self, nbytes: float) -> float:
         """The line's cost of ``nbytes`` crossing in all (in + out)."""
@@ -103,9 +138,8 @@ class Cost:
         ys = self.out_us if leaving else self.in_us
         xs = self.sizes
         # As numpy.interp does (the first figure below the smallest size), but in plain Python:
-        # the replay prices every boundary of every request this way, and numpy.interp's
-        # conversions of a handful of numbers took 20 µs a call, 8 % of the event loop's time in
-        # chain10's ensemble at concurrency 4 (docs/server_profiles.md).
+        # a prediction prices every boundary of every request this way, and numpy.interp's
+        # conversions of a handful of numbers took 20 µs a call (docs/server_profiles.md).
         i = bisect_left(xs, nbytes)
         if i < len(xs) and xs[i] == nbytes:
             return float(ys[i])
@@ -136,9 +170,9 @@ class Profile:
 
     ``lanes`` is how many requests' boundary work the server does at once: its
     throughput on a probe at high concurrency over its throughput at concurrency
-    1, at least 1 and at most the machine's cores. The replay spends every
-    boundary cost holding one of that many lanes, as the server burns CPU on its
-    cores. A profile saved without it (older ones) gets the machine's usable
+    1, at least 1 and at most the machine's cores: the server burns CPU on its
+    cores for every boundary, so what predicts it shares that many among the
+    requests in flight. A profile saved without it (older ones) gets the machine's usable
     cores as recorded (``usable_cpus``, else ``cpu_count``), or 1 where neither is.
 
     ``lanes_by_size`` is the same ratio measured at each of a few tensor sizes,
@@ -146,6 +180,13 @@ class Profile:
     the server works on fewer 4 MiB boundaries at once than on 1 KiB ones
     (docs/server_profiles.md). :meth:`lanes_at` reads it; a profile without it has
     ``lanes`` at every size.
+
+    ``rounds`` is how many rounds over every probe the calibration measured, and
+    ``round_samples`` each probe's figures in each round, ``(kind, steps, bytes, round,
+    latency µs, stub µs, of which in, BLS hold µs, steps' hold µs)``: the costs are the
+    fit of their medians over the rounds, and each cost's intervals (``ci_level``, 0.95)
+    a bootstrap over the rounds (:func:`pipelines.calibration.fit.fit_rounds`). Older
+    profiles have none (0, ``()``).
     """
 
     costs: Mapping[str, Cost]
@@ -157,18 +198,28 @@ class Profile:
     points: tuple[Point, ...] = ()
     # per probe: (kind, steps, tensor bytes, median latency µs, stub µs per execution or None,
     # of which on the way in or None[, a BLS probe's BLS model's hold µs or None[, a grown BLS
-    # probe's step models' hold µs or None]])
+    # probe's step models' hold µs or None]]): the medians over the rounds the fit went through
     samples: tuple[tuple, ...] = ()
     lanes: float | None = None  # None: the machine's cores (see above)
     lanes_by_size: tuple[tuple[int, float], ...] = ()
+    rounds: int = 0
+    round_samples: tuple[tuple, ...] = ()
+    ci_level: float = 0.95
 
     def __post_init__(self) -> None:
         if self.protocol not in ("http", "grpc"):
             raise PipelinesError(f"a profile's protocol is 'http' or 'grpc'; got {self.protocol!r}")
+        for name, cost in self.costs.items():
+            if name not in BOUNDARIES:
+                raise PipelinesError(f"costs.{name} is no boundary a profile prices; the boundaries are "
+                                     f"{', '.join(BOUNDARIES)}")
+            if not isinstance(cost, Cost):
+                raise PipelinesError(f"costs.{name} is a {type(cost).__name__}, not a Cost")
         object.__setattr__(self, "costs", with_stand_ins(self.costs))
         missing = [b for b in BOUNDARIES if b not in self.costs]
         if missing:
-            raise PipelinesError(f"a profile needs a cost for every boundary; missing {missing}")
+            raise PipelinesError(f"costs.{missing[0]} is missing; a profile needs a cost for every boundary "
+                                 f"(missing: {', '.join(missing)})")
         lanes = self.lanes if self.lanes is not None else default_lanes(self.machine)
         if not isinstance(lanes, (int, float)) or isinstance(lanes, bool) or not lanes >= 1:
             raise PipelinesError(f"a profile's lanes is a number >= 1 (requests the server works on at once); "
@@ -178,6 +229,10 @@ class Profile:
         if any(n < 1 or not v >= 1 for n, v in by_size) or len({n for n, _ in by_size}) != len(by_size):
             raise PipelinesError(f"a profile's lanes_by_size is (bytes >= 1, lanes >= 1) pairs, one per size; "
                                  f"got {self.lanes_by_size!r}")
+        if not (isinstance(self.rounds, int) and self.rounds >= 0):
+            raise PipelinesError(f"a profile's rounds is a whole number >= 0; got {self.rounds!r}")
+        if not (isinstance(self.ci_level, float) and 0 < self.ci_level < 1):
+            raise PipelinesError(f"a profile's ci_level is a fraction between 0 and 1; got {self.ci_level!r}")
         object.__setattr__(self, "lanes_by_size", by_size)
         object.__setattr__(self, "costs", MappingProxyType(dict(self.costs)))
         object.__setattr__(self, "machine", MappingProxyType(dict(self.machine)))
@@ -198,7 +253,8 @@ class Profile:
     # ------------------------------------------------------------------ JSON
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The profile as JSON data (lists, not tuples), as :meth:`save` writes it."""
+        return _as_json_data({
             "format": _FORMAT,
             "server_version": self.server_version,
             "protocol": self.protocol,
@@ -210,18 +266,31 @@ class Profile:
             "samples": [list(s) for s in self.samples],
             "lanes": self.lanes,
             "lanes_by_size": [list(p) for p in self.lanes_by_size],
-        }
+            "rounds": self.rounds,
+            "ci_level": self.ci_level,
+            "round_samples": [list(s) for s in self.round_samples],
+        })
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Profile:
+        """The profile ``data`` holds (as :meth:`to_dict` wrote it, or an older one); a cost that is
+        missing, negative, NaN or not a number is refused with its field's name."""
         try:
             if data.get("format") != _FORMAT:
                 raise PipelinesError(f"profile format {data.get('format')!r}; this version reads format {_FORMAT}")
+            if not isinstance(data.get("costs"), Mapping):
+                raise PipelinesError("not a server profile: costs is missing (each boundary's figures, "
+                                     "as 'pipelines calibrate --out' writes them)")
+            costs = data["costs"]
+            for name in BOUNDARIES:  # the boundaries every profile has priced: nothing stands in for them
+                if name not in costs and name not in STAND_INS:
+                    raise PipelinesError(f"costs.{name} is missing; a profile prices every boundary "
+                                         f"({', '.join(BOUNDARIES)}): run 'pipelines calibrate' for a whole one")
             return cls(
-                costs={name: _cost(c) for name, c in data["costs"].items()},
+                costs={name: _cost(name, c) for name, c in costs.items()},
                 server_version=data.get("server_version"),
                 protocol=str(data["protocol"]),
                 machine=dict(data.get("machine") or {}),
@@ -237,9 +306,16 @@ class Profile:
                 ),
                 lanes=None if data.get("lanes") is None else float(data["lanes"]),
                 lanes_by_size=tuple((int(n), float(v)) for n, v in data.get("lanes_by_size", ())),
+                rounds=int(data.get("rounds", 0)),
+                round_samples=tuple(
+                    (str(s[0]), int(s[1]), int(s[2]), int(s[3]), *(None if v is None else float(v) for v in s[4:9]))
+                    for s in data.get("round_samples", ())
+                ),
+                ci_level=float(data.get("ci_level", 0.95)),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise PipelinesError(f"not a server profile: {type(exc).__name__}: {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            what = f"{exc.args[0]} is missing" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+            raise PipelinesError(f"not a server profile: {what}") from None
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the profile as JSON; a save that fails leaves an earlier profile there whole."""
@@ -284,19 +360,38 @@ class Profile:
                     found.append(f"its machine has {key} {mine!r}, this one {theirs!r}")
         return found
 
+    def require_match(self, *, server_version: str | None = None, protocol: str | None = None,
+                      machine: Mapping[str, Any] | None = None, allow_mismatch: bool = False) -> list[str]:
+        """Refuse (:class:`~pipelines.errors.ProfileMismatchError`) to predict a server other than the
+        one this profile was measured on: another Triton version, protocol or machine (each
+        compared where both sides are known). With ``allow_mismatch``, warn
+        (:class:`ProfileMismatchWarning`) instead. Returns the differences, each in words."""
+        found = self.mismatches(server_version=server_version, protocol=protocol, machine=machine)
+        if found and not allow_mismatch:
+            raise ProfileMismatchError(
+                f"the server profile of {self.date} was measured elsewhere: {'; '.join(found)}. Its figures are "
+                "costs of the server it was measured on: run 'pipelines calibrate' against this server (and "
+                "protocol) for a profile that fits it, or pass --allow-mismatch (allow_mismatch=True) to use "
+                "it anyway",
+                differences=tuple(found),
+            )
+        if found:
+            warnings.warn(self._mismatch_note(found), ProfileMismatchWarning, stacklevel=2)
+        return found
+
     def check(self, *, server_version: str | None = None, protocol: str | None = None,
               machine: Mapping[str, Any] | None = None) -> list[str]:
-        """Warn (:class:`ProfileMismatchWarning`) when this profile was measured elsewhere."""
+        """Warn (:class:`ProfileMismatchWarning`) when this profile was measured elsewhere, and return
+        the differences: :meth:`require_match` with the mismatch allowed."""
         found = self.mismatches(server_version=server_version, protocol=protocol, machine=machine)
         if found:
-            warnings.warn(
-                f"the server profile of {self.date} may not predict this server: {'; '.join(found)}. "
-                "Its figures are costs of the server it was measured on; run 'pipelines calibrate' "
-                "against this server (and protocol) for a profile that fits it",
-                ProfileMismatchWarning,
-                stacklevel=2,
-            )
+            warnings.warn(self._mismatch_note(found), ProfileMismatchWarning, stacklevel=2)
         return found
+
+    def _mismatch_note(self, found: list[str]) -> str:
+        return (f"the server profile of {self.date} may not predict this server: {'; '.join(found)}. "
+                "Its figures are costs of the server it was measured on; run 'pipelines calibrate' "
+                "against this server (and protocol) for a profile that fits it")
 
     # ----------------------------------------------------------------- display
 
@@ -314,9 +409,70 @@ class Profile:
         return self.table()
 
 
-def _cost(data: Mapping[str, Any]) -> Cost:
-    return Cost(float(data["fixed_us"]), float(data["us_per_mib"]), tuple(int(v) for v in data.get("sizes", ())),
-                tuple(float(v) for v in data.get("in_us", ())), tuple(float(v) for v in data.get("out_us", ())))
+def _as_json_data(value: Any) -> Any:
+    """``value`` with every tuple a list, as JSON gives it back: what a caller edits and compares."""
+    if isinstance(value, dict):
+        return {k: _as_json_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_json_data(v) for v in value]
+    return value
+
+
+def _is_time(value: Any) -> bool:
+    """A number of microseconds a boundary can cost: finite, never negative (NaN is neither)."""
+    return (isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= 0)
+
+
+def _said(value: Any) -> str:
+    """A figure as a message names it: NaN, null, -5.0, 'abc'."""
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    return "null" if value is None else repr(value)
+
+
+def _cost(name: str, data: Any) -> Cost:
+    """Boundary ``name``'s cost from its JSON object, each figure checked and named as its field
+    (``costs.bls_call.in_us[2]``) when it is missing or no time."""
+    where = f"costs.{name}"
+    if not isinstance(data, Mapping):
+        raise PipelinesError(f"{where} is {_said(data)}, not an object of figures (fixed_us, us_per_mib, ...)")
+
+    def times(key: str, value: Any, depth: int) -> Any:
+        """``value`` checked as a time (``depth`` 0), a list of them (1) or a list of pairs (2)."""
+        if depth == 0:
+            if not _is_time(value):
+                raise PipelinesError(f"{where}.{key} is {_said(value)}; every cost is finite µs >= 0")
+            return float(value)
+        if not isinstance(value, (list, tuple)):
+            raise PipelinesError(f"{where}.{key} is {_said(value)}, not a list")
+        return tuple(times(f"{key}[{i}]", v, depth - 1) for i, v in enumerate(value))
+
+    for key in ("fixed_us", "us_per_mib"):
+        if key not in data:
+            raise PipelinesError(f"{where}.{key} is missing; every cost has fixed_us and us_per_mib")
+    sizes = data.get("sizes", ())
+    if not isinstance(sizes, (list, tuple)) or not all(isinstance(n, int) and n >= 1 for n in sizes):
+        raise PipelinesError(f"{where}.sizes is {_said(sizes)}; sizes are whole numbers of bytes >= 1")
+    fixed_ci, per_mib_ci = data.get("fixed_ci"), data.get("per_mib_ci")
+    try:
+        return Cost(
+            times("fixed_us", data["fixed_us"], 0),
+            times("us_per_mib", data["us_per_mib"], 0),
+            tuple(sizes),
+            times("in_us", data.get("in_us", ()), 1),
+            times("out_us", data.get("out_us", ()), 1),
+            fixed_ci=None if fixed_ci is None else times("fixed_ci", fixed_ci, 1),
+            per_mib_ci=None if per_mib_ci is None else times("per_mib_ci", per_mib_ci, 1),
+            in_ci=times("in_ci", data.get("in_ci", ()), 2),
+            out_ci=times("out_ci", data.get("out_ci", ()), 2),
+            total_ci=times("total_ci", data.get("total_ci", ()), 2),
+        )
+    except PipelinesError as exc:
+        if exc.message.startswith(where):
+            raise
+        said = exc.message.removeprefix("a cost's ")
+        raise PipelinesError(f"{where}: {said}") from None
 
 
 def with_stand_ins(costs: Mapping[str, Cost]) -> dict[str, Cost]:

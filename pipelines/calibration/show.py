@@ -1,5 +1,6 @@
-"""A profile as a small table and as a plot of cost against bytes (measured points,
-the replayed cost per size, the straight line through them), one panel per boundary."""
+"""A profile as tables (each boundary's line, and its cost at each size, with their confidence
+intervals) and as a plot of cost against bytes (measured points, the cost per size with its
+interval, the straight line through them), one panel per boundary."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ __all__ = ["plot_profile", "profile_table"]
 
 
 def profile_table(profile: Profile) -> str:
+    """The profile's head line, each boundary's line (fixed µs, µs per MiB, with intervals), and
+    each boundary's cost at each measured size (in + out, ms, with intervals)."""
     where = profile.url or "the bundled server"
     by_size = ", ".join(f"{lanes:.2f} at {size_label(n)}" for n, lanes in profile.lanes_by_size)
     head = (
@@ -25,11 +28,46 @@ def profile_table(profile: Profile) -> str:
         f"{profile.lanes:.2f} lanes{f' ({by_size})' if by_size else ''} "
         "(requests whose boundaries it works on at once)\n"
     )
+    if profile.rounds:
+        head += (f"medians over {profile.rounds} rounds; [low-high]: {profile.ci_level:.0%} intervals, "
+                 "a bootstrap over the rounds\n")
     rows = []
     for name in BOUNDARIES:
         cost = profile.costs[name]
-        rows.append((name, f"{cost.fixed_us:.0f}", f"{cost.us_per_mib:.0f}", f"{cost.us(1 << 20) / 1e3:.2f}"))
-    return head + format_table(("boundary", "fixed µs", "µs per MiB", "ms at 1 MiB"), rows) + "\n"
+        rows.append((name, _with(cost.fixed_us, cost.fixed_ci, _us), _with(cost.us_per_mib, cost.per_mib_ci, _us),
+                     f"{cost.us(1 << 20) / 1e3:.2f}"))
+    lines = format_table(("boundary", "fixed µs", "µs per MiB", "ms at 1 MiB"), rows)
+    sizes = sorted({n for cost in profile.costs.values() for n in cost.sizes})
+    if sizes:
+        per_size = []
+        for name in BOUNDARIES:
+            cost = profile.costs[name]
+            cells = []
+            for n in sizes:
+                if n not in cost.sizes:
+                    cells.append("")
+                    continue
+                i = cost.sizes.index(n)
+                total = (cost.in_us[i] + cost.out_us[i]) / 1e3
+                ci = cost.total_ci[i] if cost.total_ci else None
+                cells.append(_with(total, None if ci is None else (ci[0] / 1e3, ci[1] / 1e3), _ms))
+            per_size.append((name, *cells))
+        lines += ("\n\neach size, in + out, ms\n"
+                  + format_table(("boundary", *(size_label(n) for n in sizes)), per_size))
+    return head + lines + "\n"
+
+
+def _us(v: float) -> str:
+    return f"{v:.0f}"
+
+
+def _ms(v: float) -> str:
+    return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}"
+
+
+def _with(value: float, ci: tuple[float, float] | None, show) -> str:
+    """``value``, and its interval after it where there is one: ``346 [295-383]``."""
+    return show(value) if ci is None else f"{show(value)} [{show(ci[0])}-{show(ci[1])}]"
 
 
 def plot_profile(profile: Profile, path: str | os.PathLike[str] | None = None) -> Any:
@@ -55,9 +93,13 @@ def plot_profile(profile: Profile, path: str | os.PathLike[str] | None = None) -
         else:
             grid = np.geomspace(1 << 10, 64 << 20, 50)
         ax.plot(grid, [cost.us(b) / 1e3 for b in grid], "C1", label=f"{cost.fixed_us:.0f} µs + {cost.us_per_mib:.0f} µs/MiB")
-        if cost.sizes:  # what the replay spends: the cost at each measured size, in + out
-            ax.plot([2 * s for s in cost.sizes], [(i + o) / 1e3 for i, o in zip(cost.in_us, cost.out_us, strict=True)],
-                    "C2.--", label="replayed (per size)")
+        if cost.sizes:  # what a prediction spends: the cost at each measured size, in + out
+            x = [2 * s for s in cost.sizes]
+            y = np.array([(i + o) / 1e3 for i, o in zip(cost.in_us, cost.out_us, strict=True)])
+            ax.plot(x, y, "C2.--", label="per size")
+            if cost.total_ci:
+                low, high = (np.array([c[k] for c in cost.total_ci]) / 1e3 for k in (0, 1))
+                ax.fill_between(x, low, high, color="C2", alpha=0.2, label=f"{profile.ci_level:.0%} interval")
         ax.set_xscale("log")
         if any(p.cost_us > 0 for p in points) or cost.fixed_us > 0 or cost.us_per_mib > 0:
             ax.set_yscale("log")

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..forms import Form
 from ..plan import PLAN_FORMAT
+from ..repository_files import BLS_PLAN
 from .bound_plan import CompilePlan
 from .configs import set_parameters, top_level_python_config
 from .repository import CompiledModel
@@ -29,7 +30,6 @@ from .step_models import model_files, plan_json
 
 __all__ = ["BLS_PLAN", "compile_bls", "compile_form"]
 
-BLS_PLAN = "bls.json"
 # The executor's mode for each scheduler of the forms table (pipelines.forms).
 _MODES = {"concurrent": "async", "sequential": "sync"}
 

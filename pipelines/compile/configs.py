@@ -8,7 +8,6 @@ proto3 would drop it and Triton needs it for non-batching models.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from google.protobuf import text_format
@@ -62,13 +61,3 @@ def config_text(config: mc.ModelConfig) -> str:
 def parse_config(text: str) -> mc.ModelConfig:
     """Parse ``config.pbtxt`` text back into a message (unknown fields are rejected)."""
     return text_format.Parse(text, mc.ModelConfig())
-
-
-def ensemble_steps(model_dir: Path) -> frozenset[str]:
-    """The models the ensemble whose folder is ``model_dir`` calls (its steps' ``model_name``);
-    empty for another model, or for a config that cannot be read (Triton would not load it)."""
-    try:
-        config = parse_config((model_dir / "config.pbtxt").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, text_format.ParseError):
-        return frozenset()
-    return frozenset(step.model_name for step in config.ensemble_scheduling.step)

@@ -37,7 +37,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import CompileError
 from ..graph import TensorRef
-from ..plan import plan_of
+from ..plan import gated_ensemble, plan_of
 from ..tensor import TensorSpec
 from .bound_plan import BoundNode, CompilePlan, bind_plan
 from .configs import add_io
@@ -147,22 +147,21 @@ def layout_ensemble(plan: CompilePlan) -> EnsembleLayout:
             pipeline=pipeline.name, tensor=unused[0],
         )
     names = _TensorNames(plan)
-    if _has_concurrent_nodes(plan) or _has_shared_python_model(plan) or _external_output_needs_copy(plan):
+    if gated_ensemble(plan.plan, external=[n.name for n in plan.nodes if n.step.is_external]):
         return _gated_layout(plan, names)
     return _plain_layout(plan, names)
 
 
 def ensemble_layout_of(pipeline: Any) -> EnsembleLayout | None:
     """The layout ``pipeline``'s ensemble compiles to, or ``None`` where the compiler refuses it
-    (the local runtime runs such a pipeline all the same).
+    (the local runtime and the prediction run such a pipeline all the same).
 
-    The local runtime's ensemble mode reads two things from it: a gated ensemble runs every
-    live step whatever outputs a request asks for (docs/triton_requested_outputs.md), and
-    one with a gate model of its own (``gate_inputs``) pays one more step per request.
+    The prediction reads from it whether the ensemble has a gate model of its own
+    (``gate_inputs``), which costs one more step per request.
     """
     try:  # its callers have said which nodes are dead already
         return layout_ensemble(bind_plan(pipeline, plan_of(pipeline, warn=False)))
-    except Exception:  # noqa: BLE001 - whatever the compiler refuses, the local runtime still runs
+    except Exception:  # noqa: BLE001 - whatever the compiler refuses: the caller says what follows
         return None
 
 
@@ -191,41 +190,6 @@ def compile_ensemble(plan: CompilePlan, name: str, layout: EnsembleLayout | None
 
 
 # ------------------------------------------------------------------ shapes
-
-
-def _has_concurrent_nodes(plan: CompilePlan) -> bool:
-    """Whether two live nodes may run at once: neither one is upstream of the other."""
-    upstream: dict[str, set[str]] = {}
-    for node in plan.nodes:  # topological order
-        above = set()
-        for ref in node.sources.values():
-            if not ref.is_input:
-                above |= upstream[ref.node] | {ref.node}
-        upstream[node.name] = above
-    names = [n.name for n in plan.nodes]
-    return any(
-        a not in upstream[b] and b not in upstream[a] for i, a in enumerate(names) for b in names[i + 1:]
-    )
-
-
-def _has_shared_python_model(plan: CompilePlan) -> bool:
-    """Whether a step model serves several nodes: it cannot tell which one called it, the gate can."""
-    return any(len(m.nodes) > 1 for m in plan.models if not m.step.is_external)
-
-
-def _external_output_needs_copy(plan: CompilePlan) -> bool:
-    """Whether an external model's output would need an output copy (it is a pipeline output that a
-    step reads too, or exposed under two names): that model declares only its own outputs and
-    cannot produce a copy, so the gate model gives the pipeline's outputs instead."""
-    readers, exposed = _readers(plan), _exposures(plan)
-    for node in plan.nodes:
-        if not node.step.is_external:
-            continue
-        for output in node.step.outputs:
-            outs = exposed.get((node.name, output), [])
-            if len(outs) > 1 or (outs and (node.name, output) in readers):
-                return True
-    return False
 
 
 class _TensorNames:
@@ -332,7 +296,7 @@ def _last_node_answers(plan: CompilePlan, python_nodes: set[str]) -> str | None:
     model may serve several nodes (a shared model cannot tell which node it ran as).
     """
     producers = {ref.node for ref in plan.pipeline.outputs.values()}
-    if len(producers) != 1 or _has_shared_python_model(plan):
+    if len(producers) != 1 or any(len(m.nodes) > 1 for m in plan.models if not m.step.is_external):
         return None
     (last,) = producers
     return last if last in python_nodes else None

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..plan import PLAN_FORMAT
+from ..repository_files import FUSED_PLAN
 from .bound_plan import CompilePlan
 from .configs import set_parameters, top_level_python_config
 from .repository import CompiledModel
@@ -33,7 +34,6 @@ from .step_models import STEP_PICKLE, STEP_PLAN, compile_step_model, model_files
 
 __all__ = ["FUSED_PLAN", "STEPS_DIR", "compile_form", "compile_fused"]
 
-FUSED_PLAN = "fused.json"
 STEPS_DIR = "steps"
 
 

@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RepositoryWriteError
-from .configs import ensemble_steps
+from ..repository_files import STAGING_PREFIX as _STAGING
+from ..repository_files import ensemble_steps
 from .requirements import render_requirements
 
 if TYPE_CHECKING:
@@ -59,7 +60,6 @@ __all__ = [
     "MARKER_FILE",
     "REQUIREMENTS_FILE",
     "RepositoryWarning",
-    "leftover_staging",
     "remove_pipelines",
     "repository_pipelines",
     "write_repository",
@@ -68,7 +68,6 @@ __all__ = [
 MARKER_FILE = ".pipelines-model.json"
 LOCK_FILE = ".pipelines.lock"
 REQUIREMENTS_FILE = "requirements.txt"
-_STAGING = ".pipelines-write-"
 _MARKER_FORMAT = 1
 #: How long a writer waits for another writer of the same repository before giving up.
 LOCK_TIMEOUT_S = 300.0
@@ -208,14 +207,6 @@ def repository_pipelines(path: str | os.PathLike[str]) -> dict[str, list[str]]:
         if owner is not None:
             found.setdefault(owner, []).append(name)
     return found
-
-
-def leftover_staging(path: str | os.PathLike[str]) -> list[str]:
-    """Staging directories inside the repository at ``path`` (a mount point) that a write could not remove."""
-    try:
-        return sorted(e.name for e in os.scandir(path) if e.name.startswith(_STAGING) and e.is_dir())
-    except OSError:
-        return []
 
 
 def owner_of(model: Any) -> str:

@@ -125,7 +125,7 @@ class LocalServer:
         return self._ports
 
     def client(self, protocol: str = "http") -> Any:
-        """The library's own client (:class:`~pipelines.runtime.triton.TritonClient`) for this endpoint."""
+        """The library's own client (:class:`~pipelines.triton.TritonClient`) for this endpoint."""
         from ..triton.client import TritonClient
 
         return TritonClient(self.http_url if protocol == "http" else self.grpc_url, protocol)

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     for mode in FORMS:
         outs, _ = run_many(p, requests, mode=mode, concurrency=1)
         # server_copies: copy tensors where a Triton server moves them between processes,
-        # so the report shows the bytes each form moves, and the local figures predict the server's.
+        # so the report shows the bytes each form moves.
         timed, reports[mode] = run_many(
             p, requests * max(1, args.requests // len(requests)), mode=mode, concurrency=1, server_copies=True
         )

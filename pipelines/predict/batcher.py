@@ -8,26 +8,29 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
+from typing import Any, NamedTuple
 
 import simpy
 
-__all__ = ["Execute", "ModelScheduler"]
-
-#: One execution's work, run while it holds an instance: given the rows of each request in it
-#: and the instance's index, a SimPy process body.
-Execute = Callable[[Sequence[int], int], Generator[simpy.Event, object, None]]
+__all__ = ["Execute", "ModelScheduler", "Waiting"]
 
 # A timer set for the delay's end may wake a rounding short of it (it is set as a difference).
 _SLACK = 1e-6
 
 
-class _Waiting:
-    __slots__ = ("done", "rows", "since")
+class Waiting(NamedTuple):
+    """A request in the queue: its rows, since when it waits, what succeeds when it is done, and
+    what the model's execution is to make of it (``what``, given to :meth:`ModelScheduler.submit`)."""
 
-    def __init__(self, rows: int, since: float, done: simpy.Event) -> None:
-        self.rows = rows
-        self.since = since
-        self.done = done
+    rows: int
+    since: float
+    done: simpy.Event
+    what: Any
+
+
+#: One execution's work, run while it holds an instance: given its requests and the instance's
+#: index, a SimPy process body.
+Execute = Callable[[Sequence[Waiting], int], Generator[simpy.Event, object, None]]
 
 
 class ModelScheduler:
@@ -58,18 +61,20 @@ class ModelScheduler:
         # max_preferred_batch_size_; the max batch size when none is preferred).
         self._grow_to = max(self._preferred, default=max_batch_size)
         self._delay = float(max_queue_delay_us)
-        self._queue: deque[_Waiting] = deque()
+        self._queue: deque[Waiting] = deque()
         self._free = list(range(instances - 1, -1, -1))  # pop() hands out instance 0 first
         self._timer_at: float | None = None
+        self._poked = False
         self._running = 0
         self._busy = 0.0
         self._at = 0.0
 
-    def submit(self, rows: int) -> simpy.Event:
+    def submit(self, rows: int, what: Any = None) -> simpy.Event:
         """An event that succeeds when the execution that took this request is done."""
         done = self.env.event()
-        self._queue.append(_Waiting(rows, self.env.now, done))
-        self._dispatch()
+        self._queue.append(Waiting(rows, self.env.now, done, what))
+        if self._free:
+            self._poke()
         return done
 
     def busy(self) -> float:
@@ -82,6 +87,18 @@ class ModelScheduler:
         self._busy += self._running * (now - self._at)
         self._at = now
 
+    def _poke(self) -> None:
+        """Look at the queue once everything else of this instant has happened. Triton's batcher
+        is a thread woken by the queue: the requests that reach it together (a batch's answers
+        going on to the next step, clients starting at once) are there when it looks."""
+        if not self._poked:
+            self._poked = True
+            self.env.timeout(0).callbacks.append(self._on_poke)
+
+    def _on_poke(self, _: simpy.Event) -> None:
+        self._poked = False
+        self._dispatch()
+
     def _dispatch(self) -> None:
         while self._free and self._queue:
             batch = self._take()
@@ -91,7 +108,7 @@ class ModelScheduler:
             self._running += 1
             self.env.process(self._run(batch, self._free.pop()))
 
-    def _take(self) -> list[_Waiting] | None:
+    def _take(self) -> list[Waiting] | None:
         """The requests of the next execution, taken off the queue, or ``None`` to wait for more.
 
         As Triton: a prefix of the queue up to the max batch size. If a prefix makes a preferred
@@ -135,11 +152,12 @@ class ModelScheduler:
             self._timer_at = None
         self._dispatch()
 
-    def _run(self, batch: list[_Waiting], instance: int) -> Generator[simpy.Event, object, None]:
-        yield from self._execute([waiting.rows for waiting in batch], instance)
+    def _run(self, batch: list[Waiting], instance: int) -> Generator[simpy.Event, object, None]:
+        yield from self._execute(batch, instance)
         self._count_busy()
         self._running -= 1
         self._free.append(instance)
         for waiting in batch:
             waiting.done.succeed()
-        self._dispatch()
+        if self._queue:
+            self._poke()

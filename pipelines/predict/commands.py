@@ -11,14 +11,9 @@ from typing import Any
 
 from ..errors import PipelinesError
 from ..forms import FORMS
+from ..input_files import parse_levels
 
 __all__ = ["add_advise_arguments", "add_predict_arguments", "advise_main", "predict_main"]
-
-
-def _levels(text: str) -> tuple[int, ...]:
-    from ..bench.command import parse_levels
-
-    return parse_levels(text)
 
 
 def _forms(text: str) -> tuple[str, ...]:
@@ -76,7 +71,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
     _common(parser)
-    parser.add_argument("--concurrency", type=_levels, default=None, metavar="1,4,16",
+    parser.add_argument("--concurrency", type=parse_levels, default=None, metavar="1,4,16",
                         help="clients in a closed loop, as perf_analyzer (also LOW:HIGH for powers of two; "
                         "default 1,4,16 unless --rate is given)")
     parser.add_argument("--rate", type=_positive(float, "requests/s > 0"), action="append", default=None,
@@ -139,7 +134,7 @@ def predict_main(args: argparse.Namespace) -> int:
 
 
 def advise_main(args: argparse.Namespace) -> int:
-    from ..bench.inputs import sample_requests
+    from ..sample_inputs import sample_requests
     from .advise import advise
 
     if args.url and not args.verify:

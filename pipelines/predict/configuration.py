@@ -136,7 +136,7 @@ def configured(pipeline: Pipeline, configuration: Configuration, *, name: str | 
         node = pipeline.nodes[name]
         step = node.step
         choice = configuration.models.get(model_of.get(name, ""))
-        if choice is not None:
+        if choice is not None and choice != _options_of(step, node.max_batch_size):
             if choice.max_batch_size > pipeline.max_batch_size:
                 raise ArgumentError(
                     f"pipeline {pipeline.name!r} step {name!r}: max_batch_size {choice.max_batch_size} is above the "

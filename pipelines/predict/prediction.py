@@ -174,7 +174,7 @@ class Predictor:
 
     def _require_match(self, allow_mismatch: bool) -> None:
         """Step profiles are measured on this machine: the server profile must come from one like it."""
-        from ..bench.results import machine_info
+        from ..machine import machine_info
 
         found = self.server.require_match(machine=machine_info(), allow_mismatch=allow_mismatch)
         self.notes += [f"the profile was measured elsewhere: {d}" for d in found]
@@ -289,7 +289,7 @@ def sample_inputs(pipeline: Pipeline, module: Any = None) -> dict[str, Any]:
     """One request for a pipeline with no inputs given: ``module``'s own ``sample_inputs()`` or
     ``make_sample()`` where it has one (as the benchmark sends), else random tensors shaped by
     the pipeline's input specs."""
-    from ..bench.inputs import sample_requests
+    from ..sample_inputs import sample_requests
 
     return dict(sample_requests(pipeline, module=module)[0])
 

@@ -10,11 +10,10 @@ wait, and the BLS model's dynamic batcher hands them to the next call together:
 
 Either way the call returns every response of its round at once, when the last
 request is done: a request that finishes early waits for its round, as it does
-on the server. The call's own fixed costs (its stub taking the batch in and
-giving it out) are paid once per round, by the request that opens it.
+on the server.
 
 Without this gate the local runtime would overlap requests that the server
-serialises, and predict throughput that the server never reaches.
+serialises, and execute the BLS forms in a way the server never does.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ __all__ = ["BlsGate"]
 
 
 class _Waiter:
-    __slots__ = ("rows", "start", "finished", "released", "gone", "opens", "counted")
+    __slots__ = ("rows", "start", "finished", "released", "gone", "counted")
 
     def __init__(self, rows: int) -> None:
         self.rows = rows
@@ -39,7 +38,6 @@ class _Waiter:
         self.finished = anyio.Event()
         self.released = anyio.Event()  # its round is over: the execute call returned its response
         self.gone = False  # cancelled while queued: it never joins a round
-        self.opens = False  # the first request of its round
         self.counted = False  # in BlsGate.admitted: its round has let it in, and it is not done
 
 
@@ -68,8 +66,8 @@ class BlsGate:
         return self._streams
 
     @asynccontextmanager
-    async def slot(self, rows: int) -> AsyncIterator[bool]:
-        """Hold one request's place in a round of the BLS model; gives whether it opens the round.
+    async def slot(self, rows: int) -> AsyncIterator[None]:
+        """Hold one request's place in a round of the BLS model.
 
         Leaving it waits for the round's end, when the execute call returns every response.
         """
@@ -77,7 +75,7 @@ class BlsGate:
         self._queue()[0].send_nowait(waiter)
         try:
             await waiter.start.wait()
-            yield waiter.opens
+            yield
             self._done(waiter)
             waiter.finished.set()
             await waiter.released.wait()
@@ -129,7 +127,6 @@ class BlsGate:
                 first = await self._queue()[1].receive()
                 if first.gone:
                     continue
-            first.opens = True
             round_, rows = [first], first.rows
             while rows < self.max_rows:
                 waiter = self._next()

@@ -19,26 +19,19 @@ instance is finalized if its call ever returns. Worker threads are daemon
 threads (:mod:`pipelines.runtime.workers`), so a stuck call never keeps the
 process from exiting.
 
-With ``isolation="auto"``, a step starts in threads and moves to processes of its own
-(:mod:`pipelines.runtime.step_process`) once its first calls show that it keeps a core
-busy for ``MOVE_CPU_S`` a call or more: such a step's numpy calls lose more to waiting
-for the GIL beside other steps than a hop to a process costs, and a lighter one the other
-way round (docs/server_profiles.md). Each instance is built afresh in its process
-(``initialize()`` again) while the thread's instance goes on serving, which is then
-finalized. A step handed or giving arrays on a GPU stays in threads: CUDA cannot be used
-in a forked process.
+With ``isolation="process"`` each instance runs in a forked process of its own
+(:mod:`pipelines.runtime.step_process`), which a worker thread waits for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import threading
 from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from time import perf_counter, sleep, thread_time
+from time import perf_counter
 from typing import Any
 
 import anyio
@@ -51,22 +44,15 @@ from ..errors import PipelinesError, StepError, StepTimeoutError
 from ..graph import Node
 from ..step import DynamicBatching, StepInstance, check_outputs, instance_config
 from .batching import DynamicBatcher
-from .cpu_share import CpuShare
-from .device import CopyCounter, Placement, device_of
-from .replay import StubInThread, nbytes_of
+from .device import CopyCounter, Placement
 from .step_process import ProcessInstance
 from .workers import StepThreads
 
-__all__ = ["MOVE_CPU_S", "InstancePool", "Lease", "StepModel"]
+__all__ = ["InstancePool", "Lease", "StepModel"]
 
 
-#: How many executions are timed before a step may be judged cheap enough to run inline,
-#: or busy enough to move to processes.
+#: How many executions are timed before a step may be judged cheap enough to run inline.
 _SAMPLES = 3
-#: The CPU time a call of a step must take, at least, for ``isolation="auto"`` to move the
-#: step to processes: where a hop to a process (0.3-0.5 ms on a 2-core VM) costs less than
-#: the quarter of a step's time that waiting for the GIL took from yolov5's detector.
-MOVE_CPU_S = 2e-3
 _hop_cost: float | None = None
 
 
@@ -131,19 +117,9 @@ class InstancePool:
         self._renew = renew  # builds a fresh instance for an index (runs initialize())
         self._pipeline, self._step = pipeline, step
         self._alive = len(leases)  # instances not abandoned, plus those being built
-        self._size = len(leases)
         self.renewed = 0  # instances built in place of abandoned ones
         self.renew_error: BaseException | None = None
         self.closed = False
-        # Moving to processes (convert): the thread instances still serving, the successors built
-        # in processes that wait for one of them to be free (then it is finalized and the
-        # successor takes its place, so the pool never holds more instances than it should),
-        # and how many successors are being built.
-        self._threaded = 0
-        self._successors: list[Lease] = []
-        self._awaited = 0
-        self.moved = 0  # instances now in processes in place of threads
-        self.move_error: BaseException | None = None
 
     def try_acquire(self) -> Lease | None:
         if self._free and not self._waiters:
@@ -178,15 +154,11 @@ class InstancePool:
         return waiter.lease
 
     def give_back(self, lease: Lease) -> None:
-        """Return an instance, unless a stuck thread holds it (a fresh one replaces it), or
-        its successor in a process serves already."""
+        """Return an instance, unless a stuck thread holds it (a fresh one replaces it)."""
         if lease.abandoned:
             return
         if self.closed:
             lease.instance.finalize()
-            return
-        if self._successors and not lease.isolated:
-            self._retire(lease)
             return
         if self._waiters:
             waiter = self._waiters.popleft()
@@ -202,29 +174,10 @@ class InstancePool:
         of its own; requests wait for the fresh instance as for a busy one.
         """
         self._alive -= 1
-        if not lease.isolated and self._threaded:  # moving to processes: a successor stands in
-            self._threaded -= 1
-            if self._successors:  # one is waiting already
-                self._alive += 1
-                self.give_back(self._successors.pop(0))
-                return
-            if self._awaited:  # one is on its way (see _converted)
-                return
         if self._renew is None or self.closed:
             return
         self._alive += 1
         self._build(lease.index, self._arrived)
-
-    def convert(self, threaded: int) -> None:
-        """On the event loop: build each instance afresh with ``renew`` (which now makes them
-        in processes), in the background; the ``threaded`` instances serving meanwhile are
-        finalized one by one as their successors arrive and they are next free."""
-        if self._renew is None or self.closed:
-            return
-        self._threaded = threaded
-        self._awaited = self._size
-        for index in range(self._size):
-            self._build(index, functools.partial(self._converted, index))
 
     def _build(self, index: int, arrived: Callable[[Lease | None, BaseException | None], None]) -> None:
         """Build an instance for ``index`` on a daemon thread of its own (``initialize()`` may take
@@ -246,38 +199,6 @@ class InstancePool:
 
         threading.Thread(target=build, name=f"pipelines-renew-{self._step}", daemon=True).start()
 
-    def _converted(self, index: int, fresh: Lease | None, error: BaseException | None) -> None:
-        self._awaited -= 1
-        if fresh is None:  # the thread's instance goes on serving
-            self.move_error = error
-            if self._alive < self._size and not self.closed:
-                self._alive += 1  # it was to stand in for an abandoned one: renew that one after all
-                self._build(index, self._arrived)
-            return
-        replaces = self._threaded > len(self._successors)
-        if self.closed or not (replaces or self._alive < self._size):  # nothing left for it to replace
-            fresh.instance.finalize()
-            return
-        self.moved += 1
-        if not replaces:  # in place of one abandoned meanwhile
-            self._alive += 1
-            self.give_back(fresh)
-            return
-        self._successors.append(fresh)
-        idle = next((x for x in self._free if not x.isolated), None)
-        if idle is not None:
-            self._free.remove(idle)
-            self._retire(idle)
-
-    def _retire(self, lease: Lease) -> None:
-        """Finalize a thread's instance, and let the next successor in a process serve instead."""
-        self._threaded -= 1
-        try:
-            lease.instance.finalize()
-        except Exception:  # its successor serves; a finalize() error has nobody to go to
-            pass
-        self.give_back(self._successors.pop(0))
-
     def _arrived(self, fresh: Lease | None, error: BaseException | None) -> None:
         if fresh is None:
             self._alive -= 1
@@ -293,8 +214,6 @@ class InstancePool:
         """Finalize the instances that are free; busy ones are finalized when they come back."""
         self.closed = True
         errors: list[BaseException] = []
-        self._free.extend(self._successors)  # built, never served
-        self._successors.clear()
         for lease in self._free:
             try:
                 lease.instance.finalize()
@@ -421,11 +340,8 @@ class StepModel:
         self.timeout = step.options.timeout
         self.timeout_covers_queue = timeout_covers_queue  # called through BLS on the server (see above)
         self.offload = offload
-        # Each instance in a process of its own, as a Triton stub (pipelines.runtime.step_process);
-        # with "auto", once the step shows it is busy enough (see MOVE_CPU_S).
+        # Each instance in a process of its own, as a Triton stub (pipelines.runtime.step_process).
         self.isolated = isolation == "process"
-        self._may_move = isolation == "auto"
-        self._group = [self]  # the nodes served by these instances (see share), which move together
         self._threads = threads
         self.pool: InstancePool | None = None
         self.batcher: DynamicBatcher | None = None
@@ -437,17 +353,8 @@ class StepModel:
         # A step whose typical compute is below one thread hop gains nothing from the hop.
         self.hop_cost = 0.0
         self.cheap = False
-        self.replay: Any = None  # a server profile's costs (pipelines.runtime.replay), spent while the instance is held
         self._typical = 0.0
         self._timed = 0
-        self._least_cpu = float("inf")  # the least CPU time a call took, of the first few
-        self._core_share: float | None = None  # the share of a core a call was seen to use (replay only)
-
-    @property
-    def in_processes(self) -> bool:
-        """Whether its instances run in processes of their own (or will, once they are built)."""
-        pool = self.pool
-        return self.isolated and pool is not None and (pool.moved > 0 or pool.move_error is None)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -497,9 +404,6 @@ class StepModel:
         self.batcher = owner.batcher
         self.is_async = owner.is_async
         self.isolated = owner.isolated
-        self._may_move = owner._may_move
-        self._group = owner._group
-        self._group.append(self)
         self.inline_ok = owner.inline_ok
         self.always_inline = owner.always_inline
         self.shared = True
@@ -591,34 +495,21 @@ class StepModel:
     ) -> tuple[dict[str, Any], float]:
         """Run the step on one instance and check its outputs: ``(outputs, compute_s)``."""
         instance = lease.instance
-        replay = self.replay
-        threaded = not self.is_async and not inline
-        # A server profile's stub costs: in the worker thread that runs the step, or on the event loop.
-        stub = replay.stub_in_thread(self) if replay is not None and threaded else None
-        if replay is not None and not threaded:
-            await replay.stub(self, nbytes_of(inputs), leaving=False, instance=lease.index)
-        cpu = None  # the call's CPU time, where it ran on one of this process's threads
         try:
             if self.is_async:
                 t = perf_counter()
                 outputs = await instance.execute_async(inputs)
                 compute = perf_counter() - t
             elif inline:
-                t, c = perf_counter(), thread_time()
+                t = perf_counter()
                 outputs = instance.execute(inputs)
-                compute, cpu = perf_counter() - t, thread_time() - c
+                compute = perf_counter() - t
             else:
-                outputs, compute, cpu = await self._in_thread(lease, inputs, stub)
-            if stub is not None:
-                replay.account(stub)
+                outputs, compute = await self._in_thread(lease, inputs)
             check_outputs(
                 self.step, serving.as_arrays(outputs), batched=self.batched, batch_size=rows if self.batched else None
             )
-            if self._may_move and (_on_a_gpu(inputs) or _on_a_gpu(outputs)):
-                self._stay_in_threads()  # CUDA cannot be used in a forked process
-            self._learn(compute, cpu)
-            if replay is not None and not threaded:
-                await replay.stub(self, nbytes_of(outputs), leaving=True, instance=lease.index)
+            self._learn(compute)
         except PipelinesError as exc:
             if exc.pipeline == self.pipeline and exc.step == self.name:
                 raise
@@ -640,83 +531,30 @@ class StepModel:
             f"{where} raised {type(exc).__name__}: {exc}", pipeline=self.pipeline, step=self.name, node=self.name
         )
 
-    def _learn(self, compute: float, cpu: float | None = None) -> None:
+    def _learn(self, compute: float) -> None:
         # an exponential average follows a step that changes pace without storing a history
         self._typical = compute if not self._timed else self._typical + 0.2 * (compute - self._typical)
         self._timed += 1
         self.cheap = self._timed >= _SAMPLES and self._typical < self.hop_cost
-        if self._may_move and cpu is not None:
-            # The least of the first calls: what the step itself burns, not what it waited for.
-            self._least_cpu = min(self._least_cpu, cpu)
-            if self._timed >= _SAMPLES:
-                self._move_if_busy()
 
-    def _stay_in_threads(self) -> None:
-        for model in self._group:
-            model._may_move = False
-
-    def _move_if_busy(self) -> None:
-        """``isolation="auto"``: judged once, after the first calls. A step that keeps a core
-        busy for ``MOVE_CPU_S`` a call moves to processes; the others stay in threads, and so
-        does a step handed or giving arrays on a GPU (see ``execute``)."""
-        self._stay_in_threads()
-        if self._least_cpu < MOVE_CPU_S or self.pool is None or self.offload == "never":
-            return  # offload="never": the user keeps the step on the event loop
-        for model in self._group:
-            model.isolated = True
-            model.inline_ok = model.always_inline = False  # a process's answer is waited for in a thread
-        self.pool.convert(threaded=self.instance_count)
-
-    def _hold_for_shared_cores(self, share: CpuShare, mark: tuple[float, float], compute: float, cpu: float) -> float:
-        """A server profile's replay: how much longer this compute would have run on the server,
-        whose cores the replayed costs share with it (:mod:`pipelines.runtime.cpu_share`), held
-        now, with the instance. Learns the share of a core the step uses, its weight next time."""
-        used = min(1.0, cpu / compute) if compute > 0 else 0.0
-        self._core_share = used if self._core_share is None else self._core_share + 0.2 * (used - self._core_share)
-        extra = cpu * (share.slowdown(mark) - 1.0)
-        if extra > 0:
-            sleep(extra)
-        return max(0.0, extra)
-
-    async def _in_thread(
-        self, lease: Lease, inputs: dict[str, Any], stub: StubInThread | None = None
-    ) -> tuple[dict[str, Any], float, float | None]:
+    async def _in_thread(self, lease: Lease, inputs: dict[str, Any]) -> tuple[dict[str, Any], float]:
         assert self.pool is not None
         call = _ThreadCall(lease, self.pool, self._threads)
         instance = lease.instance
         execute: Callable[[dict[str, Any]], dict[str, Any]] = instance.execute
         isolated = lease.isolated
-        share = self.replay.cpu if self.replay is not None else None
-        weight = self._core_share or 0.0
 
-        def work() -> tuple[dict[str, Any], float, float | None] | None:
+        def work() -> tuple[dict[str, Any], float] | None:
             if not call.begin():
                 return None
-            mark = None
             try:
-                if stub is not None and not isolated:
-                    stub.enter(nbytes_of(inputs))
-                lag = stub.lag() if stub is not None and isolated else 0.0
-                mark = share.begin(weight) if share is not None else None
-                t, c = perf_counter(), thread_time()
+                t = perf_counter()
                 outputs = execute(inputs)
-                compute, cpu = perf_counter() - t, thread_time() - c
-                used = cpu
-                if isolated:
-                    # The step's function alone; the rest moved tensors through shared memory, as
-                    # a stub does, and pays for as much of the stub's costs, both ways.
-                    compute, handover = instance.last_compute, max(0.0, compute - instance.last_compute)
-                    cpu, used = None, instance.last_cpu  # this thread only waited
-                    if stub is not None:
-                        stub.enter(nbytes_of(inputs), lag=lag, spent=handover)
-                if mark is not None:
-                    compute += self._hold_for_shared_cores(share, mark, compute, used)
-                if stub is not None:
-                    stub.leave(nbytes_of(outputs))
-                return outputs, compute, cpu
+                # In a process: the step's function alone; the rest of the call moved tensors
+                # through shared memory, and the report counts it as overhead.
+                compute = instance.last_compute if isolated else perf_counter() - t
+                return outputs, compute
             finally:
-                if mark is not None:
-                    share.end(weight)
                 call.end()
 
         try:
@@ -752,6 +590,3 @@ def _bounded(seconds: float | None) -> AbstractContextManager[Any]:
     ensemble at concurrency 4 (cProfile), time the requests wait for the loop."""
     return nullcontext() if seconds is None else anyio.fail_after(seconds)
 
-
-def _on_a_gpu(tensors: dict[str, Any]) -> bool:
-    return any(device_of(value) == "gpu" for value in tensors.values())

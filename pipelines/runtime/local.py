@@ -10,8 +10,8 @@ the requested outputs). They differ in the form's scheduler:
 - ``"concurrent"`` (``"bls"``, ``"fused"``): one orchestrator per request walks a
   ``graphlib.TopologicalSorter`` and awaits the ready steps concurrently (an
   ``async def execute`` Python model). In ``"fused"`` the Python steps run inside
-  that one model, so they cross no process: no server copy and no replayed cost
-  at their boundaries; external steps still pay a BLS call each.
+  that one model, so they cross no process (no server copy at their boundaries);
+  external steps are still called through BLS.
 - ``"sequential"`` (``"bls-sync"``): one orchestrator calls the steps one after
   another in topological order (a BLS model using ``exec()``).
 
@@ -53,35 +53,36 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from time import perf_counter
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 
 from ..blocking import run_blocking
-from ..errors import InferenceError, InputError, PipelinesError, StepError
+from ..errors import ArgumentError, InferenceError, InputError, PipelinesError, StepError
 from ..forms import form, form_names
 from ..freed_memory import keep_freed_memory_here
 from ..graph import Pipeline
-from ..plan import ExecutionPlan, plan_of
+from ..plan import ExecutionPlan, gated_ensemble, plan_of
 from ..requests import check_request
 from ..serving import bytes_tensor
 from .bls_gate import BlsGate
 from .device import CopyCounter, Placement, gpu_available, resolve_device
 from .instances import StepModel, thread_hop_cost
-from .replay import Replay, nbytes_of
 from .report import CostRecorder, Report
-from .step_process import ISOLATIONS, is_async_impl, isolation_supported, resolve_isolation
+from .step_process import ISOLATIONS, is_async_impl, isolation_supported
 from .workers import StepThreads
-
-if TYPE_CHECKING:
-    from ..compile.ensemble import EnsembleLayout
 
 __all__ = ["MODES", "LocalRuntime", "run_many", "run_pipeline"]
 
 #: The local runtime's modes: one per form of the table in :mod:`pipelines.forms`.
 MODES = form_names()
 _OFFLOAD = ("auto", "always", "never")
+#: What an old ``profile=`` argument is told: the runtime executes, and prediction is a simulation.
+NO_REPLAY = (
+    "the local runtime no longer replays server profiles; predict the server with "
+    "p.predict(profile, concurrency=...) or `pipelines predict MODULE:ATTR --profile FILE`"
+)
 
 Key = tuple["str | None", str]  # (producing node or None for a pipeline input, tensor name)
 
@@ -158,7 +159,7 @@ class LocalRuntime:
     hands every step its inputs on CPU unless the model sets the parameter
     ``FORCE_CPU_ONLY_INPUT_TENSORS`` to ``"no"``; each such copy is counted.
     ``server_copies=True`` copies each tensor where a Triton server moves it
-    between processes, so that the local figures predict the server's: each
+    between processes, so that the report counts the bytes each form moves: each
     Python-backend step runs in a stub process of its own, so a step's inputs
     and outputs cross one process boundary each in an ensemble, and two in BLS,
     where they also pass through the BLS model's stub. Each copy is counted.
@@ -166,22 +167,15 @@ class LocalRuntime:
     ``bls_instance_count`` is the BLS model's instance count in the two BLS modes, and
     ``fused_instance_count`` the fused model's in ``"fused"``: like Triton, each instance
     runs one ``execute()`` call at a time (see :mod:`pipelines.runtime.bls_gate`).
-    ``profile`` (a :class:`~pipelines.calibration.Profile` or the path of its JSON
-    file, from ``pipelines calibrate``) replays a server's costs at each boundary, so
-    that latency, throughput and the report predict that server (see
-    :mod:`pipelines.runtime.replay`); it replaces ``server_copies``, whose copies
-    the profile's costs include.
-    ``isolation`` is where a step's instances run: ``"process"`` gives each instance a
-    forked process of its own, as Triton gives each Python model instance a stub, so that
-    steps do not wait for each other's GIL (:mod:`pipelines.runtime.step_process`);
-    ``"thread"`` runs them in this process; ``"auto"`` starts them in threads and moves a
-    step to processes once its first calls show that it keeps a core busy for 2 ms or more
-    a call (its ``initialize()`` runs again there). The default is ``"auto"`` with a
-    profile and ``"thread"`` without one. With a profile, processes bring yolov5's
-    ensemble at concurrency 4 within a few % of the server's throughput (a step's numpy
-    calls no longer wait for the GIL), but a chain of ten 1 ms steps pays a hop to a process
-    per call, which is not in the profile; ``"auto"`` gives each the one that predicts it
-    (docs/server_profiles.md).
+    ``profile`` is gone: the runtime executes and predicts nothing, and passing one
+    raises :class:`~pipelines.errors.ArgumentError` saying what replaced it
+    (``p.predict(profile, concurrency=...)``, a simulation of the server).
+    ``isolation`` is where a step's instances run: ``"thread"`` (the default) runs them in
+    this process, where a debugger and ``print`` reach them; ``"process"`` gives each
+    instance a forked process of its own, as Triton gives each Python model instance a
+    stub, so that steps side by side do not wait for each other's GIL
+    (:mod:`pipelines.runtime.step_process`). A hop to a process costs a few hundred µs a
+    call, so it pays for steps that keep a core busy for milliseconds.
     ``keep_freed_memory`` (on by default) gives this process, when the runtime
     opens, the ``malloc`` thresholds the bundled server gives its stubs, so that a
     step's fresh arrays cost what they cost there and the same from run to run
@@ -203,11 +197,13 @@ class LocalRuntime:
         fused_instance_count: int = 1,
         profile: Any = None,
         keep_freed_memory: bool = True,
-        isolation: str | None = None,
+        isolation: str | None = "thread",
     ) -> None:
         if not isinstance(pipeline, Pipeline):
             raise InferenceError(f"LocalRuntime needs a Pipeline; got {type(pipeline).__name__}")
         name = pipeline.name
+        if profile is not None:
+            raise ArgumentError(f"pipeline {name!r}: profile= was given, but {NO_REPLAY}", pipeline=name)
         try:
             self.form = form(mode, what="mode")
         except ValueError as exc:
@@ -216,7 +212,14 @@ class LocalRuntime:
             raise InferenceError(
                 f"pipeline {name!r}: offload must be one of {', '.join(_OFFLOAD)}; got {offload!r}", pipeline=name
             )
-        if isolation is not None and isolation not in ISOLATIONS:
+        isolation = "thread" if isolation is None else isolation
+        if isolation == "auto":
+            raise InferenceError(
+                f"pipeline {name!r}: isolation='auto' is gone (it moved a busy step into processes to predict "
+                "a server, and the runtime no longer predicts); choose isolation='thread' or 'process'",
+                pipeline=name,
+            )
+        if isolation not in ISOLATIONS:
             raise InferenceError(
                 f"pipeline {name!r}: isolation must be one of {', '.join(ISOLATIONS)}; got {isolation!r}",
                 pipeline=name,
@@ -239,10 +242,7 @@ class LocalRuntime:
         self.keep_freed_memory = bool(keep_freed_memory)
         # Process boundaries a step's tensors cross on a server, each one a copy (see above).
         self._crossings = self.form.server_copies if server_copies else 0
-        self._replay = Replay(profile, mode, self._ensemble_layout) if profile is not None else None
-        if self._replay is not None:
-            self._crossings = 0
-        self.isolation = resolve_isolation(isolation, profile=profile is not None)
+        self.isolation = isolation
         self.plan = plan_of(pipeline)
         # Nodes that run inside the top-level model (the fused form's Python steps): no server copy.
         self._in_process = frozenset(
@@ -303,13 +303,10 @@ class LocalRuntime:
         """Where ``node``'s instances run: the runtime's ``isolation``, or ``"thread"`` where
         a process cannot stand for the server's: a fused model's Python steps, which share the
         fused model's one process on the server too; a step on a GPU, since CUDA cannot be used
-        in a forked process; an ``async def`` step, which runs on the event loop. ``"auto"``
-        keeps an external model's stand-in here too (ONNX Runtime lets go of the GIL).
+        in a forked process; an ``async def`` step, which runs on the event loop.
         """
         if self.isolation == "thread" or node.name in self._in_process:
             return "thread"
-        if self.isolation == "auto" and node.step.is_external:
-            return "thread"  # another backend's model, in no stub on the server; its stand-in stays here
         wants = node.step.options.device
         on_cpu = wants == "cpu" or (wants is None and self.device != "gpu")
         return self.isolation if on_cpu and not is_async_impl(node.step.impl) else "thread"
@@ -348,7 +345,6 @@ class LocalRuntime:
                     owners[id(node.step)] = model
                 else:
                     model.share(owner)
-                model.replay = self._replay
                 self._models[name] = model
             if self.offload == "auto":
                 hop = await thread_hop_cost()
@@ -447,35 +443,20 @@ class LocalRuntime:
         """Whether a request for some outputs still runs every live step, as the server does in
         a gated ensemble: each step's failure travels to the gate, which every output passes
         through, so Triton prunes none of them (docs/triton_requested_outputs.md)."""
-        layout = self._ensemble_layout
-        return layout is not None and layout.gated
-
-    @functools.cached_property
-    def _ensemble_layout(self) -> EnsembleLayout | None:
-        """The layout the pipeline's ensemble compiles to, in the ensemble mode (``None`` in the
-        others, or where the compiler refuses it); worked out once, when first asked for."""
         if self.mode != "ensemble":
-            return None
-        from ..compile.ensemble import ensemble_layout_of  # the compiler (and protobuf) only when asked
-
-        return ensemble_layout_of(self.pipeline)
+            return False
+        external = [n.name for n in self.plan.nodes if self.pipeline.nodes[n.name].step.is_external]
+        return gated_ensemble(self.plan, external)
 
     def report(self) -> Report:
         """Costs aggregated over every request served since the start (or :meth:`reset_report`)."""
-        report = self._predicted(self._recorder.report())
-        moved = tuple(name for name, model in self._models.items() if model.in_processes)
-        return dataclasses.replace(report, in_processes=moved) if moved else report
+        report = self._recorder.report()
+        isolated = tuple(name for name, model in self._models.items() if model.isolated)
+        return dataclasses.replace(report, in_processes=isolated) if isolated else report
 
     def reset_report(self) -> None:
         """Forget the costs gathered so far (e.g. after a warm-up)."""
         self._recorder.reset()
-        if self._replay is not None:
-            self._replay.reset()
-
-    def _predicted(self, report: Report) -> Report:
-        if self._replay is None:
-            return report
-        return dataclasses.replace(report, server=self._replay.predict(report))
 
     async def _infer(
         self, inputs: Mapping[str, Any], wanted: Iterable[str] | None, *, keep_trace: bool
@@ -506,26 +487,12 @@ class LocalRuntime:
             del arrays
             # Let requests submitted together all register before the first step decides to run inline.
             await anyio.lowlevel.checkpoint()
-            replay = self._replay
-            ledger = None if replay is None else replay.begin()
-            in_bytes = nbytes_of(req.values) if ledger is not None else 0
             try:
-                if ledger is not None:
-                    await replay.request(ledger, in_bytes, leaving=False)
                 if self._bls_gate is None:
                     await self._schedule(req)
                 else:
-                    queued = perf_counter()
-                    async with self._bls_gate.slot(req.rows if p.max_batch_size > 0 else 1) as opens:
-                        if ledger is not None:
-                            replay.queued(ledger, perf_counter() - queued)
-                            await replay.bls_stub(ledger, in_bytes, leaving=False, opens_round=opens)
+                    async with self._bls_gate.slot(req.rows if p.max_batch_size > 0 else 1):
                         await self._schedule(req)
-                        if ledger is not None:
-                            await replay.bls_stub(ledger, self._output_bytes(req), leaving=True, opens_round=opens)
-                if ledger is not None:
-                    await replay.request(ledger, self._output_bytes(req), leaving=True)
-                    replay.finish(ledger)
             except PipelinesError:
                 self._recorder.error()
                 raise
@@ -542,17 +509,9 @@ class LocalRuntime:
                 critical_path=routes.plan.critical_path,
             )
             single.record(req.trace, start=start, end=end, copies=req.copies.count, copy_bytes=req.copies.bytes)
-            report = single.report()
-            if ledger is not None:
-                one = Replay(replay.profile, self.mode)
-                one.finish(ledger)
-                report = dataclasses.replace(report, server=one.predict(report))
-            return outputs, report
+            return outputs, single.report()
         finally:
             self._active -= 1
-
-    def _output_bytes(self, req: _Request) -> int:
-        return sum(nbytes_of(req.values[key]) for _, key in req.routes.outputs)
 
     # --------------------------------------------------------------- scheduling
 
@@ -561,7 +520,7 @@ class LocalRuntime:
         model = self._models[name]
         values, remaining = req.values, req.remaining
         inputs = {}
-        crossings = self._crossings if name not in self._in_process else 0  # the replay decides its own costs
+        crossings = self._crossings if name not in self._in_process else 0
         for input_name, key in req.routes.bindings[name]:
             inputs[input_name] = model.place(values[key], req.copies, input_name)
             if crossings:
@@ -572,13 +531,8 @@ class LocalRuntime:
                 del values[key]
         alone = (self._active if self._one_round is None else self._one_round.admitted) == 1
         inline = model.always_inline or (model.inline_ok and (model.cheap or (alone and req.inflight == 1)))
-        if self._replay is not None:  # the ensemble scheduler or the BLS call carries the inputs to the step
-            await self._replay.hop(model, nbytes_of(inputs), leaving=False)
         outputs, queue, compute, batch = await model.run(inputs, req.rows, inline=inline)
         del inputs
-        if self._replay is not None:
-            returned = sum(nbytes_of(outputs[o]) for o in req.routes.returns[name])
-            await self._replay.hop(model, returned, leaving=True)
         crosses = name not in self._in_process
         for out in req.routes.returns[name]:
             value = outputs[out]

@@ -12,16 +12,13 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..errors import NotFoundError
 from ..percentiles import percentiles
 from ..tables import format_table
-
-if TYPE_CHECKING:
-    from .replay import ServerPrediction
 
 __all__ = ["Comparison", "CostRecorder", "Report", "StepCost", "compare"]
 
@@ -55,10 +52,9 @@ class Report:
     the sum of step compute divided by the wall time; ``latency_over_critical_path``
     near 1 means independent steps overlapped as well as the graph allows.
     ``copies`` and ``copy_bytes`` are totals over the ``requests`` (divide for
-    one request's share). ``server`` is the prediction of a Triton server when the
-    runtime replays a server profile; without one the figures are in-process
-    figures, not predictions of a server. ``in_processes`` names the steps whose
-    instances ran in processes of their own (``isolation``), as the report was taken.
+    one request's share). These are measured in this process, not predictions of a
+    server (``p.predict(profile, ...)`` gives those). ``in_processes`` names the steps
+    whose instances ran in processes of their own (``isolation="process"``).
     """
 
     pipeline: str
@@ -75,7 +71,6 @@ class Report:
     critical_path: tuple[str, ...]
     critical_path_us: float
     parallelism: float
-    server: ServerPrediction | None = None
     in_processes: tuple[str, ...] = ()
 
     @property
@@ -122,9 +117,6 @@ class Report:
         )
         if self.in_processes:
             head += f"steps in processes of their own: {', '.join(self.in_processes)}\n"
-        if self.server is None:
-            head += ("these are in-process figures, not predictions of a Triton server: "
-                     "give a server profile (profile=..., from 'pipelines calibrate') for those\n")
         rows = [
             (s.step, str(s.calls), f"{s.mean_batch:.1f}", _us(s.queue_wait_us), _us(s.compute_us), _us(s.overhead_us))
             for s in self.steps
@@ -139,8 +131,7 @@ class Report:
                 _us(self.overhead_us),
             )
         )
-        text = head + _table(("step", "calls", "batch", "queue wait", "compute", "overhead"), rows)
-        return text if self.server is None else text + str(self.server)
+        return head + _table(("step", "calls", "batch", "queue wait", "compute", "overhead"), rows)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ server, each instance has a stub process and a GIL of its own. Measured on
 yolov5's stand-in detector: 12.7 ms alone, 210 ms beside a thread looping on
 pure Python, 12.2 ms beside the same loop in another process
 (docs/server_profiles.md). ``LocalRuntime(isolation="process")`` runs each
-instance of a step where the server runs it: in a process of its own.
+instance of a step where the server runs it: in a process of its own, so that
+steps side by side do not wait for each other's GIL.
 
 :class:`ProcessInstance` stands in for a :class:`~pipelines.step.StepInstance`:
 the runtime's worker thread calls ``execute(inputs)``, which hands the inputs to
@@ -17,7 +18,7 @@ the instance's process and waits for its outputs, without holding the GIL.
   declared it, a function from a notebook cell included; nothing is pickled but
   tensors' metadata and errors. ``initialize(config)`` runs in the process, as it
   runs in the stub. Forking needs Linux; CUDA cannot be used in a forked process,
-  so steps placed on a GPU stay in threads (``LocalRuntime._isolated``).
+  so steps placed on a GPU stay in threads (``LocalRuntime._isolation_of``).
 - **Tensors through shared memory**, as between Triton and its stubs: one region
   for the inputs (written by this process) and one for the outputs (written by the
   step's), each an anonymous ``memfd`` handed over with ``SCM_RIGHTS`` and grown
@@ -30,10 +31,8 @@ the instance's process and waits for its outputs, without holding the GIL.
   abandoned at its step's timeout kills its process, which a thread could not be.
   The step's process exits when this one does, even when this one is killed.
 
-Each call's :attr:`last_compute` is the step's function alone (:attr:`last_cpu`, the CPU
-time its process spent on it); the rest of the
-call's time is the hand-over, which a server's stub pays too (the replay credits it
-against the stub's calibrated costs, :class:`~pipelines.runtime.replay.StubInThread`).
+Each call's :attr:`last_compute` is the step's function alone; the rest of the call's time
+is the hand-over through shared memory, which the cost report counts as overhead.
 """
 
 from __future__ import annotations
@@ -52,7 +51,7 @@ import warnings
 import weakref
 from multiprocessing.connection import Connection, Pipe
 from multiprocessing.reduction import recvfds, sendfds
-from time import perf_counter, process_time
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -62,14 +61,11 @@ from ..process_exit import describe_exit
 from ..serving import is_coroutine_callable
 from .device import device_of
 
-__all__ = [
-    "ISOLATIONS", "ProcessInstance", "fork_with_pipe", "is_async_impl", "isolation_supported", "resolve_isolation"
-]
+__all__ = ["ISOLATIONS", "ProcessInstance", "fork_with_pipe", "is_async_impl", "isolation_supported"]
 
-#: Where the local runtime can run a step's instances: its own threads, a process of their
-#: own each, or ``"auto"``: threads, until a step shows that it keeps a core busy for long
-#: enough that waiting for the GIL costs it more than a hop to a process would.
-ISOLATIONS = ("thread", "process", "auto")
+#: Where the local runtime can run a step's instances: its own threads, or a process of
+#: their own each.
+ISOLATIONS = ("thread", "process")
 
 _ALIGN = 64
 _MIN_REGION = 1 << 20
@@ -81,21 +77,6 @@ _FINALIZE_WAIT_S = 10.0
 def isolation_supported() -> bool:
     """Whether this platform can fork a step's process and share memory with it (Linux)."""
     return hasattr(os, "fork") and hasattr(os, "memfd_create") and sys.platform.startswith("linux")
-
-
-def resolve_isolation(isolation: str | None, *, profile: bool) -> str:
-    """The isolation a runtime uses when asked for ``isolation`` (``None``: the default).
-
-    The default is ``"auto"`` when a server profile is replayed (a prediction of the server,
-    whose stubs are processes) and ``"thread"`` otherwise (a step stays in this process,
-    where a debugger and ``print`` reach it). ``"auto"`` is ``"thread"`` where processes
-    cannot be forked; ``"process"`` there is an error, raised by the caller.
-    """
-    if isolation is None:
-        isolation = "auto" if profile else "thread"
-    if isolation == "auto" and not isolation_supported():
-        return "thread"
-    return isolation
 
 
 def is_async_impl(impl: Any) -> bool:
@@ -225,9 +206,9 @@ def _serve(conn: Connection, step: Any, config: dict[str, Any], parent: int) -> 
         if grown:
             inputs.adopt(_recv_fd(conn), grown)
         try:
-            t, c = perf_counter(), process_time()
+            t = perf_counter()
             result = instance.execute(_views(inputs, specs))
-            compute, cpu = perf_counter() - t, process_time() - c
+            compute = perf_counter() - t
             values = dict(result)
             out_specs, nbytes = _layout(values)
             fd = outputs.ensure(nbytes)
@@ -237,7 +218,7 @@ def _serve(conn: Connection, step: Any, config: dict[str, Any], parent: int) -> 
             continue
         finally:
             result = values = None  # views of the input region must not outlive the call
-        conn.send(("done", compute, cpu, out_specs, outputs.size if fd is not None else 0))
+        conn.send(("done", compute, out_specs, outputs.size if fd is not None else 0))
         if fd is not None:
             _send_fd(conn, fd)
             os.close(fd)
@@ -321,7 +302,6 @@ class ProcessInstance:
         self.pipeline = pipeline
         self.node = node
         self.last_compute = 0.0  # the step's function alone, in the last call
-        self.last_cpu = 0.0  # the CPU time its process spent on it
         self.pid = 0
         self._conn: Connection | None = None
         self._lock = threading.Lock()  # kill() may come from another thread than the call's
@@ -424,10 +404,10 @@ class ProcessInstance:
         reply = self._receive("execute()")
         if reply[0] != "done":
             raise self._failure(reply)
-        _, compute, cpu, out_specs, grown = reply
+        _, compute, out_specs, grown = reply
         if grown:
             self._outputs.adopt(_recv_fd(conn), grown)
-        self.last_compute, self.last_cpu = compute, cpu
+        self.last_compute = compute
         # The region is written again by the next call, while these outputs travel on: copy.
         return {n: (v.copy() if isinstance(v, np.ndarray) else v) for n, v in _views(self._outputs, out_specs).items()}
 

@@ -23,10 +23,9 @@ from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..compile.calls import models_called
-from ..compile.repository_disk import leftover_staging
 from ..errors import PipelinesError, ServerDiedError, ServerError, ServerRestartingError, ServerStartError
 from ..process_exit import describe_exit
+from ..repository_files import leftover_staging, models_called
 from .arguments import Ports, PythonBackendSettings, ServerArguments
 from .cleanup import (
     REGISTRY,

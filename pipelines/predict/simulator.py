@@ -1,0 +1,451 @@
+"""Predicts what Triton does with one configuration of a pipeline by simulating the server's
+schedule on a virtual clock (SimPy): a prediction costs milliseconds instead of a measured run,
+and since nothing sleeps or runs on a thread the same inputs always give the same figures.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Collection, Generator, Mapping, Sequence
+from itertools import chain
+
+import numpy as np
+import simpy
+
+from ..errors import ArgumentError, PipelinesError
+from .batcher import Execute, ModelScheduler, Waiting
+from .clients import Meter, Snapshot, closed_loop, open_loop, run_measured
+from .processor_sharing import Cores
+from .spec import Load, SimResult, SimSpec, StepSpec
+
+__all__ = ["FORMS", "simulate"]
+
+#: The forms a :class:`SimSpec` may take.
+FORMS = ("ensemble", "bls", "bls-sync", "fused")
+
+# By form: the boundaries of a call to a step model, of a step model's stub, and of the
+# top-level model's own stub (None: the form has none).
+_CALL = {"ensemble": None, "bls": "bls_call", "bls-sync": "bls_sync_call", "fused": "bls_call"}
+_STUB = {"ensemble": "ensemble_stub", "bls": "bls_stub", "bls-sync": "bls_sync_stub", "fused": None}
+_TOP = {"ensemble": None, "bls": "bls_model", "bls-sync": "bls_sync_model", "fused": "bls_model"}
+_IN, _OUT = 0, 1
+
+Flow = Generator[simpy.Event, object, None]
+
+
+def simulate(spec: SimSpec, load: Load) -> SimResult:
+    """Latency percentiles, throughput and each model's utilisation of ``spec`` under ``load``."""
+    _check(spec, load)
+    env = simpy.Environment()
+    server = _Server(env, spec)
+    meter = Meter(env, warmup=load.warmup, requests=load.requests, snapshot=server.snapshot)
+    if load.concurrency is not None:
+        closed_loop(env, meter, server.request, concurrency=int(load.concurrency))
+    else:
+        # Twice the requests it needs: never reached while the server keeps up with the rate.
+        open_loop(env, meter, server.request, rate=float(load.rate), seed=load.seed,
+                  limit=2 * (load.warmup + load.requests))
+    run_measured(env, meter)
+    return _result(spec, server, meter)
+
+
+class _Server:
+    """The simulated server of one :class:`SimSpec`: its cores (every cost is a job on them,
+    1 core unless said), its models (each a queue and instances), and each form's way of taking
+    a request through them (:meth:`request`). Boundary names are the server profile's.
+
+    - A step model's execution of R rows holds an instance for its stub's way in (at R × the
+      step's input bytes), its compute (a job of ``cpu_us(R)`` at ``cpu/wall`` cores, so alone
+      it takes ``wall_us(R)``; a plain delay where it has no CPU time), its stub's way out. An
+      external step has no stub. Steps that name one model share its queue and instances.
+    - **ensemble**: ``request`` + ``ensemble`` in; each step once its deps are done:
+      ``ensemble_step`` in, its model (stub ``ensemble_stub``), ``ensemble_step`` out; with a gate,
+      ``ensemble_step`` in, the gate model (one instance; ``ensemble_stub`` in + out), then
+      ``ensemble_step`` out + ``ensemble_gate``'s fixed cost; then ``request`` + ``ensemble`` out.
+      The ensemble scheduler's own costs hold no instance.
+    - **bls**, **bls-sync**: ``request`` in; a round of the BLS model (one ``execute()``, holding
+      an instance): ``bls_model`` in for its requests (the fixed part once), their steps as calls
+      (``bls_call`` in, the step's model with stub ``bls_stub``, ``bls_call`` out), each request's
+      ``bls_model`` out. Async runs each step once its deps are done and a round's requests side
+      by side; sync one after another. Every answer leaves when its round ends; ``request`` out.
+    - **fused**: as bls, but the Python steps run inside the round with no call, stub or queue;
+      independent ones overlap but for the GIL (:meth:`_fused_step`). As ``fused_model.py``, a
+      round of several requests runs as one batch where every step batches that far, and side by
+      side otherwise; a step's instance (one per fused instance, shared by the nodes that name
+      its model) takes one call at a time. External steps are called as in bls, without a stub.
+    """
+
+    def __init__(self, env: simpy.Environment, spec: SimSpec) -> None:
+        self.env = env
+        self.spec = spec
+        self.cores = Cores(env, spec.cores)
+        self.models: dict[str, ModelScheduler] = {}
+        self._steps = spec.steps
+        names = [s.name for s in spec.steps]
+        # A chain runs its steps one after another in the request's process: each needs the one before.
+        self._chain = all(names[i - 1] in s.deps for i, s in enumerate(spec.steps) if i)
+        self._dep_counts = [len(s.deps) for s in spec.steps]
+        self._dependents = [[j for j, t in enumerate(spec.steps) if name in t.deps] for name in names]
+        self._roots = [i for i, s in enumerate(spec.steps) if not s.deps]
+        self._call_memo: dict[tuple[str, int], tuple[float, float]] = {}
+        self._execution_memo: dict[tuple[str, int], tuple[float, float, float, float]] = {}
+        for step in spec.steps:
+            # Steps that name one model (one step used by several nodes) share its queue and instances.
+            if (spec.form != "fused" or step.external) and step.model_name not in self.models:
+                self._add_model(step.model_name, ModelScheduler(
+                    env, instances=step.instances, execute=self._step_execution,
+                    max_batch_size=step.max_batch_size, dynamic_batching=step.dynamic_batching,
+                    preferred_batch_sizes=step.preferred_batch_sizes, max_queue_delay_us=step.max_queue_delay_us))
+        if spec.form == "ensemble":
+            self._set_up_ensemble()
+        else:
+            self._set_up_rounds()
+
+    def _set_up_ensemble(self) -> None:
+        spec = self.spec
+        in_bytes, out_bytes = spec.rows * spec.in_bytes, spec.rows * spec.out_bytes
+        self.request = self._ensemble_request
+        self._enter = self._price("request", _IN, in_bytes) + self._price("ensemble", _IN, in_bytes)
+        self._leave = self._price("request", _OUT, out_bytes) + self._price("ensemble", _OUT, out_bytes)
+        self._step_ways = {s.name: (self._price("ensemble_step", _IN, spec.rows * s.in_bytes),
+                                    self._price("ensemble_step", _OUT, spec.rows * s.out_bytes)) for s in spec.steps}
+        if spec.gate:
+            self._gate_in = self._price("ensemble_step", _IN, out_bytes)
+            self._gate_out = self._price("ensemble_step", _OUT, out_bytes) + self._price("ensemble_gate", _IN, 0)
+            gate_us = self._price("ensemble_stub", _IN, out_bytes) + self._price("ensemble_stub", _OUT, out_bytes)
+            self._add_model("gate", ModelScheduler(self.env, instances=1, execute=self._gate_execution(gate_us)))
+
+    def _set_up_rounds(self) -> None:
+        spec, form = self.spec, self.spec.form
+        in_bytes, out_bytes = spec.rows * spec.in_bytes, spec.rows * spec.out_bytes
+        self.request = self._top_request
+        self._enter = self._price("request", _IN, in_bytes)
+        self._leave = self._price("request", _OUT, out_bytes)
+        top = _TOP[form]
+        self._top_fixed = self._price(top, _IN, 0)
+        self._top_in = self._price(top, _IN, in_bytes)
+        self._top_out = self._price(top, _OUT, out_bytes)
+        rounds = {"bls": self._bls_round, "bls-sync": self._bls_sync_round, "fused": self._fused_round}[form]
+        self._add_model(form, ModelScheduler(
+            self.env, instances=spec.top_instances, execute=rounds, max_batch_size=spec.top_max_batch_size,
+            dynamic_batching=spec.top_max_batch_size > 0))
+        if form == "fused":
+            # One GIL per fused instance: each is a stub process of its own, with an instance of
+            # each step, which takes one call at a time (a lock in fused_model.py). Only a model
+            # that several nodes share, or a round run side by side, needs that lock.
+            self._gils = [simpy.Resource(self.env, capacity=1) for _ in range(spec.top_instances)]
+            python = {s.model_name for s in spec.steps if not s.external}
+            self._step_locks = [{m: simpy.Resource(self.env, capacity=1) for m in python}
+                                for _ in range(spec.top_instances)]
+            nodes = Counter(s.model_name for s in spec.steps)
+            self._shared = {m for m in python if nodes[m] > 1}
+            # The rows a joined run may hold, as compile/fused.py's _join_rows (0: none; that also
+            # refuses an external model of a fixed batch size, which a SimSpec does not tell).
+            limits = [spec.top_max_batch_size, *(s.max_batch_size for s in spec.steps)]
+            self._join_rows = 0 if 0 in limits else min(limits)
+            self._fused_memo: dict[tuple[str, int], tuple[float, float, float, float]] = {}
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _add_model(self, name: str, model: ModelScheduler) -> None:
+        if name in self.models:
+            raise PipelinesError(
+                f"a step's model is named {name!r}, as the {self.spec.form} form's own model is; rename the "
+                "step so that each model's utilisation can be told apart", step=name)
+        self.models[name] = model
+
+    def _price(self, boundary: str, way: int, nbytes: float) -> float:
+        return max(0.0, self.spec.costs[boundary][way].at(nbytes))
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.env.now, self.cores.busy(), {name: m.busy() for name, m in self.models.items()})
+
+    def _dag(self, run: Callable[[StepSpec], Flow]) -> Flow:
+        """Each step run once the steps it takes from are done, independent ones side by side."""
+        if self._chain:
+            for step in self._steps:
+                yield from run(step)
+            return
+        env = self.env
+        waiting = list(self._dep_counts)  # by step index: how many of its deps are not done yet
+        left = [len(waiting)]
+        all_done = env.event()
+
+        def strand(i: int) -> Flow:
+            # A step goes on in the process of the step that readied it: only a branch starts a
+            # process of its own (two events each, at every request).
+            while i >= 0:
+                yield from run(self._steps[i])
+                left[0] -= 1
+                i, readied = -1, i
+                for after in self._dependents[readied]:
+                    waiting[after] -= 1
+                    if waiting[after] == 0:
+                        if i < 0:
+                            i = after
+                        else:
+                            env.process(strand(after))
+            if not left[0]:
+                all_done.succeed()
+
+        for root in self._roots[1:]:
+            env.process(strand(root))
+        yield from strand(self._roots[0])
+        if left[0]:
+            yield all_done
+
+    # ------------------------------------------------------------------ step models
+
+    def _step_execution(self, batch: Sequence[Waiting], _instance: int) -> Flow:
+        """A step model's execution: its stub's way in, the step's compute, the stub's way out.
+        Each request carries its step (``what``); a batch of two nodes of one shared model runs
+        the first one's code on all the rows."""
+        step: StepSpec = batch[0].what
+        rows = sum(w.rows for w in batch)
+        key = (step.name, rows)
+        costs = self._execution_memo.get(key)
+        if costs is None or any(w.what is not step for w in batch):
+            stub = None if step.external else _STUB[self.spec.form]
+            in_bytes = sum(w.rows * w.what.in_bytes for w in batch)
+            out_bytes = sum(w.rows * w.what.out_bytes for w in batch)
+            span, cap = _compute(step, rows)
+            costs = (self._price(stub, _IN, in_bytes) if stub else 0.0, span, cap,
+                     self._price(stub, _OUT, out_bytes) if stub else 0.0)
+            if all(w.what is step for w in batch):
+                self._execution_memo[key] = costs
+        stub_in, span, cap, stub_out = costs
+        yield self.cores.run(stub_in)
+        yield self.cores.run(span, cap)
+        yield self.cores.run(stub_out)
+
+    def _gate_execution(self, us: float) -> Execute:
+        def execute(_batch: Sequence[Waiting], _instance: int) -> Flow:
+            yield self.cores.run(us)
+
+        return execute
+
+    def _call(self, step: StepSpec, rows: int) -> Flow:
+        """A BLS call of a step's model: the call's way in, the model, its way out."""
+        ways = self._call_memo.get((step.name, rows))
+        if ways is None:
+            call = _CALL[self.spec.form]
+            ways = self._call_memo[step.name, rows] = (
+                self._price(call, _IN, rows * step.in_bytes), self._price(call, _OUT, rows * step.out_bytes))
+        yield self.cores.run(ways[0])
+        yield self.models[step.model_name].submit(rows, step)
+        yield self.cores.run(ways[1])
+
+    # ------------------------------------------------------------------ ensemble
+
+    def _ensemble_request(self) -> Flow:
+        yield self.cores.run(self._enter)
+        yield from self._dag(self._ensemble_step)
+        if self.spec.gate:
+            yield self.cores.run(self._gate_in)
+            yield self.models["gate"].submit(self.spec.rows)
+            yield self.cores.run(self._gate_out)
+        yield self.cores.run(self._leave)
+
+    def _ensemble_step(self, step: StepSpec) -> Flow:
+        way_in, way_out = self._step_ways[step.name]
+        yield self.cores.run(way_in)
+        yield self.models[step.model_name].submit(self.spec.rows, step)
+        yield self.cores.run(way_out)
+
+    # ------------------------------------------------------------------ BLS and fused rounds
+
+    def _top_request(self) -> Flow:
+        yield self.cores.run(self._enter)
+        yield self.models[self.spec.form].submit(self.spec.rows)
+        yield self.cores.run(self._leave)
+
+    def _round_in(self, count: int) -> float:
+        """The top model's way in for a round of ``count`` requests: its fixed part once."""
+        return self._top_in + (count - 1) * (self._top_in - self._top_fixed)
+
+    def _bls_round(self, batch: Sequence[Waiting], _instance: int) -> Flow:
+        yield self.cores.run(self._round_in(len(batch)))
+        if len(batch) == 1:
+            yield from self._bls_request(batch[0].rows)
+        else:
+            yield self.env.all_of([self.env.process(self._bls_request(w.rows)) for w in batch])
+
+    def _bls_request(self, rows: int) -> Flow:
+        yield from self._dag(lambda step: self._call(step, rows))
+        yield self.cores.run(self._top_out)
+
+    def _bls_sync_round(self, batch: Sequence[Waiting], _instance: int) -> Flow:
+        for i, waiting in enumerate(batch):
+            yield self.cores.run(self._top_in if i == 0 else self._top_in - self._top_fixed)
+            for step in self._steps:
+                yield from self._call(step, waiting.rows)
+            yield self.cores.run(self._top_out)
+
+    def _fused_round(self, batch: Sequence[Waiting], instance: int) -> Flow:
+        yield self.cores.run(self._round_in(len(batch)))
+        gil, locks = self._gils[instance], self._step_locks[instance]
+        rows = sum(w.rows for w in batch)
+        if len(batch) == 1 or rows <= self._join_rows:
+            yield from self._dag(lambda step: self._fused_step(step, rows, gil, locks, self._shared))
+            yield self.cores.run(self._top_out * len(batch))
+        else:
+            # Side by side: every step's instance in this fused instance takes one call at a time.
+            yield self.env.all_of([self.env.process(self._fused_request(w.rows, gil, locks)) for w in batch])
+
+    def _fused_request(self, rows: int, gil: simpy.Resource, locks: Mapping[str, simpy.Resource]) -> Flow:
+        yield from self._dag(lambda step: self._fused_step(step, rows, gil, locks, locks))
+        yield self.cores.run(self._top_out)
+
+    def _fused_step(self, step: StepSpec, rows: int, gil: simpy.Resource, locks: Mapping[str, simpy.Resource],
+                    locked: Collection[str]) -> Flow:
+        """A step inside the fused model's process. Its ``gil_share`` of CPU time holds the
+        instance's GIL, taken as one phase before the rest: the GIL's total hold, and so how far
+        two steps of one instance overlap, is what the profile says, in whatever slices the
+        interpreter hands it out. Both phases run at the step's own cores (at least one for the
+        GIL phase: a step below one core waits, on a GPU say, without the GIL), so alone the step
+        takes its wall time."""
+        if step.external:
+            yield from self._call(step, rows)
+            return
+        phases = self._fused_memo.get((step.name, rows))
+        if phases is None:
+            phases = self._fused_memo[step.name, rows] = _gil_phases(step, rows)
+        gil_span, gil_cap, free_span, free_cap = phases
+        if step.model_name in locked:
+            with locks[step.model_name].request() as own:
+                yield own
+                yield from self._gil_then_free(gil, gil_span, gil_cap, free_span, free_cap)
+        else:
+            yield from self._gil_then_free(gil, gil_span, gil_cap, free_span, free_cap)
+
+    def _gil_then_free(self, gil: simpy.Resource, gil_span: float, gil_cap: float, free_span: float,
+                       free_cap: float) -> Flow:
+        if gil_span > 0.0:
+            with gil.request() as held:
+                yield held
+                yield self.cores.run(gil_span, gil_cap)
+        yield self.cores.run(free_span, free_cap)
+
+
+def _compute(step: StepSpec, rows: int) -> tuple[float, float]:
+    """A step's execution of ``rows`` rows as a job: (span alone, cores; 0 cores: a plain delay)."""
+    wall, cpu = step.wall_us.at(rows), step.cpu_us.at(rows)
+    if cpu <= 0.0:
+        return max(0.0, wall), 0.0
+    if wall <= 0.0:
+        raise PipelinesError(
+            f"step {step.name!r} has {cpu:g} µs of CPU time but {wall:g} µs of wall time at {rows} rows; a "
+            "profile's wall time is above zero wherever its CPU time is: profile the step again", step=step.name)
+    return wall, cpu / wall
+
+
+def _gil_phases(step: StepSpec, rows: int) -> tuple[float, float, float, float]:
+    """(GIL span, its cores, free span, its cores) of a fused step's ``rows`` rows: see
+    :meth:`_Server._fused_step`."""
+    wall, cores = _compute(step, rows)
+    if cores == 0.0:
+        return 0.0, 0.0, wall, 0.0
+    cpu = step.cpu_us.at(rows)
+    gil_cores = max(1.0, cores)
+    gil_span = step.gil_share * cpu / gil_cores
+    free_span = max(0.0, wall - gil_span)
+    free_cpu = (1.0 - step.gil_share) * cpu
+    return gil_span, gil_cores, free_span, (free_cpu / free_span if free_span > 0.0 and free_cpu > 0.0 else 0.0)
+
+
+def _result(spec: SimSpec, server: _Server, meter: Meter) -> SimResult:
+    start, end = meter.start, meter.end
+    span = end.at_us - start.at_us
+    if span <= 0.0:
+        raise PipelinesError(
+            f"every cost of this {spec.form} configuration is zero, so it answers without end in no time; "
+            "give its steps and boundaries their measured costs")
+    latencies = np.asarray(meter.latencies)
+    p50, p95, p99 = (float(x) for x in np.percentile(latencies, (50, 95, 99)))
+    utilisation = {name: (end.instance_us[name] - start.instance_us[name]) / (model.instances * span)
+                   for name, model in server.models.items()}
+    cpu = (end.core_us - start.core_us) / (spec.cores * span)
+    # The cores win a tie: while they are saturated, more instances would not help.
+    bottleneck = max(chain([("cpu", cpu)], utilisation.items()), key=lambda kv: round(kv[1], 9))[0]
+    return SimResult(p50_us=p50, p95_us=p95, p99_us=p99, mean_us=float(latencies.mean()),
+                     throughput=meter.answers / span * 1e6, utilisation=utilisation,
+                     cpu_utilisation=cpu, bottleneck=bottleneck)
+
+
+def _check(spec: SimSpec, load: Load) -> None:
+    """Refuses what the simulation could not run, or would run to no end."""
+    if spec.form not in FORMS:
+        raise ArgumentError(f"no form {spec.form!r} to simulate; the forms are {', '.join(FORMS)}")
+    if not spec.cores >= 1:
+        raise PipelinesError(f"a server has at least one core; got cores={spec.cores!r}")
+    if spec.rows < 1:
+        raise PipelinesError(f"a request has at least one row; got rows={spec.rows!r}")
+    if spec.top_instances < 1 or spec.top_max_batch_size < 0:
+        raise PipelinesError(f"the {spec.form} model needs top_instances >= 1 and top_max_batch_size >= 0; "
+                             f"got {spec.top_instances} and {spec.top_max_batch_size}")
+    if load.requests < 1 or load.warmup < 0:
+        raise PipelinesError(f"a load measures at least one request after warmup >= 0 more; "
+                             f"got requests={load.requests}, warmup={load.warmup}")
+    seen: set[str] = set()
+    models: dict[str, StepSpec] = {}
+    for step in spec.steps:
+        _check_step(step, seen)
+        seen.add(step.name)
+        first = models.setdefault(step.model_name, step)
+        if _model_options(first) != _model_options(step):
+            raise PipelinesError(
+                f"steps {first.name!r} and {step.name!r} share model {step.model_name!r} but not its options "
+                f"({_model_options(first)} against {_model_options(step)}); one model has one configuration",
+                step=step.name)
+    _check_costs(spec)
+
+
+def _model_options(step: StepSpec) -> tuple[object, ...]:
+    """What a model's steps must agree on: (external, instances, max batch size, dynamic
+    batching, preferred batch sizes, queue delay)."""
+    return (step.external, step.instances, step.max_batch_size, step.dynamic_batching,
+            tuple(step.preferred_batch_sizes), step.max_queue_delay_us)
+
+
+def _check_step(step: StepSpec, earlier: set[str]) -> None:
+    def refuse(what: str) -> PipelinesError:
+        return PipelinesError(f"step {step.name!r}: {what}", step=step.name)
+
+    if step.name in earlier:
+        raise refuse("two steps have this name; each step of a SimSpec is named once")
+    later = [d for d in step.deps if d not in earlier]
+    if later:
+        raise refuse(f"it takes from {later}, which are not among the steps before it; list SimSpec.steps "
+                     "in a topological order")
+    if step.instances < 1:
+        raise refuse(f"instances is {step.instances}; a model has at least one instance")
+    if step.max_batch_size < 0 or step.max_queue_delay_us < 0:
+        raise refuse("max_batch_size and max_queue_delay_us are >= 0")
+    if step.dynamic_batching and step.max_batch_size == 0:
+        raise refuse("dynamic batching needs max_batch_size > 0; Triton refuses the configuration")
+    bad = [p for p in step.preferred_batch_sizes if not 1 <= p <= step.max_batch_size]
+    if bad:
+        raise refuse(f"preferred batch sizes {bad} are outside 1..max_batch_size ({step.max_batch_size})")
+    if not 0.0 <= step.gil_share <= 1.0:
+        raise refuse(f"gil_share is a share of its CPU time, 0..1; got {step.gil_share}")
+
+
+def _check_costs(spec: SimSpec) -> None:
+    form = spec.form
+    python = any(not s.external for s in spec.steps)
+    needed = ["request"]
+    if form == "ensemble":
+        needed += ["ensemble", "ensemble_step"]
+        needed += ["ensemble_stub"] if python or spec.gate else []
+        needed += ["ensemble_gate"] if spec.gate else []
+    else:
+        needed.append(_TOP[form])
+        if any(form != "fused" or s.external for s in spec.steps):
+            needed.append(_CALL[form])
+        if form != "fused" and python:
+            needed.append(_STUB[form])
+    missing = [name for name in needed if name not in spec.costs]
+    if missing:
+        raise PipelinesError(
+            f"the {form} form pays {', '.join(missing)}, which the costs lack (they have "
+            f"{', '.join(sorted(spec.costs)) or 'none'}); build the SimSpec from a full server profile")

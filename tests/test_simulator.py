@@ -1,0 +1,321 @@
+"""The simulator predicts the server's schedule on a virtual clock, so its figures are exact: a
+chain of known costs takes their sum, a queue waits what queueing theory says, a batch, an
+instance, a core or a GIL is shared exactly as the model says, and the same inputs give the
+same figures. Nothing here reads a clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.errors import ArgumentError, PipelinesError
+from pipelines.predict.simulator import FORMS, simulate
+from pipelines.predict.spec import Curve, Load, SimSpec, StepSpec, WayCost
+
+#: The server profile's boundaries (pipelines.calibration.profile.BOUNDARIES).
+BOUNDARIES = ("request", "ensemble", "ensemble_step", "bls_call", "bls_model", "bls_sync_call", "bls_sync_model",
+              "stub", "ensemble_stub", "bls_stub", "bls_sync_stub", "ensemble_gate")
+
+
+def flat(us: float) -> WayCost:
+    return WayCost((0,), (float(us),))
+
+
+def costs(**priced: tuple[float, float]) -> dict[str, tuple[WayCost, WayCost]]:
+    """Every boundary free but those given, as name=(µs in, µs out)."""
+    free = {name: (flat(0), flat(0)) for name in BOUNDARIES}
+    return free | {name: (flat(way_in), flat(way_out)) for name, (way_in, way_out) in priced.items()}
+
+
+def step(name: str, wall: float, *, deps: tuple[str, ...] = (), cpu: float | None = None,
+         rows_wall: Curve | None = None, **options) -> StepSpec:
+    """A step that takes ``wall`` µs a call (``rows_wall``: by rows), on one core unless ``cpu``."""
+    wall_us = rows_wall or Curve.flat(wall)
+    cpu_us = wall_us if cpu is None else Curve.flat(cpu)
+    return StepSpec(name, deps, wall_us, cpu_us, in_bytes=1000.0, out_bytes=1000.0, **options)
+
+
+def spec(form: str, *steps: StepSpec, cores: float = 8.0, **options) -> SimSpec:
+    options.setdefault("costs", costs())
+    return SimSpec(form, steps, rows=1, in_bytes=1000.0, out_bytes=1000.0, cores=cores, **options)
+
+
+def closed(concurrency: int, requests: int = 200, warmup: int = 20) -> Load:
+    return Load(concurrency=concurrency, requests=requests, warmup=warmup)
+
+
+def latencies(result) -> set[float]:
+    return {result.p50_us, result.p95_us, result.p99_us, result.mean_us}
+
+
+# ---------------------------------------------------------------------- a chain sums its costs
+
+
+def by_bytes(fixed: float) -> WayCost:
+    """``fixed`` µs plus 1 µs per 1000 bytes."""
+    return WayCost((0, 1000), (fixed, fixed + 1.0))
+
+
+PRICED = {name: (by_bytes(10 * i + 1), by_bytes(10 * i + 2)) for i, name in enumerate(BOUNDARIES)}
+
+
+def at(name: str, way: int, nbytes: float) -> float:
+    return PRICED[name][way].at(nbytes)
+
+
+def chain_spec(form: str) -> SimSpec:
+    """a -> b -> c at 2 rows a request; c is an external model (no stub)."""
+    steps = (
+        StepSpec("a", (), Curve.flat(100), Curve.flat(100), in_bytes=1000, out_bytes=2000),
+        StepSpec("b", ("a",), Curve((1, 2), (150, 200)), Curve((1, 2), (150, 200)), in_bytes=2000, out_bytes=3000),
+        StepSpec("c", ("b",), Curve.flat(300), Curve.flat(0), in_bytes=3000, out_bytes=500, external=True),
+    )
+    return SimSpec(form, steps, rows=2, in_bytes=1000, out_bytes=500, costs=PRICED, cores=4)
+
+
+def test_a_chain_alone_takes_the_sum_of_its_costs_in_every_form():
+    walls = {"a": 100, "b": 200, "c": 300}  # b at 2 rows
+    steps = chain_spec("ensemble").steps
+    ins, outs = {s.name: 2 * s.in_bytes for s in steps}, {s.name: 2 * s.out_bytes for s in steps}
+    enter, leave = 2000, 1000  # the request's bytes in and out
+
+    def called(call: str, stub: str | None) -> float:
+        return sum(at(call, 0, ins[n]) + (at(stub, 0, ins[n]) + at(stub, 1, outs[n]) if stub and n != "c" else 0)
+                   + walls[n] + at(call, 1, outs[n]) for n in walls)
+
+    expected = {
+        "ensemble": at("request", 0, enter) + at("ensemble", 0, enter) + called("ensemble_step", "ensemble_stub")
+        + at("request", 1, leave) + at("ensemble", 1, leave),
+        "bls": at("request", 0, enter) + at("bls_model", 0, enter) + called("bls_call", "bls_stub")
+        + at("bls_model", 1, leave) + at("request", 1, leave),
+        "bls-sync": at("request", 0, enter) + at("bls_sync_model", 0, enter)
+        + called("bls_sync_call", "bls_sync_stub") + at("bls_sync_model", 1, leave) + at("request", 1, leave),
+        # in process: no calls and no stubs, but for the external step
+        "fused": at("request", 0, enter) + at("bls_model", 0, enter) + walls["a"] + walls["b"]
+        + at("bls_call", 0, ins["c"]) + walls["c"] + at("bls_call", 1, outs["c"])
+        + at("bls_model", 1, leave) + at("request", 1, leave),
+    }
+    for form in FORMS:
+        result = simulate(chain_spec(form), closed(1))
+        assert latencies(result) == {expected[form]}, form
+        assert result.throughput == pytest.approx(1e6 / expected[form], rel=1e-12), form
+
+
+# ---------------------------------------------------------------------- queues
+
+
+def test_an_open_loop_into_one_server_waits_as_md1_says():
+    # M/D/1: Poisson arrivals at λ, service D: the mean wait is λD²/(2(1-λD)).
+    rate, service = 600.0, 1000.0
+    rho = rate / 1e6 * service
+    wait = rho * service / (2 * (1 - rho))  # 750 µs
+    result = simulate(spec("ensemble", step("s", service)),
+                      Load(rate=rate, requests=50_000, warmup=1_000, seed=7))
+    assert result.mean_us - service == pytest.approx(wait, rel=0.03)  # 758 µs with this seed
+    assert result.throughput == pytest.approx(rate, rel=0.01)
+    assert result.utilisation["s"] == pytest.approx(rho, rel=0.01)
+
+
+def test_an_open_loop_beyond_the_capacity_is_answered_at_the_capacity():
+    result = simulate(spec("ensemble", step("s", 1000)), Load(rate=5000.0, seed=1))
+    assert result.throughput == pytest.approx(1000.0, rel=1e-12)
+    assert result.bottleneck == "s"
+    assert result.p99_us > result.p50_us > 100_000  # its queue grows while it is measured
+
+
+def test_two_instances_double_the_throughput_of_a_saturated_step():
+    one = simulate(spec("ensemble", step("s", 1000)), closed(8))
+    two = simulate(spec("ensemble", step("s", 1000, instances=2)), closed(8))
+    assert one.throughput == pytest.approx(1000.0, rel=1e-12)
+    assert two.throughput == pytest.approx(2000.0, rel=1e-12)
+    assert latencies(one) == {8000.0} and latencies(two) == {4000.0}  # 8 clients queue on 1, or 2, instances
+    assert one.utilisation["s"] == pytest.approx(1.0) and two.utilisation["s"] == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------------- the dynamic batcher
+
+
+def batching(wall: float | Curve = 1000.0, **options) -> StepSpec:
+    curve = wall if isinstance(wall, Curve) else None
+    return step("s", 0 if curve else wall, rows_wall=curve, max_batch_size=4, dynamic_batching=True, **options)
+
+
+def test_a_saturated_batcher_sends_full_batches():
+    # 8 clients, batches of 4 at most: one batch runs while the next 4 wait.
+    result = simulate(spec("ensemble", batching(max_queue_delay_us=10_000)), closed(8))
+    assert result.throughput == pytest.approx(4000.0, rel=1e-12)
+    assert latencies(result) == {2000.0}
+    # a batch's cost by its rows: 4 rows take 1600 µs
+    grows = simulate(spec("ensemble", batching(Curve((1, 4), (1000, 1600)))), closed(8))
+    assert grows.throughput == pytest.approx(4 / 1600 * 1e6, rel=1e-12)
+
+
+def test_a_batch_below_the_max_waits_out_the_queue_delay():
+    # 3 clients, batches of 4: the batch of 3 waits 500 µs for a fourth that never comes.
+    waits = simulate(spec("ensemble", batching(max_queue_delay_us=500)), closed(3))
+    assert latencies(waits) == {1500.0}
+    assert waits.throughput == pytest.approx(3 / 1500 * 1e6, rel=1e-12)
+    at_once = simulate(spec("ensemble", batching(max_queue_delay_us=0)), closed(3))
+    assert latencies(at_once) == {1000.0}
+    assert at_once.throughput == pytest.approx(3000.0, rel=1e-12)
+
+
+def test_a_preferred_batch_size_goes_without_waiting():
+    preferred = simulate(spec("ensemble", batching(max_queue_delay_us=10_000, preferred_batch_sizes=(2,))), closed(2))
+    assert latencies(preferred) == {1000.0}
+    waits = simulate(spec("ensemble", batching(max_queue_delay_us=10_000)), closed(2))
+    assert latencies(waits) == {11_000.0}
+
+
+# ---------------------------------------------------------------------- the cores
+
+
+def test_processor_sharing_stretches_cpu_work_beyond_the_cores():
+    four = step("s", 1000, instances=4)
+    assert latencies(simulate(spec("ensemble", four, cores=4), closed(4))) == {1000.0}
+    crowded = simulate(spec("ensemble", four, cores=2), closed(4))
+    assert latencies(crowded) == {2000.0}  # 4 one-core jobs on 2 cores take twice as long
+    assert crowded.cpu_utilisation == pytest.approx(1.0, rel=1e-12)
+    assert crowded.bottleneck == "cpu"
+    # cpu below wall: the step waits (on a GPU, say) most of its time, and 4 fit on one core
+    waiting = step("s", 1000, cpu=250, instances=4)
+    assert latencies(simulate(spec("ensemble", waiting, cores=1), closed(4))) == {1000.0}
+    # cpu above wall: two threads; alone on one core it takes twice its wall time
+    threads = step("s", 1000, cpu=2000)
+    assert latencies(simulate(spec("ensemble", threads, cores=1), closed(1))) == {2000.0}
+    assert latencies(simulate(spec("ensemble", threads, cores=2), closed(1))) == {1000.0}
+
+
+# ---------------------------------------------------------------------- BLS rounds, sync and async
+
+
+def test_a_bls_request_done_early_leaves_with_its_round():
+    # One round of 2 requests; their step has one instance, so A is done at 1000 and B at 2000:
+    # both answers leave at 2000, when the round's execute() returns.
+    result = simulate(spec("bls", step("s", 1000), top_max_batch_size=2), closed(2))
+    assert latencies(result) == {2000.0}
+    assert result.throughput == pytest.approx(1000.0, rel=1e-12)
+
+
+def test_sync_bls_calls_one_step_and_one_request_after_another_async_side_by_side():
+    a, b = step("a", 1000), step("b", 1000)  # independent
+    assert latencies(simulate(spec("bls", a, b), closed(1))) == {1000.0}
+    assert latencies(simulate(spec("bls-sync", a, b), closed(1))) == {2000.0}
+    two = step("s", 1000, instances=2)  # a round of 2 requests, room for both
+    assert latencies(simulate(spec("bls", two, top_max_batch_size=2), closed(2))) == {1000.0}
+    assert latencies(simulate(spec("bls-sync", two, top_max_batch_size=2), closed(2))) == {2000.0}
+
+
+def test_the_bls_model_pays_its_fixed_cost_once_a_round():
+    # bls_model's way in: 100 µs fixed + 1 µs per 1000 bytes; each request brings 1000 bytes.
+    priced = costs() | {"bls_model": (WayCost((0, 1000), (100, 101)), flat(0))}
+    result = simulate(spec("bls", step("s", 1000, instances=2), top_max_batch_size=2, costs=priced), closed(2))
+    assert latencies(result) == {100 + 1 + 1 + 1000.0}
+
+
+# ---------------------------------------------------------------------- fused
+
+
+def test_fused_steps_overlap_but_for_the_share_that_holds_the_gil():
+    def fused(gil_share: float) -> set[float]:
+        a, b = step("a", 1000, gil_share=gil_share), step("b", 1000, gil_share=gil_share)  # independent
+        return latencies(simulate(spec("fused", a, b), closed(1)))
+
+    assert fused(1.0) == {2000.0}
+    assert fused(0.0) == {1000.0}
+    assert fused(0.5) == {1500.0}  # b takes the GIL when a lets it go, halfway
+
+
+def test_each_fused_instance_has_its_own_gil():
+    a, b = step("a", 1000), step("b", 1000)
+    assert latencies(simulate(spec("fused", a, b, top_instances=2), closed(2))) == {2000.0}
+    one = simulate(spec("fused", a, b, top_instances=1), closed(2))
+    assert latencies(one) == {4000.0}
+    assert one.bottleneck == "fused"
+
+
+def test_a_fused_round_runs_its_requests_as_one_batch():
+    flat_batch = Curve((1, 4), (1000, 1000))  # the same cost for 1 to 4 rows
+    joined = simulate(spec("fused", step("s", 0, rows_wall=flat_batch, max_batch_size=4), top_max_batch_size=4),
+                      closed(4))
+    assert latencies(joined) == {1000.0}
+    # a step that does not batch: the 4 requests run side by side, and the step's instance in the
+    # fused instance takes one call at a time, holding the GIL or not
+    for gil_share in (1.0, 0.0):
+        alone = simulate(spec("fused", step("s", 1000, gil_share=gil_share), top_max_batch_size=4), closed(4))
+        assert latencies(alone) == {4000.0}
+
+
+def test_nodes_of_one_model_share_its_instances():
+    # Two independent nodes of one step compile to one model: its one instance runs them in turn.
+    a, b = step("a", 1000, model="m"), step("b", 1000, model="m")
+    for form in ("ensemble", "bls"):
+        shared = simulate(spec(form, a, b), closed(1))
+        assert latencies(shared) == {2000.0}, form
+        assert shared.utilisation["m"] == pytest.approx(1.0, rel=1e-12), form
+        assert "a" not in shared.utilisation and "b" not in shared.utilisation
+    assert latencies(simulate(spec("ensemble", step("a", 1000), step("b", 1000)), closed(1))) == {1000.0}
+    # in a fused instance the step's one instance takes one call at a time, GIL or not
+    free_a, free_b = step("a", 1000, model="m", gil_share=0.0), step("b", 1000, model="m", gil_share=0.0)
+    assert latencies(simulate(spec("fused", free_a, free_b), closed(1))) == {2000.0}
+    with pytest.raises(PipelinesError, match="share model 'm' but not its options"):
+        simulate(spec("ensemble", a, step("b", 1000, model="m", instances=2)), closed(1))
+
+
+# ---------------------------------------------------------------------- the gate, utilisation, bottleneck
+
+
+def test_the_gate_has_one_instance_and_can_be_the_bottleneck():
+    # The step is an external model (no stub, no CPU) with an instance per client; the gate's
+    # stub costs 100 + 200 µs a request, on one instance; its fixed cost holds nothing.
+    model = step("m", 100, cpu=0, instances=4, external=True)
+    priced = costs(ensemble_stub=(100, 200), ensemble_gate=(50, 0))
+    alone = simulate(spec("ensemble", model, gate=True, costs=priced), closed(1))
+    assert latencies(alone) == {100 + 300 + 50.0}
+    busy = simulate(spec("ensemble", model, gate=True, costs=priced, cores=2), closed(4))
+    assert busy.throughput == pytest.approx(1e6 / 300, rel=1e-12)
+    assert busy.utilisation["gate"] == pytest.approx(1.0, rel=1e-12)
+    assert busy.utilisation["m"] == pytest.approx(100 / (4 * 300), rel=1e-12)
+    assert busy.bottleneck == "gate"
+
+
+def test_utilisation_names_the_busiest_model():
+    a, b = step("a", 500), step("b", 2000, deps=("a",))
+    result = simulate(spec("ensemble", a, b), closed(4))
+    assert result.utilisation == pytest.approx({"a": 0.25, "b": 1.0}, rel=1e-12)
+    assert result.throughput == pytest.approx(500.0, rel=1e-12)
+    assert result.cpu_utilisation == pytest.approx(1.25 / 8, rel=1e-12)  # 1.25 cores busy of 8
+    assert result.bottleneck == "b"
+    # the BLS model's instance, held for whole rounds, one request each, is busier still
+    bls = simulate(spec("bls", a, b), closed(4))
+    assert set(bls.utilisation) == {"a", "b", "bls"}
+    assert bls.utilisation["bls"] == pytest.approx(1.0, rel=1e-12)
+    assert bls.bottleneck == "bls"
+
+
+# ---------------------------------------------------------------------- repeatable, and refused
+
+
+def test_the_same_inputs_give_the_same_figures():
+    diamond = (step("a", 300), step("b", 800, deps=("a",), cpu=100, max_batch_size=4, dynamic_batching=True,
+                                    max_queue_delay_us=200), step("c", 400, deps=("a",)), step("d", 100, deps=("b", "c")))
+    for form in FORMS:
+        configuration = spec(form, *diamond, cores=2, top_max_batch_size=4)
+        first = simulate(configuration, Load(rate=400.0, requests=500, seed=3))
+        assert simulate(configuration, Load(rate=400.0, requests=500, seed=3)) == first, form
+        assert simulate(configuration, Load(rate=400.0, requests=500, seed=4)) != first, form  # the seed matters
+
+
+def test_what_cannot_be_simulated_is_refused_with_the_reason():
+    with pytest.raises(ArgumentError, match="no form 'grpc'"):
+        simulate(spec("grpc", step("s", 10)), closed(1))
+    with pytest.raises(PipelinesError, match="bls_call"):
+        simulate(spec("bls", step("s", 10), costs={"request": (flat(0), flat(0)), "bls_model": (flat(0), flat(0)),
+                                                   "bls_stub": (flat(0), flat(0))}), closed(1))
+    with pytest.raises(PipelinesError, match="topological order"):
+        simulate(spec("ensemble", step("a", 10, deps=("b",)), step("b", 10)), closed(1))
+    with pytest.raises(PipelinesError, match="max_batch_size > 0"):
+        simulate(spec("ensemble", step("s", 10, dynamic_batching=True)), closed(1))
+    with pytest.raises(PipelinesError, match="'gate'"):
+        simulate(spec("ensemble", step("gate", 10), gate=True), closed(1))
+    with pytest.raises(PipelinesError, match="zero"):
+        simulate(spec("ensemble", step("s", 0)), closed(1))

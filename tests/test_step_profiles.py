@@ -1,0 +1,383 @@
+"""Step profiles: each live step of a pipeline run for real, here, on the tensors the
+pipeline hands it, at each batch size; what it costs in wall and CPU time, how much of it
+holds the GIL, what its tensors weigh; cached as JSON by its code and input shapes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from pipelines import ArgumentError, InputError, Pipeline, StepError, TensorSpec, external_model, step
+from pipelines.examples import basic, text, yolov5
+from pipelines.plan import plan_of
+from pipelines.predict.code_digest import code_digest
+from pipelines.predict.spec import Curve
+from pipelines.predict.step_profiles import StepProfile, profile_steps
+from pipelines.runtime import gpu_available
+
+V = TensorSpec("FP32", [-1])
+X = {"x": np.arange(16, dtype=np.float32)[None]}  # one row of 16 floats: 64 bytes
+
+
+def one_step(fn, *, name="s", max_batch_size=8, **options):
+    s = step(fn, inputs={"x": V}, outputs={"y": V}, name=name, **options)
+    p = Pipeline(f"p_{name}", inputs={"x": V}, max_batch_size=max_batch_size)
+    p.output("y", p.add(s, x=p.input("x"))["y"])
+    return p
+
+
+# ------------------------------------------------------------------ shapes and bytes
+
+
+def test_yolov5_steps_see_the_tensors_the_pipeline_hands_them():
+    sample = yolov5.make_sample()
+    image = sample["image"][None]  # one request: a batch of one 480x640 BGR image
+    seen = []
+    profiles = profile_steps(yolov5.pipeline, {"image": image}, repeats=1, progress=lambda *a: seen.append(a))
+
+    assert list(profiles) == list(plan_of(yolov5.pipeline).order) == ["letterbox", "detector", "nms", "scale_boxes"]
+    assert seen == [(1, 4, "letterbox"), (2, 4, "detector"), (3, 4, "nms"), (4, 4, "scale_boxes")]
+    lb, det, nms, sb = profiles.values()
+    assert lb.inputs == {"image": TensorSpec("UINT8", [480, 640, 3])} and lb.in_bytes == 480 * 640 * 3
+    assert lb.outputs["images"] == TensorSpec("FP32", [3, 640, 640])
+    assert det.inputs == {"images": TensorSpec("FP32", [3, 640, 640])} and det.in_bytes == 3 * 640 * 640 * 4
+    assert det.outputs == {"output0": TensorSpec("FP32", [25200, 85])} and det.out_bytes == 25200 * 85 * 4
+    assert nms.outputs == {"detections": TensorSpec("FP32", [300, 6])} and nms.out_bytes == 300 * 6 * 4
+    # scale_boxes reads letterbox's ratio_pad and orig_size too: what letterbox hands on counts them
+    assert sb.in_bytes == 300 * 6 * 4 + 4 * 4 + 2 * 4
+    assert lb.out_bytes == 3 * 640 * 640 * 4 + 4 * 4 + 2 * 4
+    for p in profiles.values():
+        assert p.rows == (1, 2, 4, 8) and p.device == "cpu" and p.source == "measured" and not p.external
+        assert all(w > 0 for w in p.wall_us) and 0 <= p.gil_share <= 1
+        assert p.wall_curve() == Curve(p.rows, p.wall_us) and p.cpu_curve().at(8) == p.cpu_us[-1]
+
+
+def test_bytes_are_per_row_whatever_rows_the_sample_has():
+    p = basic.make_diamond(ms=0)
+    one = profile_steps(p, X, repeats=1)
+    three = profile_steps(p, {"x": np.repeat(X["x"], 3, axis=0)}, repeats=1)
+    assert list(one) == ["branch_0", "branch_1", "join_0"]
+    for name in one:
+        assert one[name].in_bytes == three[name].in_bytes
+        assert one[name].out_bytes == three[name].out_bytes == 64
+    assert one["join_0"].in_bytes == 128  # two branches of 16 floats each
+    assert one["join_0"].inputs == {"a": TensorSpec("FP32", [16]), "b": TensorSpec("FP32", [16])}
+
+
+def test_bytes_tensors_weigh_what_triton_sends():
+    profiles = profile_steps(text.pipeline, text.sample_inputs(), repeats=1)
+    words = (b"a", b"tensor", b"pipelines")  # one row of three words, each sent with a 4-byte length
+    assert profiles["shout"].inputs == {"text": TensorSpec("BYTES", [3])}
+    assert profiles["shout"].in_bytes == sum(4 + len(w) for w in words)
+    assert profiles["shout"].out_bytes == sum(4 + len(w) + 1 for w in words)  # upper-cased, with a "!"
+    assert profiles["measure"].in_bytes == sum(4 + len(w) for w in words) + 8
+    assert profiles["measure"].out_bytes == 3 * 8 + 3 * 1
+
+
+def test_a_non_batching_pipeline_measures_its_whole_tensors_once_a_request():
+    p = basic.make_chain(steps=2, max_batch_size=0)
+    profiles = profile_steps(p, {"x": np.ones(10, np.float32)}, repeats=1)
+    for profile in profiles.values():
+        assert profile.rows == (1,) and profile.inputs == {"x": TensorSpec("FP32", [10])} and profile.in_bytes == 40
+
+
+def test_a_node_that_feeds_no_output_is_not_profiled():
+    p = Pipeline("dead_end", inputs={"x": V}, max_batch_size=2)
+    p.add(basic.Work, name="unused", x=p.input("x"))
+    p.output("y", p.add(basic.Work, name="used", x=p.input("x"))["y"])
+    assert list(profile_steps(p, X, repeats=1)) == ["used"]
+
+
+# ------------------------------------------------------------------ batch sizes
+
+
+def test_batch_sizes_run_up_to_each_steps_max_batch_size():
+    p = basic.make_chain(steps=1, max_batch_size=6)
+    assert profile_steps(p, X, repeats=1)["work_0"].rows == (1, 2, 4, 6)
+
+    wide = Pipeline("wide", inputs={"x": V}, max_batch_size=4)
+    wide.output("y", wide.add(basic.Work.with_options(max_batch_size=16), x=wide.input("x"))["y"])
+    assert profile_steps(wide, X, repeats=1)["Work"].rows == (1, 2, 4, 8, 16)
+
+
+def test_chosen_batch_sizes_leave_out_what_a_step_cannot_take():
+    p = basic.make_chain(steps=1, max_batch_size=8)
+    assert profile_steps(p, X, repeats=1, batch_sizes=(3, 1, 100))["work_0"].rows == (1, 3)
+    with pytest.raises(ArgumentError, match="batch_sizes"):
+        profile_steps(p, X, batch_sizes=(0, 2))
+
+
+def test_each_batch_is_made_of_the_rows_the_step_was_handed():
+    batches = []
+
+    def look(x):
+        batches.append(np.array(x))
+        return {"y": x}
+
+    profile_steps(one_step(look, max_batch_size=4), {"x": np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)}, repeats=1)
+    shapes = {b.shape[0]: b for b in batches}
+    assert set(shapes) == {1, 2, 4}
+    np.testing.assert_array_equal(shapes[4], [[1, 2], [3, 4], [1, 2], [3, 4]])
+    np.testing.assert_array_equal(shapes[1], [[1, 2]])
+
+
+# ------------------------------------------------------------------ wall, CPU, GIL
+
+
+def test_a_step_that_sleeps_takes_wall_time_not_cpu_and_holds_no_gil():
+    profile = profile_steps(basic.make_chain(steps=1, ms=20, max_batch_size=1), X, repeats=3)["work_0"]
+    assert profile.wall_us[0] >= 20_000
+    assert profile.cpu_us[0] < profile.wall_us[0] / 4
+    assert profile.gil_share < 0.5
+
+
+def test_a_pure_python_loop_holds_the_gil():
+    def spin(x):
+        total = 0
+        for i in range(300_000):
+            total += i
+        return {"y": x + (total % 2)}
+
+    profile = profile_steps(one_step(spin, name="spin", max_batch_size=1), X, repeats=3)["spin"]
+    assert profile.gil_share > 0.5
+
+
+def test_an_async_step_is_awaited():
+    import asyncio
+
+    async def wait(x):
+        await asyncio.sleep(0.01)
+        return {"y": x}
+
+    profile = profile_steps(one_step(wait, name="wait", max_batch_size=1), X, repeats=3)["wait"]
+    assert profile.wall_us[0] >= 10_000 and profile.cpu_us[0] < profile.wall_us[0] / 2
+
+
+def test_a_class_step_is_initialised_once_and_finalized_as_its_model_would_be():
+    events = []
+
+    @step(inputs={"x": V}, outputs={"y": V}, parameters={"k": 3})
+    class Scale:
+        def initialize(self, config):
+            events.append(("init", config["parameters"]["k"], config["pipeline"], config["instance_index"]))
+            self.k = config["parameters"]["k"]
+
+        def execute(self, x):
+            return {"y": x * self.k}
+
+        def finalize(self):
+            events.append(("fini",))
+
+    p = Pipeline("scaling", inputs={"x": V}, max_batch_size=2)
+    p.output("y", p.add(Scale, x=p.input("x"))["y"])
+    profile_steps(p, X, repeats=1)
+    # one instance that runs and is timed; a second only for the GIL test, beside it
+    assert events == [("init", 3, "scaling", 0), ("init", 3, "scaling", 1), ("fini",), ("fini",)]
+
+
+# ------------------------------------------------------------------ failures
+
+
+def test_a_failing_step_is_named_with_its_error():
+    @step(inputs={"x": V}, outputs={"y": V})
+    def bad(x):
+        raise ValueError("no such luck")
+
+    p = Pipeline("fails", inputs={"x": V}, max_batch_size=2)
+    p.output("y", p.add(bad, x=p.add(basic.Work, x=p.input("x"))["y"])["y"])
+    with pytest.raises(StepError, match=r"pipeline 'fails' step 'bad'.*ValueError: no such luck") as caught:
+        profile_steps(p, X, repeats=1)
+    assert caught.value.pipeline == "fails" and caught.value.step == "bad"
+
+
+def test_a_step_that_fails_only_on_a_larger_batch_or_in_initialize_is_named():
+    def small_only(x):
+        if x.shape[0] > 2:
+            raise MemoryError("too many rows")
+        return {"y": x}
+
+    with pytest.raises(StepError, match=r"pipeline 'p_small' step 'small'.*MemoryError: too many rows"):
+        profile_steps(one_step(small_only, name="small"), X, repeats=1)
+
+    class Broken:
+        def initialize(self, config):
+            raise OSError("weights missing")
+
+        def execute(self, x):
+            return {"y": x}
+
+    with pytest.raises(StepError, match=r"step 'broken'.*initialize.*OSError: weights missing"):
+        profile_steps(one_step(Broken, name="broken"), X, repeats=1)
+
+
+def test_a_step_that_breaks_its_declaration_is_named_with_the_pipeline():
+    def wrong(x):
+        return {"y": x.astype(np.float64)}
+
+    with pytest.raises(StepError, match=r"pipeline 'p_wrong' step 'wrong'.*FP32"):
+        profile_steps(one_step(wrong, name="wrong"), X, repeats=1)
+
+
+def test_a_request_that_does_not_fit_the_pipeline_is_refused():
+    with pytest.raises(InputError, match="'x'"):
+        profile_steps(basic.make_chain(steps=1), {"x": np.ones(4, np.float32)})
+
+
+# ------------------------------------------------------------------ external models and given costs
+
+
+def external_pipeline(stand_in=None):
+    model = external_model("scorer", inputs={"x": V}, outputs={"y": V}, backend="onnxruntime", stand_in=stand_in)
+    p = Pipeline("served", inputs={"x": V}, max_batch_size=8)
+    p.output("y", p.add(basic.Work, name="post", x=p.add(model, x=p.input("x"))["y"])["y"])
+    return p
+
+
+def test_an_external_model_without_stand_in_or_cost_is_refused_naming_it():
+    with pytest.raises(ArgumentError, match=r"pipeline 'served' step 'scorer'.*onnxruntime.*costs=.*stand_in"):
+        profile_steps(external_pipeline(), X)
+
+
+def test_a_given_cost_is_used_instead_of_measuring():
+    with pytest.warns(UserWarning, match="'scorer' cannot run here"):
+        profiles = profile_steps(external_pipeline(), X, costs={"scorer": 1500.0}, repeats=1)
+    scorer = profiles["scorer"]
+    assert scorer.source == "given" and scorer.external and scorer.rows == (1,) and scorer.wall_us == (1500.0,)
+    assert scorer.gil_share == 0.0 and scorer.outputs == {"y": TensorSpec("FP32", [1])}
+    assert profiles["post"].source == "measured" and profiles["post"].rows == (1, 2, 4, 8)
+
+    by_rows = profile_steps(external_pipeline(lambda x: {"y": x}), X, costs={"scorer": {8: 900, 1: 200}}, repeats=1)
+    assert by_rows["scorer"].wall_curve() == Curve((1, 8), (200.0, 900.0))
+    assert by_rows["scorer"].outputs == {"y": TensorSpec("FP32", [16])}  # the stand-in ran, for what follows
+
+    with pytest.raises(ArgumentError, match="'missing', which is no live step"):
+        profile_steps(external_pipeline(), X, costs={"missing": 1.0})
+    with pytest.raises(ArgumentError, match=r"costs\['scorer'\]"):
+        profile_steps(external_pipeline(), X, costs={"scorer": -1})
+
+
+def test_an_external_model_with_a_stand_in_is_timed_through_it():
+    profiles = profile_steps(external_pipeline(lambda x: {"y": x * 2}), X, repeats=1)
+    assert profiles["scorer"].source == "stand_in" and profiles["scorer"].external
+    assert profiles["scorer"].rows == (1, 2, 4, 8) and profiles["scorer"].gil_share == 0.0
+
+
+# ------------------------------------------------------------------ the cache
+
+
+CALLS: list[str] = []
+
+
+@step(inputs={"x": V}, outputs={"y": V})
+def counted(x):
+    CALLS.append("counted")
+    return {"y": x + 1}
+
+
+def counted_pipeline(after=None):
+    p = Pipeline("counting", inputs={"x": V}, max_batch_size=4)
+    ref = p.add(counted, x=p.input("x"))["y"]
+    if after is not None:
+        ref = p.add(after, x=ref)["y"]
+    p.output("y", ref)
+    return p
+
+
+def edited(body):
+    """The same function, named alike, as a notebook cell edited and run again defines it."""
+    namespace = {"__name__": "__main__", "np": np}
+    exec(f"def post(x):\n    return {{'y': {body}}}\n", namespace)
+    return step(namespace["post"], inputs={"x": V}, outputs={"y": V})
+
+
+def test_the_cache_returns_a_profile_without_running_the_step(tmp_path):
+    cache = tmp_path / "server.json.steps.json"
+    CALLS.clear()
+    first = profile_steps(counted_pipeline(), X, cache=cache, repeats=2)
+    assert CALLS and json.loads(cache.read_text())["format"] == 1
+    CALLS.clear()
+    again = profile_steps(counted_pipeline(), X, cache=cache, repeats=2)
+    assert CALLS == [] and again == first
+
+
+def test_a_changed_function_misses_the_cache_and_runs_only_what_it_needs(tmp_path):
+    cache = tmp_path / "steps.json"
+    profile_steps(counted_pipeline(edited("x * 2")), X, cache=cache, repeats=2)
+    CALLS.clear()
+    profile_steps(counted_pipeline(edited("x * 2")), X, cache=cache, repeats=2)
+    assert CALLS == []  # the same code, defined again: a hit
+    profile_steps(counted_pipeline(edited("x * 3")), X, cache=cache, repeats=2)
+    assert CALLS == ["counted"]  # the edited step missed; the one before it ran once, for its tensors
+    CALLS.clear()
+    profile_steps(counted_pipeline(edited("x * 3")), {"x": np.ones((1, 32), np.float32)}, cache=cache, repeats=2)
+    assert len(CALLS) > 1  # other input shapes: measured again
+
+
+def cell(helper_body):
+    """A notebook cell that defines a helper and a step that calls it."""
+    namespace = {"__name__": "__main__", "np": np}
+    exec(f"def helper(x):\n    return {helper_body}\n\ndef post(x):\n    return {{'y': helper(x)}}\n", namespace)
+    return step(namespace["post"], inputs={"x": V}, outputs={"y": V})
+
+
+def test_the_digest_follows_the_code_a_step_calls_and_what_changes_one_execution():
+    assert code_digest(cell("x + 1")) == code_digest(cell("x + 1"))
+    assert code_digest(cell("x + 1")) != code_digest(cell("x + 2"))  # only the helper changed
+    assert code_digest(counted) == code_digest(counted.with_options(instance_count=3, dynamic_batching=True))
+    assert code_digest(basic.Work) != code_digest(basic.Work.with_options(parameters={"ms": 5}))
+
+
+def test_a_cache_that_cannot_be_read_is_replaced(tmp_path):
+    cache = tmp_path / "steps.json"
+    cache.write_text("{ not json")
+    with pytest.warns(UserWarning, match="cannot be read"):
+        profile_steps(counted_pipeline(), X, cache=cache, repeats=1)
+    assert len(json.loads(cache.read_text())["profiles"]) == 1
+
+
+# ------------------------------------------------------------------ JSON
+
+
+def test_a_profile_goes_to_json_and_back():
+    profiles = profile_steps(basic.make_diamond(ms=0), X, repeats=1)
+    for profile in profiles.values():
+        assert StepProfile.from_json(profile.to_json()) == profile
+        assert StepProfile.from_json(json.dumps(profile.to_json())) == profile
+    data = profiles["join_0"].to_json()
+    with pytest.raises(ArgumentError, match="wall_us"):
+        StepProfile.from_json({**data, "wall_us": [float("nan")] * len(data["rows"])})
+    with pytest.raises(ArgumentError, match="cpu_us"):
+        StepProfile.from_json({**data, "cpu_us": [-1.0] * len(data["rows"])})
+    with pytest.raises(ArgumentError, match="'gil_share'"):
+        StepProfile.from_json({k: v for k, v in data.items() if k != "gil_share"})
+
+
+# ------------------------------------------------------------------ GPU
+
+
+@pytest.mark.skipif(gpu_available(), reason="checks the message given when no GPU is present")
+def test_a_gpu_step_without_cuda_is_refused_naming_it():
+    from pipelines import InferenceError
+
+    with pytest.raises(InferenceError, match=r"step 'on_gpu'.*GPU.*costs="):
+        profile_steps(one_step(lambda x: {"y": x}, name="on_gpu", device="gpu"), X)
+
+
+@pytest.mark.gpu
+def test_a_gpu_step_is_timed_on_the_gpu_with_cupy_arrays():
+    cupy = pytest.importorskip("cupy")
+    if not gpu_available():
+        pytest.skip("CuPy is installed but no CUDA device is present")
+    seen = []
+
+    def matmul(x):
+        seen.append(type(x))
+        return {"y": (x @ x.T).sum(axis=1)[:, None] * cupy.ones_like(x)}
+
+    start = time.perf_counter()
+    profile = profile_steps(one_step(matmul, name="on_gpu", device="gpu"), X, repeats=3)["on_gpu"]
+    assert time.perf_counter() - start < 60
+    assert profile.device == "gpu" and profile.rows == (1, 2, 4, 8) and set(seen) == {cupy.ndarray}
