@@ -62,7 +62,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="a step's cost per call in µs, instead of measuring it here (an external model "
                         "with no stand-in, or one that runs on other hardware); repeat for each")
     parser.add_argument("--cores", type=_positive(float, "a number of cores > 0"), default=None, metavar="N",
-                        help="the server's cores (default: the parallelism the profile measured)")
+                        help="the server's cores (default: those of the machine the profile was measured on)")
     parser.add_argument("--allow-mismatch", action="store_true",
                         help="use a profile measured on another machine, Triton version or protocol (warns, "
                         "naming each difference)")

@@ -142,7 +142,7 @@ class Predictor:
         allow_mismatch: bool = False,
         progress: Callable[[int, int, str], None] | None = None,
     ) -> None:
-        from ..calibration.profile import load_profile
+        from ..calibration.profile import default_lanes, load_profile
         from .step_profiles import profile_steps
 
         if not isinstance(pipeline, Pipeline):
@@ -169,7 +169,10 @@ class Predictor:
         self.costs = {name: _ways(cost) for name, cost in self.server.costs.items()}
         if cores is not None and not (isinstance(cores, (int, float)) and cores >= 1):
             raise ArgumentError(f"cores is a number >= 1 (the server's cores); got {cores!r}")
-        self.cores = float(cores) if cores is not None else float(self.server.lanes)
+        # The server machine's cores, as the profile recorded them: the simulation shares them
+        # between every CPU cost itself (the profile's measured "lanes" fold the client's own
+        # one-thread limit into the cores, which the simulation now models apart).
+        self.cores = float(cores) if cores is not None else default_lanes(self.server.machine)
         self.gate, self.ensemble_refused = self._ensemble_shape()
 
     def _require_match(self, allow_mismatch: bool) -> None:
@@ -315,7 +318,7 @@ def predict(
     (default: the pipeline module's own samples, else random tensors). ``costs``: µs per call
     (or ``{rows: µs}``) for steps not to measure here, such as external models without a
     stand-in. ``cache``: where the step profiles are kept (default: beside the profile file).
-    ``cores``: the server's cores (default: the profile's measured parallelism).
+    ``cores``: the server's cores (default: those of the machine the profile was measured on).
     """
     wanted = loads(concurrency, rate)
     predictor = Predictor(pipeline, profile, inputs=inputs, module=module, costs=costs, cache=cache, cores=cores,

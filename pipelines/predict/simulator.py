@@ -79,6 +79,11 @@ class _Server:
         self.env = env
         self.spec = spec
         self.cores = Cores(env, spec.cores)
+        # The client's own work (encoding a request, decoding its answer) runs in the load
+        # generator's threads: the benchmark's asyncio client has one, so requests that leave
+        # together are sent one after another and reach the server staggered, and a BLS round or
+        # a dynamic batch gathers fewer of them than if they all arrived at once.
+        self._client = simpy.Resource(env, capacity=spec.client_threads)
         self.models: dict[str, ModelScheduler] = {}
         self._steps = spec.steps
         names = [s.name for s in spec.steps]
@@ -237,14 +242,22 @@ class _Server:
 
     # ------------------------------------------------------------------ ensemble
 
+    def _through_client(self, us: float) -> Flow:
+        """A request's way in or out: its cost is CPU work, done in one of the client's threads."""
+        if us <= 0.0:
+            return
+        with self._client.request() as turn:
+            yield turn
+            yield self.cores.run(us)
+
     def _ensemble_request(self) -> Flow:
-        yield self.cores.run(self._enter)
+        yield from self._through_client(self._enter)
         yield from self._dag(self._ensemble_step)
         if self.spec.gate:
             yield self.cores.run(self._gate_in)
             yield self.models["gate"].submit(self.spec.rows)
             yield self.cores.run(self._gate_out)
-        yield self.cores.run(self._leave)
+        yield from self._through_client(self._leave)
 
     def _ensemble_step(self, step: StepSpec) -> Flow:
         way_in, way_out = self._step_ways[step.name]
@@ -255,9 +268,9 @@ class _Server:
     # ------------------------------------------------------------------ BLS and fused rounds
 
     def _top_request(self) -> Flow:
-        yield self.cores.run(self._enter)
+        yield from self._through_client(self._enter)
         yield self.models[self.spec.form].submit(self.spec.rows)
-        yield self.cores.run(self._leave)
+        yield from self._through_client(self._leave)
 
     def _round_in(self, count: int) -> float:
         """The top model's way in for a round of ``count`` requests: its fixed part once."""

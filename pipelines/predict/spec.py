@@ -111,6 +111,8 @@ class SimSpec:
     by every CPU cost (processor sharing). ``costs``: the server profile's boundaries by
     name (``request``, ``ensemble``, ``ensemble_step``, ``bls_call``, ``bls_stub``, ... see
     :data:`pipelines.calibration.profile.BOUNDARIES`), each as ``(in, out)`` :class:`WayCost`.
+    ``client_threads``: the load generator's threads, which pay each request's ``request`` cost
+    one at a time (the benchmark's and the calibration's asyncio client has one).
     """
 
     form: str
@@ -123,6 +125,7 @@ class SimSpec:
     top_instances: int = 1
     top_max_batch_size: int = 0
     gate: bool = False
+    client_threads: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "costs", MappingProxyType(dict(self.costs)))

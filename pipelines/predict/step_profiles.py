@@ -549,8 +549,8 @@ class _Cache:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
             if data.get("format") != CACHE_FORMAT or not isinstance(data.get("profiles"), dict):
-                raise ValueError(f"format {data.get('format')!r}, not {CACHE_FORMAT}")
-        except (OSError, ValueError, AttributeError) as exc:
+                raise PipelinesError(f"format {data.get('format')!r}, not {CACHE_FORMAT}")
+        except (OSError, ValueError, AttributeError, PipelinesError) as exc:
             if warn:
                 warnings.warn(
                     f"step profile cache {str(self.path)!r} cannot be read ({exc}); its steps are profiled again "
