@@ -152,7 +152,7 @@ def main(argv=None) -> int:
     if "yolov5" in args.pipelines.split(","):
         pipeline, module = load_pipeline_and_module(PIPELINES["yolov5"])
         started = time.perf_counter()
-        advice = advise(pipeline, profile_path, concurrency=8, module=module, budget=400)
+        advice = advise(pipeline, profile_path, concurrency=8, module=module, budget=300)
         took = time.perf_counter() - started
         ok = took <= ADVISE_S and advice.simulated >= ADVISE_CONFIGS
         speeds.append([f"yolov5: advise over {advice.simulated} configurations", f"{took:.1f} s",

@@ -300,7 +300,7 @@ def _measurement(where, form, c, p50_ms, throughput):
     )
 
 
-def test_verdict_names_the_winner_per_load_and_the_prediction_gap():
+def test_verdict_names_the_winner_per_load_and_whether_the_prediction_named_it():
     ms = [
         _measurement("local", "ensemble", 1, 10.0, 100.0), _measurement("local", "bls", 1, 20.0, 50.0),
         _measurement("server", "ensemble", 1, 12.0, 80.0), _measurement("server", "bls", 1, 20.0, 50.0),
@@ -313,7 +313,18 @@ def test_verdict_names_the_winner_per_load_and_the_prediction_gap():
     text = verdict(ms, pipeline="p")
     assert "ensemble wins at concurrency 1 (1.60× bls" in text
     assert "concurrency 4 is a tie between bls and ensemble" in text
-    assert "0.50 predicted vs 0.60 measured at concurrency 1 (17% under)" in text
+    assert "predicted" not in text  # no --profile: no prediction to judge
+    predictions = [{"form": "ensemble", "concurrency": 1, "p50_ms": 11.0, "throughput": 90.0},
+                   {"form": "bls", "concurrency": 1, "p50_ms": 19.0, "throughput": 52.0},
+                   {"form": "ensemble", "concurrency": 4, "p50_ms": 25.0, "throughput": 160.0},
+                   {"form": "bls", "concurrency": 4, "p50_ms": 40.0, "throughput": 100.0}]
+    judged = verdict(ms, pipeline="p", predictions=predictions)
+    assert "at concurrency 1 it named ensemble, the server's winner ensemble: right" in judged
+    # at 4 the server's two forms are within 5 %: either is the winner
+    assert "at concurrency 4 it named ensemble, the server's winner bls/ensemble: right" in judged
+    wrong = [dict(p, throughput=200.0) if p["form"] == "bls" and p["concurrency"] == 1 else p for p in predictions]
+    assert "at concurrency 1 it named bls, the server's winner ensemble: WRONG" in verdict(
+        ms, pipeline="p", predictions=wrong)
 
 
 def test_verdict_of_one_form_says_its_figures_and_that_there_is_nothing_to_compare():
@@ -509,8 +520,8 @@ def test_results_json_plots_table_and_verdict(bench):
         assert png.startswith(b"\x89PNG") and len(png) > 10_000
     for label in LABELS:
         assert label in printed
-    assert "predicted by the local runtime vs measured on the server" in printed
-    assert "On the Triton server" in result.verdict and "predicted vs" in result.verdict
+    assert "ensemble/BLS p50 latency ratio: in the local runtime (in-process, no server costs) vs on the server" in printed
+    assert "On the Triton server" in result.verdict
     assert "requests failed" in result.verdict
 
 

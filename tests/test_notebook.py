@@ -44,7 +44,7 @@ def check_story(cells):
     for form in FORMS:
         assert f"local {form}" in text and f"server {form}" in text
     words = "".join(_text(o.get("data", {}).get("text/markdown")) for o in outputs)
-    assert "**Verdict.**" in words and "the local runtime predicted" in words
+    assert "**Verdict.**" in words and "the local runtime measured" in words
 
 
 def test_committed_with_its_outputs():

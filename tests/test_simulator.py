@@ -319,3 +319,20 @@ def test_what_cannot_be_simulated_is_refused_with_the_reason():
         simulate(spec("ensemble", step("gate", 10), gate=True), closed(1))
     with pytest.raises(PipelinesError, match="zero"):
         simulate(spec("ensemble", step("s", 0)), closed(1))
+
+
+# ---------------------------------------------------------------------- the client's one thread
+
+
+def test_the_clients_one_thread_staggers_requests_so_a_bls_round_gathers_fewer():
+    # Two clients, 100 µs of client work each way, a BLS model whose round may take both, and a
+    # 1000 µs step with an instance each. With two client threads both requests arrive at once
+    # and share one round (1200 µs a round trip). With one, the second arrives 100 µs after the
+    # first has opened its round, and waits for a round of its own: half the throughput.
+    priced = costs(request=(100.0, 100.0))
+    s = step("s", 1000.0, instances=2)
+    two = simulate(spec("bls", s, costs=priced, top_max_batch_size=8, client_threads=2), closed(2))
+    one = simulate(spec("bls", s, costs=priced, top_max_batch_size=8), closed(2))
+    assert latencies(two) == {1200.0}
+    assert two.throughput == pytest.approx(2 / 1200 * 1e6, rel=1e-9)
+    assert one.throughput == pytest.approx(1e6 / 1000, rel=0.01)

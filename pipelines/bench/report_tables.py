@@ -46,7 +46,7 @@ def render(result: BenchmarkResult, *, tables: bool = True, files: bool = True) 
         if side:
             parts += ["\npredicted from the profile vs measured (server), per form and concurrency", side]
         if result.comparisons:
-            parts += ["\nensemble/BLS p50 latency ratio: predicted by the local runtime vs measured on the server",
+            parts += ["\nensemble/BLS p50 latency ratio: in the local runtime (in-process, no server costs) vs on the server",
                       ratio_table(result.comparisons)]
         parts += ["\nverdict: " + result.verdict]
         if result.status != "complete":

@@ -91,8 +91,8 @@ def add_advise_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: rank by p95)")
     parser.add_argument("--top", type=_positive(int, "an int >= 1"), default=5, metavar="K",
                         help="how many configurations to print (default 5)")
-    parser.add_argument("--budget", type=_positive(int, "an int >= 1"), default=400, metavar="N",
-                        help="at most this many configurations simulated (default 400)")
+    parser.add_argument("--budget", type=_positive(int, "an int >= 1"), default=300, metavar="N",
+                        help="at most this many configurations simulated (default 300)")
     parser.add_argument("--verify", action="store_true",
                         help="compile the top 3 and the default, measure them on the bundled Triton server "
                         "(or --url), and print predicted against measured")

@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import serving
 from ..errors import ArgumentError, InferenceError, PipelinesError, StepError
+from ..freed_memory import keep_freed_memory_here
 from ..output_paths import output_file, replace_text
 from ..plan import ExecutionPlan, NodePlan, plan_of
 from ..requests import check_request
@@ -190,6 +191,9 @@ def profile_steps(
     the figures are medians. The GIL share is measured at the smallest size
     (:mod:`pipelines.predict.gil_share`).
     """
+    # The server's stubs keep the memory freed arrays give back (pipelines.freed_memory): a step
+    # measured here must not page-fault its fresh arrays in on every call when there it does not.
+    keep_freed_memory_here()
     try:
         asyncio.get_running_loop()
     except RuntimeError:
