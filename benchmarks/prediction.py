@@ -100,6 +100,41 @@ def checks_of(name: str, predicted, measured) -> tuple[list[Check], list[list[st
     return checks, winners
 
 
+def plot(checks: list[Check], path: Path) -> None:
+    """Predicted against measured, one point per figure (p50 at concurrency 1, throughput at 4
+    and 16), on log axes, with the targets' bands around the diagonal."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # the plot is a nicety; prediction.json has the figures
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+    for ax, kind, tolerance in ((axes[0], "p50 ms", LATENCY_C1), (axes[1], "infer/s", THROUGHPUT)):
+        chosen = [c for c in checks if c.figure.endswith(kind)]
+        if not chosen:
+            continue
+        for form, marker in zip(FORMS, "os^D", strict=False):
+            mine = [c for c in chosen if c.figure.startswith(form + " ")]
+            ax.scatter([c.measured for c in mine], [c.predicted for c in mine], marker=marker, label=form, alpha=0.8)
+        low = min(min(c.measured, c.predicted) for c in chosen) * 0.8
+        high = max(max(c.measured, c.predicted) for c in chosen) * 1.2
+        line = [low, high]
+        ax.plot(line, line, color="black", linewidth=0.8)
+        ax.fill_between(line, [v * (1 - tolerance) for v in line], [v * (1 + tolerance) for v in line],
+                        color="grey", alpha=0.15, label=f"±{tolerance:.0%}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"measured on the server ({kind})")
+        ax.set_ylabel(f"predicted by the simulation ({kind})")
+        ax.set_title("p50 at concurrency 1" if kind == "p50 ms" else "throughput at concurrency 4 and 16")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", help="use this profile instead of calibrating first")
@@ -177,6 +212,7 @@ def main(argv=None) -> int:
         "seconds": round(time.perf_counter() - began),
     }
     (out / "prediction.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    plot(checks, out / "predicted_vs_measured.png")
     print(f"\n{total - len(missed)} of {total} targets met in {time.perf_counter() - began:.0f} s; "
           f"wrote {out / 'prediction.json'}")
     return 1 if missed else 0

@@ -83,13 +83,17 @@ class Advice:
         return out
 
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, k: int = 5) -> str:
+        """The top ``k`` as a table, the options each sets, and each form's default."""
         load = f"concurrency {self.load.concurrency}" if self.load.concurrency else f"{self.load.rate:g} requests/s"
         bound = f", p95 <= {self.p95_ms:g} ms" if self.p95_ms is not None else ""
         head = (f"advice for pipeline {self.pipeline!r} at {load}{bound}: {self.simulated} configurations simulated "
                 f"({self.profile})")
         base = "\n".join(f"default {name}: {c.row.throughput:.1f} infer/s, p95 {c.row.p95_ms:.2f} ms"
                          for name, c in self.defaults.items())
-        return "\n".join([head, self.table(), "", "set:", *self.settings(), "", base,
+        return "\n".join([head, self.table(k), "", "set:", *self.settings(k), "", base,
                           *(f"note: {n}" for n in self.notes)])
 
     def as_dicts(self, k: int | None = None) -> list[dict[str, Any]]:

@@ -146,7 +146,7 @@ def advise_main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(advice.as_dicts(args.top), indent=2))
     else:
-        print(str(advice).replace(advice.table(), advice.table(args.top)))
+        print(advice.text(args.top))
     if args.verify:
         from .verify import measure_configurations, verified_table
 

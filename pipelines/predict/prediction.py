@@ -304,25 +304,20 @@ def predict(
     forms: Iterable[str] | None = None,
     *,
     rate: Sequence[float] | float | None = None,
-    inputs: Mapping[str, Any] | None = None,
-    module: Any = None,
-    costs: Mapping[str, Any] | None = None,
-    cache: str | os.PathLike[str] | bool | None = True,
-    cores: float | None = None,
-    allow_mismatch: bool = False,
-    progress: Callable[[int, int, str], None] | None = None,
+    **options: Any,
 ) -> Prediction:
     """Predict each form of ``pipeline`` at each concurrency (closed loop) or rate (open loop).
 
-    ``profile``: a server profile or the path of its JSON file. ``inputs``: one sample request
+    ``profile``: a server profile or the path of its JSON file. ``options`` are
+    :class:`Predictor`'s: ``inputs``, one sample request
     (default: the pipeline module's own samples, else random tensors). ``costs``: µs per call
     (or ``{rows: µs}``) for steps not to measure here, such as external models without a
     stand-in. ``cache``: where the step profiles are kept (default: beside the profile file).
-    ``cores``: the server's cores (default: those of the machine the profile was measured on).
+    ``cores``: the server's cores (default: those of the machine the profile was measured on);
+    ``allow_mismatch``: use a profile measured on another machine (warns instead of refusing).
     """
     wanted = loads(concurrency, rate)
-    predictor = Predictor(pipeline, profile, inputs=inputs, module=module, costs=costs, cache=cache, cores=cores,
-                          allow_mismatch=allow_mismatch, progress=progress)
+    predictor = Predictor(pipeline, profile, **options)
     rows = []
     for name in predictor.forms(forms):
         configuration = predictor.default(name)
