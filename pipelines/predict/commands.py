@@ -97,8 +97,11 @@ def add_advise_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compile the top 3 and the default, measure them on the bundled Triton server "
                         "(or --url), and print predicted against measured")
     parser.add_argument("--url", metavar="HOST:PORT", default=None,
-                        help="with --verify: measure on this server, which must serve the repository that "
-                        "--verify --repository wrote")
+                        help="with --verify: measure on this server instead of the bundled one; it must serve "
+                        "the configurations' models (<pipeline>_v0, _v1, ...), as --verify-repository writes them")
+    parser.add_argument("--verify-repository", metavar="DIR", default=None,
+                        help="with --verify: write the configurations measured into DIR (and keep it), e.g. the "
+                        "repository that the server at --url loads")
     parser.add_argument("--duration", type=_positive(float, "seconds > 0"), default=3.0, metavar="S",
                         help="with --verify: seconds measured per configuration (default 3)")
     parser.add_argument("--write", metavar="DIR", default=None,
@@ -137,8 +140,8 @@ def advise_main(args: argparse.Namespace) -> int:
     from ..sample_inputs import sample_requests
     from .advise import advise
 
-    if args.url and not args.verify:
-        raise PipelinesError("--url is where --verify measures; add --verify, or drop --url")
+    if (args.url or args.verify_repository) and not args.verify:
+        raise PipelinesError("--url and --verify-repository are where --verify measures; add --verify, or drop them")
     pipeline, module, inputs = _load(args)
     advice = advise(pipeline, args.profile, concurrency=args.concurrency, rate=args.rate, p95_ms=args.p95_ms,
                     forms=args.forms, cores=args.cores, inputs=inputs, module=module, costs=dict(args.cost) or None,
@@ -160,7 +163,8 @@ def advise_main(args: argparse.Namespace) -> int:
                         default.row.p95_ms))
         samples = [inputs] if inputs else sample_requests(pipeline, module=module)
         rows = measure_configurations(pipeline, entries, samples, concurrency=advice.load.concurrency, url=args.url,
-                                      duration=args.duration, note=lambda t: print(t, file=sys.stderr))
+                                      duration=args.duration, repository=args.verify_repository,
+                                      note=lambda t: print(t, file=sys.stderr))
         print("\npredicted against measured at concurrency", advice.load.concurrency)
         print(verified_table(rows))
     if args.write:

@@ -84,14 +84,17 @@ def measure_configurations(
         copy = configured(pipeline, configuration, name=name)
         copies.append((label, configuration, tput, p95, copy))
     with ExitStack() as stack:
-        if url is None:
-            from ..triton import TritonServer
-
-            target = Path(repository) if repository else Path(
-                stack.enter_context(tempfile.TemporaryDirectory(prefix="pipelines-verify-"))) / "repo"
+        target = Path(repository) if repository else None
+        if target is None and url is None:
+            target = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pipelines-verify-"))) / "repo"
+        if target is not None:
             for _, configuration, _, _, copy in copies:
                 write_models(copy.compile(configuration.form, **configuration.compile_options()), target,
                              overwrite_hint=None)
+            say(f"wrote {len(copies)} configurations to {target}: " + ", ".join(c[4].name for c in copies))
+        if url is None:
+            from ..triton import TritonServer
+
             say(f"starting the bundled Triton server on {target} ({len(copies)} configurations)")
             server = stack.enter_context(TritonServer(target, restart_on_crash=False))
 
