@@ -15,17 +15,26 @@ from __future__ import annotations
 from .advise import Advice, Candidate, advise
 from .configuration import Configuration, ModelChoice, configured, default_configuration
 from .prediction import Prediction, PredictionRow, Predictor, predict
+from .simulator import simulate
+from .spec import Curve, Load, SimResult, SimSpec, StepSpec, WayCost
 
 __all__ = [
     "Advice",
     "Candidate",
     "Configuration",
+    "Curve",
+    "Load",
     "ModelChoice",
     "Prediction",
     "PredictionRow",
     "Predictor",
+    "SimResult",
+    "SimSpec",
+    "StepSpec",
+    "WayCost",
     "advise",
     "configured",
     "default_configuration",
     "predict",
+    "simulate",
 ]
