@@ -336,3 +336,14 @@ def test_the_clients_one_thread_staggers_requests_so_a_bls_round_gathers_fewer()
     assert latencies(two) == {1200.0}
     assert two.throughput == pytest.approx(2 / 1200 * 1e6, rel=1e-9)
     assert one.throughput == pytest.approx(1e6 / 1000, rel=0.01)
+
+
+def test_each_tensor_more_than_one_pays_the_stubs_and_the_calls_fixed_cost_again():
+    # The probes cross a stub with one tensor: a step taking 3 and giving 2 pays the fixed part
+    # twice more on the way in and once more on the way out, in its stub and in a BLS call.
+    priced = costs(ensemble_stub=(by_bytes(50).at(0), 0.0), bls_call=(20.0, 30.0))
+    one = simulate(spec("ensemble", step("s", 1000.0), costs=priced), closed(1))
+    many = simulate(spec("ensemble", step("s", 1000.0, in_tensors=3, out_tensors=2), costs=priced), closed(1))
+    assert latencies(one) == {1050.0} and latencies(many) == {1150.0}
+    bls = simulate(spec("bls", step("s", 1000.0, in_tensors=3, out_tensors=2), costs=priced), closed(1))
+    assert latencies(bls) == {1000.0 + 3 * 20.0 + 2 * 30.0}

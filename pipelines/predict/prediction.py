@@ -227,6 +227,8 @@ class Predictor:
                     preferred_batch_sizes=choice.preferred_batch_sizes,
                     max_queue_delay_us=float(choice.max_queue_delay_us),
                     model=model.name,
+                    in_tensors=max(1, len(measured.inputs)),
+                    out_tensors=max(1, len(measured.outputs)),
                 )))
         order = {name: i for i, name in enumerate(self.plan.order)}
         steps.sort(key=lambda pair: order[pair[0]])

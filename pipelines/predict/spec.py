@@ -77,6 +77,8 @@ class StepSpec:
     has no Python stub. ``max_batch_size`` 0: no batching (one request an execution).
     ``model``: the Triton model that runs it; steps that name the same model (one step used by
     several nodes compiles to one model) share its instances and its queue ("" : its own name).
+    ``in_tensors``/``out_tensors``: how many tensors it takes and gives; a stub and a BLS call
+    pay their boundary's fixed cost for each (the profile's probes have one of each).
     """
 
     name: str
@@ -93,6 +95,8 @@ class StepSpec:
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_us: float = 0.0
     model: str = ""
+    in_tensors: int = 1
+    out_tensors: int = 1
 
     @property
     def model_name(self) -> str:
