@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import DynamicBatching, Pipeline, TensorSpec, step
+from pipelines import DynamicBatching, Pipeline, TensorSpec, external_model, step
 from pipelines.bench.results import machine_info
 from pipelines.calibration.profile import BOUNDARIES, Cost, Profile
 from pipelines.cli import main
@@ -220,3 +220,22 @@ def test_advise_verify_measures_the_top_picks_on_the_bundled_server(profile_path
     for line in rows:
         measured = float(line.split()[-5])
         assert measured > 0
+
+
+def test_an_external_model_with_no_stand_in_is_predicted_from_the_cost_given(profile_path):
+    vec = TensorSpec("FP32", [16])
+    onnx = external_model("scorer", inputs={"x": vec}, outputs={"score": vec}, backend="onnxruntime")
+
+    @step(inputs={"score": vec}, outputs={"y": vec})
+    def squash(score):
+        return {"y": np.tanh(score)}
+
+    p = Pipeline("scored", inputs={"x": vec}, max_batch_size=4)
+    s = p.add(onnx, x=p.input("x"))
+    p.output("y", p.add(squash, score=s["score"])["y"])
+    with pytest.raises(PipelinesError, match="scorer"):
+        p.predict(profile_path, concurrency=(1,), forms=["ensemble"], cache=False)
+    result = p.predict(profile_path, concurrency=(1,), forms=["ensemble", "fused"], costs={"scorer": 5000.0},
+                       cache=False)
+    by = {r.form: r for r in result.rows}
+    assert by["ensemble"].p50_ms > 5.0 and by["fused"].p50_ms > 5.0  # the model's 5 ms, through BLS in fused

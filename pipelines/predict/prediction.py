@@ -23,6 +23,7 @@ from ..forms import form as form_named
 from ..graph import Pipeline
 from ..plan import plan_of
 from ..tables import format_table
+from ..tensor import numpy_dtype
 from .configuration import Configuration, default_configuration
 from .spec import Curve, Load, SimResult, SimSpec, StepSpec, WayCost
 
@@ -163,9 +164,8 @@ class Predictor:
         self.steps = profile_steps(pipeline, self.inputs, cache=cache, costs=costs, progress=progress)
         self.plan = plan_of(pipeline, warn=False)
         self.rows = _rows_of(pipeline, self.inputs)
-        outputs = pipeline.run(self.inputs, mode="ensemble")
         self.in_bytes = _nbytes(self.inputs) / self.rows
-        self.out_bytes = _nbytes(outputs) / self.rows
+        self.out_bytes = self._output_bytes()
         self.costs = {name: _ways(cost) for name, cost in self.server.costs.items()}
         if cores is not None and not (isinstance(cores, (int, float)) and cores >= 1):
             raise ArgumentError(f"cores is a number >= 1 (the server's cores); got {cores!r}")
@@ -174,6 +174,18 @@ class Predictor:
         # one-thread limit into the cores, which the simulation now models apart).
         self.cores = float(cores) if cores is not None else default_lanes(self.server.machine)
         self.gate, self.ensemble_refused = self._ensemble_shape()
+
+    def _output_bytes(self) -> float:
+        """What the request's answer weighs per row: each output's shape as its step handed it
+        on (from the step profiles, so an external step priced by ``costs=`` needs no stand-in)."""
+        total = 0.0
+        for ref in self.pipeline.outputs.values():
+            spec = self.steps[ref.node].outputs.get(ref.name)
+            if spec is None:
+                continue
+            itemsize = 8 if spec.dtype == "BYTES" else numpy_dtype(spec.dtype).itemsize  # BYTES: one pointer each
+            total += float(np.prod([max(1, d) for d in spec.dims])) * itemsize
+        return total
 
     def _require_match(self, allow_mismatch: bool) -> None:
         """Step profiles are measured on this machine: the server profile must come from one like it."""
