@@ -1,7 +1,7 @@
 """What the command lines read from their arguments: input tensors from ``.npy`` files, as
 ``--input NAME=FILE.npy`` gives them to ``pipelines run``, ``predict`` and ``advise`` (numeric
 arrays, or str/bytes arrays for BYTES inputs, never a pickle that could run code), and
-concurrency levels (``--concurrency 1,4,16``)."""
+concurrency levels (``--concurrency 1,4,16``) and forms (``--forms ensemble,fused``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import PipelinesError
+from .forms import FORMS
 
-__all__ = ["parse_inputs", "parse_levels"]
+__all__ = ["parse_forms", "parse_inputs", "parse_levels"]
 
 
 def parse_inputs(pairs: Sequence[str], pipeline: Any) -> dict[str, Any]:
@@ -113,3 +114,12 @@ def parse_levels(text: str) -> tuple[int, ...]:
     if not levels or min(levels) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: concurrency levels must be integers >= 1, such as 1,2,4,8")
     return tuple(levels)
+
+
+def parse_forms(text: str) -> tuple[str, ...]:
+    """``"ensemble,fused"`` -> ``("ensemble", "fused")``: some of the forms, by name."""
+    forms = tuple(f.strip() for f in text.split(",") if f.strip())
+    unknown = [f for f in forms if f not in FORMS]
+    if unknown or not forms:
+        raise argparse.ArgumentTypeError(f"{text!r}: forms are some of {','.join(FORMS)}")
+    return forms

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from ..errors import PipelinesError
-from ..input_files import parse_levels
+from ..input_files import parse_forms, parse_levels
 from ..interrupts import sigterm_as_interrupt
 from ..runtime.step_process import ISOLATIONS
 from .measurement import FORMS
@@ -19,14 +19,6 @@ from .runner import run_benchmark
 from .settings import DEFAULT_PIPELINE, BenchSettings
 
 __all__ = ["add_arguments", "main", "parse_levels", "run", "settings_from"]
-
-
-def _forms(text: str) -> tuple[str, ...]:
-    forms = tuple(f.strip() for f in text.split(",") if f.strip())
-    unknown = [f for f in forms if f not in FORMS]
-    if unknown or not forms:
-        raise argparse.ArgumentTypeError(f"{text!r}: forms are some of {','.join(FORMS)}")
-    return forms  # each named once by BenchSettings, which every caller goes through
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="let the local runtime copy tensors where a Triton server moves them between "
                         "processes (one copy per step boundary in an ensemble, two in BLS), so that it "
                         "moves the bytes a server moves (default: on)")
-    parser.add_argument("--forms", type=_forms, default=FORMS, metavar=",".join(FORMS),
+    parser.add_argument("--forms", type=parse_forms, default=FORMS, metavar=",".join(FORMS),
                         help="which forms to measure (default: every form)")
     parser.add_argument("--batch", type=int, default=1, help="batch size of each request (default: 1)")
     window = parser.add_mutually_exclusive_group()

@@ -114,11 +114,13 @@ def _choices(base: ModelChoice, batchable: bool, cores: float) -> list[ModelChoi
     return out
 
 
-def _neighbours(c: Configuration, predictor: Predictor, batch_limits: Mapping[str, int]) -> Iterable[Configuration]:
-    """Every configuration one change away from ``c`` that can be compiled."""
+def _neighbours(c: Configuration, predictor: Predictor, batch_limits: Mapping[str, int],
+                external: frozenset[str]) -> Iterable[Configuration]:
+    """Every configuration one change away from ``c`` that can be compiled (``external``: the
+    models that are another backend's, which the fused form still calls)."""
     in_process = c.form == "fused"
     for name, choice in c.models.items():
-        if in_process and not _is_external(predictor, name):
+        if in_process and name not in external:
             continue  # runs inside the fused model: its own model options change nothing
         for alternative in _choices(choice, batch_limits[name] > 0, predictor.cores):
             if alternative != choice:
@@ -127,13 +129,6 @@ def _neighbours(c: Configuration, predictor: Predictor, batch_limits: Mapping[st
         for n in INSTANCE_COUNTS:
             if n != c.top_instances:
                 yield replace(c, top_instances=n)
-
-
-def _is_external(predictor: Predictor, model: str) -> bool:
-    for m in predictor.plan.models:
-        if m.name == model:
-            return predictor.pipeline.nodes[m.nodes[0]].step.is_external
-    return False
 
 
 def _key(configuration: Configuration) -> tuple:
@@ -176,6 +171,7 @@ def search(
     names = predictor.forms(forms)
     defaults = {name: run(predictor.default(name)) for name in names}
     batch_limits = {m.name: predictor.pipeline.nodes[m.nodes[0]].max_batch_size for m in predictor.plan.models}
+    external = frozenset(m.name for m in predictor.plan.models if predictor.pipeline.nodes[m.nodes[0]].step.is_external)
     # Each form searched from its own default with its share of the budget: a form that is
     # slow as declared (one BLS instance, say) may be the fastest once configured.
     share = max(1, budget // max(1, len(names)))
@@ -186,7 +182,7 @@ def search(
         while len(seen) < limit:
             frontier = []
             for parent in beam:
-                for neighbour in _neighbours(parent.configuration, predictor, batch_limits):
+                for neighbour in _neighbours(parent.configuration, predictor, batch_limits, external):
                     if len(seen) >= limit:
                         break
                     if _key(neighbour) not in seen:

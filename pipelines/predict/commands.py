@@ -11,17 +11,9 @@ from typing import Any
 
 from ..errors import PipelinesError
 from ..forms import FORMS
-from ..input_files import parse_levels
+from ..input_files import parse_forms, parse_levels
 
 __all__ = ["add_advise_arguments", "add_predict_arguments", "advise_main", "predict_main"]
-
-
-def _forms(text: str) -> tuple[str, ...]:
-    forms = tuple(f.strip() for f in text.split(",") if f.strip())
-    unknown = [f for f in forms if f not in FORMS]
-    if unknown or not forms:
-        raise argparse.ArgumentTypeError(f"{text!r}: forms are some of {','.join(FORMS)}")
-    return forms
 
 
 def _positive(kind: type, what: str) -> Any:
@@ -56,7 +48,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                         help="a sample input from a .npy file (repeat for each input; default: the pipeline "
                         "module's own sample_inputs()/make_sample(), else random tensors)")
-    parser.add_argument("--forms", type=_forms, default=None, metavar="FORM,...",
+    parser.add_argument("--forms", type=parse_forms, default=None, metavar="FORM,...",
                         help=f"the forms to consider (default: all of {','.join(FORMS)})")
     parser.add_argument("--cost", type=_cost, action="append", default=[], metavar="STEP=US",
                         help="a step's cost per call in µs, instead of measuring it here (an external model "

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentError
+from ..forms import model_name
 from ..graph import Pipeline
 from ..tables import format_table
 from .configuration import Configuration, configured
@@ -43,12 +44,6 @@ class Verified:
         """(predicted - measured) / measured."""
         return (self.predicted_throughput - self.measured_throughput) / self.measured_throughput \
             if self.measured_throughput else float("inf")
-
-
-def _model(pipeline: str, form: str) -> str:
-    from ..forms import form as form_named
-
-    return form_named(form).model_name(pipeline, side_by_side=False)
 
 
 def measure_configurations(
@@ -110,7 +105,7 @@ def measure_configurations(
             out = []
             async with connect() as client:
                 for label, configuration, tput, p95, copy in copies:
-                    model = _model(copy.name, configuration.form)
+                    model = model_name(copy.name, configuration.form, side_by_side=False)
                     say(f"measuring {label} ({model}) at concurrency {concurrency}")
                     plan = LoadPlan(concurrency=concurrency, duration=duration, warmup=warmup)
 
