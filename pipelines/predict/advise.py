@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import ArgumentError
 from ..tables import format_table
 from .configuration import Configuration, ModelChoice
-from .prediction import Prediction, PredictionRow, Predictor
+from .prediction import PredictionRow, Predictor
 from .spec import Load
 
 __all__ = ["Advice", "Candidate", "QUEUE_DELAYS_US", "advise", "search"]
@@ -228,8 +228,3 @@ def advise(
     predictor = Predictor(pipeline, profile, inputs=inputs, module=module, costs=costs, cache=cache, cores=cores,
                           allow_mismatch=allow_mismatch)
     return search(predictor, load, forms=forms, p95_ms=p95_ms, budget=budget, progress=progress)
-
-
-def prediction_of(advice: Advice, k: int = 5) -> Prediction:
-    """The top ``k`` as a :class:`Prediction` table."""
-    return Prediction(advice.pipeline, tuple(c.row for c in advice.top(k)), advice.profile, advice.notes)
