@@ -21,6 +21,10 @@ from typing import Any
 
 import numpy as np
 
+# Triton 2.51's stub reads and writes numpy arrays wrongly under numpy 2 (docs/gpu.md), and DLPack
+# right under both: which one this interpreter has decides how the models move tensors.
+NUMPY_2 = int(np.__version__.split(".")[0]) >= 2
+
 # ------------------------------------------------------------------ datatypes
 
 #: Triton datatype name -> numpy dtype, as tritonclient maps them; BYTES is numpy
@@ -407,6 +411,21 @@ def is_coroutine_callable(fn: Any) -> bool:
     )
 
 
+def _handed(fn: Callable[..., Any], hand: Callable[[Any], Any], is_async: bool) -> Callable[..., Any]:
+    """``fn`` given each input as ``hand`` makes it (the ``array=`` a step declared)."""
+    if is_async:
+
+        async def handed_async(**inputs: Any) -> Any:
+            return await fn(**{name: hand(value) for name, value in inputs.items()})
+
+        return handed_async
+
+    def handed(**inputs: Any) -> Any:
+        return fn(**{name: hand(value) for name, value in inputs.items()})
+
+    return handed
+
+
 def _exits_raise(fn: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
     if is_async:
         async def guarded_async(**inputs: Any) -> Any:
@@ -435,7 +454,16 @@ class StepInstance:
     the declared outputs.
     """
 
-    def __init__(self, name: str, impl: Any, outputs: list[str], config: dict[str, Any], fail: Fail = Refused) -> None:
+    def __init__(
+        self,
+        name: str,
+        impl: Any,
+        outputs: list[str],
+        config: dict[str, Any],
+        fail: Fail = Refused,
+        *,
+        array: str | None = None,
+    ) -> None:
         self.name = name
         self.config = config
         self.outputs = list(outputs)
@@ -456,6 +484,9 @@ class StepInstance:
         else:
             self._obj = None
             self._fn = impl
+        hand = handing(array)
+        if hand is not None:
+            self._fn = _handed(self._fn, hand, self.is_async)
         self._fn = _exits_raise(self._fn, self.is_async)
 
     @property
@@ -645,17 +676,32 @@ def _release(managed: Any) -> None:  # called by the consumer, with the GIL (a c
 
 
 def bf16_to_dlpack(array: np.ndarray) -> Any:
-    """A DLPack capsule over a host BF16 array (``ml_dtypes.bfloat16``), for ``pb_utils.Tensor.from_dlpack``.
+    """A DLPack capsule over a host BF16 array (``ml_dtypes.bfloat16``), for ``pb_utils.Tensor.from_dlpack``."""
+    return host_capsule(array)
 
-    The array is made contiguous and kept alive until the consumer calls the deleter.
+
+# DLPack's type codes (dlpack.h) by numpy kind; BF16 is numpy "V" (ml_dtypes), kDLBfloat.
+_KDL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6, "V": _KDL_BFLOAT}
+
+
+def host_capsule(array: np.ndarray) -> Any:
+    """A legacy ``dltensor`` capsule over a host array, for ``pb_utils.Tensor.from_dlpack``.
+
+    What the Python backend of Triton 2.51 reads right under numpy 1 and numpy 2 alike
+    (docs/gpu.md): numpy 2's own export refuses read-only arrays and its
+    ``Tensor(name, ndarray)`` writes wrong sizes. The array is made contiguous and kept
+    alive until the consumer calls the deleter.
     """
     array = np.ascontiguousarray(array)
+    code = _KDL_CODES.get(array.dtype.kind)
+    if code is None or (array.dtype.kind == "V" and array.dtype.itemsize != 2):
+        raise Refused(f"dtype {array.dtype} has no DLPack type; expected a number, a bool or BF16")
     shape = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
     managed = _ManagedTensor()
     managed.dl_tensor.data = array.ctypes.data if array.size else None
     managed.dl_tensor.device = _Device(_KDL_CPU, 0)
     managed.dl_tensor.ndim = array.ndim
-    managed.dl_tensor.dtype = _DType(_KDL_BFLOAT, 16, 1)
+    managed.dl_tensor.dtype = _DType(code, array.dtype.itemsize * 8, 1)
     managed.dl_tensor.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
     managed.dl_tensor.strides = None
     managed.dl_tensor.byte_offset = 0
@@ -825,10 +871,21 @@ def tensor_reader(spec: Spec, *, gpu: bool) -> Callable[[Any], Any]:
     """How a pb tensor becomes an array: numpy (CPU), CuPy (``gpu``), or BF16 by DLPack."""
     if spec.dtype == "BF16":  # as_numpy() refuses BF16; its DLPack capsule carries it (docs/triton.md)
         return lambda tensor: bf16_from_dlpack(tensor.to_dlpack())
-    return _device_array if gpu else _host_array
+    if spec.dtype == "BYTES":  # DLPack has no strings; the stub's as_numpy() reads them
+        return _bytes_array
+    return _device_array if gpu else host_array
 
 
-def _host_array(tensor: Any) -> Any:
+def host_array(tensor: Any) -> np.ndarray:
+    """A host pb tensor (numbers) as numpy: ``as_numpy()`` under numpy 1, DLPack under numpy 2.
+
+    Under numpy 2 the 2.51 stub's ``as_numpy()`` returns wrong data without an error
+    (docs/gpu.md); ``np.from_dlpack`` reads the same memory right, under either.
+    """
+    return np.from_dlpack(tensor) if NUMPY_2 else tensor.as_numpy()
+
+
+def _bytes_array(tensor: Any) -> np.ndarray:
     return tensor.as_numpy()
 
 
@@ -836,8 +893,74 @@ def _device_array(tensor: Any) -> Any:
     import cupy  # only GPU steps are handed GPU tensors (FORCE_CPU_ONLY_INPUT_TENSORS "no")
 
     if tensor.is_cpu():
-        return cupy.asarray(tensor.as_numpy())
+        array = host_array(tensor)
+        HOPS.host_to_device(array.nbytes)
+        return cupy.asarray(array)
     return cupy.from_dlpack(tensor.to_dlpack())
+
+
+class HostHops:
+    """The copies this process made between host and GPU for a GPU step: how many, how many bytes.
+
+    A GPU step handed a tensor that Triton put in host memory pays one here; none between GPU
+    steps is the goal. With ``PIPELINES_HOPS_DIR`` set, each model writes its tally there when
+    it is finalized (unloaded), as ``<model>-<pid>.json``: what benchmarks/gpu_server.py reads.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.to_device = self.to_host = self.bytes = 0
+
+    def host_to_device(self, nbytes: int) -> None:
+        with self._lock:
+            self.to_device += 1
+            self.bytes += int(nbytes)
+
+    def device_to_host(self, nbytes: int) -> None:
+        with self._lock:
+            self.to_host += 1
+            self.bytes += int(nbytes)
+
+    def write(self, model: str) -> None:
+        import os
+
+        folder = os.environ.get("PIPELINES_HOPS_DIR")
+        if folder:
+            with open(os.path.join(folder, f"{model}-{os.getpid()}.json"), "w", encoding="utf-8") as f:
+                json.dump({"model": model, "to_device": self.to_device, "to_host": self.to_host, "bytes": self.bytes}, f)
+
+
+HOPS = HostHops()
+
+
+def refuse_strings_under_numpy_2(model: str, strings: list[str]) -> None:
+    """At load, refuse the BYTES tensors that Triton 2.51's stub cannot carry under numpy 2.
+
+    DLPack has no strings, and under numpy 2 the stub's ``as_numpy()`` and ``Tensor(name,
+    ndarray)`` misread a BYTES buffer's lengths and abort the stub (docs/gpu.md): a clear
+    refusal when the model loads is better than a stub that dies on the first request.
+    """
+    if NUMPY_2 and strings:
+        raise Refused(
+            f"model {model!r} carries BYTES tensors {sorted(set(strings))}, which Triton 2.51's Python backend "
+            f"cannot read or write under numpy {np.__version__} (its stub misreads them and aborts); serve it from "
+            "a Python environment with numpy<2, or carry the strings as UINT8 codes",
+            sorted(set(strings))[0],
+        )
+
+
+def pb_array(tensor: Any) -> Any:
+    """A pb tensor of any dtype as an array where it lies: numpy on the host, CuPy on a GPU."""
+    if not tensor.is_cpu():
+        import cupy
+
+        return cupy.from_dlpack(tensor.to_dlpack())
+    if NUMPY_2:
+        try:
+            return np.from_dlpack(tensor)
+        except Exception:  # noqa: BLE001 - the stub's own exception type: a BYTES tensor, which DLPack cannot carry
+            pass
+    return tensor.as_numpy()
 
 
 def tensor_writer(spec: Spec, pb: Any) -> Callable[[str, Any], Any]:
@@ -849,8 +972,10 @@ def tensor_writer(spec: Spec, pb: Any) -> Callable[[str, Any], Any]:
 
     def tensor(name: str, value: Any) -> Any:
         if isinstance(value, np.ndarray):
+            if NUMPY_2:  # Tensor(name, ndarray) writes wrong sizes under numpy 2 (docs/gpu.md)
+                return pb.Tensor.from_dlpack(name, host_capsule(value))
             return pb.Tensor(name, value if value.flags.c_contiguous else np.ascontiguousarray(value))
-        # A GPU array stays on the GPU. DLPack is never used on a numpy array (docs/triton.md).
+        # A GPU array stays on the GPU, passed as the array object (docs/gpu.md).
         return pb.Tensor.from_dlpack(name, value)
 
     return tensor
@@ -877,17 +1002,155 @@ def bytes_tensor(value: Any) -> np.ndarray:
 
 
 def as_arrays(outputs: dict[str, Any]) -> dict[str, Any]:
-    """A step's outputs that are not arrays (lists, scalars, CPU tensors) as numpy arrays, in place.
+    """A step's outputs as numpy (host) or CuPy (GPU) arrays, in place.
 
-    What every form does before checking a step's outputs: a Python model must
-    hand Triton arrays, so the step models and the fused model read such values
-    with ``np.asarray``, and the local runtime does the same, so a list is taken
-    (or refused, by its dtype) alike everywhere. GPU arrays stay as they are.
+    What every form does before checking a step's outputs. Anything that speaks
+    DLPack (PyTorch, JAX, CuPy, numpy, a producer of one's own) is taken without a
+    copy, and its dtype and shape are then DLPack's; lists and scalars are read with
+    ``np.asarray``, so a list is taken (or refused, by its dtype) alike everywhere.
     """
     for name, value in outputs.items():
-        if not isinstance(value, np.ndarray) and not hasattr(value, "__cuda_array_interface__"):
-            outputs[name] = np.asarray(value)
+        if type(value) is not np.ndarray:
+            outputs[name] = as_array(value, name)
     return outputs
+
+
+def as_array(value: Any, name: str = "value") -> Any:
+    """``value`` as numpy or CuPy over the same memory; ``Refused`` says why it cannot be read."""
+    if isinstance(value, np.ndarray) or _is_cupy(value):
+        return value
+    if not hasattr(value, "__dlpack__"):
+        return np.asarray(value)
+    try:
+        if _dlpack_on_host(value):
+            return _host_from_dlpack(value)
+        import cupy
+
+        return cupy.from_dlpack(value)
+    except Refused:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every producer fails in its own words (a torch tensor that needs grad...)
+        raise Refused(
+            f"{name!r} is a {type(value).__module__}.{type(value).__name__} whose DLPack export failed "
+            f"({type(exc).__name__}: {exc}); return a DLPack-capable array on the host or on a CUDA device "
+            "(a PyTorch tensor may need .detach())",
+            name,
+        ) from None
+
+
+def _is_cupy(value: Any) -> bool:
+    return type(value).__module__.partition(".")[0] == "cupy" and hasattr(value, "__cuda_array_interface__")
+
+
+# DLPack device types (dlpack.h) that numpy can read: kDLCPU, kDLCUDAHost (pinned host memory).
+DL_HOST = frozenset({1, 3})
+
+
+def _dlpack_on_host(value: Any) -> bool:
+    probe = getattr(value, "__dlpack_device__", None)
+    return probe is None or int(probe()[0]) in DL_HOST
+
+
+def _host_from_dlpack(value: Any) -> np.ndarray:
+    try:
+        return np.from_dlpack(value)
+    except (BufferError, TypeError, RuntimeError) as exc:
+        # numpy has no BF16 and refuses it: a BF16 producer is read from its capsule instead
+        try:
+            return bf16_from_dlpack(value.__dlpack__())
+        except Exception:  # noqa: BLE001 - not BF16 either: numpy's own reason is the one to tell
+            raise exc from None
+
+
+# ------------------------------------------------------------------ what a step asks to be handed
+
+#: What ``@step(array=...)`` may ask for; ``None`` is numpy on the CPU and CuPy on a GPU.
+ARRAY_KINDS = ("numpy", "cupy", "torch", "dlpack")
+
+
+def handing(kind: str | None) -> Callable[[Any], Any] | None:
+    """The function that turns an input array into what a step of ``array=kind`` takes, or ``None`` for as-is.
+
+    ``"dlpack"`` hands host memory as a :class:`HostView`, which exports even a read-only input.
+
+    Every hand-over is DLPack on the same device, with no copy, except ``"numpy"`` given a GPU
+    array (or ``"cupy"`` a host one), which copies, as asked.
+    """
+    if kind is None:
+        return None
+    if kind == "dlpack":
+        return _to_dlpack
+    if kind == "numpy":
+        return _to_numpy
+    if kind == "cupy":
+        return _to_cupy
+    if kind == "torch":
+        return _to_torch
+    raise Refused(f"array={kind!r} is not a kind of array; expected one of {', '.join(ARRAY_KINDS)} or None", None)
+
+
+class HostView:
+    """A host array as a DLPack producer: what a step of ``array="dlpack"`` is handed for numpy.
+
+    Every input a step is handed is read-only, and numpy 1.26 refuses to export a read-only
+    array through DLPack; this exports it (the step is trusted not to write into it).
+    """
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.array.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.array.dtype
+
+    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:  # numpy 2 passes max_version=, copy=...
+        return host_capsule(self.array)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (_KDL_CPU, 0)
+
+
+def _to_dlpack(value: Any) -> Any:
+    if isinstance(value, np.ndarray) and value.dtype.kind not in "OSU":
+        return HostView(value)
+    return value
+
+
+def _to_numpy(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value
+    if _dlpack_on_host(value):
+        return read_only(_host_from_dlpack(value))
+    import cupy
+
+    return cupy.asnumpy(cupy.from_dlpack(value))
+
+
+def _to_cupy(value: Any) -> Any:
+    import cupy
+
+    if _is_cupy(value) or (isinstance(value, np.ndarray) and value.dtype.kind in "OSU"):
+        return value
+    if isinstance(value, np.ndarray) or _dlpack_on_host(value):
+        return cupy.asarray(np.asarray(value) if isinstance(value, np.ndarray) else _host_from_dlpack(value))
+    return cupy.from_dlpack(value)
+
+
+def _to_torch(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor) or (isinstance(value, np.ndarray) and value.dtype.kind in "OSU"):
+        return value  # BYTES stay numpy: no other array library holds strings
+    if isinstance(value, np.ndarray) and value.dtype.kind not in "OSU":
+        # numpy refuses to export a read-only array (every input is one); our own capsule shares it anyway
+        return torch.utils.dlpack.from_dlpack(host_capsule(value))
+    return torch.from_dlpack(value)
 
 
 # ------------------------------------------------------------------ requests batched into one call

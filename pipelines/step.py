@@ -84,7 +84,11 @@ class ModelOptions:
 
     ``instance_kind`` is ``"auto"``, ``"cpu"``, ``"gpu"`` or ``"model"``
     (Triton's ``KIND_*``). ``device`` places the step in the local runtime:
-    ``"cpu"``, ``"gpu"``, or ``None`` to follow its inputs. ``timeout`` (seconds)
+    ``"cpu"``, ``"gpu"``, or ``None`` to follow its inputs. ``array`` is what the
+    step is handed: ``"numpy"``, ``"cupy"``, ``"torch"`` (through DLPack, without a
+    copy on one device), ``"dlpack"`` (a DLPack producer: CuPy as it is, host memory as a
+    view that exports even read-only inputs, which numpy 1.26 refuses),
+    or ``None`` for numpy on the CPU and CuPy on a GPU. ``timeout`` (seconds)
     bounds one execution in the local runtime, and one call of the step in the
     compiled BLS and fused forms (an ensemble has no per-step timeout).
     """
@@ -96,6 +100,7 @@ class ModelOptions:
     device: str | None = None
     parameters: Mapping[str, ParameterValue] = field(default_factory=dict)
     timeout: float | None = None
+    array: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch_size is not None and (
@@ -112,6 +117,16 @@ class ModelOptions:
             raise StepDeclarationError(f"device must be 'cpu', 'gpu' or None; got {self.device!r}")
         if self.timeout is not None and float(self.timeout) <= 0:
             raise StepDeclarationError(f"timeout must be > 0 seconds; got {self.timeout!r}")
+        if self.array not in (None, *serving.ARRAY_KINDS):
+            raise StepDeclarationError(
+                f"array must be one of {', '.join(map(repr, serving.ARRAY_KINDS))} or None; got {self.array!r}"
+            )
+        clash = {("numpy", "gpu"): "numpy arrays live on the host", ("cupy", "cpu"): "CuPy arrays live on a GPU"}
+        if (self.array, self.device) in clash:
+            raise StepDeclarationError(
+                f"array={self.array!r} cannot go with device={self.device!r}: {clash[(self.array, self.device)]}; "
+                "drop one of them, or ask for array='torch' or 'dlpack', which live on either"
+            )
         db = self.dynamic_batching
         if db is True:
             db = DynamicBatching()
@@ -342,7 +357,7 @@ class StepInstance(serving.StepInstance):
                 return StepDeclarationError(f"step {step.name!r}: {message}", step=step.name)
             return _step_failure(step)(message, tensor)
 
-        super().__init__(step.name, step.impl, list(step.outputs), config, fail)
+        super().__init__(step.name, step.impl, list(step.outputs), config, fail, array=step.options.array)
 
     def execute(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Call the step with its inputs as keyword arguments; return a dict of outputs."""
@@ -418,6 +433,7 @@ def step(
     device: str | None = None,
     parameters: Mapping[str, Any] | None = None,
     timeout: float | None = None,
+    array: str | None = None,
 ) -> Any:
     """Declare a step from a function or a class.
 
@@ -436,6 +452,7 @@ def step(
         device=device,
         parameters=parameters or {},
         timeout=timeout,
+        array=array,
     )
 
     def wrap(obj: Any) -> Step:

@@ -127,6 +127,7 @@ def _python_model(plan: CompilePlan, model: BoundModel, extras: Any = None) -> C
         "max_batch_size": model.max_batch_size,
         "device": step.options.device,
         "parameters": dict(step.options.parameters),
+        **({"array": step.options.array} if step.options.array else {}),  # written only when asked: the default adds nothing
     }
     if extras is not None:
         base["ensemble"] = extras.to_dict()

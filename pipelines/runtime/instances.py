@@ -506,9 +506,11 @@ class StepModel:
                 compute = perf_counter() - t
             else:
                 outputs, compute = await self._in_thread(lease, inputs)
-            check_outputs(
-                self.step, serving.as_arrays(outputs), batched=self.batched, batch_size=rows if self.batched else None
-            )
+            try:
+                outputs = serving.as_arrays(outputs)
+            except serving.Refused as exc:
+                raise StepError(f"output {exc}", step=self.name, tensor=exc.tensor) from None
+            check_outputs(self.step, outputs, batched=self.batched, batch_size=rows if self.batched else None)
             self._learn(compute)
         except PipelinesError as exc:
             if exc.pipeline == self.pipeline and exc.step == self.name:

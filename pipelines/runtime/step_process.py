@@ -58,7 +58,7 @@ import numpy as np
 
 from ..errors import StepError, StubDiedError
 from ..process_exit import describe_exit
-from ..serving import is_coroutine_callable
+from ..serving import as_arrays, is_coroutine_callable
 from .device import device_of
 
 __all__ = ["ISOLATIONS", "ProcessInstance", "fork_with_pipe", "is_async_impl", "isolation_supported"]
@@ -209,7 +209,7 @@ def _serve(conn: Connection, step: Any, config: dict[str, Any], parent: int) -> 
             t = perf_counter()
             result = instance.execute(_views(inputs, specs))
             compute = perf_counter() - t
-            values = dict(result)
+            values = as_arrays(dict(result))  # a PyTorch or other DLPack output is read here, in its own process
             out_specs, nbytes = _layout(values)
             fd = outputs.ensure(nbytes)
             _write(outputs, values, out_specs)

@@ -19,8 +19,6 @@ from ..errors import ServerStartError
 
 __all__ = ["PythonEnvironment", "current_environment", "probe_environment"]
 
-# Triton 2.51's Python backend loses tensors between models with numpy 2 (docs/triton.md).
-_NUMPY_MAJOR_LIMIT = 2
 _PROBE = (
     "import json, sys\n"
     "try:\n"
@@ -70,10 +68,5 @@ def probe_environment(root: str | os.PathLike[str]) -> PythonEnvironment:
         raise ServerStartError(
             f"python_env={str(root)!r} has no numpy, which the Python backend's stub needs; "
             f"install it there: {python} -m pip install 'numpy<2'"
-        )
-    if int(numpy_version.split(".")[0]) >= _NUMPY_MAJOR_LIMIT:
-        raise ServerStartError(
-            f"python_env={str(root)!r} has numpy {numpy_version}; Triton 2.51's Python backend needs numpy<2 "
-            f"(with numpy 2 tensors between models arrive empty); run: {python} -m pip install 'numpy<2'"
         )
     return PythonEnvironment(root, found["version"])

@@ -49,6 +49,11 @@ class TritonPythonModel:
         self.outputs = {out["name"]: out for out in self.plan["outputs"]}
         self.nodes = {node["name"]: node for node in self.plan["nodes"]}
         self._schedules = {}
+        serving.refuse_strings_under_numpy_2(
+            self.model,
+            [n for n, spec in self.inputs.items() if spec.dtype == "BYTES"]
+            + [t["name"] for t in self.plan["tensors"] if t["dtype"] == "BYTES"],
+        )
         self._pool = None  # threads for sync calls that have a timeout
 
     def execute(self, requests):
@@ -250,7 +255,7 @@ class _Described:
             self.dtype = serving.numpy_dtype(declared)
             self.shape = tuple(tensor.shape())
         else:
-            array = tensor.as_numpy()
+            array = serving.pb_array(tensor)
             self.dtype, self.shape = array.dtype, array.shape
 
 

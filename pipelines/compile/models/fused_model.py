@@ -66,6 +66,7 @@ class TritonPythonModel:
     def initialize(self, args):
         version_dir, data = serving.model_plan(args, PLAN_FILE)
         self.pipeline = data["pipeline"]
+        self.model_name = args.get("model_name", self.pipeline)
         self.max_batch_size = int(data["max_batch_size"])
         self.join_rows = int(data["join_rows"])
         self.inputs = {n: serving.Spec.from_dict(s) for n, s in data["inputs"].items()}
@@ -79,6 +80,13 @@ class TritonPythonModel:
         self.output_names = [out["name"] for out in self.plan["outputs"]]
         self.nodes = {node["name"]: {**node, **data["nodes"][node["name"]]} for node in self.plan["nodes"]}
         self.dtypes = {(t["node"], t["name"]): t["dtype"] for t in self.plan["tensors"]}
+        # Tensors between Python steps stay Python objects; only the model's own and external ones cross the stub.
+        external = {name for name, node in self.nodes.items() if node["kind"] == "external"}
+        serving.refuse_strings_under_numpy_2(
+            args.get("model_name", self.pipeline),
+            [n for n, spec in {**self.inputs, **outputs}.items() if spec.dtype == "BYTES"]
+            + [t["name"] for t in self.plan["tensors"] if t["dtype"] == "BYTES" and t["node"] in external],
+        )
         self._schedules = {}
         self._dtype_writers = {}
         match = re.search(r"_(\d+)$", args.get("model_instance_name", ""))
@@ -118,7 +126,7 @@ class TritonPythonModel:
             try:
                 if impl is None:
                     impl = serving.load_impl(step["impl"], folder)
-                return serving.StepInstance(step["step"], impl, list(outputs), config)
+                return serving.StepInstance(step["step"], impl, list(outputs), config, array=step.get("array"))
             except Exception as exc:
                 reason = f"could not be loaded: {serving.exception_reason(exc)}"
                 raise RuntimeError(serving.WireError("StepError", self.pipeline, reason, node_name, step["step"]).text()) from exc
@@ -136,6 +144,7 @@ class TritonPythonModel:
         pool = getattr(self, "pool", None)
         if pool is not None:
             pool.shutdown(wait=False)
+        serving.HOPS.write(getattr(self, "model_name", "fused"))
 
     # ------------------------------------------------------------------ a batch of requests
 
@@ -318,23 +327,19 @@ class TritonPythonModel:
         return writer
 
 
-def _where_it_is(tensor):
-    """A pb tensor as an array where it lies: numpy on the host, CuPy on a GPU (through DLPack)."""
-    if tensor.is_cpu():
-        return tensor.as_numpy()
-    import cupy
-
-    return cupy.from_dlpack(tensor.to_dlpack())
+_where_it_is = serving.pb_array  # a pb tensor as an array where it lies: numpy on the host, CuPy on a GPU
 
 
 def _placed(value, device):
     """``value`` on the step's ``device`` ("cpu" or "gpu"), moved only when it is elsewhere."""
     on_host = isinstance(value, np.ndarray)
-    if device == "gpu" and on_host:
+    if device == "gpu" and on_host and value.dtype.kind not in "OSU":
         import cupy
 
+        serving.HOPS.host_to_device(value.nbytes)
         return cupy.asarray(value)
     if device == "cpu" and not on_host:
+        serving.HOPS.device_to_host(value.nbytes)
         return value.get()
     return value
 

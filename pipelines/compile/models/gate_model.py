@@ -28,6 +28,7 @@ class TritonPythonModel:
         self.pipeline = plan["pipeline"]
         self.outputs = plan["outputs"]
         self.errors = plan["errors"]
+        serving.refuse_strings_under_numpy_2(args.get("model_name", self.pipeline), [e["input"] for e in self.errors])
 
     def execute(self, requests):
         return [self._answer(request) for request in requests]

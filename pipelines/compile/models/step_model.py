@@ -31,6 +31,7 @@ class TritonPythonModel:
         version_dir, plan = serving.model_plan(args, "step.json")
         self.pipeline = plan["pipeline"]
         self.step_name = plan["step"]
+        self.model_name = args.get("model_name", self.step_name)
         nodes = plan.get("nodes") or [self.step_name]
         # A model shared by several nodes cannot tell which one called it.
         self.node = nodes[0] if len(nodes) == 1 else None
@@ -48,12 +49,22 @@ class TritonPythonModel:
         self.writers = {name: serving.tensor_writer(spec, pb_utils) for name, spec in outputs.items()}
         self.outputs = outputs
         self.ensemble = _EnsembleExtras(plan.get("ensemble") or {})
+        serving.refuse_strings_under_numpy_2(
+            args.get("model_name", self.step_name),
+            [n for n, spec in {**inputs, **outputs}.items() if spec.dtype == "BYTES"]
+            + ([self.ensemble.err_output] if self.ensemble.err_output else []) + list(self.ensemble.err_inputs),
+        )
         # One output and no ensemble extras: no need to ask a request which outputs it wants.
         self.one_output = next(iter(outputs)) if len(outputs) == 1 and not self.ensemble.active else None
         self.instance = serving.StepInstance(
-            self.step_name, serving.load_impl(plan["impl"], version_dir), list(outputs), self._config(args, plan, inputs, outputs)
+            self.step_name,
+            serving.load_impl(plan["impl"], version_dir),
+            list(outputs),
+            self._config(args, plan, inputs, outputs),
+            array=plan.get("array"),
         )
-        host = not gpu and all(spec.dtype != "BF16" for spec in inputs.values())
+        # The fast path reads with as_numpy() and writes Tensor(name, ndarray), which numpy 2 breaks (docs/gpu.md).
+        host = not gpu and not serving.NUMPY_2 and all(spec.dtype != "BF16" for spec in inputs.values())
         self.answer_one = self._fast_path() if host and self.takes.checked_by_triton else self._answer_one
 
     def _config(self, args, plan, inputs, outputs):
@@ -99,6 +110,7 @@ class TritonPythonModel:
         instance = getattr(self, "instance", None)
         if instance is not None:
             instance.finalize()
+        serving.HOPS.write(getattr(self, "model_name", "step"))
 
     # ------------------------------------------------------------------ helpers
 
@@ -247,7 +259,7 @@ class _EnsembleExtras:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is None:
                 continue
-            values = tensor.as_numpy().reshape(-1)
+            values = tensor.as_numpy().reshape(-1)  # BYTES, which DLPack cannot carry
             if values.size and values[0]:
                 first = values[0]
                 return first.decode("utf-8", errors="replace") if isinstance(first, bytes) else str(first)
