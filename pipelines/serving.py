@@ -903,31 +903,46 @@ class HostHops:
     """The copies this process made between host and GPU for a GPU step: how many, how many bytes.
 
     A GPU step handed a tensor that Triton put in host memory pays one here; none between GPU
-    steps is the goal. With ``PIPELINES_HOPS_DIR`` set, each model writes its tally there when
-    it is finalized (unloaded), as ``<model>-<pid>.json``: what benchmarks/gpu_server.py reads.
+    steps is the goal. With ``PIPELINES_HOPS_DIR`` set when the server starts, each model keeps
+    its tally there, rewritten in place at every copy (``<model>-<pid>.json``), so a benchmark
+    reads it between requests (benchmarks/gpu_server.py); without it, counting costs nothing.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._fd: int | None = None
+        self.model = ""
         self.to_device = self.to_host = self.bytes = 0
+
+    def attach(self, model: str) -> None:
+        """Name the model this process serves, and open its tally file if one is asked for."""
+        import os
+
+        folder = os.environ.get("PIPELINES_HOPS_DIR")
+        self.model = model
+        if folder and self._fd is None:
+            self._fd = os.open(os.path.join(folder, f"{model}-{os.getpid()}.json"), os.O_WRONLY | os.O_CREAT, 0o644)
+            self._write()
 
     def host_to_device(self, nbytes: int) -> None:
         with self._lock:
             self.to_device += 1
             self.bytes += int(nbytes)
+            self._write()
 
     def device_to_host(self, nbytes: int) -> None:
         with self._lock:
             self.to_host += 1
             self.bytes += int(nbytes)
+            self._write()
 
-    def write(self, model: str) -> None:
-        import os
+    def _write(self) -> None:
+        if self._fd is not None:
+            import os
 
-        folder = os.environ.get("PIPELINES_HOPS_DIR")
-        if folder:
-            with open(os.path.join(folder, f"{model}-{os.getpid()}.json"), "w", encoding="utf-8") as f:
-                json.dump({"model": model, "to_device": self.to_device, "to_host": self.to_host, "bytes": self.bytes}, f)
+            text = json.dumps({"model": self.model, "to_device": self.to_device, "to_host": self.to_host,
+                               "bytes": self.bytes})
+            os.pwrite(self._fd, text.ljust(256).encode(), 0)  # one fixed-size write: a reader never sees half
 
 
 HOPS = HostHops()

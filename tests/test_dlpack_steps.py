@@ -40,7 +40,7 @@ def doubled_elsewhere(x):
 
 @step(inputs={"y": V}, outputs={"z": V, "seen": TensorSpec("INT32", [1])}, array="dlpack")
 def takes_as_it_comes(y):
-    # a "dlpack" step is handed the array as it came: whatever it is, it speaks DLPack
+    # a "dlpack" step is handed a DLPack producer (here a view over read-only host memory)
     seen = np.full((y.shape[0], 1), int(hasattr(y, "__dlpack__")), np.int32)
     return {"z": HostProducer(np.from_dlpack(y) + 1), "seen": seen}
 
@@ -155,3 +155,22 @@ def test_the_step_json_says_array_only_when_asked(tmp_path):
     assert plan["array"] == "dlpack"
     plain = json.loads((tmp_path / "models" / "json_array__doubled_elsewhere" / "1" / "step.json").read_text())
     assert "array" not in plain
+
+
+def test_host_gpu_hops_are_kept_in_a_file_only_when_asked(tmp_path, monkeypatch):
+    import json
+
+    from pipelines.serving import HostHops
+
+    quiet = HostHops()
+    quiet.attach("m")
+    quiet.host_to_device(10)
+    assert quiet.to_device == 1 and not list(tmp_path.iterdir())
+    monkeypatch.setenv("PIPELINES_HOPS_DIR", str(tmp_path))
+    hops = HostHops()
+    hops.attach("yolo__nms")
+    hops.host_to_device(100)
+    hops.device_to_host(28)
+    (written,) = tmp_path.iterdir()
+    assert written.name.startswith("yolo__nms-")
+    assert json.loads(written.read_text()) == {"model": "yolo__nms", "to_device": 1, "to_host": 1, "bytes": 128}

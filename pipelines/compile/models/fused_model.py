@@ -66,7 +66,7 @@ class TritonPythonModel:
     def initialize(self, args):
         version_dir, data = serving.model_plan(args, PLAN_FILE)
         self.pipeline = data["pipeline"]
-        self.model_name = args.get("model_name", self.pipeline)
+        serving.HOPS.attach(args.get("model_name", self.pipeline))
         self.max_batch_size = int(data["max_batch_size"])
         self.join_rows = int(data["join_rows"])
         self.inputs = {n: serving.Spec.from_dict(s) for n, s in data["inputs"].items()}
@@ -144,7 +144,6 @@ class TritonPythonModel:
         pool = getattr(self, "pool", None)
         if pool is not None:
             pool.shutdown(wait=False)
-        serving.HOPS.write(getattr(self, "model_name", "fused"))
 
     # ------------------------------------------------------------------ a batch of requests
 

@@ -31,7 +31,7 @@ class TritonPythonModel:
         version_dir, plan = serving.model_plan(args, "step.json")
         self.pipeline = plan["pipeline"]
         self.step_name = plan["step"]
-        self.model_name = args.get("model_name", self.step_name)
+        serving.HOPS.attach(args.get("model_name", self.step_name))
         nodes = plan.get("nodes") or [self.step_name]
         # A model shared by several nodes cannot tell which one called it.
         self.node = nodes[0] if len(nodes) == 1 else None
@@ -110,7 +110,6 @@ class TritonPythonModel:
         instance = getattr(self, "instance", None)
         if instance is not None:
             instance.finalize()
-        serving.HOPS.write(getattr(self, "model_name", "step"))
 
     # ------------------------------------------------------------------ helpers
 
