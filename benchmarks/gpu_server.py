@@ -57,7 +57,6 @@ from pipelines.triton.installation import TritonInstallation
 
 FORMS = ("ensemble", "bls", "bls_sync", "fused")
 LOCAL_MODE = {"ensemble": "ensemble", "bls": "bls", "bls_sync": "bls-sync", "fused": "fused"}
-CONCURRENCY = (1, 4, 16)
 BATCH = 4
 
 
@@ -191,8 +190,8 @@ async def measure_server(server: TritonServer, model: str, inputs: dict[str, Any
 
 
 async def measure_local(p: Pipeline, mode: str, inputs: dict[str, Any], concurrency: int,
-                        seconds: float) -> dict[str, Any]:
-    async with LocalRuntime(p, mode) as rt:
+                        seconds: float, fused_instance_count: int = 1) -> dict[str, Any]:
+    async with LocalRuntime(p, mode, fused_instance_count=fused_instance_count) as rt:
         async def infer(sample: Any) -> Any:
             out = await rt.infer(sample)
             return {k: (v if isinstance(v, np.ndarray) else v.get()) for k, v in out.items()}  # on the host
@@ -244,6 +243,11 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="folder for gpu_server.json and the server log")
     parser.add_argument("--quick", action="store_true", help="short windows (a smoke run)")
     parser.add_argument("--work", default="/tmp/gpu_server", help="scratch folder (server, venv, models)")
+    parser.add_argument("--local-only", action="store_true", help="measure the local runtime alone (no server)")
+    parser.add_argument("--pipelines", default="yolo_cupy,yolo_torch,chain64", help="which pipelines, comma-separated")
+    parser.add_argument("--forms", default=",".join(FORMS), help="which forms, comma-separated")
+    parser.add_argument("--concurrency", default="1,4,16", help="requests in flight on the server, comma-separated")
+    parser.add_argument("--fused-instance-count", type=int, default=1, help="instances of the fused model")
     args = parser.parse_args()
     import cupy
 
@@ -264,6 +268,15 @@ def main() -> None:
         (out_dir / "gpu_server.json").write_text(json.dumps(figures, indent=2, default=str))
 
     t0 = time.perf_counter()
+    forms = tuple(args.forms.split(","))
+    concurrency = tuple(int(c) for c in args.concurrency.split(","))
+    chosen = args.pipelines.split(",")
+    figures["fused_instance_count"] = args.fused_instance_count
+    if args.local_only:
+        wanted = {k: v for k, v in local_pipelines().items() if k in chosen}
+        measure_local_all(wanted, seconds, figures, save, forms, args.fused_instance_count)
+        report(figures)
+        return
     installation = unpack_server(Path(args.triton), work / "triton")
     env = stub_environment(work / "stubenv")
     hops_dir = work / "hops"
@@ -274,9 +287,10 @@ def main() -> None:
     pipelines = {"yolo_cupy": (yolo("yolo_cupy", stand_in_detector), image),
                  "yolo_torch": (yolo("yolo_torch", torch_detector()), image),
                  "chain64": (chain64(), big)}
+    pipelines = {k: v for k, v in pipelines.items() if k in chosen}
     repo = work / "models"
     for p, _ in pipelines.values():
-        p.compile("all").write(repo)
+        p.compile("all", fused_instance_count=args.fused_instance_count).write(repo)
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     server_env = {"PIPELINES_HOPS_DIR": str(hops_dir),
                   "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [libdir, os.environ.get("LD_LIBRARY_PATH")]))}
@@ -294,7 +308,7 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
                 figures["failures"].append(f"{name} local run: {type(exc).__name__}: {exc}")
         for name, (_, inputs) in pipelines.items():
-            for form in FORMS:
+            for form in forms:
                 model = f"{name}_{form}"
                 try:
                     with server.client("grpc", timeout=120) as client:
@@ -308,7 +322,7 @@ def main() -> None:
                             for i, s in enumerate(samples))
                     figures["answers"][model] = answer
                     figures["hops"][model] = count_hops(server, model, inputs, hops_dir, 5 if args.quick else 20)
-                    for c in CONCURRENCY:
+                    for c in concurrency:
                         row = anyio.run(measure_server, server, model, inputs, c, seconds)
                         figures["server"][f"{model}@{c}"] = row
                         print(f"{model:22s} c={c:2d} p50 {row['p50_ms'] or 0:8.2f} ms  p95 {row['p95_ms'] or 0:8.2f} ms"
@@ -317,15 +331,7 @@ def main() -> None:
                     figures["failures"].append(f"{model}: {type(exc).__name__}: {exc}")
                     traceback.print_exc()
                 save()
-        for name, (p, inputs) in pipelines.items():
-            for form in FORMS:
-                for c in (1, 4):
-                    try:
-                        row = anyio.run(measure_local, p, LOCAL_MODE[form], inputs, c, seconds)
-                        figures["local"][f"{name}_{form}@{c}"] = row
-                    except Exception as exc:  # noqa: BLE001
-                        figures["failures"].append(f"local {name} {form} c={c}: {type(exc).__name__}: {exc}")
-            save()
+        measure_local_all(pipelines, seconds, figures, save, forms, args.fused_instance_count)
     finally:
         server.stop()
         log = server.log_path
@@ -333,6 +339,31 @@ def main() -> None:
             shutil.copy(log, out_dir / "tritonserver.log")
         save()
     report(figures)
+
+
+def local_pipelines() -> dict[str, tuple[Pipeline, dict[str, Any]]]:
+    image, _ = yolo_inputs()
+    big = {"x": np.random.default_rng(0).standard_normal((1, 16 << 20), dtype=np.float32)}
+    return {"yolo_cupy": (yolo("yolo_cupy", stand_in_detector), image),
+            "yolo_torch": (yolo("yolo_torch", torch_detector()), image),
+            "chain64": (chain64(), big)}
+
+
+def measure_local_all(pipelines: dict[str, tuple[Pipeline, dict[str, Any]]], seconds: float,
+                      figures: dict[str, Any], save: Any, forms: tuple[str, ...] = FORMS,
+                      fused_instance_count: int = 1) -> None:
+    """The local runtime on the same pipelines and host inputs, each form at concurrency 1 and 4."""
+    for name, (p, inputs) in pipelines.items():
+        for form in forms:
+            for c in (1, 4):
+                try:
+                    row = anyio.run(measure_local, p, LOCAL_MODE[form], inputs, c, seconds, fused_instance_count)
+                    figures["local"][f"{name}_{form}@{c}"] = row
+                    print(f"local {name}_{form:10s} c={c} p50 {row['p50_ms'] or 0:8.2f} ms"
+                          f"  {row['throughput']:8.1f}/s", flush=True)
+                except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
+                    figures["failures"].append(f"local {name} {form} c={c}: {type(exc).__name__}: {exc}")
+            save()
 
 
 def report(figures: dict[str, Any]) -> None:
