@@ -85,7 +85,40 @@ def _cmd_remove(args: argparse.Namespace) -> int:
     print(f"removed {len(names)} models of {', '.join(map(repr, args.pipelines))} from {args.repository}:")
     for name in names:
         print(f"  {name}")
+    links = _links_to_models_of(args.repository, args.pipelines)
+    if links:
+        print(f"left {len(links)} symbolically linked model folder{'s' if len(links) > 1 else ''} of "
+              f"{', '.join(map(repr, args.pipelines))} in {args.repository}: a link is never removed, nor what it "
+              "points to (remove the link by hand if the model should go):")
+        for name, target in links:
+            print(f"  {name} -> {target}")
     return 0
+
+
+def _links_to_models_of(repository: str, pipelines: Sequence[str]) -> list[tuple[str, str]]:
+    """The symbolic links in ``repository`` that stand for a model of one of ``pipelines``: (name, target).
+
+    A link's folder is the pipeline's when the model marker it holds names the pipeline, or
+    (a folder with no marker) when the link is named as the pipeline's models are.
+    """
+    import json
+
+    from .compile.repository_disk import MARKER_FILE
+
+    found = []
+    for entry in sorted(os.scandir(repository), key=lambda e: e.name):
+        if not entry.is_symlink():
+            continue
+        try:
+            with open(os.path.join(entry.path, MARKER_FILE), encoding="utf-8") as file:
+                marker = json.load(file)
+            owner = marker.get("pipeline") if isinstance(marker, dict) else None
+        except (OSError, ValueError):
+            owner = None
+        ours = owner in pipelines if owner is not None else any(entry.name.startswith(f"{p}_") for p in pipelines)
+        if ours:
+            found.append((entry.name, os.readlink(entry.path)))
+    return found
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -119,6 +152,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     if args.local:
         return _cmd_serve_local(args)
+    if args.http_max_input_size is not None:
+        raise PipelinesError("--http-max-input-size: for --local only; the bundled tritonserver (2.51) has no such "
+                             "option (Triton added it in a later release) and takes requests of any size: drop it, "
+                             "or serve the pipeline with --local")
     from .triton import serve_main
     from .triton.arguments import PythonBackendSettings
 
@@ -140,7 +177,8 @@ def _cmd_serve_local(args: argparse.Namespace) -> int:
                              f"from this process, with no stubs: drop {'it' if len(given) == 1 else 'them'}, "
                              "or serve a compiled DIR without --local")
     p = load_pipeline(args.repository)
-    return serve_local(p, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port)
+    limit = {} if args.http_max_input_size is None else {"http_max_input_size": args.http_max_input_size}
+    return serve_local(p, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port, **limit)
 
 
 def _whole_number(low: int, high: int | None, expected: str) -> Any:
@@ -251,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
     s.add_argument("--http-port", type=_port, default=None, help="default: a free port")
     s.add_argument("--grpc-port", type=_port, default=None, help="default: a free port")
+    s.add_argument("--http-max-input-size", type=_positive_int, metavar="BYTES", default=None,
+                   help="--local only: the largest HTTP request body to accept, as Triton's option of that name "
+                   "(default: Triton's, 67108864 = 64 MiB); a larger request is refused with a 400 naming both sizes")
     s.add_argument("--python-env", metavar="VENV", default=None,
                    help="DIR only: the virtual (or conda) environment the Python models run in, with numpy<2 and "
                    "what `pipelines compile` wrote to DIR/requirements.txt (default: this one)")

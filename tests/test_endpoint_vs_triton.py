@@ -34,6 +34,20 @@ def third(x):
     return {"h": (x / 3).astype(np.float16)}
 
 
+@step(inputs={"x": TensorSpec("FP32", [-1])}, outputs={"y": TensorSpec("FP32", [-1]), "n": TensorSpec("INT32", [-1])})
+def scale(x):
+    return {"y": x * 1, "n": (x * 10).astype(np.int32)}
+
+
+def scaling():
+    """FP32 and INT32 outputs, for the classification extension's "value:index" strings."""
+    p = Pipeline("flt", inputs={"x": TensorSpec("FP32", [-1])}, max_batch_size=4)
+    s = p.add(scale, x=p.input("x"))
+    p.output("y", s["y"])
+    p.output("n", s["n"])
+    return p
+
+
 def half_pipeline():
     """FP16, which Triton's HTTP front end carries only as binary data."""
     p = Pipeline("half", inputs={"x": HALF_SPEC}, max_batch_size=4)
@@ -44,9 +58,15 @@ def half_pipeline():
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     repo = tmp_path_factory.mktemp("endpoint") / "model_repository"
-    P.compile("all").merge(half_pipeline().compile("all")).write(repo)
+    P.compile("all").merge(half_pipeline().compile("all")).merge(scaling().compile("all")).write(repo)
     with TritonServer(repo) as real, LocalServer(P) as local:
         yield {"triton": real, "local": local}
+
+
+@pytest.fixture(scope="module")
+def flt_local():
+    with LocalServer(scaling()) as local:
+        yield local
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +142,12 @@ def _binary_count(extra: bytes):
     return json.dumps(header).encode(), extra
 
 
+def _binary_count_sized(size):
+    header = {"inputs": [_good_json()[0], {"name": "count", "shape": [1, 1], "datatype": "INT64",
+                                           "parameters": {"binary_data_size": size}}]}
+    return json.dumps(header).encode(), b"\x01" * 8
+
+
 # (what is wrong, method, path, body or header dict, binary tail, the tensor the local text must name)
 HTTP_CASES = [
     ("unknown model", "POST", "/v2/models/nope/infer", {"inputs": _good_json()}, b"", None),
@@ -152,6 +178,21 @@ HTTP_CASES = [
     ("a step fails (ensemble)", "POST", "/v2/models/text_ensemble/infer", {"inputs": _count(data=[-1])}, b"", None),
     ("a step fails (bls)", "POST", "/v2/models/text_bls/infer", {"inputs": _count(data=[-1])}, b"", None),
     ("a step fails (bls_sync)", "POST", "/v2/models/text_bls_sync/infer", {"inputs": _count(data=[-1])}, b"", None),
+    # hostile clients (issue 43)
+    ("unserved route", "GET", "/v2/nope", None, b"", None),
+    ("unserved route at the root", "GET", "/", None, b"", None),
+    ("a version that is no number", "GET", "/v2/models/text_bls/versions/x", None, b"", None),
+    ("wrong method", "POST", "/v2/health/live", b"", b"", None),
+    ("JSON true as INT64", "POST", "/v2/models/text_ensemble/infer", {"inputs": _count(data=[True])}, b"", "count"),
+    ("binary_data_size true", "POST", "/v2/models/text_ensemble/infer", *_binary_count_sized(True), "count"),
+    ("binary_data_size a string", "POST", "/v2/models/text_ensemble/infer", *_binary_count_sized("8"), "count"),
+    ("unknown version, infer", "POST", "/v2/models/text_bls/versions/2/infer", {"inputs": _good_json()}, b"", None),
+    ("unknown version, metadata", "GET", "/v2/models/text_bls/versions/2", None, b"", None),
+    ("unknown version, stats", "GET", "/v2/models/text_bls/versions/2/stats", None, b"", None),
+    ("class count true", "POST", "/v2/models/text_bls/infer",
+     {"inputs": _good_json(), "outputs": [{"name": "lengths", "parameters": {"classification": True}}]}, b"", "lengths"),
+    ("class count of a BOOL output", "POST", "/v2/models/text_bls/infer",
+     {"inputs": _good_json(), "outputs": [{"name": "long", "parameters": {"classification": 1}}]}, b"", None),
 ]
 
 
@@ -208,6 +249,8 @@ def test_a_bad_http_request_gets_the_real_servers_status(servers, case):
     assert list(error) == ["error"] and error["error"]
     if tensor is not None:
         assert f"'{tensor}'" in error["error"] or f" {tensor}" in error["error"], error
+    if what in ("unknown version, infer", "unknown version, metadata"):
+        assert "'text_bls' version 2 is not found" in error["error"]  # Triton's words, the version named
     if what.startswith("a step fails"):
         assert "step 'measure'" in error["error"] and "count -1 is negative" in error["error"]
         assert error == json.loads(_http(servers["triton"].http_url, method, path, body, tail)[1])
@@ -305,3 +348,105 @@ def test_a_subset_of_outputs_runs_what_its_form_runs_on_both(servers, protocol, 
         except InferenceServerException as exc:
             answers[which] = (exc.status(), exc.message())
     assert answers["local"] == answers["triton"], answers
+
+
+# ------------------------------------------------------------------ hostile clients (issue 43), both servers
+
+
+def _raw_grpc(url, request):
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    with grpc.insecure_channel(url) as channel:
+        try:
+            response = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=60)
+        except grpc.RpcError as exc:
+            return exc.code(), exc.details()
+        return [(o.name, o.datatype, list(o.shape)) for o in response.outputs], list(response.raw_output_contents)
+
+
+def _flt_request(model, x, *, classes=(), raw=True, typed=False, version=""):
+    from tritonclient.grpc import service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name=model, model_version=version)
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=list(x.shape))
+    if raw:
+        request.raw_input_contents.append(x.tobytes())
+    if typed:
+        tensor.contents.fp32_contents.extend(x.ravel().tolist())
+    for name, count in classes:
+        output = request.outputs.add(name=name)
+        if count is not None:
+            output.parameters["classification"].int64_param = count
+    return request
+
+
+X = np.array([[0.5, 0.25, 0.125], [3, 1.5, 2]], np.float32)
+
+
+def _by_name(answer):
+    outputs, contents = answer
+    return {name: (datatype, shape, raw) for (name, datatype, shape), raw in zip(outputs, contents, strict=True)}
+
+
+@pytest.mark.parametrize("model", ["flt_bls", "flt_ensemble", "flt_fused"])
+def test_class_count_answers_as_the_real_server_over_http_and_grpc(servers, flt_local, model):
+    for count in (1, 2, 5):
+        # gRPC: the same outputs, datatypes, shapes and bytes ("0.500000:0" ...)
+        request = _flt_request(model, X, classes=[("y", count), ("n", count)])
+        real, local = (_by_name(_raw_grpc(s.grpc_url, request)) for s in (servers["triton"], flt_local))
+        assert local == real, (count, local, real)  # by name: a real ensemble answers in its own order
+        # HTTP, JSON and binary outputs
+        body = {"inputs": [{"name": "x", "shape": [2, 3], "datatype": "FP32", "data": X.ravel().tolist()}],
+                "outputs": [{"name": "y", "parameters": {"classification": count}},
+                            {"name": "n", "parameters": {"classification": count, "binary_data": True}}]}
+        answers = {}
+        for which, url in (("triton", servers["triton"].http_url), ("local", flt_local.http_url)):
+            status, raw = _http(url, "POST", f"/v2/models/{model}/infer", body, b"")
+            assert status == 200, raw
+            answers[which] = raw
+        real, local = answers["triton"], answers["local"]
+        real_outputs = {o["name"]: o for o in json.loads(real[: real.index(b"}]}") + 3])["outputs"]}
+        local_outputs = {o["name"]: o for o in json.loads(local[: local.index(b"}]}") + 3])["outputs"]}
+        assert local_outputs == real_outputs
+        assert local.endswith(real[-real_outputs["n"]["parameters"]["binary_data_size"]:])
+
+
+def test_grpc_refusals_match_the_real_server(servers, flt_local):
+    cases = {
+        "raw and typed contents together": _flt_request("flt_bls", X, raw=True, typed=True),
+        "an unknown version": _flt_request("flt_bls", X, version="2"),
+        "a version that is no number": _flt_request("flt_bls", X, version="x"),
+        "a class count of 0": _flt_request("flt_bls", X, classes=[("y", 0)]),
+    }
+    for what, request in cases.items():
+        real, local = _raw_grpc(servers["triton"].grpc_url, request), _raw_grpc(flt_local.grpc_url, request)
+        assert local[0] == real[0], (what, local, real)  # the same status code
+    assert "contents field must not be specified when using raw_input_contents for 'x'" in _raw_grpc(
+        flt_local.grpc_url, cases["raw and typed contents together"])[1]
+    assert "'flt_bls' version 2 is not found" in _raw_grpc(flt_local.grpc_url, cases["an unknown version"])[1]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_output_asked_twice_is_answered_once_on_both(servers, flt_local, protocol):
+    answers = {}
+    for which, server in (("triton", servers["triton"]), ("local", flt_local)):
+        if protocol == "grpc":
+            answers[which] = _raw_grpc(server.grpc_url, _flt_request("flt_bls", X, classes=[("y", None), ("y", None)]))
+        else:
+            body = {"inputs": [{"name": "x", "shape": [2, 3], "datatype": "FP32", "data": X.ravel().tolist()}],
+                    "outputs": [{"name": "y"}, {"name": "y"}]}
+            answers[which] = json.loads(_http(server.http_url, "POST", "/v2/models/flt_bls/infer", body, b"")[1])
+    assert answers["local"] == answers["triton"]
+
+
+def test_nan_in_json_is_where_the_endpoint_differs_on_purpose(servers, flt_local):
+    """Triton 2.51 takes ``NaN`` in JSON data and writes NaN back as JSON no strict parser reads;
+    the endpoint refuses both, with the way to send such values (binary data). docs/endpoint.md says so."""
+    raw = b'{"inputs":[{"name":"x","shape":[1,2],"datatype":"FP32","data":[NaN,1]}]}'
+    real = _http(servers["triton"].http_url, "POST", "/v2/models/flt_bls/infer", raw, b"")
+    local = _http(flt_local.http_url, "POST", "/v2/models/flt_bls/infer", raw, b"")
+    assert real[0] == 200 and b"NaN" in real[1]
+    with pytest.raises(ValueError):
+        json.loads(real[1], parse_constant=lambda name: (_ for _ in ()).throw(ValueError(name)))
+    assert local[0] == 500 and "NaN is not valid JSON" in json.loads(local[1])["error"]

@@ -7,6 +7,9 @@ messages. Outputs always travel as ``raw_output_contents``, as Triton sends them
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import platform
 from time import perf_counter_ns
 from typing import Any
 
@@ -14,14 +17,54 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from .classification import grpc_class_count
 from .service import InferenceService, Timing, batch_rows
 from .status import INVALID, Refusal, error_text, status_of
 from .wire import array_from_bytes, array_from_contents, array_to_bytes
 
 __all__ = ["GRPC_OPTIONS", "add_service"]
 
-#: Triton takes messages of any size (its images and tensors pass 4 MiB easily); so do we.
-GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+#: Triton's own limits: messages up to INT32_MAX bytes both ways (``MAX_GRPC_MESSAGE_SIZE`` in its
+#: ``src/common.h``), far past gRPC's default of 4 MiB; see docs/endpoint.md.
+MAX_GRPC_MESSAGE_SIZE = 2**31 - 1
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+    ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+]
+
+
+#: A request or response this large (bytes) gives the C library's freed memory back to the system after it.
+TRIM_AFTER = 32 << 20
+
+
+def _malloc_trim() -> Any:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = (ctypes.c_size_t,)
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_TRIM = _malloc_trim()
+
+
+def _trim_soon() -> None:
+    """Hand the memory a large message was read and written through back to the system, once it is freed.
+
+    gRPC reads a message in small slices, allocated from the C heap of its threads; freed,
+    they stay with the process (glibc returns only the top of a heap), and RSS stays a few
+    hundred MB up after a few 100 MB requests. ``malloc_trim`` gives back every free page,
+    on a worker thread, a moment after the call ends and again once its answer has surely gone.
+    """
+    if _TRIM is None:
+        return
+    loop = asyncio.get_running_loop()
+    for delay in (0.05, 1.0):
+        loop.call_later(delay, lambda: loop.run_in_executor(None, _TRIM, 0))
 
 
 def add_service(server: grpc.aio.Server, service: InferenceService) -> None:
@@ -78,16 +121,17 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             model = self.service.model(request.model_name, request.model_version)
             inputs = _decode(request, model.name)
-            requested = [o.name for o in request.outputs]
+            # a name asked twice is answered once, as Triton answers it (the last asking wins)
+            classes = {o.name: grpc_class_count(o.name, o.parameters) for o in request.outputs}
             timing = Timing(started, perf_counter_ns())
-            outputs, infer_ns = await self.service.infer(model, inputs, requested, timing)
+            outputs, infer_ns = await self.service.infer(model, inputs, list(classes), timing)
             response = pb.ModelInferResponse(model_name=model.name, model_version="1", id=request.id)
-            specs = model.pipeline.output_specs
-            for name, array in outputs.items():
-                datatype = specs[name].dtype
+            for name, (array, datatype) in self.service.answer(model, outputs, classes).items():
                 response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
-                response.raw_output_contents.append(array_to_bytes(array, datatype))
+                response.raw_output_contents.append(bytes(array_to_bytes(array, datatype)))
             self.service.finished(model, timing, rows=batch_rows(model, inputs), infer_ns=infer_ns)
+            if sum(len(r) for r in request.raw_input_contents) + sum(map(len, response.raw_output_contents)) > TRIM_AFTER:
+                _trim_soon()
             return response
         except Exception as exc:  # every failure is this request's answer; the endpoint keeps serving
             self.service.failed(request.model_name, Timing(started, started))
@@ -104,6 +148,10 @@ def _decode(request: Any, model: str) -> dict[str, Any]:
         )
     inputs = {}
     for i, tensor in enumerate(request.inputs):
+        if raw and tensor.contents.ListFields():
+            raise Refusal(INVALID, f"contents field must not be specified when using raw_input_contents for "
+                          f"'{tensor.name}' for model '{model}': send each input's data one way, all raw or all "
+                          "typed", tensor=tensor.name)
         if raw:
             inputs[tensor.name] = array_from_bytes(tensor.name, tensor.datatype, list(tensor.shape), raw[i], model=model)
         else:

@@ -30,10 +30,13 @@ from ..runtime.local import MODES, LocalRuntime
 from ..runtime.report import Report
 from .grpc_service import GRPC_OPTIONS, add_service
 from .models import served_models
-from .rest import make_app
+from .rest import DEFAULT_MAX_INPUT_SIZE, make_app
 from .service import InferenceService
 
-__all__ = ["LocalServer", "serve_local"]
+__all__ = ["DEFAULT_MAX_INPUT_SIZE", "GRACE_PERIOD", "LocalServer", "serve_local"]
+
+#: Seconds that requests in flight get to finish once the server is told to stop (the README's promise).
+GRACE_PERIOD = 5.0
 
 
 def _version() -> str:
@@ -50,8 +53,12 @@ class LocalServer:
 
     Ports left as ``None`` are free ones chosen by the system; ``grpc_port=False``
     serves HTTP only. ``runtime_options`` go to each ``LocalRuntime`` (e.g.
-    ``server_copies=True``). ``start()`` returns once both protocols answer, and
-    raises :class:`~pipelines.errors.ServerStartError` if they cannot (a port in use).
+    ``server_copies=True``). ``http_max_input_size`` bounds an HTTP request's body, as
+    Triton's ``--http-max-input-size`` does, with Triton's default of 64 MiB: a larger
+    request is refused unread with a 400 that names both sizes. ``start()`` returns once
+    both protocols answer, and raises :class:`~pipelines.errors.ServerStartError` if they
+    cannot (a port in use). ``stop()`` refuses new requests and gives those in flight
+    ``GRACE_PERIOD`` (5 s) to finish, over both protocols.
     """
 
     def __init__(
@@ -63,7 +70,7 @@ class LocalServer:
         http_port: int | None = None,
         grpc_port: int | None | bool = None,
         runtime_options: Mapping[str, Any] | None = None,
-        max_request_bytes: int = 1 << 30,
+        http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
         start_timeout: float = 60.0,
     ) -> None:
         if not isinstance(pipeline, Pipeline):
@@ -72,6 +79,10 @@ class LocalServer:
         if unknown or not modes:
             raise ServerError(f"pipeline {pipeline.name!r}: modes must be some of {list(MODES)}; got {list(modes)}",
                               pipeline=pipeline.name)
+        if type(http_max_input_size) is not int or http_max_input_size < 1:
+            raise ServerError(f"pipeline {pipeline.name!r}: http_max_input_size is the largest HTTP request body "
+                              f"to accept, a number of bytes >= 1 (Triton's default: {DEFAULT_MAX_INPUT_SIZE}); "
+                              f"got {http_max_input_size!r}", pipeline=pipeline.name)
         pipeline.validate()
         self.pipeline = pipeline
         self.modes = tuple(modes)
@@ -79,13 +90,14 @@ class LocalServer:
         self._http_port = http_port
         self._grpc_port = grpc_port
         self._runtime_options = dict(runtime_options or {})
-        self._max_request_bytes = max_request_bytes
+        self.http_max_input_size = http_max_input_size
         self._start_timeout = start_timeout
         self._models = served_models(pipeline, self.modes)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
+        self._done = threading.Event()
         self._error: BaseException | None = None
         self._service: InferenceService | None = None
         self._ports: tuple[int, int | None] | None = None
@@ -134,11 +146,12 @@ class LocalServer:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self._ports is not None
+        return self._thread is not None and not self._done.is_set() and self._ports is not None
 
     def start(self) -> LocalServer:
         if self._thread is not None:
             raise ServerError("this LocalServer is already started")
+        self._done.clear()
         self._thread = threading.Thread(target=self._run, name=f"pipelines-local-{self.pipeline.name}", daemon=True)
         self._thread.start()
         if not self._ready.wait(self._start_timeout):
@@ -146,7 +159,7 @@ class LocalServer:
             raise ServerStartError(f"the local endpoint for {self.pipeline.name!r} did not start in "
                                    f"{self._start_timeout:g} s")
         if self._error is not None:
-            self._thread.join()
+            self._done.wait()
             error, self._thread = self._error, None
             if isinstance(error, PipelinesError):
                 raise error
@@ -155,7 +168,7 @@ class LocalServer:
         return self
 
     def stop(self) -> None:
-        """Stop serving: refuse new connections, finish what is in flight, close the runtimes."""
+        """Stop serving: refuse new requests, give those in flight up to GRACE_PERIOD to finish, close the runtimes."""
         thread, loop, stop = self._thread, self._loop, self._stop
         if thread is None:
             return
@@ -164,7 +177,10 @@ class LocalServer:
                 loop.call_soon_threadsafe(stop.set)
             except RuntimeError:  # the loop already ended
                 pass
-        thread.join()
+        # An Event, not thread.join(): on Python 3.11 a Ctrl-C that lands inside join() marks the
+        # thread as ended while it still runs (bpo-45274), and the process then exits under the
+        # requests in flight.
+        self._done.wait()
         self._thread = None
         self._ports = None
 
@@ -178,8 +194,8 @@ class LocalServer:
 
     def wait(self) -> None:
         """Block until the server stops (Ctrl-C raises ``KeyboardInterrupt`` here, in the caller's thread)."""
-        while self._thread is not None and self._thread.is_alive():
-            self._thread.join(0.5)
+        while self._thread is not None and not self._done.wait(0.5):
+            pass
 
     # ---------------------------------------------------------------- inspection
 
@@ -211,6 +227,7 @@ class LocalServer:
             self._error = exc
         finally:
             self._ready.set()
+            self._done.set()
 
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -222,38 +239,53 @@ class LocalServer:
                 runtimes[name] = await stack.enter_async_context(runtime)
             service = InferenceService(self._models, runtimes, _version())
 
-            # On stop, requests in flight get a few seconds to finish; a stuck step does not hold the exit.
-            runner = web.AppRunner(make_app(service, max_request_bytes=self._max_request_bytes), access_log=None,
-                                   shutdown_timeout=5.0)
+            # The runtimes close last (the stack), once both front ends have stopped.
+            runner = web.AppRunner(make_app(service, max_input_size=self.http_max_input_size), access_log=None,
+                                   shutdown_timeout=GRACE_PERIOD)
             await runner.setup()
-            stack.push_async_callback(runner.cleanup)
-            site = web.TCPSite(runner, self.host, self._http_port or 0)
+            server: grpc.aio.Server | None = None
             try:
-                await site.start()
-            except OSError as exc:
-                raise ServerStartError(f"the local endpoint cannot listen for HTTP on {self.host}:"
-                                       f"{self._http_port or 0}: {exc.strerror or exc}") from None
-            http_port = int(runner.addresses[0][1])
-
-            grpc_port = None
-            if self._grpc_port is not False:
-                server = grpc.aio.server(options=GRPC_OPTIONS)
-                add_service(server, service)
-                wanted = int(self._grpc_port or 0)
+                site = web.TCPSite(runner, self.host, self._http_port or 0)
                 try:
-                    grpc_port = server.add_insecure_port(f"{self.host}:{wanted}")
-                except RuntimeError as exc:
-                    raise ServerStartError(f"the local endpoint cannot listen for gRPC on {self.host}:{wanted}: "
-                                           f"{exc}") from None
-                await server.start()
-                stack.push_async_callback(server.stop, 1.0)
+                    await site.start()
+                except OSError as exc:
+                    raise ServerStartError(f"the local endpoint cannot listen for HTTP on {self.host}:"
+                                           f"{self._http_port or 0}: {exc.strerror or exc}") from None
+                http_port = int(runner.addresses[0][1])
 
-            self._service = service
-            self._ports = (http_port, grpc_port)
-            service.ready = True
-            self._ready.set()
-            await self._stop.wait()
-            service.ready = False
+                grpc_port = None
+                if self._grpc_port is not False:
+                    server = grpc.aio.server(options=GRPC_OPTIONS)
+                    add_service(server, service)
+                    wanted = int(self._grpc_port or 0)
+                    try:
+                        grpc_port = server.add_insecure_port(f"{self.host}:{wanted}")
+                    except RuntimeError as exc:
+                        raise ServerStartError(f"the local endpoint cannot listen for gRPC on {self.host}:{wanted}: "
+                                               f"{exc}") from None
+                    await server.start()
+
+                self._service = service
+                self._ports = (http_port, grpc_port)
+                service.ready = True
+                self._ready.set()
+                await self._stop.wait()
+            finally:
+                service.ready = False
+                await _stop_front_ends(runner, server)
+
+
+async def _stop_front_ends(runner: web.AppRunner, server: grpc.aio.Server | None) -> None:
+    """Stop both protocols at once: no new request is taken, those in flight get GRACE_PERIOD to finish.
+
+    HTTP closes its listening socket and idle connections and waits for running handlers;
+    gRPC answers new calls ``UNAVAILABLE`` and waits for running ones. Only what is still
+    running after the grace period is cancelled.
+    """
+    stops = [runner.cleanup()]
+    if server is not None:
+        stops.append(server.stop(GRACE_PERIOD))
+    await asyncio.gather(*stops)
 
 
 def serve_local(

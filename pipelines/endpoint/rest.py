@@ -5,6 +5,11 @@ and turns JSON and binary tensor data into arrays and back. A request whose
 binary data follows its JSON says where the JSON ends with
 ``Inference-Header-Content-Length``; a response does the same when any output
 is binary.
+
+A body is read once, into one buffer sized by its ``Content-Length`` (refused
+unread past ``--http-max-input-size``), and binary inputs are numpy views of
+that buffer; binary outputs are written from the arrays' own memory. So a large
+request costs about its own size, not a multiple of it (``docs/endpoint.md``).
 """
 
 from __future__ import annotations
@@ -13,23 +18,31 @@ import json
 from time import perf_counter_ns
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from ..triton.payloads import message_to_dict
+from .classification import http_class_count
 from .service import InferenceService, Timing, batch_rows
 from .status import INVALID, PARSE, Refusal, error_text, status_of
 from .wire import array_from_bytes, array_from_json, array_to_bytes, array_to_json
 
-__all__ = ["HEADER_LENGTH", "make_app"]
+__all__ = ["DEFAULT_MAX_INPUT_SIZE", "HEADER_LENGTH", "make_app"]
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+#: Triton's default for ``--http-max-input-size``: 64 MiB (``HTTP_DEFAULT_MAX_INPUT_SIZE`` in its
+#: ``src/common.h``; docs/endpoint.md says where it comes from).
+DEFAULT_MAX_INPUT_SIZE = 1 << 26
 _JSON = "application/json"
+_ALIGN = 64  # binary tensor data starts this aligned in the body's buffer (a cache line, more than any dtype needs)
+_WRITE = 1 << 20  # a response's binary data goes out in slices this large, so the transport never copies it whole
 
 
-def make_app(service: InferenceService, *, max_request_bytes: int) -> web.Application:
-    app = web.Application(client_max_size=max_request_bytes)
-    routes = _Routes(service)
-    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+def make_app(service: InferenceService, *, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> web.Application:
+    app = web.Application(client_max_size=max_input_size, middlewares=[_json_errors])
+    routes = _Routes(service, max_input_size)
+    # a version is digits, as Triton's routes take it: /versions/x is an unserved route there too
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version:[0-9]+}"):
         app.router.add_get(prefix, routes.model_metadata)
         app.router.add_get(prefix + "/ready", routes.model_ready)
         app.router.add_get(prefix + "/config", routes.model_config)
@@ -47,9 +60,29 @@ def _error(exc: BaseException, model: Any = None) -> web.Response:
     return web.json_response({"error": error_text(exc, model)}, status=status_of(exc).http)
 
 
+@web.middleware
+async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """An unserved route or method is answered as Triton answers it: ``{"error": "Not Found"}``, not plain text."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        reason = exc.reason
+        if exc.status == 404:
+            reason += (f": this endpoint serves no {request.method} {request.path}; it serves Triton's /v2 routes "
+                       "(health, metadata, models/<name>[/versions/1][/ready|config|stats|infer], "
+                       "models/stats, repository/index)")
+        elif exc.status == 405:
+            reason += f": {request.path} does not take {request.method}"
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return web.json_response({"error": reason}, status=exc.status, headers=headers)
+
+
 class _Routes:
-    def __init__(self, service: InferenceService) -> None:
+    def __init__(self, service: InferenceService, max_input_size: int) -> None:
         self.service = service
+        self.max_input_size = max_input_size
 
     # ------------------------------------------------------------ health, metadata
 
@@ -98,18 +131,22 @@ class _Routes:
 
     # ------------------------------------------------------------ inference
 
-    async def infer(self, request: web.Request) -> web.Response:
+    async def infer(self, request: web.Request) -> web.StreamResponse:
         started = perf_counter_ns()
         name = request.match_info["model"]
         model = None
         try:
             model = self.service.model(name, request.match_info.get("version", ""))
-            body = await request.read()
-            header, inputs = _decode(body, request.headers.get(HEADER_LENGTH), model)
-            requested, binary = _requested_outputs(header)
+            header_length = _header_length(request.headers.get(HEADER_LENGTH))
+            body = await _read_body(request, self.max_input_size, header_length)
+            header, inputs = _decode(body, header_length, model)
+            del body  # the inputs hold what they need of it
+            requested, classes, binary = _requested_outputs(header)
             timing = Timing(started, perf_counter_ns())
             outputs, infer_ns = await self.service.infer(model, inputs, list(requested), timing)
-            response = _encode(header, model, outputs, requested, binary)
+            answer = self.service.answer(model, outputs, classes)
+            del outputs
+            response = await _send(request, header, model, answer, requested, binary)
             self.service.finished(model, timing, rows=batch_rows(model, inputs), infer_ns=infer_ns)
             return response
         except Exception as exc:  # every failure is this request's answer; the endpoint keeps serving
@@ -117,24 +154,75 @@ class _Routes:
             return _error(exc, model)
 
 
-def _decode(body: bytes, header_length: str | None, model: Any) -> tuple[dict, dict[str, Any]]:
-    """The request's JSON header and its inputs as arrays."""
-    if header_length is None:
-        json_part, binary = body, memoryview(b"")
-    else:
-        try:
-            length = int(header_length)
-        except ValueError:
-            raise Refusal(INVALID, f"{HEADER_LENGTH} must be an integer; got {header_length!r}") from None
-        if not 0 <= length <= len(body):
-            raise Refusal(
-                INVALID, f"{HEADER_LENGTH} is {length} but the request body has only {len(body)} bytes"
-            )
-        if length == 0:  # the extension's raw request: every output comes back binary
-            return {"parameters": {"binary_data_output": True}}, _raw_binary_request(body, model)
-        json_part, binary = body[:length], memoryview(body)[length:]
+def _header_length(value: str | None) -> int | None:
+    if value is None:
+        return None
     try:
-        header = json.loads(json_part)
+        length = int(value)
+    except ValueError:
+        length = -1
+    if length < 0:
+        raise Refusal(INVALID, f"{HEADER_LENGTH} must be a whole number of bytes >= 0; got {value!r}")
+    return length
+
+
+def _too_large(size: str, limit: int) -> Refusal:
+    # Triton's words ("exceeds the maximum allowed value ... Use --http-max-input-size"), with the sizes and the fix
+    return Refusal(INVALID, f"the request body of {size} bytes exceeds the maximum allowed value of {limit} bytes "
+                   f"({limit / (1 << 20):g} MiB). Use --http-max-input-size to increase the limit "
+                   "(LocalServer(http_max_input_size=...) in Python), or send the tensors over gRPC")
+
+
+async def _read_body(request: web.Request, limit: int, header_length: int | None) -> memoryview:
+    """The body, read once into one buffer: refused unread when its declared size is past ``limit``.
+
+    The buffer is sized by ``Content-Length`` and placed so that the binary data after the
+    JSON header starts aligned, so the inputs can be views of it. A chunked body (no
+    length) is gathered chunk by chunk, and refused as soon as it passes ``limit``.
+    """
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise _too_large(f"{declared}", limit)  # unread: aiohttp reads and drops it, then the client reads this
+    if declared is None:
+        chunks, total = [], 0
+        async for chunk in request.content.iter_any():
+            total += len(chunk)
+            if total > limit:
+                raise _too_large(f"more than {limit}", limit)
+            chunks.append(chunk)
+        return memoryview(b"".join(chunks))
+    buffer = np.empty(declared + _ALIGN, np.uint8)
+    pad = -(buffer.ctypes.data + (header_length or 0)) % _ALIGN
+    body = memoryview(buffer)[pad : pad + declared]
+    filled = 0
+    while filled < declared:
+        chunk = await request.content.readany()
+        if not chunk:
+            raise Refusal(INVALID, f"the request body ended after {filled} of its {declared} bytes (Content-Length)")
+        body[filled : filled + len(chunk)] = chunk
+        filled += len(chunk)
+    return body
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON (RFC 8259 has no NaN or Infinity); send non-finite values as "
+                     "binary data")
+
+
+def _decode(body: memoryview, header_length: int | None, model: Any) -> tuple[dict, dict[str, Any]]:
+    """The request's JSON header and its inputs as arrays (binary ones: views of ``body``)."""
+    if header_length is None:
+        json_part, binary = body, body[len(body) :]
+    else:
+        if header_length > len(body):
+            raise Refusal(
+                INVALID, f"{HEADER_LENGTH} is {header_length} but the request body has only {len(body)} bytes"
+            )
+        if header_length == 0:  # the extension's raw request: every output comes back binary
+            return {"parameters": {"binary_data_output": True}}, _raw_binary_request(body, model)
+        json_part, binary = body[:header_length], body[header_length:]
+    try:
+        header = json.loads(bytes(json_part), parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise Refusal(PARSE, f"failed to parse the request JSON buffer: {exc}") from None
     if not isinstance(header, dict):
@@ -153,7 +241,10 @@ def _decode(body: bytes, header_length: str | None, model: Any) -> tuple[dict, d
         params = entry.get("parameters") or {}
         size = params.get("binary_data_size") if isinstance(params, dict) else None
         if size is not None:
-            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+            if type(size) is not int or size < 0:  # JSON true is no size, nor is "32" (Triton: 500, these words)
+                raise Refusal(PARSE, f"Unable to parse 'binary_data_size' of input '{name}': expected a whole "
+                              f"number of bytes >= 0; got {json.dumps(size)}", tensor=name)
+            if offset + size > len(binary):
                 raise Refusal(
                     INVALID,
                     f"unexpected size for input '{name}', expecting {size} bytes of binary data but "
@@ -174,7 +265,7 @@ def _decode(body: bytes, header_length: str | None, model: Any) -> tuple[dict, d
     return header, inputs
 
 
-def _raw_binary_request(body: bytes, model: Any) -> dict[str, Any]:
+def _raw_binary_request(body: memoryview, model: Any) -> dict[str, Any]:
     """The binary extension's header-less request: one input, its shape deduced from the size."""
     specs = model.pipeline.inputs
     if len(specs) != 1:
@@ -192,54 +283,67 @@ def _raw_binary_request(body: bytes, model: Any) -> dict[str, Any]:
     if variable:
         dims[variable[0]] = len(body) // (fixed * itemsize) if fixed else 0
     shape = ([1] if model.pipeline.batched else []) + dims
-    return {name: array_from_bytes(name, spec.dtype, shape, memoryview(body), model=model.name)}
+    return {name: array_from_bytes(name, spec.dtype, shape, body, model=model.name)}
 
 
-def _requested_outputs(header: dict) -> tuple[dict[str, bool | None], bool]:
-    """The outputs asked for, each with its own binary_data choice, and the request-wide default."""
+def _requested_outputs(header: dict) -> tuple[dict[str, bool | None], dict[str, int], bool]:
+    """The outputs asked for, each with its own binary_data choice; their class counts; the request-wide default.
+
+    A name asked twice is answered once, as Triton answers it (the last asking wins).
+    """
     params = header.get("parameters") or {}
     binary_default = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
     requested: dict[str, bool | None] = {}
+    classes: dict[str, int] = {}
     entries = header.get("outputs") or []
     if not isinstance(entries, list):
         raise Refusal(PARSE, "Unable to parse 'outputs': expected a list of {name, parameters} objects")
     for entry in entries:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise Refusal(PARSE, f"Unable to parse 'outputs': each output is an object with a 'name'; got {entry!r}")
+        name = entry["name"]
         out_params = entry.get("parameters") or {}
-        if isinstance(out_params, dict) and out_params.get("classification"):
-            raise Refusal(INVALID, f"output '{entry['name']}': the classification extension is not served locally")
+        classes[name] = http_class_count(name, out_params)
         choice = out_params.get("binary_data") if isinstance(out_params, dict) else None
-        requested[entry["name"]] = None if choice is None else bool(choice)
-    return requested, binary_default
+        requested[name] = None if choice is None else bool(choice)
+    return requested, classes, binary_default
 
 
-def _encode(
-    header: dict, model: Any, outputs: dict[str, Any], requested: dict[str, bool | None], binary_default: bool
-) -> web.Response:
-    specs = model.pipeline.output_specs
-    answer: dict[str, Any] = {}
+async def _send(
+    request: web.Request,
+    header: dict,
+    model: Any,
+    answer: dict[str, tuple[Any, str]],
+    requested: dict[str, bool | None],
+    binary_default: bool,
+) -> web.StreamResponse:
+    """The response: JSON, then each binary output straight from its array's memory."""
+    body: dict[str, Any] = {}
     if "id" in header:
-        answer["id"] = header["id"]
-    answer["model_name"] = model.name
-    answer["model_version"] = "1"
+        body["id"] = header["id"]
+    body["model_name"] = model.name
+    body["model_version"] = "1"
     entries, chunks = [], []
-    for name, array in outputs.items():
-        datatype = specs[name].dtype
+    for name, (array, datatype) in answer.items():
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         choice = requested.get(name)
         if binary_default if choice is None else choice:
-            raw = array_to_bytes(array, datatype)
+            raw = memoryview(array_to_bytes(array, datatype))
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
             entry["data"] = array_to_json(array, datatype, name)
         entries.append(entry)
-    answer["outputs"] = entries
-    text = json.dumps(answer, separators=(",", ":")).encode()
+    body["outputs"] = entries
+    text = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
     if not chunks:
         return web.Response(body=text, content_type=_JSON)
-    return web.Response(
-        body=b"".join([text, *chunks]),
-        headers={HEADER_LENGTH: str(len(text)), "Content-Type": "application/octet-stream"},
-    )
+    response = web.StreamResponse(headers={HEADER_LENGTH: str(len(text)), "Content-Type": "application/octet-stream"})
+    response.content_length = len(text) + sum(len(c) for c in chunks)
+    await response.prepare(request)
+    await response.write(text)
+    for chunk in chunks:
+        for start in range(0, len(chunk), _WRITE):
+            await response.write(chunk[start : start + _WRITE])
+    await response.write_eof()
+    return response

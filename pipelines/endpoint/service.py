@@ -19,14 +19,15 @@ from tritonclient.grpc import service_pb2 as pb
 from ..plan import plan_of
 from ..runtime.local import LocalRuntime
 from ..runtime.report import Report
-from .models import ModelStatistics, ServedModel, statistics_response
+from .classification import classify
+from .models import VERSION, ModelStatistics, ServedModel, statistics_response
 from .status import INVALID, NOT_FOUND, Refusal
 
 __all__ = ["EXTENSIONS", "InferenceService", "Timing"]
 
 SERVER_NAME = "pipelines-local"
 #: The protocol extensions this endpoint implements (Triton lists its own in the same field).
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
+EXTENSIONS = ("classification", "binary_tensor_data", "model_configuration", "statistics")
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,17 @@ class InferenceService:
     # ------------------------------------------------------------ look-ups
 
     def model(self, name: str, version: str = "") -> ServedModel:
+        """The served model ``name``; ``version`` empty or ``"1"`` (each model has that one version)."""
         model = self.models.get(name)
-        if model is None or version not in ("", "1"):
+        if model is None:
             known = ", ".join(self.models)
             raise Refusal(NOT_FOUND, f"Request for unknown model: '{name}' is not found (this endpoint serves {known})")
+        if version not in ("", VERSION):
+            if not version.isdigit() or int(version) < 1:
+                raise Refusal(INVALID, f"failed to get model version from specified version string '{version}', "
+                              "version should be an integral value > 0")
+            raise Refusal(NOT_FOUND, f"Request for unknown model: '{name}' version {version} is not found "
+                          f"(this endpoint serves version {VERSION} of each model)")
         return model
 
     def model_ready(self, name: str, version: str = "") -> bool:
@@ -70,7 +78,11 @@ class InferenceService:
         if name in self.composing and version in ("", "1"):
             return pb.ModelStatisticsResponse(model_stats=[self._composing_statistics(name)])
         if name:
-            return statistics_response(self.stats, [self.model(name, version).name])
+            model = self.model(name)
+            if version not in ("", VERSION):  # Triton's status and words for a model that is there
+                raise Refusal(INVALID, f"requested model version is not available for model '{name}' "
+                              f"(version {version} asked; this endpoint serves version {VERSION})")
+            return statistics_response(self.stats, [model.name])
         response = statistics_response(self.stats, sorted(self.models))
         for step_model in sorted(self.composing):
             response.model_stats.append(self._composing_statistics(step_model))
@@ -154,6 +166,20 @@ class InferenceService:
         infer_ns = perf_counter_ns() - timing.decoded
         wanted = dict.fromkeys(requested or model.output_names)
         return {name: np.asarray(outputs[name]) for name in wanted}, infer_ns
+
+    def answer(
+        self, model: ServedModel, outputs: Mapping[str, np.ndarray], classes: Mapping[str, int]
+    ) -> dict[str, tuple[np.ndarray, str]]:
+        """Each output with its datatype on the wire: its own, or BYTES top-k where ``classes`` asks for it."""
+        specs = model.pipeline.output_specs
+        answer = {}
+        for name, array in outputs.items():
+            count = classes.get(name, 0)
+            if count:
+                answer[name] = classify(name, array, specs[name].dtype, count, batched=model.pipeline.batched), "BYTES"
+            else:
+                answer[name] = array, specs[name].dtype
+        return answer
 
     def finished(self, model: ServedModel, timing: Timing, *, rows: int, infer_ns: int) -> None:
         now = perf_counter_ns()

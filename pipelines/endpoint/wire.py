@@ -73,7 +73,12 @@ def _shape(name: str, shape: Any) -> tuple[int, ...]:
 
 
 def array_from_json(name: str, datatype: str, shape: Any, data: Any) -> np.ndarray:
-    """An input given as JSON ``data`` (flat or nested, as the protocol allows)."""
+    """An input given as JSON ``data`` (flat or nested, as the protocol allows).
+
+    Each element must be of the JSON type its datatype takes, as Triton reads it: ``true``
+    is no number (Triton: "attempt to access JSON non-number as double"), and a number too
+    large for a double (``1e999``) is refused, as Triton refuses it.
+    """
     dtype = _dtype(name, datatype)
     if datatype in _BINARY_ONLY:
         raise Refusal(INVALID, f"receiving {datatype} data via JSON is not supported. Please use the binary data "
@@ -81,49 +86,57 @@ def array_from_json(name: str, datatype: str, shape: Any, data: Any) -> np.ndarr
     dims = _shape(name, shape)
     count = math.prod(dims)
     try:
+        items = _flat(data)
+        if len(items) != count:
+            raise ValueError(f"{len(items)} elements for shape {list(dims)}")
+        wanted = _JSON_TYPES["BYTES" if datatype == "BYTES" else dtype.kind]
+        found = set(map(type, items)) - wanted
+        if found:
+            got = ", ".join(sorted(_JSON_NAMES.get(t, t.__name__) for t in found))
+            expected = " or ".join(sorted({_JSON_NAMES[t] for t in wanted}))
+            raise ValueError(f"{datatype} takes JSON {expected} elements; got {got}")
         if datatype == "BYTES":
             flat = np.empty(count, dtype=object)
-            items = list(_flatten(data))
-            if len(items) != count:
-                raise ValueError(f"{len(items)} elements for shape {list(dims)}")
-            for i, item in enumerate(items):
-                if not isinstance(item, str):
-                    raise ValueError(f"element {i} is {type(item).__name__}, not a string")
-                # JSON carries BYTES as text; it reaches the pipeline as the bytes it encodes
-                flat[i] = item.encode("utf-8", "surrogateescape")
+            # JSON carries BYTES as text; it reaches the pipeline as the bytes it encodes
+            flat[:] = [item.encode("utf-8", "surrogateescape") for item in items]
             return flat.reshape(dims)
-        array = np.asarray(data)
-        if array.dtype.kind not in "biuf" or array.size != count:
-            raise ValueError(
-                f"{array.size} {array.dtype} elements for shape {list(dims)}"
-                if array.dtype.kind in "biuf" else f"elements of JSON type {array.dtype} for {datatype}"
-            )
-        if datatype == "BOOL" and array.dtype.kind != "b":
-            raise ValueError("BOOL data must be true/false")
-        if dtype.kind in "iu" and array.dtype.kind == "f":
-            raise ValueError(f"{datatype} data must be integers")
+        array = np.array(items)
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise ValueError("a number too large to be stored in a double")
         return array.astype(dtype).reshape(dims)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:
         raise Refusal(PARSE, f"Unable to parse 'data' of input {name!r} ({datatype} {list(dims)}): {exc}",
                       tensor=name) from None
 
 
-def _flatten(data: Any):
-    if isinstance(data, list):
-        for item in data:
-            yield from _flatten(item)
-    else:
-        yield data
+# The JSON types (as Python reads them) each datatype's elements may be, by numpy kind.
+_JSON_TYPES: dict[str, set[type]] = {"BYTES": {str}, "b": {bool}, "i": {int}, "u": {int}, "f": {int, float}}
+_JSON_NAMES = {str: "string", bool: "true/false", int: "integer", float: "number", type(None): "null",
+               list: "array", dict: "object"}
+
+
+def _flat(data: Any) -> list:
+    """The elements of JSON ``data``, row major, however deeply nested (a lone value is one element)."""
+    if not isinstance(data, list):
+        return [data]
+    while any(isinstance(item, list) for item in data):
+        data = [leaf for item in data for leaf in (item if isinstance(item, list) else (item,))]
+    return data
 
 
 def array_from_bytes(name: str, datatype: str, shape: Any, raw: bytes | memoryview, *, model: str) -> np.ndarray:
-    """An input given as binary tensor data (HTTP) or raw contents (gRPC)."""
+    """An input given as binary tensor data (HTTP) or raw contents (gRPC).
+
+    The array is a view of ``raw``, not a copy: the request's body (or message) is the
+    tensor's memory. It is copied only where numpy could not use it as it is (misaligned
+    for its dtype). Steps get read-only views of their inputs whatever the buffer.
+    """
     dtype = _dtype(name, datatype)
     dims = _shape(name, shape)
     count = math.prod(dims)
     if datatype == "BYTES":
         try:
-            flat = deserialize_bytes_tensor(bytes(raw))
+            flat = deserialize_bytes_tensor(raw)  # struct reads a memoryview as well as bytes
         except struct.error:
             flat = None
         if flat is None or flat.size != count:
@@ -142,9 +155,11 @@ def array_from_bytes(name: str, datatype: str, shape: Any, raw: bytes | memoryvi
             f"but got {len(raw)} for model {model!r}",
             tensor=name,
         )
-    # A copy: steps may write into their inputs, and a buffer of the request is read-only.
     little = dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
-    return np.frombuffer(raw, dtype=little).astype(dtype).reshape(dims)
+    array = np.frombuffer(raw, dtype=little)
+    if not array.dtype.isnative or not array.flags.aligned:
+        array = array.astype(dtype)  # a big-endian machine, or a tensor at an odd offset of the body
+    return array.reshape(dims)
 
 
 def array_from_contents(name: str, datatype: str, shape: Sequence[int], contents: Any, *, model: str) -> np.ndarray:
@@ -167,8 +182,8 @@ def array_from_contents(name: str, datatype: str, shape: Sequence[int], contents
     return np.asarray(values, dtype=dtype).reshape(dims)
 
 
-def array_to_bytes(array: np.ndarray, datatype: str) -> bytes:
-    """Binary tensor data for an output."""
+def array_to_bytes(array: np.ndarray, datatype: str) -> bytes | memoryview:
+    """Binary tensor data for an output: a view of the array's own memory where it is laid out as the wire's."""
     if datatype == "BYTES":
         flat = np.asarray(array, dtype=object)
         if flat.size == 0:
@@ -177,15 +192,26 @@ def array_to_bytes(array: np.ndarray, datatype: str) -> bytes:
     array = np.ascontiguousarray(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    return array.tobytes()
+    if array.size == 0:
+        return b""
+    return memoryview(array.reshape(-1).view(np.uint8))
 
 
 def array_to_json(array: np.ndarray, datatype: str, name: str = "") -> list:
-    """JSON ``data`` for output ``name``: flat, row major, as Triton answers."""
+    """JSON ``data`` for output ``name``: flat, row major, as Triton answers.
+
+    NaN and Infinity have no JSON form: an output holding one is refused with the way
+    to get it (binary data), rather than written as text no JSON parser must accept.
+    """
     if datatype in _BINARY_ONLY:
         raise Refusal(INVALID, f"sending {datatype} data via JSON is not supported. Please use the binary data "
                       "format for output", tensor=name or None)
     flat = np.asarray(array).reshape(-1)
     if datatype == "BYTES":
         return [v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else str(v) for v in flat]
+    if flat.dtype.kind == "f" and not np.isfinite(flat).all():
+        bad = flat[~np.isfinite(flat)][0]
+        raise Refusal(INVALID, f"output '{name}' holds {bad} ({datatype}), which JSON cannot carry (it has no NaN "
+                      "or Infinity); ask for this output as binary data (binary_data: true, or "
+                      "InferRequestedOutput(name, binary_data=True))", tensor=name or None)
     return flat.tolist()
