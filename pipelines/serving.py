@@ -948,6 +948,27 @@ class HostHops:
 HOPS = HostHops()
 
 
+def failure_tensor(text: str, rows: int | None) -> np.ndarray:
+    """How an ensemble's step carries a failure as data: UINT8, a flag byte (1 failed, 0 not), then the text.
+
+    One row per request row (``rows``), or one flat row when the model does not batch. Numbers,
+    not BYTES, so that a stub under numpy 2 can carry it through DLPack (docs/gpu.md).
+    """
+    row = np.frombuffer(b"\x01" + text.encode("utf-8") if text else b"\x00", dtype=np.uint8)
+    return row.copy() if rows is None else np.tile(row, (rows, 1))
+
+
+def failure_text(tensor: Any) -> str | None:
+    """The failure a :func:`failure_tensor` carries (read from a pb tensor), or ``None`` when it carries none."""
+    array = pb_array(tensor)
+    if not isinstance(array, np.ndarray):
+        array = array.get()  # a GPU step's model wrote it from the host; Triton may have moved it
+    row = array.reshape(-1) if array.ndim < 2 else (array[0] if len(array) else array.reshape(-1))
+    if row.size == 0 or row[0] == 0:
+        return None
+    return row[1:].tobytes().decode("utf-8", errors="replace")
+
+
 def refuse_strings_under_numpy_2(model: str, strings: list[str]) -> None:
     """At load, refuse the BYTES tensors that Triton 2.51's stub cannot carry under numpy 2.
 

@@ -76,6 +76,26 @@ def shout(s):
     return {"t": np.array([[v[0].upper()] for v in s], dtype=object)}
 
 
+@step(inputs={"x": TensorSpec("FP32", [3])}, outputs={"y": TensorSpec("FP32", [3])})
+def left(x):
+    if (x < 0).any():
+        raise ValueError("negative input")
+    return {"y": x + 1}
+
+
+@step(inputs={"x": TensorSpec("FP32", [3])}, outputs={"y": TensorSpec("FP32", [3])})
+def right(x):
+    return {"y": x * 2}
+
+
+def branches_pipeline() -> Pipeline:
+    """Two branches side by side: the ensemble carries failures as data, through a gate."""
+    p = Pipeline("branches", inputs={"x": TensorSpec("FP32", [3])}, max_batch_size=4)
+    p.output("a", p.add(left, x=p.input("x"))["y"])
+    p.output("b", p.add(right, x=p.input("x"))["y"])
+    return p
+
+
 def strings_pipeline() -> Pipeline:
     p = Pipeline("strings", inputs={"s": TensorSpec("BYTES", [1])}, max_batch_size=4)
     p.output("t", p.add(shout, s=p.input("s"))["t"])
@@ -88,6 +108,8 @@ def repository(tmp_path_factory):
     every_dtype_pipeline().compile("all").write(root)
     producer_pipeline("producers").compile("all").write(root)
     strings_pipeline().compile("bls").write(root)
+    branches_pipeline().compile("ensemble").write(root)
+    assert (root / "branches__gate").is_dir()  # the construction under test
     return root
 
 
@@ -132,3 +154,13 @@ def test_bytes_are_served_under_numpy1_and_refused_with_the_reason_under_numpy2(
             return
         with pytest.raises(Exception, match=r"(?s)strings.*BYTES.*numpy 2\.\d+.*numpy<2"):
             client.infer("strings", given)
+
+
+def test_a_gated_ensemble_answers_and_names_the_failing_node(server):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with server.client("http", timeout=60) as client:
+        got = client.infer("branches", {"x": x})
+        np.testing.assert_array_equal(got["a"], x + 1)
+        np.testing.assert_array_equal(got["b"], x * 2)
+        with pytest.raises(Exception, match=r"StepError in pipeline 'branches', node 'left'.*negative input"):
+            client.infer("branches", {"x": -x - 1})

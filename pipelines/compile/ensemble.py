@@ -14,8 +14,9 @@ scheduler (facts and sources in ``docs/triton_ensemble.md``):
 - **Failures as data, raised by one gate.** Triton 2.51 crashes (HTTP) or
   hangs (gRPC) when a composing model answers with an error while a sibling
   step of the same request is still running. Where two live nodes can run at
-  the same time, every Python step returns its outputs plus a BYTES ``__err__``
-  tensor instead of an error response; a step whose upstream failed skips its
+  the same time, every Python step returns its outputs plus a UINT8 ``__err__``
+  tensor (``serving.failure_tensor``: a flag byte, then the error's text) instead
+  of an error response; a step whose upstream failed skips its
   work and passes the failure on; and a final gate model, which runs after
   every other step, answers the request: the outputs, or one error that names
   the node as the user named it. Where one Python node produces every output
@@ -61,7 +62,8 @@ ERR_OUTPUT = "__err__"
 #: Prefix of the optional BYTES inputs that carry the failures of the steps upstream.
 ERR_INPUT = "__err_in_"
 GATE_PLAN = "gate.json"
-_ERR_SPEC = TensorSpec("BYTES", [1])
+# UINT8, not BYTES: a stub under numpy 2 (a GPU server's) cannot carry BYTES (docs/gpu.md).
+_ERR_SPEC = TensorSpec("UINT8", [-1])
 
 
 @dataclass(frozen=True)
@@ -87,9 +89,9 @@ class ModelExtras:
             spec = step_outputs[original]
             config.output.add(name=alias, data_type=mc.DataType.Value(spec.config_dtype), dims=list(spec.dims))
         for name in self.err_inputs:
-            config.input.add(name=name, data_type=mc.TYPE_STRING, dims=[1], optional=True)
+            config.input.add(name=name, data_type=mc.TYPE_UINT8, dims=[-1], optional=True)
         if self.err_output:
-            config.output.add(name=self.err_output, data_type=mc.TYPE_STRING, dims=[1])
+            config.output.add(name=self.err_output, data_type=mc.TYPE_UINT8, dims=[-1])
 
     def to_dict(self) -> dict:
         """The adapter's part of ``step.json``."""

@@ -2,7 +2,8 @@
 
 Copied verbatim as ``<ensemble>__gate/1/model.py``, with ``serving.py`` beside it. It reads
 ``gate.json`` beside it. Each
-request brings the pipeline's outputs and one BYTES ``__err__`` tensor per Python step. The
+request brings the pipeline's outputs and one UINT8 ``__err__`` tensor per Python step
+(``serving.failure_tensor``). The
 gate runs after every other step of the request, so it is the one place where an error
 response cannot race a sibling step (Triton 2.51 crashes when one does). It answers with
 the outputs, or with the first failure in topological order, naming the node as the user
@@ -28,7 +29,9 @@ class TritonPythonModel:
         self.pipeline = plan["pipeline"]
         self.outputs = plan["outputs"]
         self.errors = plan["errors"]
-        serving.refuse_strings_under_numpy_2(args.get("model_name", self.pipeline), [e["input"] for e in self.errors])
+        serving.refuse_strings_under_numpy_2(
+            args.get("model_name", self.pipeline), [n for n, out in self.outputs.items() if out["dtype"] == "BYTES"]
+        )
 
     def execute(self, requests):
         return [self._answer(request) for request in requests]
@@ -38,13 +41,13 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, entry["input"])
             if tensor is None:
                 continue
-            text = _first(tensor.as_numpy())
-            if text:
+            text = serving.failure_text(tensor)
+            if text is not None:
                 # The first in topological order is where the failure began: a step that did not run
                 # because of it comes later and passes its text on. The gate knows which node that was.
-                said = serving.parse_error(text.decode("utf-8", errors="replace"))
+                said = serving.parse_error(text)
                 if said is None:
-                    reason = f"failed (model {entry['model']!r}): {text.decode('utf-8', errors='replace')}"
+                    reason = f"failed (model {entry['model']!r}): {text}"
                     said = serving.WireError("StepError", self.pipeline, reason)
                 error = serving.WireError(said.kind, self.pipeline, said.reason, entry["node"], said.step, said.tensor)
                 return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(error.text()))
@@ -58,11 +61,3 @@ class TritonPythonModel:
             else:
                 tensors.append(pb_utils.Tensor.from_dlpack(name, tensor.to_dlpack()))
         return pb_utils.InferenceResponse(output_tensors=tensors)
-
-
-def _first(array):
-    """The failure text of a request: every row carries the same, so the first will do."""
-    if array.size == 0:
-        return b""
-    value = array.reshape(-1)[0]
-    return value if isinstance(value, bytes) else str(value).encode()

@@ -51,8 +51,7 @@ class TritonPythonModel:
         self.ensemble = _EnsembleExtras(plan.get("ensemble") or {})
         serving.refuse_strings_under_numpy_2(
             args.get("model_name", self.step_name),
-            [n for n, spec in {**inputs, **outputs}.items() if spec.dtype == "BYTES"]
-            + ([self.ensemble.err_output] if self.ensemble.err_output else []) + list(self.ensemble.err_inputs),
+            [n for n, spec in {**inputs, **outputs}.items() if spec.dtype == "BYTES"],
         )
         # One output and no ensemble extras: no need to ask a request which outputs it wants.
         self.one_output = next(iter(outputs)) if len(outputs) == 1 and not self.ensemble.active else None
@@ -251,6 +250,7 @@ class _EnsembleExtras:
         self.err_output = data.get("err_output")
         self.dims = data.get("placeholders") or {}
         self.active = bool(self.copies or self.err_inputs or self.err_output)
+        self.err_writer = serving.tensor_writer(serving.Spec("UINT8", (-1,)), pb_utils)
 
     def upstream_error(self, request):
         """The failure text a step upstream wrote (the first, in the order of the inputs), or ``None``."""
@@ -258,10 +258,9 @@ class _EnsembleExtras:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is None:
                 continue
-            values = tensor.as_numpy().reshape(-1)  # BYTES, which DLPack cannot carry
-            if values.size and values[0]:
-                first = values[0]
-                return first.decode("utf-8", errors="replace") if isinstance(first, bytes) else str(first)
+            text = serving.failure_text(tensor)
+            if text is not None:
+                return text
         return None
 
     def placeholders(self, request, outputs, max_batch_size):
@@ -281,10 +280,8 @@ class _EnsembleExtras:
     def extra_tensors(self, result, wanted, error, max_batch_size, writers):
         tensors = [writers[original](alias, result[original]) for alias, original in self.copies.items() if alias in wanted]
         if self.err_output in wanted:
-            text = b""
-            if error is not None:  # the wire text (serving.WireError); the gate says which node this was
-                text = error.encode("utf-8")
+            # the wire text (serving.WireError), or none; the gate says which node this was
             rows = len(next(iter(result.values()))) if max_batch_size > 0 and result else None
-            shape = [rows, 1] if rows is not None else [1]
-            tensors.append(pb_utils.Tensor(self.err_output, np.full(shape, text, dtype=np.object_)))
+            failure = serving.failure_tensor(error or "", rows)
+            tensors.append(self.err_writer(self.err_output, failure))
         return tensors
