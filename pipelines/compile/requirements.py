@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import re
 import sys
 import sysconfig
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,8 +29,9 @@ __all__ = [
     "render_requirements",
 ]
 
-#: Triton 2.51's Python backend loses tensors between models with numpy 2 (docs/triton.md).
-NUMPY_REQUIREMENT = "numpy<2"
+#: The numpy line of the compiling Python: numpy 1 serves every datatype; under numpy 2, Triton 2.51's
+#: stub misreads numpy arrays, so the models move tensors through DLPack and cannot carry BYTES (docs/gpu.md).
+NUMPY_REQUIREMENT = "numpy<2" if int(importlib.metadata.version("numpy").split(".")[0]) < 2 else "numpy>=2"
 #: Our own distribution: the in-server code never imports it, and it must not be required.
 _OWN_DISTRIBUTION = "pipelines"
 
@@ -147,12 +149,37 @@ def _pin(dist: str, version: str, *, exact: bool) -> str:
     return f"{dist}~={public}" if "." in public else f"{dist}>={public}"  # ~= needs two components
 
 
+_SPECIFIER = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*(?:\[[^\]]*\])?)\s*([^;]*)$")
+
+
+def one_line_each(requirements: Iterable[str]) -> list[str]:
+    """One line per distribution, its specifiers joined (``numpy<2`` and ``numpy~=1.26.4``: ``numpy<2,~=1.26.4``).
+
+    pip reads two lines for one distribution as one requirement too, but a reader of the file
+    should not have to; names are compared as pip does (case, ``_`` and ``.`` as ``-``).
+    """
+    merged: dict[str, tuple[str, list[str]]] = {}
+    kept = []
+    for line in requirements:
+        found = _SPECIFIER.match(line)
+        if found is None:  # an environment marker, a URL: kept as written
+            kept.append(line)
+            continue
+        name, spec = found.group(1), found.group(2).strip()
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        _, specs = merged.setdefault(key, (name, []))
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            if part not in specs:
+                specs.append(part)
+    return [name + ",".join(sorted(specs)) for _, (name, specs) in sorted(merged.items())] + sorted(kept)
+
+
 def render_requirements(markers: Sequence[Mapping[str, Any]], previous: str | None) -> str | None:
     """The text of ``requirements.txt`` for models with these markers (``None``: no file is needed)."""
     kept = previous.split(HEADER, 1)[0] if previous and HEADER in previous else (previous or "")
     if kept and not kept.endswith("\n"):
         kept += "\n"
-    requirements = sorted({r for m in markers for r in m.get("requirements") or ()}, key=str.lower)
+    requirements = one_line_each({r for m in markers for r in m.get("requirements") or ()})
     pythons = sorted({m["python"] for m in markers if m.get("python")})
     if not markers:
         return kept or None
