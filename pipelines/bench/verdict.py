@@ -90,8 +90,15 @@ def _winners(measurements: Sequence[Measurement], where: str) -> list[str]:
             continue
         second = ranked[1]
         ratio = best.throughput / second.throughput
-        winner = best.config.form if ratio >= 1 + TIE else f"a tie between {best.config.form} and {second.config.form}"
-        note = f"{ratio:.2f}× {second.config.form}"
+        wobble = max(_wobble(best), _wobble(second))
+        if ratio >= 1 + TIE and ratio - 1 <= wobble and not (best.stable and second.stable):
+            # The margin is inside what the unsettled windows moved by: another run may reverse it.
+            winner = "no clear winner"
+            note = (f"{best.config.form} leads {second.config.form} by {ratio - 1:.0%}, but their windows "
+                    f"varied by up to {wobble:.0%}")
+        else:
+            winner = best.config.form if ratio >= 1 + TIE else f"a tie between {best.config.form} and {second.config.form}"
+            note = f"{ratio:.2f}× {second.config.form}"
         if runs and runs[-1][0] == winner:
             runs[-1][1].append(c)
             runs[-1][2].append(note)
@@ -99,11 +106,22 @@ def _winners(measurements: Sequence[Measurement], where: str) -> list[str]:
             runs.append((winner, [c], [note]))
     sentences = []
     for winner, levels, notes in runs:
-        if winner.startswith("a tie"):
+        if winner == "no clear winner":
+            sentences.append(f"there is no clear winner at {_levels(levels)} ({'; '.join(notes)}; lengthen "
+                             "--duration, or measure in turns with --turns 3, to settle it)")
+        elif winner.startswith("a tie"):
             sentences.append(f"{_levels(levels)} is {winner} (throughput within {TIE:.0%}: {', '.join(notes)})")
         else:
             sentences.append(f"{winner} wins at {_levels(levels)} ({', '.join(notes)} in throughput)")
     return sentences
+
+
+def _wobble(m: Measurement) -> float:
+    """How far one measurement's windows moved: (max - min) / mean of their throughputs."""
+    values = [v for v in m.window_throughputs if v > 0]
+    if len(values) < 2:
+        return 0.0
+    return (max(values) - min(values)) / (sum(values) / len(values))
 
 
 def _spread(measurements: Sequence[Measurement], where: str) -> str | None:

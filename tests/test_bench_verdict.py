@@ -1,0 +1,32 @@
+"""The verdict does not crown a winner whose margin is inside the instability of its windows."""
+
+from __future__ import annotations
+
+from pipelines.bench.measurement import Configuration, Measurement
+from pipelines.bench.stats import LatencySummary
+from pipelines.bench.verdict import verdict
+
+
+def _measured(form: str, c: int, windows: tuple[float, ...], *, stable: bool) -> Measurement:
+    throughput = sum(windows) / len(windows)
+    summary = LatencySummary(10, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0)
+    return Measurement(
+        config=Configuration("server", form), concurrency=c, batch=1, throughput=throughput, latency=summary,
+        requests=10, errors=0, error_messages={}, stable=stable, windows=len(windows), window_seconds=3.0,
+        window_throughputs=windows, completed_by_sample=(10,), errors_by_sample=(0,),
+    )
+
+
+def test_a_margin_inside_unsettled_windows_is_no_clear_winner_and_says_how_to_get_one():
+    ms = [_measured("fused", 1, (100.0, 140.0, 120.0), stable=False),
+          _measured("ensemble", 1, (105.0, 108.0, 104.0), stable=True)]
+    text = verdict(ms, pipeline="p")
+    assert "no clear winner at concurrency 1" in text
+    assert "fused leads ensemble by 14%, but their windows varied by up to 33%" in text
+    assert "--turns 3" in text and "wins" not in text.split("did not stabilise")[0]
+
+
+def test_a_margin_beyond_the_instability_still_names_the_winner():
+    ms = [_measured("fused", 4, (200.0, 210.0, 190.0), stable=False),
+          _measured("ensemble", 4, (100.0, 101.0, 99.0), stable=True)]
+    assert "fused wins at concurrency 4 (2.00× ensemble in throughput)" in verdict(ms, pipeline="p")
