@@ -11,8 +11,9 @@ import dataclasses
 from collections.abc import Sequence
 
 from ..errors import PipelinesError
-from ..input_files import parse_forms, parse_levels
+from ..input_files import parse_forms, parse_inputs, parse_levels
 from ..interrupts import sigterm_as_interrupt
+from ..loading import load_pipeline_and_module
 from ..runtime.step_process import ISOLATIONS
 from .measurement import FORMS
 from .runner import run_benchmark
@@ -59,6 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "every form alike and the ratios between forms hold still (default: 1)")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                         help="a request not answered in this time counts as an error (default: 60)")
+    parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                        help="send your own request: one .npy per pipeline input (repeat the flag), batch dimension "
+                        "included, as 'pipelines run' takes them; without it the requests come from the pipeline "
+                        "module's sample_inputs(batch) function if it has one, else random tensors")
     parser.add_argument("--size", type=int, default=16,
                         help="size of variable (-1) dims in generated inputs (default: 16)")
     parser.add_argument("--out", metavar="DIR", default="bench-results",
@@ -94,9 +99,32 @@ def main(args: argparse.Namespace) -> int:
     the embedded server is stopped.
     """
     settings = settings_from(args)
+    inputs = _given_inputs(args.pipeline, args.input, settings)
     with sigterm_as_interrupt():
-        run_benchmark(args.pipeline, settings, out=args.out, progress=not args.quiet)
+        run_benchmark(args.pipeline, settings, inputs=inputs, out=args.out, progress=not args.quiet)
     return 0
+
+
+def _given_inputs(spec: str, pairs: Sequence[str], settings: BenchSettings) -> dict | None:
+    """The request that ``--input NAME=FILE.npy`` flags make, checked against the pipeline's inputs."""
+    if not pairs:
+        return None
+    if settings.batch != 1:
+        raise PipelinesError("--batch does not apply with --input: the files' arrays are sent as they are, "
+                             "their first axis being the batch; drop --batch")
+    pipeline, _ = load_pipeline_and_module(spec)
+    inputs = parse_inputs(pairs, pipeline)
+    unknown = sorted(set(inputs) - set(pipeline.inputs))
+    missing = sorted(set(pipeline.inputs) - set(inputs))
+    if unknown or missing:
+        raise PipelinesError(
+            f"pipeline {pipeline.name!r} takes inputs {sorted(pipeline.inputs)}; --input "
+            + (f"names {unknown}, which it does not take" if unknown else "")
+            + ("; and " if unknown and missing else "")
+            + (f"misses {missing}: give one --input NAME=FILE.npy for each" if missing else ""),
+            pipeline=pipeline.name,
+        )
+    return inputs
 
 
 def run(argv: Sequence[str] | None = None) -> int:
