@@ -205,8 +205,8 @@ async def _read_body(request: web.Request, limit: int, header_length: int | None
 
 
 def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON (RFC 8259 has no NaN or Infinity); send non-finite values as "
-                     "binary data")
+    raise Refusal(PARSE, f"failed to parse the request JSON buffer: {name} is not valid JSON (RFC 8259 has no "
+                  "NaN or Infinity); send non-finite values as binary data")
 
 
 def _decode(body: memoryview, header_length: int | None, model: Any) -> tuple[dict, dict[str, Any]]:
