@@ -122,7 +122,7 @@ def test_a_step_that_breaks_its_contract_is_named(case):
 
     err, out = anyio.run(main)
     assert err.pipeline == p.name and err.step == "culprit"
-    assert f"pipeline {p.name!r} step 'culprit'" in str(err) and words in str(err)
+    assert f"StepError in pipeline {p.name!r}, node 'culprit', step " in str(err) and words in str(err)
     assert err.tensor == tensor
     np.testing.assert_array_equal(out["y"], np.ones((1, 2), np.float32))
 
@@ -134,7 +134,7 @@ def test_a_stuck_async_step_times_out():
 
     p = Pipeline("stuck_async", inputs={"x": TensorSpec("FP32", [2])}, max_batch_size=4)
     p.output("y", p.add(never, x=p.input("x"))["y"])
-    with pytest.raises(StepTimeoutError, match="pipeline 'stuck_async' step 'never' ran past its timeout"):
+    with pytest.raises(StepTimeoutError, match=r"StepTimeoutError in pipeline 'stuck_async', node 'never', step '[^']+': ran past its timeout"):
         p.run({"x": np.zeros((1, 2), np.float32)})
 
 
@@ -206,7 +206,7 @@ def test_a_step_that_calls_sys_exit_is_a_step_error_naming_it_not_a_system_exit(
 
     p = Pipeline("leaving", inputs={"x": TensorSpec("FP32", [2])}, max_batch_size=2)
     p.output("y", p.add(leaves, x=p.input("x"))["y"])
-    with pytest.raises(StepError, match=r"step 'leaves' raised StepExited: sys\.exit\(3\) was called") as caught:
+    with pytest.raises(StepError, match=r"node 'leaves', step '[^']+': raised StepExited: sys\.exit\(3\) was called") as caught:
         p.run({"x": np.ones((1, 2), np.float32)}, mode=mode)
     assert caught.value.step == "leaves"
 
@@ -254,7 +254,7 @@ def test_a_step_that_writes_into_its_input_fails_by_name_and_nothing_shared_chan
     p.output("z", p.add(reads, x=p.input("x"), t=p.input("t"))["z"])
     for x in (np.zeros((1, 2), np.float32), -np.ones((1, 2), np.float32)):
         t = np.array([[b"hello", b"world"]], dtype=object)
-        with pytest.raises(StepError, match=r"step 'scribble' raised ValueError: .*read-only") as caught:
+        with pytest.raises(StepError, match=r"node 'scribble', step '[^']+': raised ValueError: .*read-only") as caught:
             p.run({"x": x, "t": t}, mode=mode)
         assert caught.value.step == "scribble"
         assert t[0, 0] == b"hello" and (x == x.flat[0]).all()  # the caller's arrays are as they were

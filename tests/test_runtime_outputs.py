@@ -114,7 +114,7 @@ def test_a_failing_step_no_asked_output_needs_fails_only_the_gated_ensemble(mode
     p.output("fine", p.add(inc, name="ok", x=p.input("x"))["y"])
     p.output("bad", p.add(explode, name="boom", x=p.input("x"))["y"])
     if mode == "ensemble":
-        with pytest.raises(StepError, match="step 'boom'"):
+        with pytest.raises(StepError, match="node 'boom'"):
             p.run({"x": X}, mode=mode, outputs=["fine"])
     else:
         np.testing.assert_array_equal(p.run({"x": X}, mode=mode, outputs=["fine"])["fine"], X + 1)

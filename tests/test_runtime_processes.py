@@ -236,7 +236,7 @@ def test_a_step_process_that_dies_fails_its_call_and_a_fresh_one_serves_the_next
 def test_a_step_error_names_the_step_and_carries_the_traceback_from_its_process(tmp_path):
     first, failed, after = outcomes(counted_pipeline(tmp_path), [1, -3, 2])
     assert isinstance(failed, StepError) and failed.step == "counted"
-    assert "step 'counted' raised ValueError: first element -3.0 is negative" in str(failed)
+    assert "node 'counted', step 'counted': raised ValueError: first element -3.0 is negative" in str(failed)
     assert isinstance(failed.__cause__, ValueError)
     if sys.version_info >= (3, 11):
         assert "in the step's process" in failed.__cause__.__notes__[0]
@@ -286,7 +286,7 @@ def test_an_error_that_does_not_pickle_is_told_by_its_type_and_message(tmp_path)
         pickle.loads(pickle.dumps(Odd("this", "that")))
     p = Pipeline("odd", inputs={"x": V})
     p.output("y", p.add(odd, x=p.input("x"))["y"])
-    with pytest.raises(StepError, match=r"step 'odd' raised Odd: this and that"):
+    with pytest.raises(StepError, match=r"node 'odd', step 'odd': raised Odd: this and that"):
         run(p, [{"x": np.ones(1, np.float32)}], isolation="process")
 
 

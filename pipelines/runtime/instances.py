@@ -515,23 +515,22 @@ class StepModel:
         except PipelinesError as exc:
             if exc.pipeline == self.pipeline and exc.step == self.name:
                 raise
-            raise StepError(
-                f"pipeline {self.pipeline!r} step {self.name!r}: {exc.message}",
-                pipeline=self.pipeline,
-                step=self.name,
-                node=self.name,
-                tensor=exc.tensor,
-            ) from exc
+            # The checks word their reason after the step's name; the wire format names it apart.
+            reason = exc.message.removeprefix(f"step {self.step.name!r} ")
+            raise self._told(StepError, reason, exc.tensor) from exc
         except Exception as exc:
             raise self._raised(exc) from exc
         return outputs, compute
 
+    def _told(self, kind: type[StepError], reason: str, tensor: str | None = None) -> StepError:
+        """An error in the words a server's model puts on the wire (``serving.WireError``), so local and
+        server failures read alike: ``StepError in pipeline 'p', node 'n', step 's': reason``."""
+        text = serving.WireError(kind.__name__, self.pipeline, reason, self.name, self.step.name, tensor).text()
+        return kind(text, pipeline=self.pipeline, step=self.name, node=self.name, tensor=tensor)
+
     def _raised(self, exc: BaseException, what: str = "") -> StepError:
         """The step's own exception told as a StepError: ``raised ValueError: what it said``."""
-        where = f"pipeline {self.pipeline!r} step {self.name!r}" + (f": {what}" if what else "")
-        return StepError(
-            f"{where} raised {type(exc).__name__}: {exc}", pipeline=self.pipeline, step=self.name, node=self.name
-        )
+        return self._told(StepError, (f"{what} " if what else "") + serving.exception_reason(exc))
 
     def _learn(self, compute: float) -> None:
         # an exponential average follows a step that changes pace without storing a history
@@ -575,14 +574,12 @@ class StepModel:
         assert result is not None  # only a dropped call returns None, and its caller was cancelled
         return result
 
-    def _timeout_error(self, where: str) -> StepTimeoutError:
-        return StepTimeoutError(
-            f"pipeline {self.pipeline!r} step {self.name!r} ran past its timeout of {self.timeout:g} s "
-            f"({where}); the request was answered with this error, a stuck call was abandoned and a fresh "
-            "instance replaces the one it holds. Raise the step's timeout, or find why it does not return",
-            pipeline=self.pipeline,
-            step=self.name,
-            node=self.name,
+    def _timeout_error(self, where: str) -> StepError:
+        return self._told(
+            StepTimeoutError,
+            f"ran past its timeout of {self.timeout:g} s ({where}); the request was answered with this error, a "
+            "stuck call was abandoned and a fresh instance replaces the one it holds. Raise the step's timeout, "
+            "or find why it does not return",
         )
 
 

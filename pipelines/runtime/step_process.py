@@ -58,7 +58,7 @@ import numpy as np
 
 from ..errors import StepError, StubDiedError
 from ..process_exit import describe_exit
-from ..serving import as_arrays, is_coroutine_callable
+from ..serving import WireError, as_arrays, is_coroutine_callable
 from .device import device_of
 
 __all__ = ["ISOLATIONS", "ProcessInstance", "fork_with_pipe", "is_async_impl", "isolation_supported"]
@@ -433,7 +433,7 @@ class ProcessInstance:
             exc = pickle.loads(data)
         else:  # an exception that does not pickle back: its type's name and message
             exc = StepError(
-                f"pipeline {self.pipeline!r} step {self.node!r} raised {text}",
+                WireError("StepError", self.pipeline or "", f"raised {text}", self.node, self.step.name).text(),
                 pipeline=self.pipeline, step=self.node, node=self.node,
             )
         if hasattr(exc, "add_note"):  # Python 3.11+: the step's own traceback, from its process
