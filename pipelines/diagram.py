@@ -10,6 +10,10 @@ overlap one another nor be crossed by a curve, by construction. Text is
 monospace, whose width is known without a font library (0.6 em a character in
 DejaVu Sans Mono, Menlo, Consolas, Courier), so boxes fit their text.
 
+A ``when`` block is a dashed frame around its steps, labelled with its condition
+(``when(~check.ok)``), and the condition reaches the block's first step by a
+dashed edge.
+
 ``Diagram.to_svg()`` needs nothing; ``to_png()`` draws the same geometry with
 matplotlib (its bundled DejaVu Sans Mono). Jupyter shows a pipeline through
 ``Pipeline._repr_mimebundle_``, which gives both.
@@ -43,6 +47,7 @@ COLORS = {
     "output": ("#f2e0ef", "#8a4f83"),
 }
 EDGE, LABEL_INK, TYPE_INK, INK = "#5b6675", "#1f2933", "#5f6b7a", "#1f2933"
+FRAME_INK, FRAME_PAD = "#7a5c99", 10  # a when block's frame, and its room around its boxes (per level)
 
 
 def text_width(text: str, px: float) -> float:
@@ -74,6 +79,17 @@ class Edge:
 
 
 @dataclass(frozen=True)
+class Frame:
+    """A ``when`` block: a dashed rectangle around its steps, its condition written above it."""
+
+    label: str
+    x: float
+    y: float
+    w: float
+    h: float
+
+
+@dataclass(frozen=True)
 class Diagram:
     """A laid-out pipeline; ``to_svg()``/``to_png()`` draw it, Jupyter shows it."""
 
@@ -82,6 +98,8 @@ class Diagram:
     height: float
     boxes: tuple[Box, ...]
     edges: tuple[Edge, ...]
+    frames: tuple[Frame, ...] = ()
+    dashed: tuple[int, ...] = ()  # the edges that carry a when block's condition
 
     # -------------------------------------------------------------- SVG
 
@@ -96,8 +114,14 @@ class Diagram:
             f'<text x="{MARGIN}" y="{MARGIN + HEADER_PX}" font-size="{HEADER_PX}" fill="{INK}">'
             f"{escape(self.header)}</text>",
         ]
-        for edge in self.edges:
-            out.append(f'<path d="{_svg_path(edge.runs)}" fill="none" stroke="{EDGE}" stroke-width="1.3" '
+        for frame in self.frames:
+            out.append(f'<rect x="{frame.x:.1f}" y="{frame.y:.1f}" width="{frame.w:.1f}" height="{frame.h:.1f}" '
+                       f'rx="8" fill="none" stroke="{FRAME_INK}" stroke-width="1.2" stroke-dasharray="6 4"/>')
+            out.append(f'<text x="{frame.x + 6:.1f}" y="{frame.y + CAPTION_PX + 2:.1f}" font-size="{CAPTION_PX}" '
+                       f'fill="{FRAME_INK}">{escape(frame.label)}</text>')
+        for i, edge in enumerate(self.edges):
+            dash = ' stroke-dasharray="4 3"' if i in self.dashed else ""
+            out.append(f'<path d="{_svg_path(edge.runs)}" fill="none" stroke="{EDGE}" stroke-width="1.3"{dash} '
                        'marker-end="url(#arrow)"/>')
         for edge in self.edges:
             name_y, spec_y = _label_rows(edge)
@@ -137,9 +161,15 @@ class Diagram:
         ax.set_axis_off()
         mono = {"family": "DejaVu Sans Mono"}
         ax.text(MARGIN, MARGIN + HEADER_PX, self.header, fontsize=HEADER_PX, color=INK, va="baseline", **mono)
-        for edge in self.edges:
+        for frame in self.frames:
+            ax.add_patch(FancyBboxPatch((frame.x, frame.y), frame.w, frame.h, boxstyle="round,pad=0", fill=False,
+                                        edgecolor=FRAME_INK, linewidth=1.2, linestyle=(0, (6, 4))))
+            ax.text(frame.x + 6, frame.y + CAPTION_PX + 2, frame.label, fontsize=CAPTION_PX, color=FRAME_INK,
+                    va="baseline", **mono)
+        for i, edge in enumerate(self.edges):
             verts, codes = _mpl_path(edge.runs)
-            ax.add_patch(PathPatch(Path(verts, codes), fill=False, edgecolor=EDGE, linewidth=1.3))
+            ax.add_patch(PathPatch(Path(verts, codes), fill=False, edgecolor=EDGE, linewidth=1.3,
+                                   linestyle="--" if i in self.dashed else "-"))
             x_end, y_end = edge.runs[-1][1], edge.runs[-1][2]
             ax.add_patch(PathPatch(Path([(x_end - 7, y_end - 3.5), (x_end, y_end), (x_end - 7, y_end + 3.5),
                                          (x_end - 7, y_end - 3.5)], closed=True), facecolor=EDGE, edgecolor=EDGE))
@@ -262,7 +292,9 @@ def diagram(p: Pipeline) -> Diagram:
     wires: list[_Wire] = []
     layer_of: dict[str, int] = {}
     for node_name in p.topological_order():
-        sources = [ref.node for ref in p.nodes[node_name].bindings.values() if ref.node is not None]
+        node = p.nodes[node_name]
+        refs = [*node.bindings.values(), *(c.ref for c in node.when)]
+        sources = [ref.node for ref in refs if ref.node is not None]
         layer_of[node_name] = 1 + max((layer_of[s] for s in sources), default=0)
     last = max(layer_of.values(), default=0) + (1 if p.outputs else 0)
 
@@ -288,6 +320,18 @@ def diagram(p: Pipeline) -> Diagram:
     for name, ref in p.outputs.items():
         label = ref.name if ref.name == name else f"{ref.name} → {name}"
         wires.append(_Wire(("step", ref.node), ("output", name), label, str(ref.spec), []))
+    # Each when block: its steps (the innermost blocks too), and its condition's edge to its first step.
+    blocks: dict[tuple[Any, ...], list[str]] = {}
+    for node_name in p.topological_order():
+        when = p.nodes[node_name].when
+        for depth in range(1, len(when) + 1):
+            blocks.setdefault(tuple(when[:depth]), []).append(node_name)
+    dashed = []
+    for block, members in blocks.items():
+        cond = block[-1]
+        source = ("input", cond.ref.name) if cond.ref.is_input else ("step", cond.ref.node)
+        dashed.append(len(wires))
+        wires.append(_Wire(source, ("step", members[0]), ("~" if cond.negated else "") + cond.ref.name, "when", []))
 
     # an edge that skips columns gets a channel in each column it crosses
     for i, wire in enumerate(wires):
@@ -379,7 +423,17 @@ def diagram(p: Pipeline) -> Diagram:
         src_layer = items[wire.source].layer
         edges.append(Edge(tuple(runs), wire.name, wire.spec, xs[src_layer] + widths[src_layer] + LABEL_PAD,
                           runs[0][2]))
-    return Diagram(_header(p), width, height, tuple(boxes), tuple(edges))
+    frames = []
+    deepest = max((len(b) for b in blocks), default=0)
+    for block, members in blocks.items():
+        pad = FRAME_PAD * (1 + deepest - len(block))
+        inner = [items[("step", m)] for m in members]
+        x0 = min(xs[it.layer] for it in inner) - pad
+        x1 = max(xs[it.layer] + widths[it.layer] for it in inner) + pad
+        y0 = min(it.y for it in inner) - pad - CAPTION_PX - 4  # room for the label above the boxes
+        y1 = max(it.y + it.h for it in inner) + pad
+        frames.append(Frame(block[-1].describe(), x0, y0, x1 - x0, y1 - y0))
+    return Diagram(_header(p), width, height, tuple(boxes), tuple(edges), tuple(frames), tuple(dashed))
 
 
 def _header(p: Pipeline) -> str:

@@ -14,9 +14,11 @@ message that says what is wrong, what was expected, and the fix::
     │   ├── DuplicateNameError      two steps, or two tensors, share a name
     │   ├── TensorProducedTwiceError a tensor that two wires would produce
     │   ├── CycleError              the wiring loops back on itself
+    │   ├── ConditionError          a `when` condition, a branch's tensor or an `otherwise` used wrongly
     │   ├── StepDeclarationError    @step was given something it cannot use
     │   └── TensorSpecError         a datatype or dims that Triton has no name for (also a ValueError)
     ├── CompileError                a pipeline could not become a model repository
+    │   ├── NotCompilableError      a form cannot express the pipeline (an ensemble of `when` blocks)
     │   └── RepositoryWriteError    writing the repository to disk failed (nothing was changed)
     ├── InferenceError              a request could not be answered
     │   ├── InputError              the request's tensors do not match the pipeline's inputs
@@ -46,6 +48,7 @@ __all__ = [
     "BatchingMismatchError",
     "ClientTimeoutError",
     "CompileError",
+    "ConditionError",
     "CycleError",
     "DeclarationError",
     "DtypeMismatchError",
@@ -53,6 +56,7 @@ __all__ = [
     "InferenceError",
     "InputError",
     "InvalidNameError",
+    "NotCompilableError",
     "NotFoundError",
     "PipelinesError",
     "ProfileMismatchError",
@@ -145,6 +149,11 @@ class CycleError(DeclarationError):
     """The wiring loops back on itself, so no step order exists."""
 
 
+class ConditionError(DeclarationError):
+    """A ``when`` block's condition is not BOOL with one element per row, a tensor of a branch
+    is read where some rows do not run the branch, or an ``otherwise`` fill does not fit."""
+
+
 class StepDeclarationError(DeclarationError):
     """``@step`` or ``external_model`` was given something it cannot use."""
 
@@ -155,6 +164,11 @@ class TensorSpecError(DeclarationError, ValueError):
 
 class CompileError(PipelinesError):
     """A pipeline could not be turned into a Triton model repository."""
+
+
+class NotCompilableError(CompileError):
+    """A form cannot express the pipeline: an ensemble cannot skip a step, so a pipeline with
+    ``when`` blocks compiles to the BLS and fused forms only."""
 
 
 class RepositoryWriteError(CompileError):

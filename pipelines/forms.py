@@ -25,6 +25,7 @@ __all__ = [
     "FORMS",
     "TARGETS",
     "Form",
+    "FormLeftOutWarning",
     "form",
     "form_names",
     "forms_of_target",
@@ -36,6 +37,11 @@ __all__ = [
 #: scheduler); "concurrent" is one orchestrator awaiting independent steps together;
 #: "sequential" is one orchestrator calling the steps one after another.
 SCHEDULERS = ("event", "concurrent", "sequential")
+
+
+class FormLeftOutWarning(UserWarning):
+    """A form of several (``compile("all")``, a benchmark, a prediction) was left out, as it
+    cannot express the pipeline: an ensemble cannot skip the steps of a ``when`` block."""
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,17 @@ compilers and the local runtime read; neither reaches back into the other.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
+import numpy as np
 
 from .errors import (
     BatchingMismatchError,
+    ConditionError,
     CycleError,
     DeclarationError,
     DtypeMismatchError,
@@ -27,7 +30,7 @@ from .errors import (
     UnknownTensorError,
 )
 from .names import check_name
-from .plan import critical_path
+from .plan import Fill, critical_path
 from .step import Step
 from .tensor import TensorSpec
 
@@ -35,7 +38,9 @@ if TYPE_CHECKING:
     from .compile.repository import ModelRepository
     from .diagram import Diagram
 
-__all__ = ["Node", "Pipeline", "TensorRef"]
+__all__ = ["Condition", "Node", "Pipeline", "TensorRef"]
+
+_UNSET: Any = object()
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,28 @@ class TensorRef:
 
     def __repr__(self) -> str:
         return f"<TensorRef {self.qualname} {self.spec}>"
+
+    def __invert__(self) -> Condition:
+        """``~ref``: the rows where this BOOL condition is false (``with p.when(~ok):``)."""
+        return Condition(self, negated=True)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """The rows a ``when`` block runs on: a BOOL tensor with one element per row, or its negation."""
+
+    ref: TensorRef
+    negated: bool = False
+
+    def __invert__(self) -> Condition:
+        return Condition(self.ref, not self.negated)
+
+    def describe(self) -> str:
+        """``"when(~quality.ok)"``: how messages and diagrams name the block."""
+        return f"when({'~' if self.negated else ''}{self.ref.qualname})"
+
+    def __repr__(self) -> str:
+        return f"<Condition {self.describe()}>"
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,6 +127,16 @@ class Node:
     @property
     def unbound(self) -> list[str]:
         return [i for i in self.step.inputs if i not in self.pipeline._bindings[self.name]]
+
+    @property
+    def when(self) -> tuple[Condition, ...]:
+        """The conditions of the ``when`` blocks it was added in, outermost first (none: every row)."""
+        return self.pipeline._when.get(self.name, ())
+
+    @property
+    def is_select(self) -> bool:
+        """Whether it is a :meth:`Pipeline.select`: a row-by-row merge that the executors do themselves."""
+        return self.name in self.pipeline._selects
 
     def __repr__(self) -> str:
         return f"<Node {self.name!r} step={self.step.name!r}>"
@@ -146,6 +183,10 @@ class Pipeline:
         self._outputs: dict[str, TensorRef] = {}
         self._graph = nx.DiGraph()
         self._order_index: dict[str, int] = {}
+        self._when_stack: list[Condition] = []  # the open `with p.when(...)` blocks, outermost first
+        self._when: dict[str, tuple[Condition, ...]] = {}  # node -> the conditions it runs under
+        self._selects: set[str] = set()
+        self._fills: dict[str, Fill] = {}  # output -> its otherwise=
 
     # ------------------------------------------------------------------ building
 
@@ -179,7 +220,10 @@ class Pipeline:
             )
         self._check_batching(step, node_name)
         node = Node(self, node_name, step)
-        checked = {k: self._check_wire(node, k, v) for k, v in bindings.items()}
+        when = tuple(self._when_stack)
+        checked = {k: self._check_wire(node, k, v, when=when) for k, v in bindings.items()}
+        if when:
+            self._when[node_name] = when
         self._nodes[node_name] = node
         self._bindings[node_name] = {}
         self._order_index[node_name] = len(self._order_index)
@@ -192,7 +236,7 @@ class Pipeline:
         """Wire inputs of a node that were left unbound at :meth:`add`."""
         node = self._node(node)
         for input_name, value in bindings.items():
-            ref = self._check_wire(node, input_name, value)
+            ref = self._check_wire(node, input_name, value, when=node.when)
             bound = self._bindings[node.name].get(input_name)
             if bound is not None:
                 raise DuplicateNameError(
@@ -213,8 +257,12 @@ class Pipeline:
             self._connect(node, input_name, ref)
         return node
 
-    def output(self, name: str, ref: TensorRef) -> TensorRef:
-        """Expose ``ref`` as the pipeline output ``name``."""
+    def output(self, name: str, ref: TensorRef, *, otherwise: Any = _UNSET) -> TensorRef:
+        """Expose ``ref`` as the pipeline output ``name``.
+
+        ``otherwise``: for a tensor of a ``when`` block, what the rows that did not run the
+        block get: a scalar, or an array of the output's dims (``b""`` or bytes for BYTES).
+        """
         check_name(name, what="pipeline output", tensor=True, pipeline=self.name)
         ref = self._as_ref(ref, f"output {name!r}")
         if name in self._outputs:
@@ -237,8 +285,102 @@ class Pipeline:
                 pipeline=self.name, tensor=name,
             )
         self._check_bound(nx.ancestors(self._graph, ref.node) | {ref.node}, why=f"output {name!r}")
+        fill = self._fill(name, ref, otherwise)
         self._outputs[name] = ref
+        if fill is not None:
+            self._fills[name] = fill
         return ref
+
+    # ---------------------------------------------------------------- conditions
+
+    @contextmanager
+    def when(self, condition: TensorRef | Condition) -> Iterator[Condition]:
+        """Steps added in this block run only on the rows where ``condition`` holds.
+
+        ``condition`` is a BOOL tensor with one element per row (dims ``[1]``), or ``~it``.
+        A batched request of *n* rows runs the block's steps once, on its *k* true rows; at
+        *k* = 0 none of them is called. Nested blocks combine with *and*. A tensor made in
+        the block reaches the rest of the pipeline only through ``p.output(...,
+        otherwise=...)`` or :meth:`select`.
+        """
+        cond = self._condition(condition, "when")
+        self._when_stack.append(cond)
+        try:
+            yield cond
+        finally:
+            self._when_stack.pop()
+
+    def select(
+        self, condition: TensorRef | Condition, *, then: TensorRef, otherwise: TensorRef, name: str | None = None
+    ) -> TensorRef:
+        """Merge two branches row by row: ``then``'s row where ``condition`` holds, ``otherwise``'s elsewhere.
+
+        ``then`` may come from a ``when(condition)`` block, ``otherwise`` from a
+        ``when(~condition)`` block; both sides have one spec. The merge is a node (named
+        ``name``, default ``"select"``) that the executors do themselves, with no model.
+        """
+        cond = self._condition(condition, "select")
+        what = f"select({cond.describe()[5:-1]})"
+        then = self._as_ref(then, f"{what} then=")
+        other = self._as_ref(otherwise, f"{what} otherwise=")
+        head = f"pipeline {self.name!r}: {what} merges then={then.describe()} and otherwise={other.describe()}"
+        if then.spec.dtype != other.spec.dtype:
+            raise DtypeMismatchError(
+                f"{head}, whose dtypes differ; both sides of a select must have one spec, so cast one of them",
+                pipeline=self.name, tensor=other.qualname,
+            )
+        if then.spec.dims != other.spec.dims:
+            raise ShapeMismatchError(
+                f"{head}, whose dims differ; both sides of a select must have one spec, so reshape one of them",
+                pipeline=self.name, tensor=other.qualname,
+            )
+        if -1 in then.spec.dims:
+            raise ConditionError(
+                f"{head}, whose dims {list(then.spec.dims)} have a variable size: rows of the two sides may "
+                "differ in it and no padding can be defined; declare fixed dims, or expose each side as an "
+                "output of its own with otherwise=",
+                pipeline=self.name, tensor=then.qualname,
+            )
+        context = tuple(self._when_stack)
+        for side, ref, holds in (("then", then, cond), ("otherwise", other, ~cond)):
+            self._check_reach(ref, (*context, holds), f"{what} {side}=")
+        node_name = check_name(name if name is not None else self._free_name("select"), what="step", pipeline=self.name)
+        if node_name in self._nodes:
+            raise DuplicateNameError(
+                f"pipeline {self.name!r} already has a step named {node_name!r}; give the select another "
+                f"name: p.select(..., name='{node_name}2')",
+                pipeline=self.name, step=node_name,
+            )
+        spec = then.spec
+        merge = Step(
+            name="select",
+            inputs={"condition": TensorSpec("BOOL", [1]), "then": spec, "otherwise": spec},
+            outputs={"output": spec},
+            impl=_select_rows,
+        )
+        node = Node(self, node_name, merge)
+        self._nodes[node_name] = node
+        self._bindings[node_name] = {}
+        self._order_index[node_name] = len(self._order_index)
+        self._graph.add_node(node_name)
+        self._selects.add(node_name)
+        if context:
+            self._when[node_name] = context
+        if cond.negated:  # the executors merge by the condition as it is: swap the sides instead
+            then, other = other, then
+        for input_name, ref in (("condition", cond.ref), ("then", then), ("otherwise", other)):
+            self._connect(node, input_name, ref)
+        return node["output"]
+
+    @property
+    def fills(self) -> Mapping[str, Fill]:
+        """Each output of a ``when`` block and its ``otherwise=`` fill."""
+        return MappingProxyType(self._fills)
+
+    @property
+    def conditional(self) -> bool:
+        """Whether some step runs in a ``when`` block (the ensemble form cannot express it)."""
+        return bool(self._when) or bool(self._selects)
 
     # ---------------------------------------------------------------- inspection
 
@@ -309,10 +451,16 @@ class Pipeline:
         lines = ["flowchart LR"]
         for name, spec in self.inputs.items():
             lines.append(f'  {ins[name]}(["{name}<br/>{spec}"])')
-        for name in self._nodes:
+        def node_line(name: str, indent: str) -> str:
             step = self._nodes[name].step
             label = name if step.name == name else f"{name}<br/><i>{step.name}</i>"
-            lines.append(f'  {ids[name]}["{label}"]')
+            return f'{indent}{ids[name]}["{label}"]'
+
+        blocks = self._blocks()
+        block_ids = {block: f"w{i}" for i, block in enumerate(blocks)}
+        lines += [node_line(name, "  ") for name in self._nodes if not self._when.get(name)]
+        lines += self._nested(blocks, (), lambda block, indent: f'{indent}subgraph {block_ids[block]}["{block[-1].describe()}"]',
+                              node_line, lambda indent: f"{indent}end", "  ")
         for name, ref in self._outputs.items():
             lines.append(f'  {outs[name]}(["{name}<br/>{ref.spec}"])')
         for node_name in self._nodes:
@@ -322,7 +470,36 @@ class Pipeline:
                 lines.append(f'  {src} -- "{label}" --> {ids[node_name]}')
         for name, ref in self._outputs.items():
             lines.append(f'  {ids[ref.node]} -- "{ref.name}" --> {outs[name]}')
+        for block, wid in block_ids.items():  # the condition's edge, dashed, into its frame
+            cond = block[-1]
+            src = ins[cond.ref.name] if cond.ref.is_input else ids[cond.ref.node]
+            lines.append(f'  {src} -. "{"~" if cond.negated else ""}{cond.ref.name}" .-> {wid}')
         return "\n".join(lines) + "\n"
+
+    def _blocks(self) -> dict[tuple[Condition, ...], list[str]]:
+        """Each ``when`` block (the conditions down to it) and the nodes directly in it, in order."""
+        blocks: dict[tuple[Condition, ...], list[str]] = {}
+        for name in self._nodes:
+            when = self._when.get(name, ())
+            for depth in range(1, len(when) + 1):
+                blocks.setdefault(when[:depth], [])
+            if when:
+                blocks[when].append(name)
+        return blocks
+
+    @staticmethod
+    def _nested(blocks: Mapping[tuple[Condition, ...], list[str]], parent: tuple[Condition, ...],
+                opening: Any, node_line: Any, closing: Any, indent: str) -> list[str]:
+        """The lines of the blocks directly inside ``parent``, each around its nodes and its own blocks."""
+        lines = []
+        for block, members in blocks.items():
+            if len(block) != len(parent) + 1 or block[:-1] != parent:
+                continue
+            lines.append(opening(block, indent))
+            lines += [node_line(name, indent + "  ") for name in members]
+            lines += Pipeline._nested(blocks, block, opening, node_line, closing, indent + "  ")
+            lines.append(closing(indent))
+        return lines
 
     def diagram(self) -> Diagram:
         """The pipeline drawn: stages left to right, each edge labelled with name, dtype and shape.
@@ -342,12 +519,24 @@ class Pipeline:
     def to_dot(self) -> str:
         """The graph in Graphviz DOT."""
         q, nl = _dot_quote, "\n"
-        lines = [f"digraph {q(self.name)} {{", "  rankdir=LR;"]
+        blocks = self._blocks()
+        lines = [f"digraph {q(self.name)} {{", "  rankdir=LR;"] + (["  compound=true;"] if blocks else [])
         for name, spec in self.inputs.items():
             lines.append(f"  {q('input:' + name)} [shape=oval, label={q(name + nl + str(spec))}];")
-        for name, node in self._nodes.items():
+
+        def node_line(name: str, indent: str) -> str:
+            node = self._nodes[name]
             label = name if node.step.name == name else f"{name}{nl}({node.step.name})"
-            lines.append(f"  {q(name)} [shape=box, label={q(label)}];")
+            return f"{indent}{q(name)} [shape=box, label={q(label)}];"
+
+        clusters = {block: f"cluster_when_{i}" for i, block in enumerate(blocks)}
+        lines += [node_line(name, "  ") for name in self._nodes if not self._when.get(name)]
+        lines += self._nested(
+            blocks, (),
+            lambda block, indent: (f"{indent}subgraph {clusters[block]} {{ label={q(block[-1].describe())}; "
+                                   "style=dashed;"),
+            node_line, lambda indent: f"{indent}}}", "  ",
+        )
         for name, ref in self._outputs.items():
             lines.append(f"  {q('output:' + name)} [shape=oval, label={q(name + nl + str(ref.spec))}];")
         for node_name in self._nodes:
@@ -357,6 +546,12 @@ class Pipeline:
                 lines.append(f"  {q(src)} -> {q(node_name)} [label={q(label)}];")
         for name, ref in self._outputs.items():
             lines.append(f"  {q(ref.node)} -> {q('output:' + name)} [label={q(ref.name)}];")
+        for block, cluster in clusters.items():  # the condition's edge, dashed, into its frame
+            cond = block[-1]
+            src = "input:" + cond.ref.name if cond.ref.is_input else cond.ref.node
+            first = next(iter(n for b, members in blocks.items() if b[:len(block)] == block for n in members))
+            label = ("~" if cond.negated else "") + cond.ref.name
+            lines.append(f"  {q(src)} -> {q(first)} [label={q(label)}, style=dashed, lhead={cluster}];")
         lines.append("}")
         return "\n".join(lines) + "\n"
 
@@ -458,7 +653,7 @@ class Pipeline:
             )
         return value
 
-    def _check_wire(self, node: Node, input_name: str, value: Any) -> TensorRef:
+    def _check_wire(self, node: Node, input_name: str, value: Any, *, when: tuple[Condition, ...] = ()) -> TensorRef:
         expected = node.step.inputs.get(input_name)
         if expected is None:
             raise UnknownTensorError(
@@ -480,7 +675,114 @@ class Pipeline:
                 "(-1 matches any size), so reshape it or change the step's declared dims",
                 pipeline=self.name, step=node.name, tensor=input_name,
             )
+        self._check_reach(ref, when, f"step {node.name!r} input {input_name!r}")
         return ref
+
+    def _terms(self, ref: TensorRef) -> tuple[Condition, ...]:
+        """The conditions under which ``ref`` exists: its producer's ``when`` blocks."""
+        return () if ref.node is None else self._when.get(ref.node, ())
+
+    def _check_reach(self, ref: TensorRef, when: tuple[Condition, ...], where: str) -> None:
+        """Refuse a read of ``ref`` where some rows may not have run the block that makes it."""
+        missing = [c for c in self._terms(ref) if c not in when]
+        if missing:
+            here = " and ".join(c.describe() for c in when) if when else "every row"
+            raise ConditionError(
+                f"pipeline {self.name!r}: {where} reads {ref.describe()}, which step {ref.node!r} makes only "
+                f"in {missing[0].describe()}, but it is read for {here}; read it inside that block, expose "
+                f"it with p.output(..., otherwise=...), or merge it with p.select(...)",
+                pipeline=self.name, step=ref.node, tensor=ref.qualname,
+            )
+
+    def _condition(self, value: Any, what: str) -> Condition:
+        """``value`` as a checked condition: a BOOL tensor with one element per row, readable here."""
+        cond = value if isinstance(value, Condition) else Condition(self._as_ref(value, f"{what}(...)"))
+        ref = self._as_ref(cond.ref, f"{what}(...)")
+        head = f"pipeline {self.name!r}: {cond.describe() if what == 'when' else what + '(...)'} needs a condition"
+        one = "dims [1] (one element per row)" if self.batched else "shape [1] (max_batch_size is 0)"
+        if ref.spec.dtype != "BOOL":
+            raise DtypeMismatchError(
+                f"{head} of BOOL {one}, but {ref.describe()} is {ref.spec.dtype}; compute it in a step "
+                "that outputs TensorSpec('BOOL', [1])",
+                pipeline=self.name, step=ref.node, tensor=ref.qualname,
+            )
+        if ref.spec.dims != (1,):
+            raise ShapeMismatchError(
+                f"{head} of BOOL {one}, but {ref.describe()} has dims {list(ref.spec.dims)}; reduce it to "
+                "one element per row in a step that outputs TensorSpec('BOOL', [1])",
+                pipeline=self.name, step=ref.node, tensor=ref.qualname,
+            )
+        self._check_reach(ref, tuple(self._when_stack), f"{what}(...)")
+        return Condition(ref, cond.negated)
+
+    def _fill(self, name: str, ref: TensorRef, otherwise: Any) -> Fill | None:
+        """``otherwise`` checked against output ``name`` (``ref``) and held as plan data."""
+        when = self._terms(ref)
+        if not when:
+            if otherwise is not _UNSET:
+                raise ConditionError(
+                    f"pipeline {self.name!r}: output {name!r} was given otherwise=, but {ref.describe()} is "
+                    "made for every row (in no when block); drop otherwise=",
+                    pipeline=self.name, step=ref.node, tensor=name,
+                )
+            return None
+        block = when[-1].describe()
+        if otherwise is _UNSET:
+            raise ConditionError(
+                f"pipeline {self.name!r}: output {name!r} is {ref.describe()}, which step {ref.node!r} makes only "
+                f"in {block}; say what the other rows get: p.output({name!r}, ..., otherwise=0), or merge "
+                "it with p.select(...)",
+                pipeline=self.name, step=ref.node, tensor=name,
+            )
+        spec = ref.spec
+        head = f"pipeline {self.name!r}: output {name!r} ({spec}, made in {block}) got otherwise={otherwise!r}"
+        if spec.dtype == "BYTES":
+            array = np.asarray(otherwise, dtype=object)
+            items = array.reshape(-1).tolist()
+            if not all(isinstance(x, (bytes, str)) for x in items):
+                raise ConditionError(
+                    f"{head}; a BYTES output is filled with bytes, such as otherwise=b''",
+                    pipeline=self.name, step=ref.node, tensor=name,
+                )
+            data = tuple((x.encode() if isinstance(x, str) else x).decode("latin-1") for x in items)
+        elif spec.dtype == "BF16":
+            raise ConditionError(
+                f"{head}; a BF16 output cannot be filled (numpy has no BF16); expose it as FP32 instead",
+                pipeline=self.name, step=ref.node, tensor=name,
+            )
+        else:
+            try:
+                array = np.asarray(otherwise)
+                cast = array.astype(spec.numpy_dtype)
+            except (TypeError, ValueError):
+                cast = None
+            if cast is None or array.dtype.kind in "OSUV" or not np.array_equal(cast, array, equal_nan=True):
+                raise ConditionError(
+                    f"{head}, which a {spec.dtype} tensor cannot hold exactly; give a value of its dtype",
+                    pipeline=self.name, step=ref.node, tensor=name,
+                )
+            data = tuple(cast.reshape(-1).tolist())
+        if array.ndim:
+            if -1 in spec.dims:
+                raise ConditionError(
+                    f"{head} of shape {list(array.shape)}, but the output's dims {list(spec.dims)} have a variable "
+                    "size, so the rows the branch ran may differ from it; give a scalar, which takes the "
+                    "branch's size",
+                    pipeline=self.name, step=ref.node, tensor=name,
+                )
+            if tuple(array.shape) != spec.dims:
+                raise ConditionError(
+                    f"{head} of shape {list(array.shape)}; give a scalar, or an array of the output's dims "
+                    f"{list(spec.dims)} (without the batch dimension)",
+                    pipeline=self.name, step=ref.node, tensor=name,
+                )
+        return Fill(spec.dtype, spec.dims, tuple(array.shape), data)
+
+    def _free_name(self, base: str) -> str:
+        name, i = base, 2
+        while name in self._nodes:
+            name, i = f"{base}_{i}", i + 1
+        return name
 
     def _connect(self, node: Node, input_name: str, ref: TensorRef) -> None:
         self._bindings[node.name][input_name] = ref
@@ -519,6 +821,12 @@ class Pipeline:
                     f"wire it with p.bind({n!r}, {missing[0]}=...) or in p.add(...)",
                     pipeline=self.name, step=n, tensor=missing[0],
                 )
+
+
+def _select_rows(condition: Any, then: Any, otherwise: Any) -> dict[str, Any]:
+    """A select over every row, as plain Python (the executors merge the rows themselves)."""
+    mask = np.asarray(condition, dtype=bool).reshape((-1,) + (1,) * (np.ndim(then) - 1))
+    return {"output": np.where(mask, then, otherwise)}
 
 
 def _dot_quote(text: str) -> str:

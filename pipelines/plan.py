@@ -18,7 +18,12 @@ all run from this one plan, so they agree on:
 - the **ensemble tensor** that carries each wire: a pipeline output keeps its
   name, an internal wire is ``<node>.<output>`` made unique.
 - whether the ensemble form is **gated** (:func:`gated_ensemble`): the compiler
-  wires it by this, and the local runtime's ensemble mode runs by it.
+  wires it by this, and the local runtime's ensemble mode runs by it;
+- each node's **conditions** (``when`` blocks, :class:`Term`): it runs on the rows
+  where all of them hold, and reads each condition as it reads an input; a
+  **select** node (``kind == "select"``) merges two branches row by row in the
+  executor itself, with no model; an output of a branch has its **fill**
+  (:class:`Fill`, ``otherwise=``) for the other rows.
 
 :meth:`ExecutionPlan.for_outputs` prunes the plan to the nodes a subset of the
 outputs needs (cached per subset), for requests that ask for fewer outputs.
@@ -29,6 +34,7 @@ copied into a model repository: the BLS executor inside Triton reads the plan as
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -46,12 +52,15 @@ __all__ = [
     "PLAN_FORMAT",
     "DeadNodeWarning",
     "ExecutionPlan",
+    "Fill",
     "ModelPlan",
     "NodePlan",
     "OutputPlan",
     "Source",
     "TensorPlan",
+    "Term",
     "critical_path",
+    "ensemble_refusal",
     "gated_ensemble",
     "plan_of",
 ]
@@ -84,6 +93,49 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Term:
+    """One condition of a ``when`` block: a BOOL tensor, one element per row, or its negation."""
+
+    node: str | None  # None: a pipeline input
+    tensor: str
+    negated: bool = False
+
+    @property
+    def key(self) -> Key:
+        return (self.node, self.tensor)
+
+    def describe(self) -> str:
+        name = self.tensor if self.node is None else f"{self.node}.{self.tensor}"
+        return f"when({'~' if self.negated else ''}{name})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "tensor": self.tensor, "negated": self.negated}
+
+
+@dataclass(frozen=True)
+class Fill:
+    """What the rows a branch did not run get in a pipeline output (``otherwise=``).
+
+    ``data`` holds ``shape``'s values flat (``()``: one scalar), as JSON-ready Python
+    values; BYTES as ``latin-1`` text, which maps each byte to one character and back.
+    ``dims`` are the output's own dims (without the batch dimension): a ``-1`` there
+    takes the branch's size, or 0 where no row ran it.
+    """
+
+    dtype: str
+    dims: tuple[int, ...]
+    shape: tuple[int, ...]
+    data: tuple[Any, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "dims": list(self.dims), "shape": list(self.shape), "data": list(self.data)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Fill:
+        return cls(data["dtype"], tuple(data["dims"]), tuple(data["shape"]), tuple(data["data"]))
+
+
+@dataclass(frozen=True)
 class NodePlan:
     """One live node: its step, its composing model, its inputs and what it returns."""
 
@@ -94,6 +146,8 @@ class NodePlan:
     returns: tuple[str, ...]  # the step's outputs that something reads, in the step's order
     after: tuple[str, ...]  # live nodes it waits for
     before: tuple[str, ...]  # live nodes that wait for it
+    when: tuple[Term, ...] = ()  # it runs on the rows where all of these hold (none: every row)
+    kind: str = "step"  # "select": a row-by-row merge the executor does itself (no model)
 
 
 @dataclass(frozen=True)
@@ -127,6 +181,7 @@ class OutputPlan:
     tensor: str
     dtype: str
     needs: tuple[str, ...]
+    otherwise: Fill | None = None  # the fill of the rows its node did not run (an output of a branch)
 
     @property
     def key(self) -> Key:
@@ -167,6 +222,21 @@ class ExecutionPlan:
     @property
     def output_names(self) -> tuple[str, ...]:
         return tuple(o.name for o in self.outputs)
+
+    @property
+    def conditional(self) -> tuple[Term, ...]:
+        """The conditions of the live nodes' ``when`` blocks (and selects), each once (none: a static DAG)."""
+        terms = [t for n in self.nodes for t in n.when]
+        for n in self.nodes:
+            if n.kind == "select":
+                cond = n.inputs[0]
+                terms.append(Term(cond.node, cond.tensor))
+        return tuple(dict.fromkeys(terms))
+
+    @property
+    def fills(self) -> tuple[str, ...]:
+        """The outputs that have an ``otherwise=`` fill."""
+        return tuple(o.name for o in self.outputs if o.otherwise is not None)
 
     def node(self, name: str) -> NodePlan:
         return self._index("nodes", lambda: {n.name: n for n in self.nodes})[name]
@@ -237,24 +307,8 @@ class ExecutionPlan:
             "pipeline": self.pipeline,
             "max_batch_size": self.max_batch_size,
             "inputs": list(self.inputs),
-            "outputs": [
-                {"name": o.name, "node": o.node, "tensor": o.tensor, "dtype": o.dtype, "needs": list(o.needs)}
-                for o in self.outputs
-            ],
-            "nodes": [
-                {
-                    "name": n.name,
-                    "step": n.step,
-                    "model": n.model,
-                    "inputs": [
-                        {"input": s.input, "node": s.node, "tensor": s.tensor, "dtype": s.dtype} for s in n.inputs
-                    ],
-                    "returns": list(n.returns),
-                    "after": list(n.after),
-                    "before": list(n.before),
-                }
-                for n in self.nodes
-            ],
+            "outputs": [_output_json(o) for o in self.outputs],
+            "nodes": [_node_json(n) for n in self.nodes],
             "groups": [list(g) for g in self.groups],
             "tensors": [
                 {
@@ -290,7 +344,11 @@ class ExecutionPlan:
             max_batch_size=int(data["max_batch_size"]),
             inputs=tuple(data["inputs"]),
             outputs=tuple(
-                OutputPlan(o["name"], o["node"], o["tensor"], o["dtype"], tuple(o["needs"])) for o in data["outputs"]
+                OutputPlan(
+                    o["name"], o["node"], o["tensor"], o["dtype"], tuple(o["needs"]),
+                    Fill.from_json(o["otherwise"]) if o.get("otherwise") is not None else None,
+                )
+                for o in data["outputs"]
             ),
             nodes=tuple(
                 NodePlan(
@@ -301,6 +359,8 @@ class ExecutionPlan:
                     returns=tuple(n["returns"]),
                     after=tuple(n["after"]),
                     before=tuple(n["before"]),
+                    when=tuple(Term(t["node"], t["tensor"], bool(t["negated"])) for t in n.get("when", ())),
+                    kind=n.get("kind", "step"),
                 )
                 for n in data["nodes"]
             ),
@@ -322,6 +382,30 @@ class ExecutionPlan:
             ),
             dropped=tuple(data["dropped"]),
         )
+
+
+def _output_json(o: OutputPlan) -> dict[str, Any]:
+    data = {"name": o.name, "node": o.node, "tensor": o.tensor, "dtype": o.dtype, "needs": list(o.needs)}
+    if o.otherwise is not None:  # absent from a static pipeline's plan, which reads as it always did
+        data["otherwise"] = o.otherwise.to_json()
+    return data
+
+
+def _node_json(n: NodePlan) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "name": n.name,
+        "step": n.step,
+        "model": n.model,
+        "inputs": [{"input": s.input, "node": s.node, "tensor": s.tensor, "dtype": s.dtype} for s in n.inputs],
+        "returns": list(n.returns),
+        "after": list(n.after),
+        "before": list(n.before),
+    }
+    if n.when:
+        data["when"] = [t.to_json() for t in n.when]
+    if n.kind != "step":
+        data["kind"] = n.kind
+    return data
 
 
 # -------------------------------------------------------------------- building
@@ -383,6 +467,16 @@ def gated_ensemble(plan: ExecutionPlan, external: Collection[str] = ()) -> bool:
     return False
 
 
+def ensemble_refusal(plan: ExecutionPlan, *, what: str = "an ensemble") -> str:
+    """Why ``what`` cannot run ``plan``, whose nodes have ``when`` blocks, and what can."""
+    blocks = list(dict.fromkeys(t.describe() for t in plan.conditional)) or ["a select"]
+    return (
+        f"pipeline {plan.pipeline!r}: {what} cannot skip a step, and {blocks[0]}"
+        f"{' (and ' + str(len(blocks) - 1) + ' more)' if len(blocks) > 1 else ''} runs its steps only on the "
+        "rows where it holds; use the 'bls' or 'fused' form, which run the block per row"
+    )
+
+
 def plan_of(pipeline: Pipeline, *, warn: bool = True) -> ExecutionPlan:
     """The execution plan of ``pipeline`` (validated first).
 
@@ -406,10 +500,14 @@ def plan_of(pipeline: Pipeline, *, warn: bool = True) -> ExecutionPlan:
                 returns=tuple(node.step.outputs),
                 after=(),
                 before=(),
+                when=tuple(Term(c.ref.node, c.ref.name, c.negated) for c in node.when),
+                kind="select" if node.is_select else "step",
             )
         )
+    fills = pipeline.fills
     outputs = tuple(
-        OutputPlan(name, ref.node, ref.name, ref.spec.dtype, ()) for name, ref in pipeline.outputs.items()
+        OutputPlan(name, ref.node, ref.name, ref.spec.dtype, (), fills.get(name))
+        for name, ref in pipeline.outputs.items()
     )
     every = ExecutionPlan(
         pipeline=pipeline.name,
@@ -441,7 +539,7 @@ def plan_of(pipeline: Pipeline, *, warn: bool = True) -> ExecutionPlan:
         inputs=live.inputs,
         outputs=live.outputs,
         nodes=tuple(
-            NodePlan(n.name, n.step, model_of[n.name], n.inputs, n.returns, n.after, n.before) for n in live.nodes
+            dataclasses.replace(n, model=model_of.get(n.name, "")) for n in live.nodes
         ),
         groups=live.groups,
         tensors=tuple(
@@ -479,8 +577,8 @@ def _project(plan: ExecutionPlan, wanted: frozenset[str], position: dict[str, in
             name = stack.pop()
             if name not in needs:
                 needs.add(name)
-                stack += [s.node for s in by_name[name].inputs if s.node is not None]
-        outputs.append(OutputPlan(o.name, o.node, o.tensor, o.dtype, tuple(n.name for n in plan.nodes if n.name in needs)))
+                stack += [key[0] for key, _ in _reads(by_name[name]) if key[0] is not None]
+        outputs.append(dataclasses.replace(o, needs=tuple(n.name for n in plan.nodes if n.name in needs)))
     needed = {name for o in outputs for name in o.needs}
     live = [n for n in plan.nodes if n.name in needed]
     position = position or {n.name: i for i, n in enumerate(plan.nodes)}
@@ -489,9 +587,9 @@ def _project(plan: ExecutionPlan, wanted: frozenset[str], position: dict[str, in
     readers: dict[Key, list[str]] = {}
     dtypes: dict[Key, str] = {}
     for n in live:
-        for s in n.inputs:
-            readers.setdefault(s.key, []).append(n.name)
-            dtypes[s.key] = s.dtype
+        for key, dtype in _reads(n):
+            readers.setdefault(key, []).append(n.name)
+            dtypes[key] = dtype
     exposed: dict[Key, list[str]] = {}
     for o in outputs:
         exposed.setdefault(o.key, []).append(o.name)
@@ -512,7 +610,7 @@ def _project(plan: ExecutionPlan, wanted: frozenset[str], position: dict[str, in
         for key in keys
     )
 
-    after = {n.name: _unique(s.node for s in n.inputs if s.node is not None) for n in live}
+    after = {n.name: _unique(key[0] for key, _ in _reads(n) if key[0] is not None) for n in live}
     before: dict[str, list[str]] = {n.name: [] for n in live}
     for n in live:
         for pred in after[n.name]:
@@ -525,11 +623,8 @@ def _project(plan: ExecutionPlan, wanted: frozenset[str], position: dict[str, in
         for i in range(1 + max(level.values(), default=-1))
     )
     nodes = tuple(
-        NodePlan(
-            name=n.name,
-            step=n.step,
-            model=n.model,
-            inputs=n.inputs,
+        dataclasses.replace(
+            n,
             returns=tuple(out for out in n.returns if (n.name, out) in readers or (n.name, out) in exposed),
             after=after[n.name],
             before=tuple(before[n.name]),
@@ -554,6 +649,15 @@ def _project(plan: ExecutionPlan, wanted: frozenset[str], position: dict[str, in
     )
 
 
+def _reads(node: NodePlan) -> list[tuple[Key, str]]:
+    """What ``node`` reads, with each tensor's dtype: its inputs, then its conditions.
+
+    A condition is read as an input is: the node waits for it, and it is released after
+    its last reader.
+    """
+    return [(s.key, s.dtype) for s in node.inputs] + [(t.key, "BOOL") for t in node.when]
+
+
 def _unique(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
@@ -565,6 +669,8 @@ def _name_models(pipeline: Pipeline, order: tuple[str, ...]) -> tuple[tuple[Mode
     model_of: dict[str, str] = {}
     members: dict[str, list[str]] = {}
     for node_name in order:
+        if pipeline.nodes[node_name].is_select:  # merged by the executor itself: no model
+            continue
         step = pipeline.nodes[node_name].step
         name = by_step.get(id(step))
         if name is None:

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..errors import CompileError
-from ..forms import FORMS, forms_of_target
+from ..errors import CompileError, NotCompilableError
+from ..forms import FORMS, FormLeftOutWarning, forms_of_target
 from ..forms import TARGETS as FORM_TARGETS
 from ..graph import Pipeline
+from ..plan import ensemble_refusal
 from .bound_plan import CompilePlan, bind_plan
 from .checks import check_compilable
 from .ensemble import layout_ensemble
@@ -64,6 +66,19 @@ def compile_pipeline(
     plan = bind_plan(pipeline)
     check_compilable(pipeline, plan.plan)
     side_by_side = target not in FORMS
+    if plan.plan.conditional and FORMS["ensemble"] in forms:
+        # Triton's ensemble scheduler runs every step for every request: it cannot skip a branch.
+        if not side_by_side:
+            raise NotCompilableError(
+                f"{ensemble_refusal(plan.plan)}: compile('bls') or compile('fused')", pipeline=pipeline.name
+            )
+        forms = tuple(f for f in forms if f.name != "ensemble")
+        warnings.warn(
+            f"{ensemble_refusal(plan.plan)}; compile({target!r}) left the ensemble form out and wrote "
+            f"{', '.join(f.name for f in forms)}",
+            FormLeftOutWarning,
+            stacklevel=3,
+        )
 
     # The ensemble's layout adds tensors to the step models it shares with the other forms.
     layout = layout_ensemble(plan) if FORMS["ensemble"] in forms else None

@@ -61,7 +61,7 @@ def compile_fused(plan: CompilePlan, name: str, *, instance_count: int = 1) -> C
                 files[f"1/{folder}/{rel}"] = compiled.files.source(f"1/{rel}")
         steps[model.name] = folder
         needs.append(compiled.needs)
-    gpu = any(n.step.options.device == "gpu" for n in plan.nodes if not n.step.is_external)
+    gpu = any(n.step.options.device == "gpu" for n in plan.nodes if not n.step.is_external and n.model)
     if gpu:  # a GPU step takes its inputs where they are, through DLPack
         set_parameters(config, {"FORCE_CPU_ONLY_INPUT_TENSORS": "no"})
 
@@ -70,7 +70,9 @@ def compile_fused(plan: CompilePlan, name: str, *, instance_count: int = 1) -> C
         step = node.step
         timeout = step.options.timeout
         timeout_us = round(timeout * 1e6) if timeout else 0
-        if step.is_external:
+        if plan.plan.node(node.name).kind == "select":  # merged by the fused model itself
+            nodes[node.name] = {"kind": "select"}
+        elif step.is_external:
             nodes[node.name] = {"kind": "external", "model": node.model, "timeout_us": timeout_us}
         else:
             nodes[node.name] = {"kind": "python", "folder": steps[node.model], "model": node.model,

@@ -21,7 +21,7 @@ from ..errors import ArgumentError
 from ..forms import FORMS
 from ..forms import form as form_named
 from ..graph import Pipeline
-from ..plan import plan_of
+from ..plan import ensemble_refusal, plan_of
 from ..tables import format_table
 from ..tensor import numpy_dtype
 from .configuration import Configuration, default_configuration
@@ -197,6 +197,9 @@ class Predictor:
     def _ensemble_shape(self) -> tuple[bool, str | None]:
         """Whether the ensemble ends in a gate model, or why the compiler refuses an ensemble."""
         from ..compile.ensemble import ensemble_layout_of
+
+        if self.plan.conditional:  # Triton's ensemble cannot skip the steps of a `when` block
+            return False, ensemble_refusal(self.plan)
 
         layout = ensemble_layout_of(self.pipeline)
         if layout is None:

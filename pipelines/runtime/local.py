@@ -59,13 +59,13 @@ import anyio
 import anyio.lowlevel
 
 from ..blocking import run_blocking
-from ..errors import ArgumentError, InferenceError, InputError, PipelinesError, StepError
+from ..errors import ArgumentError, InferenceError, InputError, NotCompilableError, PipelinesError, StepError
 from ..forms import form, form_names
 from ..freed_memory import keep_freed_memory_here
 from ..graph import Pipeline
-from ..plan import ExecutionPlan, gated_ensemble, plan_of
+from ..plan import ExecutionPlan, ensemble_refusal, gated_ensemble, plan_of
 from ..requests import check_request
-from ..serving import bytes_tensor
+from ..serving import SKIPPED, Branches, Rows, bytes_tensor
 from .bls_gate import BlsGate
 from .device import CopyCounter, Placement, gpu_available, resolve_device
 from .instances import StepModel, thread_hop_cost
@@ -124,7 +124,9 @@ class _Routes:
 class _Request:
     """The state of one request in flight: live tensors, their remaining consumers, costs."""
 
-    __slots__ = ("routes", "values", "remaining", "pending", "copies", "trace", "rows", "inflight", "error", "tg")
+    __slots__ = (
+        "routes", "values", "remaining", "pending", "copies", "trace", "rows", "inflight", "error", "tg", "branch"
+    )
 
     def __init__(self, routes: _Routes, values: dict[Key, Any], rows: int) -> None:
         self.routes = routes
@@ -137,6 +139,7 @@ class _Request:
         self.inflight = 0  # steps of this request that are ready or running
         self.error: BaseException | None = None
         self.tg: Any = None
+        self.branch: Rows | None = None  # a conditional plan's rows (serving.Rows); None: every step, every row
 
     def fail(self, exc: BaseException) -> None:
         if self.error is None:
@@ -244,6 +247,10 @@ class LocalRuntime:
         self._crossings = self.form.server_copies if server_copies else 0
         self.isolation = isolation
         self.plan = plan_of(pipeline)
+        if self.form.scheduler == "event" and self.plan.conditional:
+            raise NotCompilableError(ensemble_refusal(self.plan, what="the local 'ensemble' mode"), pipeline=name)
+        # A conditional plan runs each node on the rows its `when` blocks select (serving.Rows).
+        self._branches = Branches(self.plan.to_json()) if self.plan.conditional or self.plan.fills else None
         # Nodes that run inside the top-level model (the fused form's Python steps): no server copy.
         self._in_process = frozenset(
             n for n in self.plan.order if self.form.in_process and not pipeline.nodes[n].step.is_external
@@ -326,6 +333,8 @@ class LocalRuntime:
         try:
             for name in routes.order:
                 node = self.pipeline.nodes[name]
+                if node.is_select:  # merged by the scheduler itself
+                    continue
                 model = StepModel(
                     node,
                     pipeline=self.pipeline.name,
@@ -478,6 +487,8 @@ class LocalRuntime:
                 raise
             rows = int(arrays[next(iter(arrays))].shape[0]) if p.max_batch_size > 0 else 1
             req = _Request(routes, {}, rows)
+            if self._branches is not None:
+                req.branch = Rows(self._branches, rows, req.values.__getitem__)
             entry = Placement(self.device)
             for name in routes.inputs_used:
                 array = arrays[name]
@@ -497,7 +508,14 @@ class LocalRuntime:
                 self._recorder.error()
                 raise
             values = req.values
-            outputs = {name: _answered(values[key]) for name, key in routes.outputs}
+            if req.branch is None:
+                outputs = {name: _answered(values[key]) for name, key in routes.outputs}
+            else:
+                branch, branches = req.branch, self._branches
+                outputs = {
+                    name: _answered(branch.filled(values[key], branches.terms_of(key), branches.fills[name]))
+                    for name, key in routes.outputs
+                }
             end = perf_counter()
             self._recorder.record(req.trace, start=start, end=end, copies=req.copies.count, copy_bytes=req.copies.bytes)
             if not keep_trace:
@@ -517,21 +535,31 @@ class LocalRuntime:
 
     async def _run_node(self, req: _Request, name: str, t_ready: float) -> None:
         """Run one node for one request: take its inputs, execute, keep the outputs someone needs."""
+        branch, rows = req.branch, req.rows
+        if branch is not None:
+            rows = self._branch_rows(req, name, t_ready)
+            if not rows:
+                return
         model = self._models[name]
         values, remaining = req.values, req.remaining
         inputs = {}
         crossings = self._crossings if name not in self._in_process else 0
         for input_name, key in req.routes.bindings[name]:
-            inputs[input_name] = model.place(values[key], req.copies, input_name)
+            value = values[key]
+            if branch is not None:  # the rows of this node's `when` blocks only
+                value = branch.gather(value, self._branches.terms_of(key), self._branches.when[name])
+            inputs[input_name] = model.place(value, req.copies, input_name)
             if crossings:
                 inputs[input_name] = _cross(inputs[input_name], crossings, req.copies)
             left = remaining[key] - 1
             remaining[key] = left
             if not left:  # no remaining consumer: drop our reference now (the step holds its own)
                 del values[key]
+        if branch is not None:
+            self._release(req, self._branches.conditions[name])
         alone = (self._active if self._one_round is None else self._one_round.admitted) == 1
         inline = model.always_inline or (model.inline_ok and (model.cheap or (alone and req.inflight == 1)))
-        outputs, queue, compute, batch = await model.run(inputs, req.rows, inline=inline)
+        outputs, queue, compute, batch = await model.run(inputs, rows, inline=inline)
         del inputs
         crosses = name not in self._in_process
         for out in req.routes.returns[name]:
@@ -540,6 +568,43 @@ class LocalRuntime:
                 value = bytes_tensor(value)
             values[(name, out)] = _cross(value, crossings, req.copies) if crossings else value
         req.trace.append((name, queue, compute, perf_counter() - t_ready - queue - compute, batch))
+
+    def _branch_rows(self, req: _Request, name: str, t_ready: float) -> int:
+        """How many rows ``name`` runs on; 0 once it is done here: a select merged, or no row to run."""
+        branch, branches = req.branch, self._branches
+        assert branch is not None and branches is not None
+        branch.read_conditions(name)
+        rows = branch.count(branches.when[name])
+        if rows and name not in branches.selects:
+            return rows
+        values = req.values
+        reads = [key for _, key in req.routes.bindings[name]]
+        if rows:  # a select: merged here, as the BLS and fused models merge it, with no model
+            start = perf_counter()
+            bound = dict(req.routes.bindings[name])
+            sources = {
+                "condition": (bound["condition"], branches.terms_of(bound["condition"])),
+                **{side: (values[bound[side]], branches.terms_of(bound[side])) for side in ("then", "otherwise")},
+            }
+            merged = branch.merge(name, sources)
+            self._release(req, reads + branches.conditions[name])
+            values[(name, "output")] = merged
+            compute = perf_counter() - start
+            req.trace.append((name, 0.0, compute, start - t_ready, 1))
+        else:  # no row holds its conditions: the step is not called at all
+            self._release(req, reads + branches.conditions[name])
+            for out in req.routes.returns[name]:
+                values[(name, out)] = SKIPPED
+        return 0
+
+    @staticmethod
+    def _release(req: _Request, keys: Iterable[Key]) -> None:
+        values, remaining = req.values, req.remaining
+        for key in keys:
+            left = remaining[key] - 1
+            remaining[key] = left
+            if not left:
+                del values[key]
 
     async def _run_ensemble(self, req: _Request) -> None:
         routes = req.routes

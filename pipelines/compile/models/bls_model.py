@@ -5,8 +5,11 @@ calls the composing models: in ``"async"`` mode each node starts with
 ``async_exec()`` as soon as its inputs are ready, in ``"sync"`` mode nodes run
 one after another with ``exec()``. Tensors go from call to call through DLPack
 (BYTES, which DLPack cannot carry, through numpy), and only the nodes that the
-requested outputs need are called. It imports only the standard library and
-``serving``, copied beside it, so a server needs no ``pipelines`` package.
+requested outputs need are called. A node in a ``when`` block is called once with
+the rows its conditions select (none: not called), a select is merged here, and an
+output of a branch is filled for the other rows (``serving.Branches``). It imports
+only the standard library and ``serving``, copied beside it, so a server needs no
+``pipelines`` package.
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ class TritonPythonModel:
         self.outputs = {out["name"]: out for out in self.plan["outputs"]}
         self.nodes = {node["name"]: node for node in self.plan["nodes"]}
         self._schedules = {}
+        self.branches = serving.Branches(self.plan)
+        if not self.branches.any and not any(self.branches.fills.values()):
+            self.branches = None  # a static DAG: every node, every row
+        self._writers = {}
         serving.refuse_strings_under_numpy_2(
             self.model,
             [n for n, spec in self.inputs.items() if spec.dtype == "BYTES"]
@@ -74,6 +81,8 @@ class TritonPythonModel:
             run = self._start(request)
             for name in run.schedule.order:
                 node = self.nodes[name]
+                if run.branch is not None and self._done_here(node, run):
+                    continue
                 self._collect(node, run, self._exec_within_timeout(node, self._request(node, run)))
             return self._respond(run)
         except RequestFailed as exc:
@@ -85,6 +94,8 @@ class TritonPythonModel:
             if run.schedule.chain:  # each node needs the one before: await them in turn, nothing to schedule
                 for name in run.schedule.order:
                     node = self.nodes[name]
+                    if run.branch is not None and self._done_here(node, run):
+                        continue
                     call = self._request(node, run).async_exec()
                     limit = self.timeouts_us.get(name, 0) / 1e6
                     try:
@@ -98,13 +109,17 @@ class TritonPythonModel:
                 return self._respond(run)
 
             def start(name, alone):
+                if run.branch is not None and self._done_here(self.nodes[name], run):
+                    return _nothing()
                 call = self._request(self.nodes[name], run).async_exec()
                 limit = self.timeouts_us.get(name, 0) / 1e6
                 # Triton's own request timeout stops only a queued request.
                 return asyncio.wait_for(call, limit) if limit else call
 
             def collect(name, future):
-                self._collect(self.nodes[name], run, _result(future, name, self))
+                response = _result(future, name, self)
+                if response is not None:  # None: merged or skipped here
+                    self._collect(self.nodes[name], run, response)
 
             await serving.run_concurrently(run.schedule.after, start, collect)
             return self._respond(run)
@@ -135,7 +150,11 @@ class TritonPythonModel:
         schedule = self._schedules.get(key)
         if schedule is None:
             schedule = self._schedules[key] = serving.Schedule(self.plan, key)
-        return _Run(schedule, values)
+        run = _Run(schedule, values)
+        if self.branches is not None:
+            rows = values[(None, next(iter(self.inputs)))].shape()[0] if self.max_batch_size > 0 else 1
+            run.branch = serving.Rows(self.branches, rows, lambda key: self._array(run.values[key], "BOOL"))
+        return run
 
     def _read_inputs(self, request):
         if self.takes.checked_by_triton:  # Triton checked them against the config, which declares them
@@ -151,12 +170,18 @@ class TritonPythonModel:
         # run.take inlined: this runs once per step of every request, and calls cost in a stub.
         values, remaining = run.values, run.remaining
         inputs = []
+        branch = run.branch
         for source in node["inputs"]:
             key = (source["node"], source["tensor"])
-            inputs.append(_renamed(values[key], source["input"], source["dtype"]))
+            if branch is None:
+                inputs.append(_renamed(values[key], source["input"], source["dtype"]))
+            else:  # only the rows of the node's `when` blocks
+                inputs.append(self._gathered(values[key], key, node, source, branch))
             remaining[key] -= 1
             if not remaining[key]:
                 del values[key]  # the renamed tensor keeps the memory alive through DLPack
+        if branch is not None:
+            run.release(self.branches.conditions[node["name"]])
         timeout = self.timeouts_us.get(node["name"], 0)
         if timeout:
             return pb_utils.InferenceRequest(
@@ -187,8 +212,61 @@ class TritonPythonModel:
         tensors = []
         for name in run.schedule.wanted:
             out = self.outputs[name]
-            tensors.append(run.take((out["node"], out["tensor"]), name, out["dtype"]))
+            key = (out["node"], out["tensor"])
+            terms = self.branches.terms_of(key) if run.branch is not None else None
+            if terms:  # an output of a branch: `otherwise` in the rows that did not run it
+                value = run.values[key]
+                array = value if value is serving.SKIPPED else self._array(value, out["dtype"])
+                filled = run.branch.filled(array, terms, self.branches.fills[name])
+                tensors.append(self._tensor(name, filled, out["dtype"]))
+                run.release([key])
+            else:
+                tensors.append(run.take(key, name, out["dtype"]))
         return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    # ------------------------------------------------------------------ when blocks
+
+    def _done_here(self, node, run):
+        """Whether ``node`` needs no call: a select (merged here), or no row holds its conditions."""
+        name, branch, branches = node["name"], run.branch, self.branches
+        branch.read_conditions(name)
+        rows = branch.count(branches.when[name])
+        if rows and name not in branches.selects:
+            return False
+        reads = [(s["node"], s["tensor"]) for s in node["inputs"]]
+        if rows:
+            bound = {s["input"]: s for s in node["inputs"]}
+            sources = {"condition": ((bound["condition"]["node"], bound["condition"]["tensor"]), None)}
+            for side in ("then", "otherwise"):
+                key = (bound[side]["node"], bound[side]["tensor"])
+                value = run.values[key]
+                array = value if value is serving.SKIPPED else self._array(value, bound[side]["dtype"])
+                sources[side] = (array, branches.terms_of(key))
+            merged = branch.merge(name, sources)
+            run.values[(name, "output")] = self._tensor("output", merged, bound["then"]["dtype"])
+        else:  # no row to run: the step is not called
+            for out in run.schedule.returns[name]:
+                run.values[(name, out)] = serving.SKIPPED
+        run.release(reads + branches.conditions[name])
+        return True
+
+    def _gathered(self, tensor, key, node, source, branch):
+        src, terms = self.branches.terms_of(key), self.branches.when[node["name"]]
+        if src == terms or self.max_batch_size == 0:
+            return _renamed(tensor, source["input"], source["dtype"])
+        rows = branch.gather(self._array(tensor, source["dtype"]), src, terms)
+        return self._tensor(source["input"], rows, source["dtype"])
+
+    def _array(self, tensor, dtype):
+        if dtype == "BF16":  # as_numpy() refuses BF16 (docs/triton.md)
+            return serving.bf16_from_dlpack(tensor.to_dlpack())
+        return serving.pb_array(tensor)
+
+    def _tensor(self, name, array, dtype):
+        writer = self._writers.get(dtype)
+        if writer is None:
+            writer = self._writers[dtype] = serving.tensor_writer(serving.Spec(dtype, ()), pb_utils)
+        return writer(name, array)
 
 
 class _Run:
@@ -198,6 +276,13 @@ class _Run:
         self.schedule = schedule
         self.values = values
         self.remaining = dict(schedule.uses)
+        self.branch = None  # serving.Rows of a conditional plan
+
+    def release(self, keys):
+        for key in keys:
+            self.remaining[key] -= 1
+            if self.remaining[key] == 0:
+                del self.values[key]
 
     def take(self, key, name, dtype):
         tensor = _renamed(self.values[key], name, dtype)
@@ -207,6 +292,10 @@ class _Run:
         return tensor
 
 
+
+
+async def _nothing():
+    return None
 
 
 def _timed_out(model, node):

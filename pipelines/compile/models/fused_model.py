@@ -10,7 +10,10 @@ failed batch is run again one request at a time, so only the culprit fails),
 and only the nodes that the requested outputs need run. Independent nodes run
 concurrently: sync steps on a thread pool, ``async def`` steps awaited, external
 model steps called with BLS ``async_exec()``. Arrays go from step to step as
-they are, without a copy (a GPU array stays on its device). It imports only the
+they are, without a copy (a GPU array stays on its device). A node in a ``when``
+block runs once on the rows its conditions select (none: not called), a select is
+merged here, and an output of a branch is filled for the other rows
+(``serving.Branches``). It imports only the
 standard library, numpy and ``serving``, so a server needs no ``pipelines``
 package.
 """
@@ -89,6 +92,9 @@ class TritonPythonModel:
         )
         self._schedules = {}
         self._dtype_writers = {}
+        self.branches = serving.Branches(self.plan)
+        if not self.branches.any and not any(self.branches.fills.values()):
+            self.branches = None  # a static DAG: every node, every row
         match = re.search(r"_(\d+)$", args.get("model_instance_name", ""))
         self.steps = {}
         try:
@@ -208,25 +214,68 @@ class TritonPythonModel:
             schedule = self._schedules[wanted] = serving.Schedule(self.plan, wanted)
         values = {(None, name): value for name, value in arrays.items()}
         remaining = dict(schedule.uses)
+        branches = self.branches
+        branch = serving.Rows(branches, rows, values.__getitem__) if branches is not None else None
 
-        def start(name, alone):
-            inputs = {}
-            for source in self.nodes[name]["inputs"]:
-                key = (source["node"], source["tensor"])
-                inputs[source["input"]] = serving.read_only(values[key])  # shared, as in the local runtime
+        def release(keys):
+            for key in keys:
                 remaining[key] -= 1
                 if remaining[key] == 0:
                     del values[key]  # the step holds its own reference
-            return self._node(name, inputs, rows, schedule, inline=alone)
+
+        def start(name, alone):
+            node, count = self.nodes[name], rows
+            if branch is not None:
+                count = self._branch_rows(node, branch, values, schedule, release)
+                if not count:
+                    return _nothing()
+            inputs = {}
+            for source in node["inputs"]:
+                key = (source["node"], source["tensor"])
+                value = values[key]
+                if branch is not None:  # only the rows of the node's `when` blocks
+                    value = branch.gather(value, branches.terms_of(key), branches.when[name])
+                inputs[source["input"]] = serving.read_only(value)  # shared, as in the local runtime
+                release([key])
+            if branch is not None:
+                release(branches.conditions[name])
+            return self._node(name, inputs, count, schedule, inline=alone)
 
         def collect(name, future):
             outputs = future.result()
+            if outputs is None:  # merged or skipped in start()
+                return
             for out in schedule.returns[name]:
                 values[(name, out)] = outputs[out]
 
         await serving.run_concurrently(schedule.after, start, collect)
         plan_outputs = {out["name"]: out for out in self.plan["outputs"]}
-        return {name: values[(plan_outputs[name]["node"], plan_outputs[name]["tensor"])] for name in wanted}
+        keys = {name: (plan_outputs[name]["node"], plan_outputs[name]["tensor"]) for name in wanted}
+        if branch is None:
+            return {name: values[key] for name, key in keys.items()}
+        return {
+            name: branch.filled(values[key], branches.terms_of(key), branches.fills[name]) for name, key in keys.items()
+        }
+
+    def _branch_rows(self, node, branch, values, schedule, release):
+        """How many rows ``node`` runs on; 0 once it is done: a select merged, or no row to run."""
+        name, branches = node["name"], self.branches
+        branch.read_conditions(name)
+        count = branch.count(branches.when[name])
+        if count and name not in branches.selects:
+            return count
+        reads = [(s["node"], s["tensor"]) for s in node["inputs"]]
+        if count:
+            bound = {s["input"]: (s["node"], s["tensor"]) for s in node["inputs"]}
+            sources = {"condition": (bound["condition"], None)}
+            for side in ("then", "otherwise"):
+                sources[side] = (values[bound[side]], branches.terms_of(bound[side]))
+            values[(name, "output")] = branch.merge(name, sources)
+        else:  # no row to run: the step is not called
+            for out in schedule.returns[name]:
+                values[(name, out)] = serving.SKIPPED
+        release(reads + branches.conditions[name])
+        return 0
 
     async def _node(self, name, inputs, rows, schedule, *, inline):
         node = self.nodes[name]
@@ -385,6 +434,10 @@ def _finalize_abandoned(done, instance):
         instance.finalize()
     except Exception:  # noqa: BLE001 - nobody is left to tell; its request had its timeout error
         pass
+
+
+async def _nothing():
+    return None
 
 
 def _error(message):
