@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from . import errors
 from .errors import *  # noqa: F403 - every error class, named once: in errors.__all__
-from .graph import Node, Pipeline, TensorRef
+from .forms import FormLeftOutWarning
+from .graph import Condition, Node, Pipeline, TensorRef
 from .step import DynamicBatching, ExternalModel, ModelOptions, Step, external_model, step
 from .tensor import DATATYPES, TensorSpec
 
@@ -37,9 +38,11 @@ def __getattr__(name: str):
 
 __all__ = [
     "Advice",  # noqa: F405 - imported on first use (_LAZY)
+    "Condition",
     "DATATYPES",
     "DynamicBatching",
     "ExternalModel",
+    "FormLeftOutWarning",
     "LocalRuntime",  # noqa: F405 - imported on first use (_LAZY)
     "ModelOptions",
     "ModelRepository",  # noqa: F405 - imported on first use (_LAZY)
