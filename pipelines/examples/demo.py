@@ -4,6 +4,9 @@ It runs the pipeline in the local runtime in every mode, compiles it to
 ``"all"`` (ensemble, bls, bls-sync and fused side by side), serves the repository
 on the bundled Triton server, checks every answer against the ground truth of
 the sample images, and sets the forms side by side, locally and on the server.
+Then the same detector behind a conditional step (``yolov5_skip_blank``: the
+detector runs only for frames that are not blank) against the plain pipeline,
+on a stream half blank: throughput and the detector's executions on the server.
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ import argparse
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 
-from ..forms import FORMS
+from ..forms import FORMS, FormLeftOutWarning
 from ..runtime import compare, run_many
-from . import yolov5
+from . import yolov5, yolov5_skip_blank
 
 SIZES = ((480, 640), (720, 1280), (640, 480), (333, 500))
 
@@ -38,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=4, help="sample images to run (default 4)")
     parser.add_argument("--requests", type=int, default=24, help="requests per form for the timing (default 24)")
     parser.add_argument("--out", default=None, help="where to write the model repository (default: a temp dir)")
+    parser.add_argument("--skip-seconds", type=float, default=3.0,
+                        help="seconds per measurement of the blank-frame cascade on the server (0: leave it out)")
     args = parser.parse_args(argv)
 
     p = yolov5.pipeline
@@ -68,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.out) if args.out else Path(tmp) / "model_repository"
-        repo = p.compile("all")
+        with warnings.catch_warnings():  # the cascade has no ensemble form: said below
+            warnings.simplefilter("ignore", FormLeftOutWarning)
+            repo = p.compile("all").merge(yolov5_skip_blank.pipeline.compile("all"))
         repo.write(out)
         print(f"\n== compiled to {out}: {', '.join(sorted(repo.models))}")
         print("\n== starting the bundled Triton server ...", flush=True)
@@ -88,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                     client.infer(model, requests[k % len(requests)])
                 latencies[form.name] = (time.perf_counter() - t0) / args.requests * 1e3
             client.close()
+            rows = (yolov5_skip_blank.compare_on_server(server, always=p, seconds=args.skip_seconds)
+                    if args.skip_seconds > 0 else [])
         print("\n== every form, one request at a time (mean latency)")
         print(f"  {'form':10s} {'local (ms)':>12s} {'server (ms)':>12s}")
         for mode in FORMS:
@@ -100,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         ranked = sorted(latencies.values())
         print(f"  fastest on the server at concurrency 1: {fastest}"
               + (f", {ranked[1] / ranked[0]:.2f}x faster than the next form" if len(ranked) > 1 else ""))
+        if args.skip_seconds > 0:
+            print(f"\n== skipping blank frames: {yolov5_skip_blank.pipeline.name} (is_blank, then the detector only "
+                  "for the frames that are not blank) against yolov5,\n   on a stream in which half of the frames "
+                  f"are blank, 4 requests in flight, {args.skip_seconds:g} s each (an ensemble cannot skip a step, "
+                  "so BLS and fused)")
+            print("  " + yolov5_skip_blank.comparison_table(rows).replace("\n", "\n  "))
         print("\nFor throughput and percentiles under load: pipelines bench pipelines.examples.yolov5:pipeline --server")
     return 0
 
