@@ -214,10 +214,12 @@ def advise(
     allow_mismatch: bool = False,
     budget: int = 300,
     progress: Callable[[int, int], None] | None = None,
+    when_rates: Mapping[str, float] | None = None,
 ) -> Advice:
     """Rank ``pipeline``'s configurations by predicted throughput under ``p95_ms`` (or by p95
     where no bound is given), at ``concurrency`` clients (default 8) or ``rate`` requests/s.
-    ``cores`` is the server's (default: the profile's)."""
+    ``cores`` is the server's (default: the profile's). ``when_rates``: the share of rows where
+    each `when` condition tensor is true (default: counted over the sample requests)."""
     if concurrency is not None and rate is not None:
         raise ArgumentError("advise takes a concurrency or a rate, not both")
     # A closed loop settles into a repeating schedule within a few rounds (the same figures as
@@ -226,5 +228,5 @@ def advise(
     load = (Load(rate=float(rate)) if rate is not None
             else Load(concurrency=int(concurrency or 8), requests=500, warmup=50))
     predictor = Predictor(pipeline, profile, inputs=inputs, module=module, costs=costs, cache=cache, cores=cores,
-                          allow_mismatch=allow_mismatch)
+                          allow_mismatch=allow_mismatch, when_rates=when_rates)
     return search(predictor, load, forms=forms, p95_ms=p95_ms, budget=budget, progress=progress)

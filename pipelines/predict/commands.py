@@ -40,6 +40,19 @@ def _cost(text: str) -> tuple[str, float]:
     return name, us
 
 
+def _share(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    try:
+        share = float(value)
+    except ValueError:
+        share = -1.0
+    if not sep or not name or not 0.0 <= share <= 1.0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not TENSOR=SHARE (the share of rows where a `when` condition tensor is true, 0..1, "
+            "e.g. is_blank.blank=0.3)")
+    return name, share
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pipeline", metavar="MODULE:ATTR")
     parser.add_argument("--profile", required=True, metavar="PROFILE.json",
@@ -53,6 +66,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cost", type=_cost, action="append", default=[], metavar="STEP=US",
                         help="a step's cost per call in µs, instead of measuring it here (an external model "
                         "with no stand-in, or one that runs on other hardware); repeat for each")
+    parser.add_argument("--when-rate", type=_share, action="append", default=[], metavar="TENSOR=SHARE",
+                        help="the share of rows where a `when` block's condition tensor is true (NODE.TENSOR, a "
+                        "pipeline input, or NODE for a node with one; default: counted over the sample requests); "
+                        "repeat for each")
     parser.add_argument("--cores", type=_positive(float, "a number of cores > 0"), default=None, metavar="N",
                         help="the server's cores (default: those of the machine the profile was measured on)")
     parser.add_argument("--allow-mismatch", action="store_true",
@@ -116,7 +133,7 @@ def predict_main(args: argparse.Namespace) -> int:
     concurrency = args.concurrency if args.concurrency is not None else ((1, 4, 16) if args.rate is None else ())
     result = predict(pipeline, args.profile, concurrency=concurrency, forms=args.forms, rate=args.rate,
                      inputs=inputs, module=module, costs=dict(args.cost) or None, cores=args.cores,
-                     allow_mismatch=args.allow_mismatch)
+                     allow_mismatch=args.allow_mismatch, when_rates=dict(args.when_rate) or None)
     if args.json:
         print(json.dumps(result.as_dicts(), indent=2))
     else:
@@ -137,7 +154,7 @@ def advise_main(args: argparse.Namespace) -> int:
     pipeline, module, inputs = _load(args)
     advice = advise(pipeline, args.profile, concurrency=args.concurrency, rate=args.rate, p95_ms=args.p95_ms,
                     forms=args.forms, cores=args.cores, inputs=inputs, module=module, costs=dict(args.cost) or None,
-                    allow_mismatch=args.allow_mismatch, budget=args.budget)
+                    allow_mismatch=args.allow_mismatch, budget=args.budget, when_rates=dict(args.when_rate) or None)
     if args.json:
         print(json.dumps(advice.as_dicts(args.top), indent=2))
     else:

@@ -10,6 +10,7 @@ from those three, and shapes its answers into a :class:`Prediction`.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -142,6 +143,7 @@ class Predictor:
         cores: float | None = None,
         allow_mismatch: bool = False,
         progress: Callable[[int, int, str], None] | None = None,
+        when_rates: Mapping[str, float] | None = None,
     ) -> None:
         from ..calibration.profile import default_lanes, load_profile
         from .step_profiles import profile_steps
@@ -174,6 +176,7 @@ class Predictor:
         # one-thread limit into the cores, which the simulation now models apart).
         self.cores = float(cores) if cores is not None else default_lanes(self.server.machine)
         self.gate, self.ensemble_refused = self._ensemble_shape()
+        self.when_rates = self._when_rates(when_rates or {}, module)
 
     def _output_bytes(self) -> float:
         """What the request's answer weighs per row: each output's shape as its step handed it
@@ -186,6 +189,69 @@ class Predictor:
             itemsize = 8 if spec.dtype == "BYTES" else numpy_dtype(spec.dtype).itemsize  # BYTES: one pointer each
             total += float(np.prod([max(1, d) for d in spec.dims])) * itemsize
         return total
+
+    def _when_rates(self, given: Mapping[str, float], module: Any) -> dict[str, float]:
+        """Each ``when`` condition's share of rows where it holds, by :meth:`Term.describe`.
+
+        A condition tensor's share of true rows is ``given`` (by ``NODE.TENSOR``, a pipeline
+        input's name, or ``NODE`` where the node gives one BOOL), else counted over the sample
+        requests (the module's own ``sample_inputs``, or the request given) where the tensor is
+        a pipeline input or the output of a step that reads pipeline inputs only; else 1 with
+        a note. A negated condition holds on the other rows.
+        """
+        terms = {t.describe(): t for n in self.plan.nodes for t in n.when}
+        if not terms and given:
+            raise ArgumentError(f"pipeline {self.pipeline.name!r} has no `when` block; drop when_rates")
+        names = {}
+        for t in terms.values():
+            names[t.tensor if t.node is None else f"{t.node}.{t.tensor}"] = t
+            if t.node is not None:
+                names.setdefault(t.node, t)
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise ArgumentError(f"when_rates names {unknown}; the conditions of pipeline {self.pipeline.name!r} "
+                                f"are {sorted(k for k in names if '.' in k or k in self.pipeline.inputs)}")
+        shares: dict[tuple[str | None, str], float] = {}
+        for name, share in given.items():
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+                raise ArgumentError(f"when_rates[{name!r}] is the share of rows where it is true, 0..1; got {share!r}")
+            shares[names[name].key] = float(share)
+        rates = {}
+        for label, term in terms.items():
+            share = shares.get(term.key)
+            if share is None:
+                share = shares[term.key] = self._counted_share(term, module)
+            rates[label] = 1.0 - share if term.negated else share
+        return rates
+
+    def _counted_share(self, term: Any, module: Any) -> float:
+        """The share of true rows of a condition tensor over the sample requests, where it can be had."""
+        from ..sample_inputs import sample_requests
+
+        label = term.tensor if term.node is None else f"{term.node}.{term.tensor}"
+        if module is None:  # the module that declared the pipeline, as the benchmark finds it
+            module = sys.modules.get(getattr(self.pipeline, "__module__", "") or "")
+        try:
+            requests = sample_requests(self.pipeline, module=module) if module is not None else [self.inputs]
+        except Exception:  # noqa: BLE001 - any failure of a user's sample hook: the request given stands in
+            requests = [self.inputs]
+        node = self.plan.node(term.node) if term.node is not None else None
+        if node is not None and any(s.node is not None for s in node.inputs):
+            self.notes.append(f"when: {label}'s share of true rows was taken as 1 (it is computed from other steps); "
+                              f"give when_rates={{{label!r}: SHARE}} (--when-rate {label}=SHARE)")
+            return 1.0
+        values = []
+        for request in requests:
+            if term.node is None:
+                value = request[term.tensor]
+            else:
+                step = self.pipeline.nodes[term.node].step
+                value = step(**{s.input: request[s.tensor] for s in node.inputs})[term.tensor]
+            values.append(np.asarray(value, dtype=bool).reshape(-1))
+        share = float(np.concatenate(values).mean()) if values else 1.0
+        self.notes.append(f"when: {label} is true on {share:.0%} of the sample's rows "
+                          f"({sum(v.size for v in values)} rows); --when-rate {label}=SHARE sets another share")
+        return share
 
     def _require_match(self, allow_mismatch: bool) -> None:
         """Step profiles are measured on this machine: the server profile must come from one like it."""
@@ -229,7 +295,8 @@ class Predictor:
                     raise ArgumentError(f"the configuration has no options for model {model.name!r}")
                 steps.append((node_name, StepSpec(
                     name=node_name,
-                    deps=tuple(self.plan.node(node_name).after),
+                    deps=self._deps(node_name),
+                    when=tuple(t.describe() for t in self.plan.node(node_name).when),
                     wall_us=Curve(tuple(measured.rows), tuple(measured.wall_us)),
                     cpu_us=Curve(tuple(measured.rows), tuple(measured.cpu_us)),
                     in_bytes=float(measured.in_bytes),
@@ -258,7 +325,17 @@ class Predictor:
             top_instances=configuration.top_instances,
             top_max_batch_size=self.pipeline.max_batch_size,
             gate=self.gate and configuration.form == "ensemble",
+            when_rates=self.when_rates,
         )
+
+    def _deps(self, name: str) -> tuple[str, ...]:
+        """The steps ``name`` waits for; a select (merged by the executor, no model) stands for its own."""
+        out: list[str] = []
+        for after in self.plan.node(name).after:
+            for dep in (self._deps(after) if self.plan.node(after).kind == "select" else (after,)):
+                if dep not in out:
+                    out.append(dep)
+        return tuple(out)
 
     def simulate(self, configuration: Configuration, load: Load) -> SimResult:
         from .simulator import simulate

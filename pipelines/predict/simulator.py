@@ -5,6 +5,7 @@ and since nothing sleeps or runs on a thread the same inputs always give the sam
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from itertools import chain
@@ -92,6 +93,9 @@ class _Server:
         self._dep_counts = [len(s.deps) for s in spec.steps]
         self._dependents = [[j for j, t in enumerate(spec.steps) if name in t.deps] for name in names]
         self._roots = [i for i, s in enumerate(spec.steps) if not s.deps]
+        # A `when` block's rows are drawn against its condition's share, once a request (seeded:
+        # one SimSpec and load simulate alike every time).
+        self._draws = random.Random(0)
         self._call_memo: dict[tuple[str, int], tuple[float, float]] = {}
         self._execution_memo: dict[tuple[str, int], tuple[float, float, float, float]] = {}
         for step in spec.steps:
@@ -291,30 +295,59 @@ class _Server:
             yield self.env.all_of([self.env.process(self._bls_request(w.rows)) for w in batch])
 
     def _bls_request(self, rows: int) -> Flow:
-        yield from self._dag(lambda step: self._call(step, rows))
+        drawn: dict[tuple[str, ...], int] = {}
+        yield from self._dag(lambda step: self._call_held(step, rows, drawn))
         yield self.cores.run(self._top_out)
 
     def _bls_sync_round(self, batch: Sequence[Waiting], _instance: int) -> Flow:
         for i, waiting in enumerate(batch):
             yield self.cores.run(self._top_in if i == 0 else self._top_in - self._top_fixed)
+            drawn: dict[tuple[str, ...], int] = {}
             for step in self._steps:
-                yield from self._call(step, waiting.rows)
+                yield from self._call_held(step, waiting.rows, drawn)
             yield self.cores.run(self._top_out)
+
+    def _held(self, step: StepSpec, rows: int, drawn: dict[tuple[str, ...], int]) -> int:
+        """The rows of a request on which ``step`` runs: those where every condition of its ``when``
+        blocks holds. Each block's rows are drawn once a request (``drawn``), from the rows of the
+        block around it, so the steps of one block run on the same rows."""
+        for depth in range(len(step.when)):
+            block = step.when[: depth + 1]
+            held = drawn.get(block)
+            if held is None:
+                share = self.spec.when_rates.get(block[-1], 1.0)
+                held = drawn[block] = sum(1 for _ in range(rows) if self._draws.random() < share)
+            rows = held
+        return rows
+
+    def _call_held(self, step: StepSpec, rows: int, drawn: dict[tuple[str, ...], int]) -> Flow:
+        """A BLS call of ``step`` on the rows its ``when`` blocks hold; none where none does."""
+        held = self._held(step, rows, drawn) if step.when else rows
+        if held:
+            yield from self._call(step, held)
 
     def _fused_round(self, batch: Sequence[Waiting], instance: int) -> Flow:
         yield self.cores.run(self._round_in(len(batch)))
         gil, locks = self._gils[instance], self._step_locks[instance]
         rows = sum(w.rows for w in batch)
         if len(batch) == 1 or rows <= self._join_rows:
-            yield from self._dag(lambda step: self._fused_step(step, rows, gil, locks, self._shared))
+            drawn: dict[tuple[str, ...], int] = {}
+            yield from self._dag(lambda step: self._fused_held(step, rows, drawn, gil, locks, self._shared))
             yield self.cores.run(self._top_out * len(batch))
         else:
             # Side by side: every step's instance in this fused instance takes one call at a time.
             yield self.env.all_of([self.env.process(self._fused_request(w.rows, gil, locks)) for w in batch])
 
     def _fused_request(self, rows: int, gil: simpy.Resource, locks: Mapping[str, simpy.Resource]) -> Flow:
-        yield from self._dag(lambda step: self._fused_step(step, rows, gil, locks, locks))
+        drawn: dict[tuple[str, ...], int] = {}
+        yield from self._dag(lambda step: self._fused_held(step, rows, drawn, gil, locks, locks))
         yield self.cores.run(self._top_out)
+
+    def _fused_held(self, step: StepSpec, rows: int, drawn: dict[tuple[str, ...], int], gil: simpy.Resource,
+                    locks: Mapping[str, simpy.Resource], locked: Collection[str]) -> Flow:
+        held = self._held(step, rows, drawn) if step.when else rows
+        if held:
+            yield from self._fused_step(step, held, gil, locks, locked)
 
     def _fused_step(self, step: StepSpec, rows: int, gil: simpy.Resource, locks: Mapping[str, simpy.Resource],
                     locked: Collection[str]) -> Flow:
@@ -417,6 +450,7 @@ def _check(spec: SimSpec, load: Load) -> None:
                 f"steps {first.name!r} and {step.name!r} share model {step.model_name!r} but not its options "
                 f"({_model_options(first)} against {_model_options(step)}); one model has one configuration",
                 step=step.name)
+    _check_when(spec)
     _check_costs(spec)
 
 
@@ -448,6 +482,19 @@ def _check_step(step: StepSpec, earlier: set[str]) -> None:
         raise refuse(f"preferred batch sizes {bad} are outside 1..max_batch_size ({step.max_batch_size})")
     if not 0.0 <= step.gil_share <= 1.0:
         raise refuse(f"gil_share is a share of its CPU time, 0..1; got {step.gil_share}")
+
+
+def _check_when(spec: SimSpec) -> None:
+    if spec.form == "ensemble" and any(s.when for s in spec.steps):
+        raise PipelinesError("an ensemble cannot skip a step: a SimSpec whose steps have `when` blocks "
+                             "simulates the bls, bls-sync or fused form")
+    for name, share in spec.when_rates.items():
+        if not 0.0 <= share <= 1.0:
+            raise PipelinesError(f"when_rates[{name!r}] is the share of rows where it holds, 0..1; got {share!r}")
+    unknown = sorted({c for s in spec.steps for c in s.when} - set(spec.when_rates))
+    if unknown:
+        raise PipelinesError(f"steps run under {unknown}, which when_rates does not give a share for; "
+                             "give each condition the share of rows where it holds")
 
 
 def _check_costs(spec: SimSpec) -> None:

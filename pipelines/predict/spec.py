@@ -79,6 +79,9 @@ class StepSpec:
     several nodes compiles to one model) share its instances and its queue ("" : its own name).
     ``in_tensors``/``out_tensors``: how many tensors it takes and gives; a stub and a BLS call
     pay their boundary's fixed cost for each (the profile's probes have one of each).
+    ``when``: the conditions of the ``when`` blocks it sits in, outermost first (keys of
+    :attr:`SimSpec.when_rates`); it runs on the rows where all of them hold, and not at all
+    when none does.
     """
 
     name: str
@@ -97,6 +100,7 @@ class StepSpec:
     model: str = ""
     in_tensors: int = 1
     out_tensors: int = 1
+    when: tuple[str, ...] = ()
 
     @property
     def model_name(self) -> str:
@@ -117,6 +121,8 @@ class SimSpec:
     :data:`pipelines.calibration.profile.BOUNDARIES`), each as ``(in, out)`` :class:`WayCost`.
     ``client_threads``: the load generator's threads, which pay each request's ``request`` cost
     one at a time (the benchmark's and the calibration's asyncio client has one).
+    ``when_rates``: for each condition a step's ``when`` names, the share of rows where it
+    holds (0..1); each request's rows are drawn against it, once a request for each block.
     """
 
     form: str
@@ -130,9 +136,11 @@ class SimSpec:
     top_max_batch_size: int = 0
     gate: bool = False
     client_threads: int = 1
+    when_rates: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "costs", MappingProxyType(dict(self.costs)))
+        object.__setattr__(self, "when_rates", MappingProxyType(dict(self.when_rates)))
 
 
 @dataclass(frozen=True)
