@@ -5,11 +5,11 @@ predictor's shares: counted over the sample requests, or given by name."""
 from __future__ import annotations
 
 import pytest
+from test_simulator import closed, costs, step
 
 from pipelines.errors import ArgumentError, PipelinesError
 from pipelines.predict.simulator import simulate
 from pipelines.predict.spec import SimSpec
-from test_simulator import closed, costs, step
 
 FORMS = ("bls", "bls-sync", "fused")
 
