@@ -214,6 +214,8 @@ class TritonPythonModel:
             out = self.outputs[name]
             key = (out["node"], out["tensor"])
             terms = self.branches.terms_of(key) if run.branch is not None else None
+            if terms and run.branch.count(terms) == run.branch.n and run.values[key] is not serving.SKIPPED:
+                terms = None  # the branch ran on every row: nothing to fill, the tensor goes out as it is
             if terms:  # an output of a branch: `otherwise` in the rows that did not run it
                 value = run.values[key]
                 array = value if value is serving.SKIPPED else self._array(value, out["dtype"])
@@ -252,7 +254,8 @@ class TritonPythonModel:
 
     def _gathered(self, tensor, key, node, source, branch):
         src, terms = self.branches.terms_of(key), self.branches.when[node["name"]]
-        if src == terms or self.max_batch_size == 0:
+        if src == terms or self.max_batch_size == 0 or branch.count(terms) == branch.count(src):
+            # the same rows (a block that holds on every row the tensor has): passed on as it is, no copy
             return _renamed(tensor, source["input"], source["dtype"])
         rows = branch.gather(self._array(tensor, source["dtype"]), src, terms)
         return self._tensor(source["input"], rows, source["dtype"])
