@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from . import errors
 from .errors import *  # noqa: F403 - every error class, named once: in errors.__all__
-from .forms import FormLeftOutWarning
+from .forms import FormLeftOutWarning, TimeoutNotEnforcedWarning
 from .graph import Condition, Node, Pipeline, TensorRef
 from .step import DynamicBatching, ExternalModel, ModelOptions, Step, external_model, step
 from .tensor import DATATYPES, TensorSpec
@@ -52,6 +52,7 @@ __all__ = [
     "Step",
     "TensorRef",
     "TensorSpec",
+    "TimeoutNotEnforcedWarning",
     "__version__",
     "advise",  # noqa: F405 - imported on first use (_LAZY)
     "compare",  # noqa: F405 - imported on first use (_LAZY)

@@ -26,6 +26,7 @@ __all__ = [
     "TARGETS",
     "Form",
     "FormLeftOutWarning",
+    "TimeoutNotEnforcedWarning",
     "form",
     "form_names",
     "forms_of_target",
@@ -42,6 +43,12 @@ SCHEDULERS = ("event", "concurrent", "sequential")
 class FormLeftOutWarning(UserWarning):
     """A form of several (``compile("all")``, a benchmark, a prediction) was left out, as it
     cannot express the pipeline: an ensemble cannot skip the steps of a ``when`` block."""
+
+
+class TimeoutNotEnforcedWarning(UserWarning):
+    """A step declares ``timeout=``, and a form it is compiled into cannot enforce it: Triton's
+    ensemble has no per-step timeout, so a hung step there holds its request until the client
+    gives up (the BLS and fused forms bound each call)."""
 
 
 @dataclass(frozen=True)

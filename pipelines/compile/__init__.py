@@ -12,7 +12,7 @@ from collections.abc import Callable
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import CompileError, NotCompilableError
-from ..forms import FORMS, FormLeftOutWarning, forms_of_target
+from ..forms import FORMS, FormLeftOutWarning, TimeoutNotEnforcedWarning, forms_of_target
 from ..forms import TARGETS as FORM_TARGETS
 from ..graph import Pipeline
 from ..plan import ensemble_refusal
@@ -80,6 +80,15 @@ def compile_pipeline(
             stacklevel=3,
         )
 
+    timed = [n.name for n in plan.plan.nodes
+             if getattr(pipeline.nodes[n.name].step, "options", None) and pipeline.nodes[n.name].step.options.timeout]
+    if timed and FORMS["ensemble"] in forms:
+        warnings.warn(
+            f"pipeline {pipeline.name!r}: {', '.join(map(repr, timed))} declare timeout=, which the ensemble form "
+            "cannot enforce (Triton's ensemble has no per-step timeout; bls and fused enforce it)",
+            TimeoutNotEnforcedWarning,
+            stacklevel=3,
+        )
     # The ensemble's layout adds tensors to the step models it shares with the other forms.
     layout = layout_ensemble(plan) if FORMS["ensemble"] in forms else None
     options = {"bls_instance_count": bls_instance_count, "fused_instance_count": fused_instance_count,
