@@ -492,6 +492,7 @@ class StepInstance:
         else:
             self._obj = None
             self._fn = impl
+        self.home = code_home(impl)
         hand = handing(array)
         if hand is not None:
             self._fn = _handed(self._fn, hand, self.is_async)
@@ -608,9 +609,59 @@ def read_only(value: Any) -> Any:
     return value
 
 
-def exception_reason(exc: BaseException) -> str:
-    """How a step's own exception is told: ``raised ValueError: what it said``."""
-    return f"raised {type(exc).__name__}: {exc}"
+def exception_reason(exc: BaseException, home: str | None = None, shown: str | None = None) -> str:
+    """How a step's own exception is told: ``raised ValueError: what it said (at steps.py:42)``.
+
+    The place is the last line of the traceback in the step's own file (``home``), else in
+    any file that is neither this package's nor Python's or an installed library's: the same
+    words in every form and locally, since a step's code keeps its file name wherever it runs.
+    """
+    where = raised_at(exc, home, shown)
+    return f"raised {type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
+
+
+def raised_at(exc: BaseException, home: str | None = None, shown: str | None = None) -> str | None:
+    """``file.py:line`` where a step's code raised ``exc`` (see :func:`exception_reason`), or ``None``.
+
+    ``shown`` names ``home`` where its own name says nothing: a step that travelled by value
+    has cloudpickle's ``<dynamic-code>`` for a file, and its ``step.json`` keeps the real name.
+    """
+    given = getattr(exc, "_step_location", None)  # worked out where it was raised (another process)
+    if isinstance(given, str):
+        return given
+    ours, theirs = None, None
+    tb = exc.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if home is not None and filename == home:
+            ours = f"{shown or _basename(filename)}:{tb.tb_lineno}"
+        elif _users_file(filename):
+            theirs = f"{_basename(filename)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return ours or theirs
+
+
+def code_home(impl: Any) -> str | None:
+    """The file a step's code lives in: its function's, or its class's ``execute``/``__call__``."""
+    target = impl
+    if inspect.isclass(impl):
+        target = getattr(impl, "execute", None) or getattr(impl, "__call__", None)  # noqa: B004 - the method itself
+    target = inspect.unwrap(target) if callable(target) else target
+    code = getattr(target, "__code__", None)
+    return code.co_filename if code is not None else None
+
+
+def _basename(filename: str) -> str:
+    return filename.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+_HERE = __file__.rsplit("/", 1)[0] + "/"  # this package, or the model's version folder on a server
+
+
+def _users_file(filename: str) -> bool:
+    if filename.startswith("<") or filename.startswith(_HERE):
+        return False
+    return not any(part in filename for part in ("/site-packages/", "/dist-packages/", "/lib/python3"))
 
 
 # ------------------------------------------------------------------ BF16 through DLPack

@@ -31,6 +31,7 @@ from typing import Any
 import cloudpickle
 from tritonclient.grpc import model_config_pb2 as mc
 
+from .. import serving
 from ..errors import CompileError
 from ..names import check_name
 from ..step import Step
@@ -128,6 +129,7 @@ def _python_model(plan: CompilePlan, model: BoundModel, extras: Any = None) -> C
         "device": step.options.device,
         "parameters": dict(step.options.parameters),
         **({"array": step.options.array} if step.options.array else {}),  # written only when asked: the default adds nothing
+        **({"file": _source_name(step)} if _source_name(step) else {}),  # errors name it: by-value code forgets it
     }
     if extras is not None:
         base["ensemble"] = extras.to_dict()
@@ -141,6 +143,12 @@ def _python_model(plan: CompilePlan, model: BoundModel, extras: Any = None) -> C
         files[f"1/{STEP_PLAN}"] = plan_json({**base, "impl": {"module": reference[0], "qualname": reference[1]}})
         needs = ServerNeeds((NUMPY_REQUIREMENT, *distributions_of([reference[0]])))
     return CompiledModel(model.name, config, files, pipeline=plan.name, needs=needs)
+
+
+def _source_name(step: Step) -> str | None:
+    """The name of the file a step's code lives in, as errors show it (``serving.raised_at``)."""
+    home = serving.code_home(step.impl) if step.impl is not None else None
+    return None if home is None or home.startswith("<") else home.replace("\\", "/").rsplit("/", 1)[-1]
 
 
 def _external_model(plan: CompilePlan, model: BoundModel) -> CompiledModel:

@@ -530,7 +530,8 @@ class StepModel:
 
     def _raised(self, exc: BaseException, what: str = "") -> StepError:
         """The step's own exception told as a StepError: ``raised ValueError: what it said``."""
-        return self._told(StepError, (f"{what} " if what else "") + serving.exception_reason(exc))
+        home = serving.code_home(self.step.impl) if self.step.impl is not None else None
+        return self._told(StepError, (f"{what} " if what else "") + serving.exception_reason(exc, home))
 
     def _learn(self, compute: float) -> None:
         # an exponential average follows a step that changes pace without storing a history

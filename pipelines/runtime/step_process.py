@@ -38,6 +38,7 @@ is the hand-over through shared memory, which the cost report counts as overhead
 from __future__ import annotations
 
 import atexit
+import contextlib
 import inspect
 import mmap
 import os
@@ -58,7 +59,7 @@ import numpy as np
 
 from ..errors import StepError, StubDiedError
 from ..process_exit import describe_exit
-from ..serving import WireError, as_arrays, is_coroutine_callable
+from ..serving import WireError, as_arrays, code_home, is_coroutine_callable, raised_at
 from .device import device_of
 
 __all__ = ["ISOLATIONS", "ProcessInstance", "fork_with_pipe", "is_async_impl", "isolation_supported"]
@@ -169,9 +170,14 @@ def _recv_fd(conn: Connection) -> int:
 # ------------------------------------------------------------------ the step's process
 
 
-def _portable(exc: BaseException) -> tuple:
-    """An error as it can cross to the runtime: the exception itself when it pickles back."""
+def _portable(exc: BaseException, home: str | None = None) -> tuple:
+    """An error as it can cross to the runtime: the exception itself when it pickles back,
+    with where the step raised it (a traceback does not cross)."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    where = raised_at(exc, home)
+    if where is not None:
+        with contextlib.suppress(Exception):  # an exception that takes no attributes goes without
+            exc._step_location = where
     try:
         data = pickle.dumps(exc)
         pickle.loads(data)
@@ -185,7 +191,7 @@ def _serve(conn: Connection, step: Any, config: dict[str, Any], parent: int) -> 
     try:
         instance = step.instantiate(config)
     except BaseException as exc:
-        conn.send(_portable(exc))
+        conn.send(_portable(exc, code_home(step.impl)))
         return
     conn.send(("ready",))
     inputs, outputs = _Region("pipelines-step-in"), _Region("pipelines-step-out")
@@ -214,7 +220,7 @@ def _serve(conn: Connection, step: Any, config: dict[str, Any], parent: int) -> 
             fd = outputs.ensure(nbytes)
             _write(outputs, values, out_specs)
         except BaseException as exc:
-            conn.send(_portable(exc))
+            conn.send(_portable(exc, instance.home))
             continue
         finally:
             result = values = None  # views of the input region must not outlive the call

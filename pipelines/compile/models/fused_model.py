@@ -46,8 +46,9 @@ PLAN_FILE = "fused.json"
 class _Step:
     """One step's instance in this model, and what is decided about it once."""
 
-    def __init__(self, instance, gives, device, timeout_s, renew):
+    def __init__(self, instance, gives, device, timeout_s, renew, file=None):
         self.instance = instance
+        self.file = file  # the step's source file, which by-value code no longer names
         self.gives = gives  # serving.Contract of its outputs
         self.device = device
         self.is_async = instance.is_async
@@ -138,7 +139,8 @@ class TritonPythonModel:
                 raise RuntimeError(serving.WireError("StepError", self.pipeline, reason, node_name, step["step"]).text()) from exc
 
         timeout_s = node.get("timeout_us", 0) / 1e6
-        return _Step(build(), serving.Contract(outputs, int(step["max_batch_size"])), step.get("device"), timeout_s, build)
+        return _Step(build(), serving.Contract(outputs, int(step["max_batch_size"])), step.get("device"), timeout_s, build,
+                     step.get("file"))
 
     def execute(self, requests):
         # Returning a coroutine makes the stub run it on its event loop, as for `async def execute`.
@@ -303,7 +305,7 @@ class TritonPythonModel:
         except NodeFailed:
             raise
         except Exception as exc:
-            reason = serving.exception_reason(exc)
+            reason = serving.exception_reason(exc, step.instance.home, step.file)
             raise NodeFailed(serving.WireError("StepError", self.pipeline, reason, name, node["step"])) from None
         return outputs
 

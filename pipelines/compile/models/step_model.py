@@ -31,6 +31,7 @@ class TritonPythonModel:
         version_dir, plan = serving.model_plan(args, "step.json")
         self.pipeline = plan["pipeline"]
         self.step_name = plan["step"]
+        self.step_file = plan.get("file")  # the step's source file, which by-value code no longer names
         serving.HOPS.attach(args.get("model_name", self.step_name))
         nodes = plan.get("nodes") or [self.step_name]
         # A model shared by several nodes cannot tell which one called it.
@@ -230,7 +231,9 @@ class TritonPythonModel:
         if isinstance(exc, serving.Refused):
             reason, tensor = str(exc), exc.tensor
         else:
-            reason, tensor = serving.exception_reason(exc), None
+            instance = getattr(self, "instance", None)
+            reason = serving.exception_reason(exc, instance.home if instance else None, self.step_file)
+            tensor = None
             kind = "StepError"
         return serving.WireError(kind, self.pipeline, reason, self.node, self.step_name, tensor).text()
 
