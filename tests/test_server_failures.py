@@ -511,7 +511,7 @@ def mixed_requests(n: int = 200) -> list[tuple[dict, object]]:
             x = x.copy()
             x[-1, i % 4] = value
             request = {"x": x, "k": k}
-            expected = rf"step 'guard': raised ValueError: negative value {value:g} in x \(infer on"
+            expected = rf"step 'guard': raised ValueError: negative value {value:g} in x \(at test_server_failures\.py:\d+\) \(infer on"
         elif kind == "extra":
             request = {**request, f"extra_{i}": k}
             expected = rf"got input 'extra_{i}', which is not declared"
@@ -587,9 +587,10 @@ def _wait_for(condition, timeout: float = 5.0) -> bool:
 # ------------------------------------------- failures in parallel shapes (issue 11)
 
 # How long the four client groups of the failing-branch test run together. The issue asks for
-# 60 s; the suite runs a shorter window to stay affordable, and benchmarks/failing_branch_soak.py
+# 60 s; the suite runs a shorter window to stay affordable (the hand-written ensemble of
+# docs/ensemble_branch_error dies within seconds over HTTP), and benchmarks/failing_branch_soak.py
 # runs the same load for 60 s (its figures are in the README).
-FAILING_BRANCH_WINDOW_S = 20.0
+FAILING_BRANCH_WINDOW_S = 10.0
 FAILING_BRANCH_GROUPS = [("http", 16), ("http", 64), ("grpc", 16), ("grpc", 64)]
 
 
