@@ -26,9 +26,9 @@ from time import perf_counter
 import numpy as np
 
 from pipelines import Pipeline, TensorSpec, step
-from pipelines.bench.stats import breakdown, parse_statistics
 from pipelines.tables import format_table
 from pipelines.triton import TritonServer
+from pipelines.triton.statistics import breakdown, parse_statistics
 
 BYTES = TensorSpec("UINT8", [-1])
 SIZES = (4 << 20, 12 << 20)

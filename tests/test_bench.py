@@ -37,13 +37,13 @@ from pipelines.bench import (
 )
 from pipelines.bench.command import parse_levels
 from pipelines.bench.report_tables import prediction_table
-from pipelines.bench.stats import breakdown, parse_statistics
 from pipelines.bench.verdict import compare_ratios, verdict
 from pipelines.errors import PipelinesError
 from pipelines.forms import FORMS
 from pipelines.forms import form as form_of
 from pipelines.percentiles import percentiles
 from pipelines.runtime.report import CostRecorder
+from pipelines.triton.statistics import breakdown, parse_statistics
 
 VECTOR = TensorSpec("FP32", [-1])
 
@@ -423,13 +423,14 @@ SAMPLES = [{"x": np.full((1, 8), v, np.float32)} for v in (1.0, -1.0, 2.0, 3.0)]
 LABELS = {f"{where} {form}" for where in ("local", "server") for form in FORMS}
 LEVELS = (1, 2)
 TURNS = 2  # each level measured in two turns of every configuration, pooled
+WINDOW_S = 0.2  # short windows: the figures' presence and consistency are checked, not their size
 
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     echo = io.StringIO()
-    settings = BenchSettings(concurrency=LEVELS, duration=0.4, warmup=0.2, max_trials=3, timeout=5.0, turns=TURNS)
+    settings = BenchSettings(concurrency=LEVELS, duration=WINDOW_S, warmup=0.2, max_trials=3, timeout=5.0, turns=TURNS)
     result = run_benchmark(faulty_diamond(), settings, inputs=SAMPLES, out=out, progress=False, echo=echo)
     return result, out, echo.getvalue()
 
@@ -450,7 +451,7 @@ def test_every_figure_is_present_and_sane(bench):
         assert lat.min_ms <= lat.p50_ms <= lat.p90_ms <= lat.p95_ms <= lat.p99_ms <= lat.max_ms
         assert lat.min_ms <= lat.avg_ms <= lat.max_ms
         assert lat.min_ms >= 2.0  # each request runs a 2 ms step at least
-        assert m.windows == 3 * TURNS and isinstance(m.stable, bool) and m.window_seconds >= 3 * TURNS * 0.4
+        assert m.windows == 3 * TURNS and m.window_seconds >= 3 * TURNS * WINDOW_S
         assert m.throughput == pytest.approx(lat.count / m.window_seconds)
 
 
@@ -511,7 +512,7 @@ def test_results_json_plots_table_and_verdict(bench):
     data = json.loads((out / "results.json").read_text())
     assert data["machine"]["usable_cpus"] >= 1
     assert data["versions"]["tritonserver"] and data["versions"]["tritonclient"]
-    assert data["settings"]["concurrency"] == list(LEVELS) and data["settings"]["duration"] == 0.4
+    assert data["settings"]["concurrency"] == list(LEVELS) and data["settings"]["duration"] == WINDOW_S
     assert len(data["measurements"]) == len(LABELS) * len(LEVELS)
     assert {r["concurrency"] for r in data["prediction_vs_measurement"]} == set(LEVELS)
     assert data["verdict"] == result.verdict

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from pipelines.bench.latency import LatencySummary
 from pipelines.bench.measurement import Configuration, Measurement
-from pipelines.bench.stats import LatencySummary
 from pipelines.bench.verdict import verdict
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 from pipelines.forms import FORMS
@@ -55,6 +56,7 @@ def test_committed_with_its_outputs():
     check_story(nb["cells"])
 
 
+@pytest.mark.server  # the notebook loads its forms into the bundled server and benchmarks them
 def test_the_notebook_runs_clean(tmp_path, monkeypatch):
     # The kernel is this interpreter's: its venv comes first on PATH, as in a user's activated venv.
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))

@@ -4,6 +4,8 @@ Triton server, side by side: ``run_benchmark(target, BenchSettings(...))`` or ``
 
 from __future__ import annotations
 
+from ..triton.statistics import ModelTimes
+from .latency import LatencySummary
 from .loadgen import LoadPlan, LoadResult, Window, run_load
 from .measurement import FORMS, Configuration, Measurement
 from .report_tables import render
@@ -11,7 +13,6 @@ from .results import BenchmarkResult
 from .runner import run_benchmark
 from .settings import DEFAULT_PIPELINE, BenchSettings
 from .stability import StabilityRule
-from .stats import LatencySummary, ModelTimes
 from .verdict import RatioComparison
 
 __all__ = [

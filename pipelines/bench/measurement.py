@@ -10,8 +10,9 @@ from typing import Any
 
 from ..errors import PipelinesError
 from ..forms import form_names
+from ..triton.statistics import ModelTimes
+from .latency import LatencySummary
 from .loadgen import LoadResult
-from .stats import LatencySummary, ModelTimes
 
 __all__ = ["FORMS", "Configuration", "Measurement"]
 

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, ExitStack
@@ -26,11 +27,14 @@ from typing import Any, TextIO
 
 import anyio
 
-from ..errors import PipelinesError, sole_exception
+from ..errors import NotCompilableError, PipelinesError, sole_exception
+from ..forms import FormLeftOutWarning
 from ..freed_memory import keep_freed_memory_here
 from ..graph import Pipeline
 from ..loading import load_pipeline_and_module
 from ..output_paths import output_dir
+from ..plan import ensemble_refusal, plan_of
+from ..triton.statistics import breakdown_over
 from .inputs import sample_requests
 from .loadgen import LoadResult, run_load
 from .local_target import local_target
@@ -41,7 +45,6 @@ from .report_tables import render
 from .results import BenchmarkResult, machine_info, now, package_versions
 from .server_target import ServerTarget, model_name
 from .settings import DEFAULT_PIPELINE, BenchSettings
-from .stats import breakdown_over
 from .verdict import compare_ratios, verdict
 
 __all__ = ["DEFAULT_PIPELINE", "BenchSettings", "render", "run_benchmark"]
@@ -77,6 +80,10 @@ def run_benchmark(
     if not isinstance(settings, BenchSettings):
         raise PipelinesError(f"run_benchmark takes a BenchSettings as settings; got {type(settings).__name__}")
     pipeline, module, spec = _resolve(target)
+    left_out = _ensemble_left_out(pipeline, settings)
+    if left_out:
+        settings = replace(settings, forms=tuple(f for f in settings.forms if f != "ensemble"))
+        print(left_out, file=sys.stderr, flush=True)
     # One memory behaviour for every measurement of this process, local or the server's
     # client side, as calibration had (see pipelines.freed_memory).
     keep_freed_memory_here()
@@ -92,6 +99,7 @@ def run_benchmark(
 
     def result(status: str, files: Sequence[str] = (), notes: Sequence[str] = ()) -> BenchmarkResult:
         ordered = sorted(measurements, key=_order)
+        notes = [left_out, *notes] if left_out else notes
         return BenchmarkResult(
             pipeline=spec or pipeline.name,
             settings={**settings.to_dict(), "samples": len(samples), "out": None if out is None else str(out)},
@@ -393,6 +401,17 @@ def _server(
     return lambda: server.async_client(settings.protocol)  # fails fast if the server dies
 
 
+def _ensemble_left_out(pipeline: Pipeline, settings: BenchSettings) -> str | None:
+    """Why the ensemble is not measured (a pipeline with ``when`` blocks), or None where it is."""
+    if "ensemble" not in settings.forms or not pipeline.conditional:
+        return None
+    if settings.forms == ("ensemble",):
+        raise NotCompilableError(
+            f"{ensemble_refusal(plan_of(pipeline, warn=False))}: benchmark --forms bls,fused", pipeline=pipeline.name
+        )
+    return f"ensemble left out: {ensemble_refusal(plan_of(pipeline, warn=False))}"
+
+
 def write_bench_repository(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack) -> Path:
     """Write the pipeline's three forms for the server: into ``out_dir/model_repository`` beside
     whatever else is there (only this pipeline's own models are replaced), or a temporary directory."""
@@ -403,7 +422,10 @@ def write_bench_repository(pipeline: Pipeline, out_dir: Path | None, stack: Exit
     from ..compile.repository import write_models
 
     # The bench offers no way to replace what is not its own: the refusal says so.
-    return write_models(pipeline.compile("all"), repo_dir, overwrite_hint=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FormLeftOutWarning)  # run_benchmark has said so already
+        repository = pipeline.compile("all")
+    return write_models(repository, repo_dir, overwrite_hint=None)
 
 
 def _start_server(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack, bar: Progress):

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..forms import form as _form
-from .stats import ModelCounters, parse_statistics
+from ..triton.statistics import ModelCounters, parse_statistics
 
 __all__ = ["ServerTarget", "model_name"]
 

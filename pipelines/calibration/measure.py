@@ -135,7 +135,7 @@ def measure_probes(
     it is taken off them all, so that a sample holds the server's costs only. ``clock`` is what times requests and rounds
     (seconds; a virtual one in tests, which then know each figure exactly).
     """
-    from ..bench.stats import breakdown, parse_statistics
+    from ..triton.statistics import breakdown, parse_statistics
 
     busy_us = busy_ms * 1e3
     budget = budget or Budget()

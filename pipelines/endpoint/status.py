@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from ..errors import InferenceError, InputError, PipelinesError
-from ..serving import WireError
+from ..serving import WireError, parse_error
 
 if TYPE_CHECKING:
     from .models import ServedModel
@@ -91,6 +91,10 @@ def error_text(error: BaseException, model: ServedModel | None = None) -> str:
     step = None
     if node is not None and pipeline is not None and node in pipeline.nodes:
         step = pipeline.nodes[node].step.name
-    reason = _WHERE.sub("", error.message, count=1)
-    text = WireError(type(error).__name__, error.pipeline, reason, node=node, step=step, tensor=error.tensor).text()
+    said = parse_error(error.message)
+    if said is not None and said.pipeline == error.pipeline:  # the runtime's step errors read as the wire already
+        text = error.message
+    else:
+        reason = _WHERE.sub("", error.message, count=1)
+        text = WireError(type(error).__name__, error.pipeline, reason, node=node, step=step, tensor=error.tensor).text()
     return f"in ensemble '{model.name}', {text}" if model is not None and model.mode == "ensemble" else text

@@ -1,4 +1,4 @@
-"""Latency summaries (percentiles as :mod:`pipelines.percentiles` defines them), and the per-model time breakdown read from Triton's statistics API.
+"""Triton's statistics API read into counters, and the per-model time breakdown they give.
 
 Triton's statistics are cumulative counters; a breakdown is the difference of two
 snapshots taken around a measurement, divided per request, so it covers exactly the
@@ -11,57 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-import numpy as np
-
-from ..percentiles import percentiles
-
 __all__ = [
-    "LatencySummary",
     "ModelCounters",
     "ModelTimes",
     "breakdown",
     "breakdown_over",
     "parse_statistics",
 ]
-
-PERCENTILES = (50, 90, 95, 99)
-
-
-@dataclass(frozen=True)
-class LatencySummary:
-    """Client-side latency of the successful requests of a measurement, in milliseconds.
-
-    Every figure is ``None`` when no request succeeded.
-    """
-
-    count: int
-    avg_ms: float | None
-    min_ms: float | None
-    p50_ms: float | None
-    p90_ms: float | None
-    p95_ms: float | None
-    p99_ms: float | None
-    max_ms: float | None
-
-    @classmethod
-    def of(cls, seconds: Sequence[float] | np.ndarray) -> LatencySummary:
-        values = np.sort(np.asarray(seconds, dtype=np.float64)) * 1000.0
-        if values.size == 0:
-            return cls(0, None, None, None, None, None, None, None)
-        p50, p90, p95, p99 = percentiles(values, PERCENTILES)
-        return cls(
-            count=int(values.size),
-            avg_ms=float(values.mean()),
-            min_ms=float(values[0]),
-            p50_ms=p50,
-            p90_ms=p90,
-            p95_ms=p95,
-            p99_ms=p99,
-            max_ms=float(values[-1]),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # The duration counters of inference_stats, in the order a request meets them.
