@@ -143,12 +143,14 @@ def _detector_counts(server: Any, model: str) -> tuple[int, int]:
 
 
 def compare_on_server(server: Any, *, always: Pipeline | None = None, forms: tuple[str, ...] = ("bls", "fused"),
-                      concurrency: int = 4, seconds: float = 8.0, blank_share: float = 0.5) -> list[SkipBlankComparison]:
+                      concurrency: int = 4, seconds: float = 8.0, blank_share: float = 0.5,
+                      batch: int = 1) -> list[SkipBlankComparison]:
     """Measure ``always`` (default ``unconditional``) and ``pipeline`` side by side on ``server`` (a
     :class:`~pipelines.triton.TritonServer` serving both, compiled with ``"all"``): throughput of each form at
-    ``concurrency``, one frame a request, ``blank_share`` of the frames blank, and the detector's executions."""
+    ``concurrency``, ``batch`` frames a request, ``blank_share`` of the frames blank, and the detector's
+    executions."""
     always = unconditional if always is None else always
-    requests = sample_inputs(1, blank_share=blank_share, count=8)
+    requests = sample_inputs(batch, blank_share=blank_share, count=8)
     rows = []
     for form in forms:
         figures = {}
