@@ -89,8 +89,8 @@ class ModelOptions:
     copy on one device), ``"dlpack"`` (a DLPack producer: CuPy as it is, host memory as a
     view that exports even read-only inputs, which numpy 1.26 refuses),
     or ``None`` for numpy on the CPU and CuPy on a GPU. ``timeout`` (seconds)
-    bounds one execution in the local runtime, and one call of the step in the
-    compiled BLS and fused forms (an ensemble has no per-step timeout).
+    bounds one call of the step in the compiled BLS and fused forms and in their
+    local modes (an ensemble has no per-step timeout, and neither has its mode).
     """
 
     max_batch_size: int | None = None

@@ -48,13 +48,18 @@ def hanging_pipeline(
     return p
 
 
-@pytest.mark.parametrize(("mode", "batching"), [*((m, False) for m in MODES), ("ensemble", True)])
+# The fused mode replaces a stuck instance, as the fused model does on the server; the ensemble
+# mode does so only when asked (enforce_timeouts=True): Triton's ensemble times no step out.
+REPLACING = [("fused", False), ("ensemble", False), ("ensemble", True)]
+
+
+@pytest.mark.parametrize(("mode", "batching"), REPLACING)
 def test_a_timed_out_instance_is_replaced_and_later_requests_succeed(mode, batching):
     events = {"inits": [], "finalized": [], "release": threading.Event()}
     p = hanging_pipeline(events, batching=batching)
 
     async def main():
-        async with LocalRuntime(p, mode) as rt:
+        async with LocalRuntime(p, mode, enforce_timeouts=True) as rt:
             with pytest.raises(StepTimeoutError, match=r"node 'hangs', step '[^']+': ran past its timeout of 1 s.*fresh instance"):
                 await rt.infer({"x": X})
             answers = [await rt.infer({"x": X}) for _ in range(3)]  # the fresh instance serves them
@@ -77,8 +82,9 @@ def test_a_timed_out_instance_is_replaced_and_later_requests_succeed(mode, batch
 
 @pytest.mark.parametrize(("mode", "batching"), [*((m, False) for m in MODES), ("ensemble", True)])
 def test_a_request_queued_behind_a_hung_call_fails_only_where_the_server_fails_it(mode, batching):
-    """The server's BLS calls are dropped once queued past the step's timeout; its ensemble
-    and fused models let them wait for the instance that replaces the stuck one."""
+    """The server's BLS calls are dropped once queued past the step's timeout; its fused model
+    lets them wait for the instance that replaces the stuck one (and the ensemble mode, asked to
+    time steps out, does the same)."""
     events = {"inits": [], "finalized": [], "release": threading.Event()}
     p = hanging_pipeline(events, batching=batching, renewal_s=0.5)  # the fresh one comes after the queued call's timeout
     outcome: dict[str, object] = {}
@@ -92,7 +98,7 @@ def test_a_request_queued_behind_a_hung_call_fails_only_where_the_server_fails_i
 
     async def main():
         # Two BLS instances, so the queued request makes its call at once rather than in the next round.
-        async with LocalRuntime(p, mode, bls_instance_count=2) as rt:
+        async with LocalRuntime(p, mode, bls_instance_count=2, enforce_timeouts=True) as rt:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(queued, rt)
                 with pytest.raises(StepTimeoutError, match="ran past its timeout of 1 s"):
@@ -113,11 +119,10 @@ def test_a_request_queued_behind_a_hung_call_fails_only_where_the_server_fails_i
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_batch_that_got_stuck_is_rerun_one_request_at_a_time_where_the_server_reruns_it(mode):
-    """Two requests in one batch on the instance that hangs: the ensemble and fused modes rerun
-    each alone on the fresh instance (the server's ensemble waits, its fused model reruns a failed
-    joined run one request at a time); the async BLS mode fails both, as the server's BLS calls
-    time out. The sync BLS mode runs its round's two calls one after the other, so the second
-    is no batch of the first and finds the fresh instance."""
+    """Two requests in one batch on the instance that hangs: the fused mode (and the ensemble
+    mode asked to time steps out) reruns each alone on the fresh instance, as the fused model
+    reruns a failed joined run one request at a time; the BLS modes fail both, as the server's
+    BLS calls time out while the stuck call holds its instance."""
     events = {"inits": [], "finalized": [], "release": threading.Event()}
     p = hanging_pipeline(events, batching=True, delay_us=200_000, renewal_s=0.5)
     got: list[object] = []
@@ -129,7 +134,7 @@ def test_a_batch_that_got_stuck_is_rerun_one_request_at_a_time_where_the_server_
             got.append(exc)
 
     async def main():
-        async with LocalRuntime(p, mode, bls_instance_count=2) as rt:
+        async with LocalRuntime(p, mode, bls_instance_count=2, enforce_timeouts=True) as rt:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(one, rt)
                 tg.start_soon(one, rt)
@@ -139,11 +144,9 @@ def test_a_batch_that_got_stuck_is_rerun_one_request_at_a_time_where_the_server_
     finally:
         events["release"].set()
     assert len(got) == 2
-    if mode == "bls":
+    if mode in ("bls", "bls-sync"):
         assert all(isinstance(g, StepTimeoutError) for g in got), got
-    elif mode == "bls-sync":
-        assert isinstance(got[0], StepTimeoutError), got
-        np.testing.assert_array_equal(got[1]["y"], X + 1)
+        assert len(events["inits"]) == 1  # no fresh instance: the stuck call holds the only one
     else:
         for g in got:
             assert not isinstance(g, BaseException), g
@@ -173,7 +176,7 @@ def test_a_process_with_a_hung_step_exits_at_once():
         p = Pipeline("hung", inputs={"x": V}, max_batch_size=4)
         p.output("y", p.add(hangs, x=p.input("x"))["y"])
         try:
-            p.run({"x": np.zeros((1, 2), np.float32)})
+            p.run({"x": np.zeros((1, 2), np.float32)}, mode="fused")
         except StepTimeoutError as exc:
             print("timed out:", exc.step)
         """
@@ -182,3 +185,55 @@ def test_a_process_with_a_hung_step_exits_at_once():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "timed out: hangs" in done.stdout
+
+
+@pytest.mark.parametrize("mode", ["bls", "bls-sync"])
+def test_a_bls_call_past_its_timeout_keeps_its_instance_and_the_calls_behind_it_time_out_until_it_returns(mode):
+    """As on the server: the step model runs the call the BLS model gave up on to its end."""
+    events = {"inits": [], "finalized": [], "release": threading.Event()}
+    p = hanging_pipeline(events)
+
+    async def main():
+        async with LocalRuntime(p, mode) as rt:
+            with pytest.raises(StepTimeoutError, match="ran past its timeout of 1 s"):
+                await rt.infer({"x": X})
+            with pytest.raises(StepTimeoutError, match=r"ran past its timeout of 1 s \(waiting for a free instance\)"):
+                await rt.infer({"x": X})  # the stuck call still holds the one instance
+            events["release"].set()
+            await _wait_until(lambda: rt._models["hangs"].pool.try_acquire_peek())
+            return await rt.infer({"x": X}), rt._models["hangs"].pool.renewed
+
+    try:
+        out, renewed = anyio.run(main)
+    finally:
+        events["release"].set()
+    np.testing.assert_array_equal(out["y"], X + 1)
+    assert renewed == 0 and len(events["inits"]) == 1  # the same instance serves again
+
+
+def test_the_ensemble_mode_times_no_step_out_as_triton_s_ensemble_does():
+    """A hung step holds its request, and the request queued behind it, until it returns."""
+    events = {"inits": [], "finalized": [], "release": threading.Event()}
+    p = hanging_pipeline(events)
+    got: list[object] = []
+
+    async def one(rt, delay):
+        await anyio.sleep(delay)
+        got.append(await rt.infer({"x": X}))
+
+    async def main():
+        async with LocalRuntime(p, "ensemble") as rt:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, rt, 0.0)
+                tg.start_soon(one, rt, 0.05)
+                await anyio.sleep(1.5)  # past the step's timeout of 1 s: nothing has failed
+                assert got == []
+                events["release"].set()
+
+    try:
+        anyio.run(main)
+    finally:
+        events["release"].set()
+    assert len(got) == 2 and len(events["inits"]) == 1
+    for out in got:
+        np.testing.assert_array_equal(out["y"], X + 1)

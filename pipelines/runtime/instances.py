@@ -4,19 +4,18 @@ Each node of a pipeline becomes a :class:`StepModel`, as each composing model of
 an ensemble has its own ``instance_group`` and queue in Triton. An execution runs
 inline on the event loop, on a worker thread, or awaited (async steps).
 
-A step's timeout bounds one execution. Where the server calls the step through a BLS
-call (the BLS forms, and an external model in the fused form), it bounds the wait for
-an instance as well, since Triton drops a BLS request queued past its ``timeout``;
-an ensemble's steps, and a fused model's Python steps, are not timed while they wait,
-so the requests queued behind a stuck execution are served once its instance is
-replaced, as on the server (docs/triton_ensemble.md, "Timeouts").
-
-A sync call that outlives its step's timeout cannot be stopped: it is abandoned
-and keeps its instance, which is then no longer trusted (it may hold a lock or
-half-written state). A fresh instance takes its place at once (``initialize()``
-runs again, on a thread of its own), so later requests are served; the stuck
-instance is finalized if its call ever returns. Worker threads are daemon
-threads (:mod:`pipelines.runtime.workers`), so a stuck call never keeps the
+A step's timeout does what its server form does with it. Where the server calls the step
+through a BLS call (the BLS forms, and an external model in the fused form), it bounds the
+wait for an instance and the execution together, since Triton drops a BLS request queued
+past its ``timeout``; a call past it keeps its instance (``Lease.held``) until it returns,
+as the step model runs the call its BLS model gave up on to its end. A fused model's Python
+steps bound the execution alone: a stuck call is abandoned and keeps its instance, which is
+then no longer trusted (it may hold a lock or half-written state), and a fresh instance
+takes its place at once (``initialize()`` runs again, on a thread of its own), so later
+requests are served; the stuck instance is finalized if its call ever returns. An
+ensemble's steps are not timed out at all, as Triton's ensemble times none out, unless
+the runtime is asked to (``enforce_timeouts``; then as in the fused form). Worker threads
+are daemon threads (:mod:`pipelines.runtime.workers`), so a stuck call never keeps the
 process from exiting.
 
 With ``isolation="process"`` each instance runs in a forked process of its own
@@ -78,14 +77,16 @@ async def thread_hop_cost() -> float:
 
 
 class Lease:
-    """One instance lent out by a pool; ``abandoned`` once a stuck thread holds it for good."""
+    """One instance lent out by a pool; ``abandoned`` once a stuck thread holds it for good,
+    ``held`` while a call past its timeout still runs on it (it comes back when the call returns)."""
 
-    __slots__ = ("instance", "index", "abandoned", "isolated")
+    __slots__ = ("instance", "index", "abandoned", "held", "isolated")
 
     def __init__(self, instance: StepInstance, index: int = 0, *, isolated: bool = False) -> None:
         self.instance = instance
         self.index = index  # its place in the instance group (the config's instance index)
         self.abandoned = False
+        self.held = False
         self.isolated = isolated  # in a process of its own (a ProcessInstance)
 
 
@@ -126,6 +127,10 @@ class InstancePool:
             return self._free.pop()
         return None
 
+    def try_acquire_peek(self) -> bool:
+        """Whether an instance is free now (without taking it)."""
+        return bool(self._free)
+
     async def acquire(self) -> Lease:
         lease = self.try_acquire()
         if lease is not None:
@@ -154,8 +159,9 @@ class InstancePool:
         return waiter.lease
 
     def give_back(self, lease: Lease) -> None:
-        """Return an instance, unless a stuck thread holds it (a fresh one replaces it)."""
-        if lease.abandoned:
+        """Return an instance, unless a stuck thread holds it (a fresh one replaces it, or it comes
+        back itself when the call returns)."""
+        if lease.abandoned or lease.held:
             return
         if self.closed:
             lease.instance.finalize()
@@ -260,14 +266,18 @@ class _ThreadCall:
     ended (then the loop gives it back). A lock makes those three cases exclusive.
     """
 
-    __slots__ = ("lock", "state", "lease", "pool", "threads")
+    __slots__ = ("lock", "state", "lease", "pool", "threads", "keep", "token")
 
-    def __init__(self, lease: Lease, pool: InstancePool, threads: StepThreads) -> None:
+    def __init__(self, lease: Lease, pool: InstancePool, threads: StepThreads, *, keep: bool = False) -> None:
         self.lock = threading.Lock()
         self.state = "pending"  # -> "running" -> "finished" | "abandoned"; or "pending" -> "dropped"
         self.lease = lease
         self.pool = pool
         self.threads = threads
+        # keep: a call past its timeout keeps its instance until it returns, as a Triton step model
+        # does with the call a BLS model gave up on; else a fresh instance takes its place at once.
+        self.keep = keep
+        self.token = anyio.lowlevel.current_token()
 
     def begin(self) -> bool:  # on the worker thread: may the call run?
         with self.lock:
@@ -282,9 +292,16 @@ class _ThreadCall:
             self.state = "finished"
         if not late:
             return
+        self.threads.retire()
+        if self.keep:  # the instance served the stuck call to its end: it takes requests again
+            self.lease.held = False
+            try:
+                anyio.from_thread.run_sync(self.pool.give_back, self.lease, token=self.token)
+            except Exception:  # the event loop is gone: nobody will use the instance
+                self.lease.instance.finalize()
+            return
         # A fresh instance already took this one's place: this thread leaves the pool,
         # and the stuck instance is finalized, as Triton does when it unloads a model.
-        self.threads.retire()
         try:
             self.lease.instance.finalize()
         except Exception:  # nobody is left to tell; the call's caller has had its timeout error
@@ -298,8 +315,13 @@ class _ThreadCall:
             if self.state != "running":
                 return
             self.state = "abandoned"
-            self.lease.abandoned = True
+            if self.keep:
+                self.lease.held = True
+            else:
+                self.lease.abandoned = True
         self.threads.abandoned()
+        if self.keep:
+            return
         abandon = getattr(self.lease.instance, "abandon", None)
         if abandon is not None:  # a step's process can be killed, where a thread cannot
             abandon()
@@ -322,6 +344,7 @@ class StepModel:
         in_model: int | None = None,
         timeout_covers_queue: bool = False,
         isolation: str = "thread",
+        timeout_enforced: bool = True,
     ) -> None:
         step = node.step
         # Inside a fused model (``in_model`` = its instance count) a step has one instance per
@@ -337,8 +360,13 @@ class StepModel:
         self.placement = placement
         self.batched = node.max_batch_size > 0
         self.max_batch_size = node.max_batch_size
-        self.timeout = step.options.timeout
+        # An ensemble cannot time a step out on the server: its local mode does not either,
+        # unless asked to (LocalRuntime(enforce_timeouts=True)).
+        self.timeout = step.options.timeout if timeout_enforced else None
         self.timeout_covers_queue = timeout_covers_queue  # called through BLS on the server (see above)
+        # Called through BLS, a call past its timeout goes on holding its instance, as the step
+        # model on the server runs it to its end; the requests queued behind it time out in turn.
+        self.keep_stuck = timeout_covers_queue
         self.offload = offload
         # Each instance in a process of its own, as a Triton stub (pipelines.runtime.step_process).
         self.isolated = isolation == "process"
@@ -374,7 +402,9 @@ class StepModel:
         self.pool = InstancePool(leases, renew=self._instantiate, pipeline=self.pipeline, step=self.name)
         self.is_async = leases[0].instance.is_async
         # A process's instance is waited for in a worker thread: inline, it would block the event loop.
-        self.inline_ok = not self.is_async and self.timeout is None and self.offload != "always" and not self.isolated
+        # A step that declares a timeout may hang: never on the event loop, enforced or not.
+        self.inline_ok = (not self.is_async and self.step.options.timeout is None and self.offload != "always"
+                          and not self.isolated)
         self.always_inline = self.inline_ok and self.offload == "never"
         db = self.dynamic_batching
         if db is not None and self.batched:
@@ -541,7 +571,7 @@ class StepModel:
 
     async def _in_thread(self, lease: Lease, inputs: dict[str, Any]) -> tuple[dict[str, Any], float]:
         assert self.pool is not None
-        call = _ThreadCall(lease, self.pool, self._threads)
+        call = _ThreadCall(lease, self.pool, self._threads, keep=self.keep_stuck)
         instance = lease.instance
         execute: Callable[[dict[str, Any]], dict[str, Any]] = instance.execute
         isolated = lease.isolated

@@ -184,6 +184,13 @@ class LocalRuntime:
     step's fresh arrays cost what they cost there and the same from run to run
     (see :mod:`pipelines.freed_memory`; process-wide, once; variables the user
     set win).
+    A step's ``timeout`` does what its server form does with it (docs/running_locally.md): the
+    BLS modes give up waiting for a call past it, which goes on holding its instance (the
+    requests queued behind it time out in turn); the fused mode abandons the call for a
+    fresh instance; the ensemble mode, like Triton's ensemble, does not time a step out at
+    all. ``enforce_timeouts=True`` makes the ensemble mode time steps out as the fused one
+    does, for a test that must not hang on a stuck step; it is off by default, since no
+    server does it.
     """
 
     def __init__(
@@ -201,10 +208,12 @@ class LocalRuntime:
         profile: Any = None,
         keep_freed_memory: bool = True,
         isolation: str | None = "thread",
+        enforce_timeouts: bool = False,
     ) -> None:
         if not isinstance(pipeline, Pipeline):
             raise InferenceError(f"LocalRuntime needs a Pipeline; got {type(pipeline).__name__}")
         name = pipeline.name
+        self._enforce_timeouts = bool(enforce_timeouts)
         if profile is not None:
             raise ArgumentError(f"pipeline {name!r}: profile= was given, but {NO_REPLAY}", pipeline=name)
         try:
@@ -346,6 +355,7 @@ class LocalRuntime:
                     in_model=self._fused_instances if name in self._in_process else None,
                     timeout_covers_queue=self.form.one_execute_per_instance and name not in self._in_process,
                     isolation=self._isolation_of(node),
+                    timeout_enforced=self.form.name != "ensemble" or self._enforce_timeouts,
                 )
                 owner = owners.get(id(node.step))
                 if owner is None:
