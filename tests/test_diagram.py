@@ -2,7 +2,7 @@
 
 The geometry is checked for the yolov5 example, a wider DAG and random DAGs: each label and
 title lies inside the canvas, no two labels overlap, no label overlaps a box or is crossed by
-an edge, and each box holds its text. The PNGs were also looked at (see the README).
+an edge, and each box holds its text. The PNGs were also looked at (see docs/declaring.md).
 """
 
 from __future__ import annotations

@@ -589,7 +589,7 @@ def _wait_for(condition, timeout: float = 5.0) -> bool:
 # How long the four client groups of the failing-branch test run together. The issue asks for
 # 60 s; the suite runs a shorter window to stay affordable (the hand-written ensemble of
 # docs/ensemble_branch_error dies within seconds over HTTP), and benchmarks/failing_branch_soak.py
-# runs the same load for 60 s (its figures are in the README).
+# runs the same load for 60 s (its figures are in docs/benchmarks.md).
 FAILING_BRANCH_WINDOW_S = 10.0
 FAILING_BRANCH_GROUPS = [("http", 16), ("http", 64), ("grpc", 16), ("grpc", 64)]
 

@@ -35,7 +35,7 @@ from .service import InferenceService
 
 __all__ = ["DEFAULT_MAX_INPUT_SIZE", "GRACE_PERIOD", "LocalServer", "serve_local"]
 
-#: Seconds that requests in flight get to finish once the server is told to stop (the README's promise).
+#: Seconds that requests in flight get to finish once the server is told to stop (docs/endpoint.md promises it).
 GRACE_PERIOD = 5.0
 
 
