@@ -288,7 +288,7 @@ def test_compiled_alone_the_fused_form_keeps_only_the_external_models(pipelines)
     assert repo.top_level == ("withext",)
     assert repo.names == ["withext", "withext__detector"]
     files = sorted(repo["withext"].files)
-    assert "1/fused.json" in files and "1/serving.py" in files
+    assert "1/fused.json" in files and "1/serving/__init__.py" in files
     assert [f for f in files if f.startswith("1/steps/")] == [
         "1/steps/withext__post/step.json", "1/steps/withext__post/step.pkl",
         "1/steps/withext__pre/step.json", "1/steps/withext__pre/step.pkl",

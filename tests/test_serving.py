@@ -1,4 +1,4 @@
-"""The code that runs inside Triton (``pipelines/serving.py`` and the two ``model.py`` files):
+"""The code that runs inside Triton (the ``pipelines/serving/`` package and the two ``model.py`` files):
 light to import, one error wire format written and read by the same module, BF16 by DLPack."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -86,16 +87,19 @@ def test_a_model_py_imports_neither_the_package_nor_networkx_nor_anyio(repositor
     modules = set(seen["modules"])
     assert "networkx" not in modules and "anyio" not in modules
     assert not {m for m in modules if m == "pipelines" or m.startswith("pipelines.")}, "the package was imported"
-    # Only the standard library, numpy and the model's own folder ("1": model.py, serving.py).
+    # Only the standard library, numpy and the model's own folder ("1": model.py, serving/).
     assert set(seen["new"]) - set(seen["stdlib"]) - {"numpy", "1"} == set(), seen["new"]
-    assert seen["serving"] == str(repository / model / "1" / "serving.py")  # the copy beside model.py
+    assert seen["serving"] == str(repository / model / "1" / "serving" / "__init__.py")  # the copy beside model.py
 
 
-def test_the_serving_copy_is_the_packages_module_byte_for_byte(repository):
+def test_the_serving_copy_is_the_packages_folder_byte_for_byte(repository):
     import pipelines.serving
 
-    with open(pipelines.serving.__file__, "rb") as f:
-        assert (repository / "light__plus_one" / "1" / "serving.py").read_bytes() == f.read()
+    ours = Path(pipelines.serving.__file__).parent
+    copy = repository / "light__plus_one" / "1" / "serving"
+    assert sorted(p.name for p in copy.glob("*.py")) == sorted(p.name for p in ours.glob("*.py"))
+    for module in ours.glob("*.py"):
+        assert (copy / module.name).read_bytes() == module.read_bytes(), module.name
 
 
 # ------------------------------------------------------------------ the error wire format

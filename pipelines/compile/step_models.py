@@ -61,15 +61,17 @@ def model_source(filename: str) -> bytes:
 
 
 def model_files(filename: str) -> dict[str, bytes]:
-    """A Python model's code: ``1/model.py`` and, beside it, the one module of the package it imports.
+    """A Python model's code: ``1/model.py`` and, beside it, the one package of ours it imports.
 
-    With ``pipelines/serving.py`` copied in, the model needs only the standard
-    library and numpy on the server, not the ``pipelines`` package.
+    With ``pipelines/serving/`` copied in as one folder (``1/serving/<module>.py``), the
+    model needs only the standard library and numpy on the server, not the ``pipelines``
+    package.
     """
-    return {
-        "1/model.py": model_source(filename),
-        "1/serving.py": resources.files("pipelines").joinpath("serving.py").read_bytes(),
-    }
+    files = {"1/model.py": model_source(filename)}
+    for module in sorted(resources.files("pipelines.serving").iterdir(), key=lambda entry: entry.name):
+        if module.name.endswith(".py"):
+            files[f"1/serving/{module.name}"] = module.read_bytes()
+    return files
 
 
 def plan_json(data: dict[str, Any]) -> bytes:

@@ -1,6 +1,6 @@
 """Triton Python-backend model that runs a whole pipeline in its own process (the fused form).
 
-Copied verbatim as ``<model>/1/model.py``, with ``serving.py`` beside it. It reads
+Copied verbatim as ``<model>/1/model.py``, with the ``serving/`` package beside it. It reads
 ``fused.json`` and loads each Python step from ``steps/<model>/`` in its own
 version folder (by import, or from ``step.pkl`` after the digest and Python
 checks), one instance of each step per instance of this model.

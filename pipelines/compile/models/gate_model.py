@@ -1,6 +1,6 @@
 """Triton Python-backend gate: the last step of an ensemble whose steps carry failures as data.
 
-Copied verbatim as ``<ensemble>__gate/1/model.py``, with ``serving.py`` beside it. It reads
+Copied verbatim as ``<ensemble>__gate/1/model.py``, with the ``serving/`` package beside it. It reads
 ``gate.json`` beside it. Each
 request brings the pipeline's outputs and one UINT8 ``__err__`` tensor per Python step
 (``serving.failure_tensor``). The

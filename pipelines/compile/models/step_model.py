@@ -1,6 +1,6 @@
 """Triton Python-backend adapter that serves one pipeline step.
 
-Copied verbatim as ``<model>/1/model.py``, with ``serving.py`` beside it. It
+Copied verbatim as ``<model>/1/model.py``, with the ``serving/`` package beside it. It
 reads ``step.json``, loads the step (by import, or from ``step.pkl`` by value),
 runs its lifecycle, and answers each list of requests with one batched call,
 falling back to one call per request so that a failing request cannot take its
