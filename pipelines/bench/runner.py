@@ -346,7 +346,8 @@ async def _measure(
                     loads[k].append(await run_load(target.infer, samples, turn_plan, on_boundary=boundaries[k],
                                                    progress=bar, label=label))
                     if turn == settings.turns - 1:  # kept at once: an interrupted level keeps what it finished
-                        m = _measurement(config, target, loads[k], settings.batch)
+                        m = _measurement(config, target, loads[k], settings.batch,
+                                         [cfg.model for cfg, _ in targets if cfg.model and cfg.model != config.model])
                         _finish(bar, f"{config.label} c={c}", m)
                         measurements.append(m)
             level_done(c, i == len(settings.concurrency) - 1)
@@ -357,12 +358,14 @@ def _label(config: Configuration, concurrency: int, turn: int, turns: int) -> st
     return f"{label} (turn {turn + 1}/{turns})" if turns > 1 else label
 
 
-def _measurement(config: Configuration, target: Any, loads: Sequence[LoadResult], batch: int) -> Measurement:
-    """One target's turns at one level, pooled into one measurement (the server's statistics summed)."""
+def _measurement(config: Configuration, target: Any, loads: Sequence[LoadResult], batch: int,
+                 others: Sequence[str] = ()) -> Measurement:
+    """One target's turns at one level, pooled into one measurement (the server's statistics summed;
+    ``others``: the top-level models of the other server targets, whose late requests are theirs)."""
     load = LoadResult.pooled(loads)
     if isinstance(target, ServerTarget):
         brackets = [b for one in loads if (b := one.bracket) is not None]
-        times = breakdown_over(brackets, first=[config.model] if config.model else [])
+        times = breakdown_over(brackets, first=[config.model] if config.model else [], leave_out=others)
         return Measurement.from_load(config, load, batch=batch, breakdown=tuple(times))
     return Measurement.from_load(config, load, batch=batch, local_report=target.report())
 

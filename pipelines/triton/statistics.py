@@ -161,12 +161,19 @@ def breakdown_over(
     brackets: Sequence[tuple[Mapping[tuple[str, str], ModelCounters], Mapping[tuple[str, str], ModelCounters]]],
     *,
     first: Sequence[str] = (),
+    leave_out: Sequence[str] = (),
 ) -> list[ModelTimes]:
     """Like :func:`breakdown`, over several ``(before, after)`` pairs at once: a measurement taken
-    in turns, with other models' load between them, counts only what happened inside each pair."""
+    in turns, with other models' load between them, counts only what happened inside each pair.
+    ``leave_out`` names top-level models measured in other turns: a request of theirs that was
+    still in flight when this turn began is theirs, not this one's (their helper models too,
+    ``<model>__...``)."""
     summed: dict[tuple[str, str], ModelCounters] = {}
+    others = tuple(leave_out)
     for before, after in brackets:
         for key, counters in after.items():
+            if key[0] in others or key[0].startswith(tuple(f"{m}__" for m in others)):
+                continue
             grown = counters.since(before.get(key))
             summed[key] = summed[key].plus(grown) if key in summed else grown
     return breakdown({}, summed, first=first)
