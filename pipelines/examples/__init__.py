@@ -1,2 +1,2 @@
 """Built-in example pipelines: ``yolov5`` (letterbox -> detector -> NMS -> scale_boxes),
-``basic`` (chain, diamond), ``text`` (BYTES/BOOL/INT64), ``boundaries`` and ``failing_branch`` (benchmarks)."""
+``basic`` (chain, diamond), ``text`` (BYTES/BOOL/INT64), ``failing_branch`` (benchmarks)."""

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph import Pipeline
-from ..step import step
-from ..tensor import TensorSpec
-from .basic import make_chain
+from pipelines import Pipeline, TensorSpec, step
+from pipelines.examples.basic import make_chain
 
 __all__ = ["MIB_FLOATS", "chain10", "large", "make_large", "sample_inputs"]
 
