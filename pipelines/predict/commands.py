@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import PipelinesError
@@ -29,28 +30,26 @@ def _positive(kind: type, what: str) -> Any:
     return parse
 
 
-def _cost(text: str) -> tuple[str, float]:
+def _named_number(text: str, fits: Callable[[float], bool], what: str) -> tuple[str, float]:
+    """``NAME=NUMBER`` from the command line, the number checked by ``fits``; else ``what`` it should be."""
     name, sep, value = text.partition("=")
     try:
-        us = float(value)
+        number = float(value)
     except ValueError:
-        us = -1.0
-    if not sep or not name or not us >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not STEP=MICROSECONDS (a step's cost per call, e.g. detector=2500)")
-    return name, us
+        number = float("nan")  # fits nothing
+    if not sep or not name or not fits(number):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+    return name, number
+
+
+def _cost(text: str) -> tuple[str, float]:
+    return _named_number(text, lambda us: us >= 0, "STEP=MICROSECONDS (a step's cost per call, e.g. detector=2500)")
 
 
 def _share(text: str) -> tuple[str, float]:
-    name, sep, value = text.partition("=")
-    try:
-        share = float(value)
-    except ValueError:
-        share = -1.0
-    if not sep or not name or not 0.0 <= share <= 1.0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not TENSOR=SHARE (the share of rows where a `when` condition tensor is true, 0..1, "
-            "e.g. is_blank.blank=0.3)")
-    return name, share
+    return _named_number(text, lambda share: 0.0 <= share <= 1.0,
+                         "TENSOR=SHARE (the share of rows where a `when` condition tensor is true, 0..1, "
+                         "e.g. is_blank.blank=0.3)")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

@@ -133,6 +133,18 @@ class Rows:
             return value
         return value[_index_for(value, positions)]
 
+    def merge_select(self, node: Mapping[str, Any], value_of: Callable[[Any, str], Any]) -> Any:
+        """A select node of the plan (its JSON) merged from its inputs, each read as
+        ``value_of(key, dtype)``: what every executor of a conditional plan does the same way."""
+        bound = {s["input"]: s for s in node["inputs"]}
+        sources: dict[str, tuple[Any, Any]] = {
+            "condition": ((bound["condition"]["node"], bound["condition"]["tensor"]), None)
+        }
+        for side in ("then", "otherwise"):
+            key = (bound[side]["node"], bound[side]["tensor"])
+            sources[side] = (value_of(key, bound[side]["dtype"]), self.branches.terms_of(key))
+        return self.merge(node["name"], sources)
+
     def merge(self, node: str, sources: Mapping[str, tuple[Any, frozenset]]) -> Any:
         """A select node's output: ``then``'s rows where its condition holds, ``otherwise``'s elsewhere.
 

@@ -237,15 +237,13 @@ class TritonPythonModel:
             return False
         reads = [(s["node"], s["tensor"]) for s in node["inputs"]]
         if rows:
-            bound = {s["input"]: s for s in node["inputs"]}
-            sources = {"condition": ((bound["condition"]["node"], bound["condition"]["tensor"]), None)}
-            for side in ("then", "otherwise"):
-                key = (bound[side]["node"], bound[side]["tensor"])
+            def value_of(key, dtype):
                 value = run.values[key]
-                array = value if value is serving.SKIPPED else self._array(value, bound[side]["dtype"])
-                sources[side] = (array, branches.terms_of(key))
-            merged = branch.merge(name, sources)
-            run.values[(name, "output")] = self._tensor("output", merged, bound["then"]["dtype"])
+                return value if value is serving.SKIPPED else self._array(value, dtype)
+
+            merged = branch.merge_select(node, value_of)
+            dtype = next(s["dtype"] for s in node["inputs"] if s["input"] == "then")
+            run.values[(name, "output")] = self._tensor("output", merged, dtype)
         else:  # no row to run: the step is not called
             for out in run.schedule.returns[name]:
                 run.values[(name, out)] = serving.SKIPPED

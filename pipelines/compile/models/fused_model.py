@@ -268,11 +268,7 @@ class TritonPythonModel:
             return count
         reads = [(s["node"], s["tensor"]) for s in node["inputs"]]
         if count:
-            bound = {s["input"]: (s["node"], s["tensor"]) for s in node["inputs"]}
-            sources = {"condition": (bound["condition"], None)}
-            for side in ("then", "otherwise"):
-                sources[side] = (values[bound[side]], branches.terms_of(bound[side]))
-            values[(name, "output")] = branch.merge(name, sources)
+            values[(name, "output")] = branch.merge_select(node, lambda key, _dtype: values[key])
         else:  # no row to run: the step is not called
             for out in schedule.returns[name]:
                 values[(name, out)] = serving.SKIPPED
