@@ -221,10 +221,9 @@ def test_while_stopping_new_requests_are_refused_and_the_one_in_flight_finishes(
         stopping = pool.submit(server.stop)
         time.sleep(0.3)
         assert not pending.done()
-        refused_at = time.monotonic()
         with pytest.raises(Exception):  # noqa: B017 - refused: HTTP's listener is closed; gRPC answers UNAVAILABLE
             ask(url)
-        assert time.monotonic() - refused_at < 1.0  # refused at once, not served after the one in flight
+        assert not pending.done()  # refused at once, while the one in flight still runs: not served after it
         np.testing.assert_array_equal(pending.result(timeout=30), [[2.0]])
         stopping.result(timeout=30)
     assert not server.running
