@@ -233,10 +233,11 @@ def test_while_stopping_new_requests_are_refused_and_the_one_in_flight_finishes(
 def test_a_signal_lets_requests_in_flight_finish_over_both_protocols(tmp_path, stop):
     script = tmp_path / "slow.py"
     script.write_text(
-        "import time\n"
+        "import time, uuid, pathlib\n"
         "from pipelines import Pipeline, TensorSpec, step\n"
-        "@step(inputs={'x': TensorSpec('FP32', [1])}, outputs={'y': TensorSpec('FP32', [1])})\n"
+        "@step(inputs={'x': TensorSpec('FP32', [1])}, outputs={'y': TensorSpec('FP32', [1])}, instance_count=2)\n"
         "def slow_step(x):\n"
+        "    pathlib.Path(f'started-{uuid.uuid4().hex}').touch()  # the test's barrier: this call is in flight\n"
         "    time.sleep(1.5)\n"
         "    return {'y': x + 1}\n"
         "pipeline = Pipeline('slow', inputs={'x': TensorSpec('FP32', [1])}, max_batch_size=4)\n"
@@ -258,7 +259,10 @@ def test_a_signal_lets_requests_in_flight_finish_over_both_protocols(tmp_path, s
         with ThreadPoolExecutor(2) as pool:
             over_http = pool.submit(_http_ask, http_url)
             over_grpc = pool.submit(_grpc_ask, grpc_url)
-            time.sleep(0.5)  # both inside the 1.5 s step
+            deadline = time.monotonic() + 30
+            while len(list(tmp_path.glob("started-*"))) < 2:  # both inside the 1.5 s step, one instance each
+                assert time.monotonic() < deadline, "the two requests never reached the step"
+                time.sleep(0.01)
             proc.send_signal(stop)
             np.testing.assert_array_equal(over_http.result(timeout=30), [[2.0]])
             np.testing.assert_array_equal(over_grpc.result(timeout=30), [[2.0]])
