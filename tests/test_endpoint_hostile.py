@@ -27,7 +27,7 @@ from tritonclient.utils import InferenceServerException
 
 from pipelines import Pipeline, TensorSpec, step
 from pipelines.endpoint import LocalServer
-from pipelines.endpoint.local_server import DEFAULT_MAX_INPUT_SIZE
+from pipelines.endpoint.local_endpoint import DEFAULT_MAX_INPUT_SIZE
 from pipelines.errors import ServerError
 
 VECTOR = TensorSpec("FP32", [-1])

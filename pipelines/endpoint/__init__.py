@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from .local_server import LocalServer, serve_local
+from .local_endpoint import LocalServer, serve_local
 from .status import Refusal
 
 __all__ = ["LocalServer", "Refusal", "serve_local"]

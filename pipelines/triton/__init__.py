@@ -9,7 +9,7 @@ from .async_client import AsyncTritonClient
 from .client import TritonClient
 from .installation import TritonInstallation, find_installation, find_tritonserver
 from .payloads import message_to_dict
-from .serve import serve_main
+from .foreground import serve_main
 from .server import TritonServer
 
 __all__ = [
