@@ -16,7 +16,7 @@ export NO_MKDOCS_2_WARNING := 1
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[server,dev,docs]"
+	$(BIN)/python -m pip install --quiet -e ".[server,onnx,dev,docs]"
 	touch $(STAMP)
 
 demo: $(STAMP)

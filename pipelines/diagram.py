@@ -16,7 +16,8 @@ dashed edge.
 
 ``Diagram.to_svg()`` needs nothing; ``to_png()`` draws the same geometry with
 matplotlib (its bundled DejaVu Sans Mono). Jupyter shows a pipeline through
-``Pipeline._repr_mimebundle_``, which gives both.
+``Pipeline._repr_mimebundle_``, which gives both. The same graph as Mermaid or DOT
+text, for other tools to draw, comes from ``diagram_text.py``.
 """
 
 from __future__ import annotations
