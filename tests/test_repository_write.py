@@ -297,18 +297,18 @@ def test_hostile_names_are_refused_or_written_inside_the_target(tmp_path, slot, 
 _WRITER = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {tests!r})
-    from pipelines.compile import repository_disk as disk
+    from pipelines.compile import repository_journal as journal
     from test_repository_write import scaled_pipeline
 
     kill_after = int(os.environ.get("KILL_AFTER_SWAPS", "0"))
     if kill_after:
-        real, done = disk._exchange, []
+        real, done = journal._exchange, []
         def exchange(new, dest, *, aside):
             real(new, dest, aside=aside)
             done.append(dest)
             if len(done) == kill_after:
                 os.kill(os.getpid(), signal.SIGKILL)
-        disk._exchange = exchange
+        journal._exchange = exchange
     name, scale, rounds = sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
     for _ in range(rounds):
         scaled_pipeline(name, scale).compile("both").write(sys.argv[1])
@@ -454,13 +454,13 @@ def test_sigterm_to_pipelines_compile_discards_its_staging_as_ctrl_c_does(tmp_pa
     target.mkdir()
     hand_made(target)
     before = snapshot(tmp_path)
-    real = disk._write_marker
+    real = disk.write_marker
 
     def terminated(model_dir, model, **kwargs):  # the signal arrives while the models are being staged
         real(model_dir, model, **kwargs)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(disk, "_write_marker", terminated)
+    monkeypatch.setattr(disk, "write_marker", terminated)
     assert cli_main(["compile", "pipelines.examples.basic:diamond", "--out", str(target)]) == 130
     after = snapshot(tmp_path)
     after.pop(os.path.join("models", disk.LOCK_FILE))

@@ -20,312 +20,37 @@ process from exiting.
 
 With ``isolation="process"`` each instance runs in a forked process of its own
 (:mod:`pipelines.runtime.step_process`), which a worker thread waits for.
+
+The instances and their queue are :mod:`pipelines.runtime.instance_pool`; the hand-over
+of one execution to a worker thread, :mod:`pipelines.runtime.thread_calls`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import threading
-from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from time import perf_counter
 from typing import Any
 
 import anyio
-import anyio.from_thread
-import anyio.lowlevel
-import anyio.to_thread
 
 from .. import serving
 from ..errors import PipelinesError, StepError, StepTimeoutError
 from ..graph import Node
-from ..step import DynamicBatching, StepInstance, check_outputs, instance_config
+from ..step import DynamicBatching, check_outputs, instance_config
 from .batching import DynamicBatcher
 from .device import CopyCounter, Placement
+from .instance_pool import InstancePool, Lease
 from .step_process import ProcessInstance
+from .thread_calls import ThreadCall, running_asyncio_loop, thread_hop_cost, wait_for_future
 from .workers import StepThreads
 
-__all__ = ["InstancePool", "Lease", "StepModel"]
+# InstancePool, Lease and thread_hop_cost are re-exported for their importers (batching, local).
+__all__ = ["InstancePool", "Lease", "StepModel", "thread_hop_cost"]
 
 
 #: How many executions are timed before a step may be judged cheap enough to run inline.
 _SAMPLES = 3
-_hop_cost: float | None = None
-
-
-async def thread_hop_cost() -> float:
-    """What one round trip to a worker thread costs here, in seconds (measured once per process).
-
-    It varies tenfold between machines (tens of µs to half a millisecond on a
-    busy VM), so the inline rule compares step times with this, not a constant.
-    """
-    global _hop_cost
-    if _hop_cost is None:
-
-        def nothing() -> None:
-            return None
-
-        samples = []
-        for _ in range(9):
-            t = perf_counter()
-            await anyio.to_thread.run_sync(nothing)
-            samples.append(perf_counter() - t)
-        _hop_cost = min(max(sorted(samples)[len(samples) // 2], 20e-6), 1e-3)
-    return _hop_cost
-
-
-class Lease:
-    """One instance lent out by a pool; ``abandoned`` once a stuck thread holds it for good,
-    ``held`` while a call past its timeout still runs on it (it comes back when the call returns)."""
-
-    __slots__ = ("instance", "index", "abandoned", "held", "isolated")
-
-    def __init__(self, instance: StepInstance, index: int = 0, *, isolated: bool = False) -> None:
-        self.instance = instance
-        self.index = index  # its place in the instance group (the config's instance index)
-        self.abandoned = False
-        self.held = False
-        self.isolated = isolated  # in a process of its own (a ProcessInstance)
-
-
-class _Waiter:
-    __slots__ = ("event", "lease")
-
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-        self.lease: Lease | None = None
-
-
-class InstancePool:
-    """A model's free instances and its FIFO queue of requests waiting for one.
-
-    Taking a free instance does not yield to the event loop, which keeps a
-    chain of cheap steps cheap; only a request that must wait parks on an event.
-    """
-
-    def __init__(
-        self,
-        leases: list[Lease],
-        *,
-        renew: Callable[[int], Lease] | None = None,
-        pipeline: str | None = None,
-        step: str | None = None,
-    ) -> None:
-        self._free = list(reversed(leases))
-        self._waiters: deque[_Waiter] = deque()
-        self._renew = renew  # builds a fresh instance for an index (runs initialize())
-        self._pipeline, self._step = pipeline, step
-        self._alive = len(leases)  # instances not abandoned, plus those being built
-        self.renewed = 0  # instances built in place of abandoned ones
-        self.renew_error: BaseException | None = None
-        self.closed = False
-
-    def try_acquire(self) -> Lease | None:
-        if self._free and not self._waiters:
-            return self._free.pop()
-        return None
-
-    def try_acquire_peek(self) -> bool:
-        """Whether an instance is free now (without taking it)."""
-        return bool(self._free)
-
-    async def acquire(self) -> Lease:
-        lease = self.try_acquire()
-        if lease is not None:
-            return lease
-        if self._alive == 0 and self.renew_error is not None:
-            error = self.renew_error
-            raise StepError(
-                f"pipeline {self._pipeline!r} step {self._step!r}: every instance was abandoned by a call that "
-                f"ran past the step's timeout, and initialize() failed for a fresh one: "
-                f"{type(error).__name__}: {error}",
-                pipeline=self._pipeline,
-                step=self._step,
-            ) from error
-        waiter = _Waiter()
-        self._waiters.append(waiter)
-        try:
-            await waiter.event.wait()
-        except BaseException:
-            if waiter.lease is not None:  # handed an instance just as we were cancelled: pass it on
-                self.give_back(waiter.lease)
-            else:
-                self._waiters.remove(waiter)
-            raise
-        if waiter.lease is None:  # woken because no instance is left
-            return await self.acquire()
-        return waiter.lease
-
-    def give_back(self, lease: Lease) -> None:
-        """Return an instance, unless a stuck thread holds it (a fresh one replaces it, or it comes
-        back itself when the call returns)."""
-        if lease.abandoned or lease.held:
-            return
-        if self.closed:
-            lease.instance.finalize()
-            return
-        if self._waiters:
-            waiter = self._waiters.popleft()
-            waiter.lease = lease
-            waiter.event.set()
-        else:
-            self._free.append(lease)
-
-    def replace(self, lease: Lease) -> None:
-        """On the event loop: ``lease`` was abandoned; build a fresh instance in its place.
-
-        ``initialize()`` may take seconds (weights), so it runs on a daemon thread
-        of its own; requests wait for the fresh instance as for a busy one.
-        """
-        self._alive -= 1
-        if self._renew is None or self.closed:
-            return
-        self._alive += 1
-        self._build(lease.index, self._arrived)
-
-    def _build(self, index: int, arrived: Callable[[Lease | None, BaseException | None], None]) -> None:
-        """Build an instance for ``index`` on a daemon thread of its own (``initialize()`` may take
-        seconds: weights), then hand it to ``arrived`` on the event loop."""
-        renew, token = self._renew, anyio.lowlevel.current_token()
-        assert renew is not None
-
-        def build() -> None:
-            fresh, error = None, None
-            try:
-                fresh = renew(index)
-            except BaseException as exc:  # handed to the event loop, which reports it
-                error = exc
-            try:
-                anyio.from_thread.run_sync(arrived, fresh, error, token=token)
-            except Exception:  # the event loop is gone: nobody will use the instance
-                if fresh is not None:
-                    fresh.instance.finalize()
-
-        threading.Thread(target=build, name=f"pipelines-renew-{self._step}", daemon=True).start()
-
-    def _arrived(self, fresh: Lease | None, error: BaseException | None) -> None:
-        if fresh is None:
-            self._alive -= 1
-            self.renew_error = error
-            if self._alive == 0:  # nothing will ever serve the waiters: fail them now
-                for waiter in self._waiters:
-                    waiter.event.set()
-            return
-        self.renewed += 1
-        self.give_back(fresh)
-
-    def close(self) -> list[BaseException]:
-        """Finalize the instances that are free; busy ones are finalized when they come back."""
-        self.closed = True
-        errors: list[BaseException] = []
-        for lease in self._free:
-            try:
-                lease.instance.finalize()
-            except Exception as exc:  # keep finalizing the others; the caller reports the first
-                errors.append(exc)
-        self._free.clear()
-        return errors
-
-
-async def _wait_for(future: concurrent.futures.Future) -> Any:
-    """Await a worker thread's future under any anyio backend (asyncio has run_in_executor)."""
-    done = anyio.Event()
-    token = anyio.lowlevel.current_token()
-    loop_thread = threading.get_ident()
-
-    def wake(_: concurrent.futures.Future) -> None:
-        if threading.get_ident() == loop_thread:
-            done.set()
-            return
-        try:
-            anyio.from_thread.run_sync(done.set, token=token)
-        except Exception:  # the event loop is gone: nobody waits
-            pass
-
-    future.add_done_callback(wake)
-    await done.wait()
-    return future.result()
-
-
-def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
-    """The running asyncio loop, or None under another backend (trio)."""
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-class _ThreadCall:
-    """The hand-over of one execution between a worker thread and the event loop.
-
-    The awaiting side may be cancelled before the thread starts (then the call
-    never runs and the loop keeps the instance), while it runs (then the call is
-    abandoned and the thread gives the instance back when it ends), or after it
-    ended (then the loop gives it back). A lock makes those three cases exclusive.
-    """
-
-    __slots__ = ("lock", "state", "lease", "pool", "threads", "keep", "token")
-
-    def __init__(self, lease: Lease, pool: InstancePool, threads: StepThreads, *, keep: bool = False) -> None:
-        self.lock = threading.Lock()
-        self.state = "pending"  # -> "running" -> "finished" | "abandoned"; or "pending" -> "dropped"
-        self.lease = lease
-        self.pool = pool
-        self.threads = threads
-        # keep: a call past its timeout keeps its instance until it returns, as a Triton step model
-        # does with the call a BLS model gave up on; else a fresh instance takes its place at once.
-        self.keep = keep
-        self.token = anyio.lowlevel.current_token()
-
-    def begin(self) -> bool:  # on the worker thread: may the call run?
-        with self.lock:
-            if self.state == "dropped":
-                return False
-            self.state = "running"
-            return True
-
-    def end(self) -> None:  # on the worker thread
-        with self.lock:
-            late = self.state == "abandoned"
-            self.state = "finished"
-        if not late:
-            return
-        self.threads.retire()
-        if self.keep:  # the instance served the stuck call to its end: it takes requests again
-            self.lease.held = False
-            try:
-                anyio.from_thread.run_sync(self.pool.give_back, self.lease, token=self.token)
-            except Exception:  # the event loop is gone: nobody will use the instance
-                self.lease.instance.finalize()
-            return
-        # A fresh instance already took this one's place: this thread leaves the pool,
-        # and the stuck instance is finalized, as Triton does when it unloads a model.
-        try:
-            self.lease.instance.finalize()
-        except Exception:  # nobody is left to tell; the call's caller has had its timeout error
-            pass
-
-    def cancel(self) -> None:  # on the event loop, when the awaiting side was cancelled
-        with self.lock:
-            if self.state == "pending":
-                self.state = "dropped"
-                return
-            if self.state != "running":
-                return
-            self.state = "abandoned"
-            if self.keep:
-                self.lease.held = True
-            else:
-                self.lease.abandoned = True
-        self.threads.abandoned()
-        if self.keep:
-            return
-        abandon = getattr(self.lease.instance, "abandon", None)
-        if abandon is not None:  # a step's process can be killed, where a thread cannot
-            abandon()
-        self.pool.replace(self.lease)
 
 
 class StepModel:
@@ -478,13 +203,21 @@ class StepModel:
         queue_timeout, run_timeout = (self.timeout, None) if self.timeout_covers_queue else (None, self.timeout)
         if self.batcher is not None:
             # A batch's own run is bounded by _execute_batch.
-            if queue_timeout is None:
-                return await self.batcher.submit(inputs, rows)
             try:
-                with anyio.fail_after(queue_timeout):
+                if queue_timeout is None:
                     return await self.batcher.submit(inputs, rows)
-            except TimeoutError:
-                raise self._timeout_error("waiting in its dynamic batcher or running") from None
+                try:
+                    with anyio.fail_after(queue_timeout):
+                        return await self.batcher.submit(inputs, rows)
+                except TimeoutError:
+                    raise self._timeout_error("waiting in its dynamic batcher or running") from None
+            except StepError as exc:
+                if not self.shared or exc.node == self.name:
+                    raise
+                # A shared batcher runs its owner's code, which names the owner's node; the batcher
+                # reruns a failed batch's requests alone, so this node's request is the one that failed.
+                said = serving.parse_error(exc.message)
+                raise self._told(type(exc), said.reason if said else exc.message, exc.tensor) from exc
         assert self.pool is not None
         lease = self.pool.try_acquire()
         if lease is not None and inline:
@@ -571,7 +304,7 @@ class StepModel:
 
     async def _in_thread(self, lease: Lease, inputs: dict[str, Any]) -> tuple[dict[str, Any], float]:
         assert self.pool is not None
-        call = _ThreadCall(lease, self.pool, self._threads, keep=self.keep_stuck)
+        call = ThreadCall(lease, self.pool, self._threads, keep=self.keep_stuck)
         instance = lease.instance
         execute: Callable[[dict[str, Any]], dict[str, Any]] = instance.execute
         isolated = lease.isolated
@@ -590,14 +323,14 @@ class StepModel:
                 call.end()
 
         try:
-            loop = _asyncio_loop()
+            loop = running_asyncio_loop()
             if loop is not None:
                 # The thread starts now: anyio's to_thread yields to the event loop first, and
                 # the loop may then run for a millisecond (e.g. the callers of the last batch)
                 # while the instance sits idle.
                 result = await loop.run_in_executor(self._threads, work)
             else:
-                result = await _wait_for(self._threads.submit(work))
+                result = await wait_for_future(self._threads.submit(work))
         except BaseException:
             # A sync function cannot be killed: leave it running and answer now.
             call.cancel()
@@ -619,4 +352,3 @@ def _bounded(seconds: float | None) -> AbstractContextManager[Any]:
     made and left twice for every step call, was 12 % of the event loop's time in ``chain10``'s
     ensemble at concurrency 4 (cProfile), time the requests wait for the loop."""
     return nullcontext() if seconds is None else anyio.fail_after(seconds)
-
