@@ -58,6 +58,7 @@ def _cmd_graph(args: argparse.Namespace) -> int:
 def _cmd_compile(args: argparse.Namespace) -> int:
     from .compile import repository_pipelines
     from .compile.repository import write_models
+    from .triton.stand_ins import stand_in_for
 
     p = load_pipeline(args.pipeline)
     repo = p.compile(args.target, bls_instance_count=args.bls_instance_count,
@@ -66,14 +67,21 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     with sigterm_as_interrupt():  # a killed write discards its staging directory, as on Ctrl-C
         path = write_models(repo, args.out, overwrite=args.overwrite, overwrite_hint="--overwrite")
     print(f"wrote {len(repo.models)} models of pipeline {p.name!r} to {path}:")
+    stand_ins = {name: runtime for name, model in repo.models.items() if (runtime := stand_in_for(model.config))}
     for name in sorted(repo.models):
-        print(f"  {name}")
+        print(f"  {name}" + (f"  (backend {stand_ins[name]}: on the bundled server, a Python stand-in)"
+                             if name in stand_ins else ""))
     removed = sorted(set(had) - set(repository_pipelines(path).get(p.name, [])))
     if removed:
         print(f"removed {len(removed)} models the pipeline no longer has:")
         for name in removed:
             print(f"  {name}")
     print(f"the server's Python needs: {path / 'requirements.txt'} (pip install -r)")
+    if stand_ins:
+        print(f"{', '.join(map(repr, sorted(stand_ins)))}: written for a full Triton, which runs "
+              f"{' and '.join(sorted(set(stand_ins.values())))} itself; the bundled server (pipelines serve, bench) "
+              "has only the Python backend and serves a labelled Python stand-in in its place "
+              "(pip install 'pipelines[onnx]'); measure the real one with `pipelines bench --url HOST:8000`")
     return 0
 
 

@@ -96,10 +96,11 @@ def run_benchmark(
     started = now()
     measurements: list[Measurement] = []
     versions: dict[str, str | None] = {}
+    server_notes: list[str] = []  # what the server measured is not the deployed model (a stand-in)
 
     def result(status: str, files: Sequence[str] = (), notes: Sequence[str] = ()) -> BenchmarkResult:
         ordered = sorted(measurements, key=_order)
-        notes = [left_out, *notes] if left_out else notes
+        notes = [*([left_out] if left_out else []), *server_notes, *notes]
         return BenchmarkResult(
             pipeline=spec or pipeline.name,
             settings={**settings.to_dict(), "samples": len(samples), "out": None if out is None else str(out)},
@@ -136,7 +137,7 @@ def run_benchmark(
         with ExitStack() as stack:
             connect = None
             if settings.on_server:
-                connect = _server(pipeline, settings, bar, out_dir, stack, versions)
+                connect = _server(pipeline, settings, bar, out_dir, stack, versions, server_notes)
             _run_async(_measure, pipeline, samples, settings, bar, connect, measurements, level_done)
     except BaseException as raised:
         exc = sole_exception(raised)  # a step's error, not the task group that carried it
@@ -390,8 +391,10 @@ def _server(
     out_dir: Path | None,
     stack: ExitStack,
     versions: dict[str, str | None],
+    notes: list[str],
 ) -> Callable[[], Any]:
-    """Start the embedded server (or reach the remote one); return how to make its async client."""
+    """Start the embedded server (or reach the remote one); return how to make its async client.
+    ``notes`` gets a line for each model the embedded server serves through a stand-in."""
     from ..triton import AsyncTritonClient
 
     if settings.url is not None:
@@ -400,6 +403,10 @@ def _server(
         versions["tritonserver"] = _version_at(url, settings.protocol, 10)  # one it cannot reach fails now, not last
         return lambda: AsyncTritonClient(url, settings.protocol)
     server = _start_server(pipeline, out_dir, stack, bar)
+    for stand_in in server.stand_ins.values():
+        notes.append(f"server figures measured with a STAND-IN for {stand_in.model!r}: {stand_in.label}; "
+                     "measure a full Triton with --url HOST:PORT for that model's own")
+        bar.note(notes[-1])
     versions["tritonserver"] = _server_version(server.http_url, "http")
     return lambda: server.async_client(settings.protocol)  # fails fast if the server dies
 

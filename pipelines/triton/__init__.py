@@ -7,9 +7,9 @@ from __future__ import annotations
 from .arguments import Ports, PythonBackendSettings, ServerArguments
 from .async_client import AsyncTritonClient
 from .client import TritonClient
+from .foreground import serve_main
 from .installation import TritonInstallation, find_installation, find_tritonserver
 from .payloads import message_to_dict
-from .foreground import serve_main
 from .server import TritonServer
 
 __all__ = [

@@ -60,13 +60,18 @@ def serve_main(
             print(f"  gRPC     {server.grpc_url}", file=out)
             print(f"  metrics  {server.metrics_url}", file=out)
             models = server.models()
+            stand_ins = server.stand_ins
             print(f"models ({len(models)}):", file=out)
             for model in models:
                 reason = f"  {model['reason']}" if model.get("reason") else ""
+                if model["name"] in stand_ins:
+                    reason += f"  (STAND-IN for {stand_ins[model['name']].runtime})"
                 print(
                     f"  {model['name']:<32} {model.get('version', '') or '-':<4} {model.get('state', '')}{reason}",
                     file=out,
                 )
+            for stand_in in stand_ins.values():
+                print(f"stand-in: {stand_in.model!r} is {stand_in.label}", file=out)
             print("Press Ctrl-C to stop.", file=out, flush=True)
             code = server.wait()
             print(

@@ -25,6 +25,7 @@ from .installation import TritonInstallation, backend_directory
 from .logs import ServerLog
 from .ports import health_ready, listens, taken_port
 from .python_env import PythonEnvironment
+from .stand_ins import ServedRepository
 from .stubs import server_stubs
 from .supervisor import Supervisor
 
@@ -43,6 +44,7 @@ class ServerProcess:
 
     ``lock`` is held while the process is launched, killed or replaced; ``reaped`` says that what
     the process left (its stubs, its shared memory) is gone; ``stopped``, that its owner stopped it.
+    ``stand_ins``: serve the models of a backend this server lacks through stand-ins (stand_ins.py).
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class ServerProcess:
         python_env: PythonEnvironment,
         startup_timeout: float,
         fixed_ports: tuple[int | None, int | None, int | None],
+        stand_ins: bool = True,
     ) -> None:
         self.arguments = arguments
         self.log = ServerLog(arguments.repository)  # the output of each process launched, in turn
@@ -60,6 +63,9 @@ class ServerProcess:
         self.python_env = python_env
         self.startup_timeout = startup_timeout
         self.fixed_ports = fixed_ports
+        self.stand_ins = stand_ins
+        #: The repository as the server is given it, where a model needs a stand-in (else None).
+        self.served: ServedRepository | None = None
         self.ports: Ports | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.pgid: int | None = None
@@ -107,6 +113,7 @@ class ServerProcess:
         self.supervisor = Supervisor(workdir=self.workdir, shm_prefix=self.arguments.shm_region_prefix)
         backends = backend_directory(installation, self.workdir / "backends")
         self._launch_with = (installation, backends)
+        self.served = ServedRepository.build(self.repository, self.workdir / "repository") if self.stand_ins else None
 
     def launch(self, ports: Ports, log_path: Path) -> None:
         assert self.workdir is not None and self._launch_with is not None
@@ -122,6 +129,8 @@ class ServerProcess:
         if installation.libs is not None:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(installation.libs), env.get("LD_LIBRARY_PATH")]))
         self.log.path = log_path
+        for stand_in in (self.served.stand_ins.values() if self.served is not None else ()):
+            self.log.note(f"model {stand_in.model!r} is served by a STAND-IN: {stand_in.label}")
         # A file, never a pipe that fills up and stalls the server; appended to, so that our
         # own notes (a stub reloaded) can go in the same log without overwriting its lines.
         with open(log_path, "ab") as log:
@@ -184,6 +193,8 @@ class ServerProcess:
         path to its stub in a command line that the stub splits at spaces ("Expected 9 arguments,
         found 4", and the start waits out its timeout), and the stub reads it as ASCII."""
         assert self.workdir is not None
+        if self.served is not None:  # in the work folder, whose path has neither
+            return self.served.folder
         path = str(self.repository)
         if path.isascii() and not any(c.isspace() for c in path):
             return self.repository

@@ -27,6 +27,7 @@ from .model_state import ModelState, ModelsUnavailableWarning, unload
 from .ports import choose_ports
 from .python_env import current_environment, probe_environment
 from .recovery import Recovery
+from .stand_ins import StandIn
 from .stubs import model_of_instance
 
 if TYPE_CHECKING:
@@ -83,6 +84,14 @@ class TritonServer:
     each such model with Triton's reason, and :attr:`unavailable` holds them. Requests to
     it fail; :meth:`require` fails at once for models a caller cannot do without.
     ``exit_on_error=True`` is Triton's own default: such a model fails the whole start.
+
+    ``stand_ins`` (default): this Triton has only the Python backend, so a model whose config
+    names the ``onnxruntime`` backend is served by a labelled Python stand-in that runs its ONNX
+    file with onnxruntime (``pip install 'pipelines[onnx]'``), and the rest of its pipeline can be
+    tested and measured. The repository itself is left as written for a full Triton: the server
+    is given a copy of it made of links, with each stand-in in place of its model. The start says
+    so in the log and in Python's logging; :attr:`stand_ins` lists them. ``False``: such models
+    fail to load, as on any Triton without the backend.
     """
 
     def __init__(
@@ -108,6 +117,7 @@ class TritonServer:
         installation: TritonInstallation | None = None,
         exit_on_error: bool = False,
         restart_on_crash: bool = True,
+        stand_ins: bool = True,
     ) -> None:
         # Unique per server: the python backend names its regions <prefix><uuid>.
         self.shm_prefix = f"{SHM_TAG}-{os.getpid()}-{uuid.uuid4().hex[:12]}-"
@@ -135,6 +145,7 @@ class TritonServer:
             python_env=current_environment() if python_env is None else probe_environment(python_env),
             startup_timeout=float(startup_timeout),
             fixed_ports=(http_port, grpc_port, metrics_port),
+            stand_ins=stand_ins,
         )
         self._log = self._process.log
         self._installation = installation
@@ -198,6 +209,12 @@ class TritonServer:
     def restarting(self) -> Crash | None:
         """The death the server is starting again after, while it does (see ``restart_on_crash``)."""
         return self._recovery.restarting
+
+    @property
+    def stand_ins(self) -> dict[str, StandIn]:
+        """The models served by a stand-in (see ``stand_ins``): name -> what stands in, and why."""
+        served = self._process.served
+        return dict(served.stand_ins) if served is not None else {}
 
     @property
     def workdir(self) -> Path | None:
@@ -360,6 +377,8 @@ class TritonServer:
 
     def load_model(self, name: str) -> None:
         """Load (or reload) model ``name``; needs ``model_control_mode='explicit'``."""
+        if self._process.served is not None:  # its folder as it is now: a link, or a stand-in written again
+            self._process.served.refresh(name)
         with self.client() as client:
             client.load_model(name)
         self._models.remember(name, loaded=True)
