@@ -178,8 +178,14 @@ def test_the_bootstrap_draws_whole_rounds_so_a_spell_that_moves_a_sizes_probes_a
     assert _at(costs["ensemble_step"], 4 * MIB) == pytest.approx(TRUE["ensemble_step"].us(8 * MIB))
 
 
-def test_without_noise_every_interval_is_its_figure():
+def test_without_noise_every_interval_is_its_figure_before_the_clip_at_zero():
     costs, _, _ = fit_rounds(_rounds(_synthetic(), 4), resamples=100)
+    # The synthetic gated probe takes no longer than the grown ensemble, so the gate costs less
+    # than the step and stub its gate model is already priced by: less than nothing, which the
+    # cost clips to 0 and its interval, read before that clip, says.
+    gate, smallest = costs.pop("ensemble_gate"), min(SIZES)
+    charged = 2 * _at(costs["ensemble_step"], smallest) + _at(costs["ensemble_stub"], smallest)
+    assert gate.fixed_us == 0.0 and gate.total_ci == ((-charged, -charged),) * len(gate.sizes)
     for name, cost in costs.items():
         assert cost.fixed_ci == pytest.approx((cost.fixed_us,) * 2, abs=1e-6), name
         assert cost.per_mib_ci == pytest.approx((cost.us_per_mib,) * 2, abs=1e-6), name
@@ -473,6 +479,36 @@ def test_a_profile_round_trips_through_json_with_its_intervals_and_rounds(tmp_pa
     assert fit_rounds(again.round_samples, resamples=50)[0] == costs
 
 
+def test_a_cost_the_fit_clips_to_zero_keeps_its_interval_in_the_table(tmp_path):
+    # Issue 43: 'calibrate --quick' showed the ensemble's fixed cost as exactly 0 µs, a negative
+    # estimate clipped. The ensemble costs nothing here, and the rounds' noise puts it below zero:
+    # the profile uses 0, and its interval, from draws fitted without the clip, reaches below zero.
+    def noisy(k, r):
+        factor = 1 + 0.02 * ((k * 7 + r[1] * 3 + r[2] % 11) % 5 - 2)
+        return r[3] * factor, r[4] * factor
+
+    costs, points, estimated = fit_rounds(_rounds(_synthetic(noise=0.03, seed=1), 5, noisy), resamples=100)
+    ensemble = costs["ensemble"]
+    i = ensemble.sizes.index(min(SIZES))
+    assert ensemble.in_us[i] == ensemble.out_us[i] == 0.0 and ensemble.us_per_mib == 0.0  # clipped
+    assert ensemble.total_ci[i][0] < 0 < ensemble.total_ci[i][1]
+    low, high = ensemble.fixed_ci
+    assert f"{ensemble.fixed_us:.0f}" == "0" and low < 0 < high
+    profile = Profile(costs=costs, server_version="2.51.0", protocol="http", machine={"cpu": "x", "cpu_count": 2},
+                      date="2026-01-01T00:00:00+00:00", points=points, samples=tuple(estimated), rounds=5)
+    table = profile.table()
+    row = next(line for line in table.splitlines() if line.startswith("ensemble "))
+    assert row.split()[1:3] == ["0", f"[−{-low:.0f}…+{high:.0f}]"]
+    ms_low, ms_high = (v / 1e3 for v in ensemble.total_ci[i])
+    per_size = [line for line in table.splitlines() if line.startswith("ensemble ")][1]
+    assert f"0.00 [−{-ms_low:.2f}…+{ms_high:.2f}]" in per_size
+    assert "[−low…+high]: an interval that reaches below zero, the fit's before it clips the cost at 0" in table
+    # a cost the fit did not clip keeps its interval as before; the file keeps the bounds below zero
+    assert "request " in table and "[−" not in next(line for line in table.splitlines() if line.startswith("request "))
+    again = load_profile(profile.save(tmp_path / "profile.json"))
+    assert again.costs["ensemble"].fixed_ci == (low, high) and again.table() == table
+
+
 def test_a_profile_written_before_rounds_and_intervals_still_loads(tmp_path):
     # as 'pipelines calibrate' wrote them before: no intervals, rounds or round samples, and (older
     # still) without the boundaries measured later, which their stand-ins price
@@ -539,6 +575,7 @@ def _edited(field: str, value):
     ("costs.stub.us_per_mib", float("inf"), "costs.stub.us_per_mib is inf; every cost is finite µs >= 0"),
     ("costs.stub.fixed_us", None, "costs.stub.fixed_us is null; every cost is finite µs >= 0"),
     ("costs.stub.fixed_us", "12", "costs.stub.fixed_us is '12'; every cost is finite µs >= 0"),
+    ("costs.stub.fixed_ci", [None, 1.0], "costs.stub.fixed_ci[0] is null; an interval's bounds are finite µs"),
     ("costs.request", ..., "costs.request is missing; a profile prices every boundary"),
     ("costs.bls_call", ..., "costs.bls_call is missing"),
     ("costs.stub.us_per_mib", ..., "costs.stub.us_per_mib is missing"),
@@ -558,8 +595,10 @@ def test_a_profile_with_a_cost_that_is_missing_negative_or_nan_is_refused_naming
 def test_a_cost_built_in_code_is_refused_as_well_and_a_profile_needs_every_boundary():
     with pytest.raises(PipelinesError, match=r"a cost's in_us\[1\] is NaN; every cost is finite µs >= 0"):
         Cost(0.0, 0.0, (1, 2), (1.0, float("nan")), (1.0, 2.0))
-    with pytest.raises(PipelinesError, match=r"a cost's total_ci\[0\]\[0\] is -1.0"):
-        Cost(0.0, 0.0, (1,), (1.0,), (1.0,), total_ci=((-1.0, 2.0),))
+    with pytest.raises(PipelinesError, match=r"a cost's total_ci\[0\]\[0\] is NaN; an interval's bounds are finite µs"):
+        Cost(0.0, 0.0, (1,), (1.0,), (1.0,), total_ci=((float("nan"), 2.0),))
+    # a bound may be below zero: the interval is the fit's before it clips the cost at 0 (issue 43)
+    assert Cost(0.0, 0.0, (1,), (1.0,), (1.0,), total_ci=((-1.0, 2.0),)).total_ci == ((-1.0, 2.0),)
     with pytest.raises(PipelinesError, match="fixed_ci is an interval"):
         Cost(1.0, 0.0, fixed_ci=(2.0, 1.0))
     with pytest.raises(PipelinesError, match="costs.ensemble_step is missing"):

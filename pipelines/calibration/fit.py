@@ -56,7 +56,10 @@ efficiency. Each cost's interval is a percentile bootstrap over the rounds: whol
 replacement (every probe of a round together, since a spell moves them alike), the
 medians and the solve are redone on each draw, and the interval holds the middle
 ``level`` of the draws' figures. It is seeded, so one set of rounds always gives the
-same profile.
+same profile. The draws are fitted without clipping at zero: a cost the fit clips to 0 keeps
+an interval that reaches below zero, which says that the data cannot tell it from nothing and
+how far it may be from it, where draws clipped at zero would give it an interval of about
+[0-0], as if it were known to cost nothing.
 """
 
 from __future__ import annotations
@@ -114,16 +117,24 @@ def predict_us(costs: dict[str, Cost], kind: str, steps: int, size: int) -> floa
     return total
 
 
-def _nonnegative_lstsq(a: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Weighted least squares with every coefficient >= 0 (numpy's lstsq, refitted without
-    the most negative coefficient until none is left)."""
+def _clipped(us: float, clip: bool) -> float:
+    """A cost the fit put below zero as zero, where ``clip``: a cost is a time. A bootstrap draw
+    is fitted unclipped, so that a cost's interval says how far below zero the data put it,
+    where a draw clipped at zero would make a cost that noise puts about nothing look certain
+    (issue 43: a fixed cost of exactly 0 µs, and an interval of [0-1])."""
+    return max(0.0, us) if clip else us
+
+
+def _weighted_lstsq(a: np.ndarray, y: np.ndarray, weights: np.ndarray, *, clip: bool) -> np.ndarray:
+    """Weighted least squares (numpy's lstsq); with ``clip``, every coefficient >= 0 (refitted
+    without the most negative coefficient until none is left)."""
     free = [j for j in range(a.shape[1]) if np.any(a[:, j])]
     coef = np.zeros(a.shape[1])
     while free:
         solution, *_ = np.linalg.lstsq(a[:, free] * weights[:, None], y * weights, rcond=None)
         coef[:] = 0.0
         coef[free] = solution
-        if solution.min() >= 0:
+        if not clip or solution.min() >= 0:
             break
         free.pop(int(np.argmin(solution)))  # the most negative cost is zero; fit the rest again
     return coef
@@ -145,8 +156,9 @@ def _line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
     return float(intercept), float(slope)
 
 
-def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
-    """Every boundary's (way in, way out) cost in µs at one tensor size."""
+def _at_size(rows: Sequence[Row], *, clip: bool) -> dict[str, tuple[float, float]]:
+    """Every boundary's (way in, way out) cost in µs at one tensor size (below zero where the
+    fit puts it there, unless ``clip``)."""
     latency = defaultdict(list)
     for kind, steps, _, lat, *_ in rows:
         latency[kind].append((steps, lat))
@@ -160,7 +172,7 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
         request = step - stub if step is not None else (lines["ensemble"] or (0.0, 0.0))[0]
     else:  # no statistics: the ensemble's intercept is the request, the step probe's rest the stub
         request = (lines["ensemble"] or (0.0, 0.0))[0]
-        stub = max(0.0, step - request) if step is not None else 0.0
+        stub = _clipped(step - request, clip) if step is not None else 0.0
         stub_pair = (stub / 2, stub / 2)
     # Each form's steps priced by the statistics of its own probes' steps: the ensemble's
     # stubs cost more than the ones a BLS model calls (at 4 MiB, 1.63-1.76 ms against 1.27-1.44
@@ -178,7 +190,7 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
             held = _line([(r[1], r[6]) for r in rows if r[0] == kind and r[6] is not None])
             if held is not None:
                 lines[kind] = (held[0] + request, held[1])  # less the request below: the hold's own
-    costs = {"request": max(0.0, request), "stub": stub}
+    costs = {"request": _clipped(request, clip), "stub": stub}
     for name, (kind, part) in _FROM_LINE.items():
         line = lines[kind]
         if line is None and not latency[kind] and name in STAND_INS:  # a kind not probed (older samples)
@@ -196,10 +208,10 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
         # without statistics, the BLS model's own stub is taken as one stub
         costs["bls_model"] = costs["bls_sync_model"] = stub
         costs["ensemble"] = 0.0
-    pairs = {name: (max(0.0, us) / 2, max(0.0, us) / 2) for name, us in costs.items()}
+    pairs = {name: (_clipped(us, clip) / 2, _clipped(us, clip) / 2) for name, us in costs.items()}
     # The ensemble's own cost is mostly its answer's copy out of its last step (probes.Probe.stub_models):
     # it is paid by the request's outputs, on the way out.
-    pairs["ensemble"] = (0.0, max(0.0, costs["ensemble"]))
+    pairs["ensemble"] = (0.0, _clipped(costs["ensemble"], clip))
     pairs["stub"] = stub_pair
     pairs["ensemble_gate"] = (0.0, 0.0)  # read off the gated probe across sizes: _gate_from_gated
     # What a step's stub costs in a pipeline: the grown probe's, measured warm between steps that
@@ -218,7 +230,8 @@ def _at_size(rows: Sequence[Row]) -> dict[str, tuple[float, float]]:
 _GROWN_WAYS = 2 * GROWN_STEPS + 2
 
 
-def _calls_from_grown(at: dict[int, dict[str, tuple[float, float]]], by_size: dict[int, list[Row]]) -> None:
+def _calls_from_grown(at: dict[int, dict[str, tuple[float, float]]], by_size: dict[int, list[Row]], *,
+                      clip: bool) -> None:
     """Each BLS kind's call cost at each size above the smallest, where its grown probe gave
     its BLS model's hold and its step models' (``model_us``, ``steps_us``), read off that probe.
 
@@ -240,11 +253,12 @@ def _calls_from_grown(at: dict[int, dict[str, tuple[float, float]]], by_size: di
             if size == smallest or not grown:
                 continue
             calls = median(r[6] - r[7] for r in grown) - own_small
-            way = max(0.0, (calls - 2 * small_way) / _GROWN_WAYS)
+            way = _clipped((calls - 2 * small_way) / _GROWN_WAYS, clip)
             at[size][call] = (way, way)
 
 
-def _gate_from_gated(at: dict[int, dict[str, tuple[float, float]]], by_size: dict[int, list[Row]]) -> None:
+def _gate_from_gated(at: dict[int, dict[str, tuple[float, float]]], by_size: dict[int, list[Row]], *,
+                     clip: bool) -> None:
     """What a gated ensemble pays beyond an ungated one, at each size where both grown probes
     were measured: the gated probe's latency less the grown ensemble's, less what the profile
     already prices its gate model by (a step and a stub, passing a few bytes: the smallest size's).
@@ -260,7 +274,7 @@ def _gate_from_gated(at: dict[int, dict[str, tuple[float, float]]], by_size: dic
         gated = [r[3] for r in rows if r[0] == GATED_ROW]
         plain = [r[3] for r in rows if r[0] == GROWN_ROW + "ensemble"]
         if gated and plain:
-            extra = max(0.0, median(gated) - median(plain) - charged)
+            extra = _clipped(median(gated) - median(plain) - charged, clip)
             at[size]["ensemble_gate"] = (extra / 2, extra / 2)
 
 
@@ -271,14 +285,15 @@ def _stub_pair(rows: Sequence[Row]) -> tuple[float, float]:
     return min(stub_in, stub), max(0.0, stub - stub_in)  # at least the way in, where noise put the total below it
 
 
-def _summary_line(sizes: Sequence[int], totals: Sequence[float]) -> tuple[float, float]:
-    """Fixed µs and µs per MiB of the straight line through (in + out bytes, µs), relative errors."""
+def _summary_line(sizes: Sequence[int], totals: Sequence[float], *, clip: bool) -> tuple[float, float]:
+    """Fixed µs and µs per MiB of the straight line through (in + out bytes, µs), relative errors
+    (neither below zero, where ``clip``)."""
     x = np.array([2 * s / MIB for s in sizes])
     y = np.array(totals, float)
     if len(x) == 1:
         return float(y[0]), 0.0
     weights = 1.0 / np.maximum(y, max(1.0, 1e-3 * float(y.max())))
-    fixed, per_mib = _nonnegative_lstsq(np.stack([np.ones_like(x), x], 1), y, weights)
+    fixed, per_mib = _weighted_lstsq(np.stack([np.ones_like(x), x], 1), y, weights, clip=clip)
     return float(fixed), float(per_mib)
 
 
@@ -292,33 +307,54 @@ def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...
     step models held theirs.
     Returns the costs and the points to plot: each boundary's cost at each size.
     """
-    if not samples:
-        raise ArgumentError("no samples to fit: give at least one (kind, steps, size, latency_us) row per size")
-    rows = [(str(r[0]), int(r[1]), int(r[2]), float(r[3]), *(tuple(r[4:8]) + (None,) * 4)[:4]) for r in samples]
-    if not all(r[3] > 0 for r in rows):
-        raise ArgumentError("every latency must be positive (microseconds > 0); a sample of 0 or less was given")
-    by_size: dict[int, list[Row]] = defaultdict(list)
-    for r in rows:
-        by_size[r[2]].append(r)
-    sizes = sorted(by_size)
-    at = {s: _at_size(by_size[s]) for s in sizes}
-    _calls_from_grown(at, by_size)
-    _gate_from_gated(at, by_size)
+    rows = _checked(samples)
+    sizes, figures = _fit(rows, clip=True)
     costs: dict[str, Cost] = {}
     points: list[Point] = []
-    for name in _NAMES:
-        ins = tuple(at[s][name][0] for s in sizes)
-        outs = tuple(at[s][name][1] for s in sizes)
+    for name, (fixed, per_mib, ins, outs) in figures.items():
         totals = [i + o for i, o in zip(ins, outs, strict=True)]
         points += [Point(name, 2 * s, t, "fitted at this size") for s, t in zip(sizes, totals, strict=True)]
-        fixed, per_mib = _summary_line(sizes, totals)  # one line for all: the figures are medians already
-        costs[name] = Cost(fixed, per_mib, tuple(sizes), ins, outs)
+        costs[name] = Cost(fixed, per_mib, sizes, ins, outs)
     for kind, steps, size, _, stub_us, *_ in rows:
         if stub_us is not None and stub_us > 0:
             grown = kind.startswith(GROWN_ROW)
             name = _STUB_OF.get(kind.removeprefix(GROWN_ROW), "stub")
             points.append(Point(name, 2 * size, float(stub_us), kind if grown else f"{kind} x{steps}"))
     return costs, tuple(points)
+
+
+def _checked(samples: Sequence[Row]) -> list[Row]:
+    """The samples as fit rows, every figure there (None where not measured), every latency > 0."""
+    if not samples:
+        raise ArgumentError("no samples to fit: give at least one (kind, steps, size, latency_us) row per size")
+    rows = [(str(r[0]), int(r[1]), int(r[2]), float(r[3]), *(tuple(r[4:8]) + (None,) * 4)[:4]) for r in samples]
+    if not all(r[3] > 0 for r in rows):
+        raise ArgumentError("every latency must be positive (microseconds > 0); a sample of 0 or less was given")
+    return rows
+
+
+Figures = tuple[float, float, tuple[float, ...], tuple[float, ...]]  # fixed µs, µs per MiB, in µs and out µs by size
+
+
+def _fit(rows: Sequence[Row], *, clip: bool) -> tuple[tuple[int, ...], dict[str, Figures]]:
+    """The sizes, and every boundary's figures at them: each size fitted on its own, then the
+    line through them. Without ``clip``, a figure the fit puts below zero stays there (and the
+    figures read off it use it as it is): what a bootstrap draw's interval is read from."""
+    by_size: dict[int, list[Row]] = defaultdict(list)
+    for r in rows:
+        by_size[r[2]].append(r)
+    sizes = tuple(sorted(by_size))
+    at = {s: _at_size(by_size[s], clip=clip) for s in sizes}
+    _calls_from_grown(at, by_size, clip=clip)
+    _gate_from_gated(at, by_size, clip=clip)
+    figures = {}
+    for name in _NAMES:
+        ins = tuple(at[s][name][0] for s in sizes)
+        outs = tuple(at[s][name][1] for s in sizes)
+        totals = [i + o for i, o in zip(ins, outs, strict=True)]
+        # one line for all: the figures are medians already
+        figures[name] = (*_summary_line(sizes, totals, clip=clip), ins, outs)
+    return sizes, figures
 
 
 #: A probe's figures in one round: (kind, steps, size, round, latency_us, stub_us, stub_in_us,
@@ -401,12 +437,13 @@ def fit_rounds(rows: Sequence[RoundRow], *, resamples: int = 1000, level: float 
     lines = np.empty((resamples, len(names), 2))
     ways = np.empty((resamples, len(names), 3, len(costs[names[0]].sizes)))  # in, out, in + out by size
     for b in range(resamples):
-        fitted, _ = fit_costs(_rows_of(probes, drawn[:, b, :]))
+        # Unclipped: a cost's interval reaches below zero where the data do (see _clipped).
+        _, fitted = _fit(_checked(_rows_of(probes, drawn[:, b, :])), clip=False)
         for j, name in enumerate(names):
-            c = fitted[name]
-            lines[b, j] = c.fixed_us, c.us_per_mib
-            ways[b, j, 0], ways[b, j, 1] = c.in_us, c.out_us
-            ways[b, j, 2] = np.add(c.in_us, c.out_us)
+            fixed, per_mib, ins, outs = fitted[name]
+            lines[b, j] = fixed, per_mib
+            ways[b, j, 0], ways[b, j, 1] = ins, outs
+            ways[b, j, 2] = np.add(ins, outs)
     tails = [(1 - level) / 2, 1 - (1 - level) / 2]
     line_ci = np.quantile(lines, tails, axis=0)  # [2, boundary, 2]
     way_ci = np.quantile(ways, tails, axis=0)  # [2, boundary, 3, size]

@@ -9,7 +9,6 @@ import json
 import math
 import os
 import warnings
-from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,9 +19,11 @@ import numpy as np
 
 from ..errors import PipelinesError, ProfileMismatchError
 from ..output_paths import replace_text
+from .cost import MIB, Cost, cost_from_json
 
 __all__ = [
     "BOUNDARIES",
+    "MIB",
     "STAND_INS",
     "Cost",
     "Point",
@@ -55,100 +56,10 @@ BOUNDARIES = {
 STAND_INS = {"ensemble": None, "bls_model": "stub", "bls_sync_call": "bls_call", "bls_sync_model": "bls_model",
              "ensemble_stub": "stub", "bls_stub": "stub", "bls_sync_stub": "bls_stub", "ensemble_gate": None}
 _FORMAT = 1
-MIB = float(1 << 20)
 
 
 class ProfileMismatchWarning(UserWarning):
     """A profile is used to predict a server other than the one it was measured on."""
-
-
-@dataclass(frozen=True)
-class Cost:
-    """``fixed_us`` per crossing plus ``us_per_mib`` for each MiB that crosses (in + out): the
-    straight line through the boundary's measured costs, for the table and the plot.
-
-    ``sizes`` are the tensor sizes the boundary was measured at, and ``in_us`` and
-    ``out_us`` its cost at each of them on the way in and on the way out. Where they
-    are given, they price a crossing (:meth:`way_us`), linear between two sizes: a
-    server's cost per byte is not one number from 1 KiB to 32 MiB (HTTP bodies and
-    fresh outputs cost more per byte the larger they are), and the way in and the
-    way out differ (a step's fresh output costs its stub more than its input).
-
-    The ``*_ci`` fields are confidence intervals, ``(low, high)`` µs, of those figures (a
-    bootstrap over the calibration's rounds, :func:`pipelines.calibration.fit.fit_rounds`):
-    ``fixed_ci`` and ``per_mib_ci`` of the line, and per size ``in_ci``, ``out_ci`` and
-    ``total_ci`` (in + out). Empty, or ``None``, where a profile has none (older ones).
-    """
-
-    fixed_us: float
-    us_per_mib: float
-    sizes: tuple[int, ...] = ()
-    in_us: tuple[float, ...] = ()
-    out_us: tuple[float, ...] = ()
-    fixed_ci: tuple[float, float] | None = None
-    per_mib_ci: tuple[float, float] | None = None
-    in_ci: tuple[tuple[float, float], ...] = ()
-    out_ci: tuple[tuple[float, float], ...] = ()
-    total_ci: tuple[tuple[float, float], ...] = ()
-
-    def __post_init__(self) -> None:
-        if not len(self.sizes) == len(self.in_us) == len(self.out_us):
-            raise PipelinesError(f"a cost's curve needs one in and one out figure per size; got {len(self.sizes)} "
-                                 f"sizes, {len(self.in_us)} in and {len(self.out_us)} out")
-        if list(self.sizes) != sorted(set(self.sizes)):
-            raise PipelinesError(f"a cost's sizes must increase; got {list(self.sizes)}")
-        for name in ("in_ci", "out_ci", "total_ci"):
-            given = getattr(self, name)
-            if given and len(given) != len(self.sizes):
-                raise PipelinesError(f"a cost's {name} needs one interval per size; got {len(given)} for "
-                                     f"{len(self.sizes)} sizes")
-        for field, value in self.figures():
-            if not _is_time(value):  # a time spent: never negative, never NaN
-                raise PipelinesError(f"a cost's {field} is {_said(value)}; every cost is finite µs >= 0")
-        for name in ("fixed_ci", "per_mib_ci"):
-            low_high = getattr(self, name)
-            if low_high is not None and not low_high[0] <= low_high[1]:
-                raise PipelinesError(f"a cost's {name} is an interval (low <= high); got {list(low_high)}")
-        for name in ("in_ci", "out_ci", "total_ci"):
-            for i, (low, high) in enumerate(getattr(self, name)):
-                if not low <= high:
-                    raise PipelinesError(f"a cost's {name}[{i}] is an interval (low <= high); got {[low, high]}")
-
-    def figures(self) -> list[tuple[str, Any]]:
-        """Every time this cost holds, named as its JSON field is (``in_us[2]``, ``fixed_ci[1]``)."""
-        found: list[tuple[str, Any]] = [("fixed_us", self.fixed_us), ("us_per_mib", self.us_per_mib)]
-        for name in ("in_us", "out_us"):
-            found += [(f"{name}[{i}]", v) for i, v in enumerate(getattr(self, name))]
-        for name in ("fixed_ci", "per_mib_ci"):
-            found += [(f"{name}[{i}]", v) for i, v in enumerate(getattr(self, name) or ())]
-        for name in ("in_ci", "out_ci", "total_ci"):
-            found += [(f"{name}[{i}][{j}]", v) for i, pair in enumerate(getattr(self, name)) for j, v in enumerate(pair)]
-        return found
-
-    def us(self, nbytes: float) -> float:
-        """The line's cost of ``nbytes`` crossing in all (in + out)."""
-        return self.fixed_us + self.us_per_mib * nbytes / MIB
-
-    def way_us(self, nbytes: float, *, leaving: bool) -> float:
-        """What ``nbytes`` cost on the way in (or out, ``leaving``): the measured curve where there is
-        one (linear between sizes, the last slope past the largest), else half the line's fixed
-        cost plus its cost per byte."""
-        if not self.sizes:
-            return self.fixed_us / 2 + self.us_per_mib * nbytes / MIB
-        ys = self.out_us if leaving else self.in_us
-        xs = self.sizes
-        # As numpy.interp does (the first figure below the smallest size), but in plain Python:
-        # a prediction prices every boundary of every request this way, and numpy.interp's
-        # conversions of a handful of numbers took 20 µs a call (docs/server_profiles.md).
-        i = bisect_left(xs, nbytes)
-        if i < len(xs) and xs[i] == nbytes:
-            return float(ys[i])
-        if i == 0 or len(xs) == 1:
-            return float(ys[0])
-        if i < len(xs):
-            return float(ys[i - 1] + (ys[i] - ys[i - 1]) * (nbytes - xs[i - 1]) / (xs[i] - xs[i - 1]))
-        slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
-        return ys[-1] + slope * (nbytes - xs[-1])
 
 
 @dataclass(frozen=True)
@@ -290,7 +201,7 @@ class Profile:
                     raise PipelinesError(f"costs.{name} is missing; a profile prices every boundary "
                                          f"({', '.join(BOUNDARIES)}): run 'pipelines calibrate' for a whole one")
             return cls(
-                costs={name: _cost(name, c) for name, c in costs.items()},
+                costs={name: cost_from_json(name, c) for name, c in costs.items()},
                 server_version=data.get("server_version"),
                 protocol=str(data["protocol"]),
                 machine=dict(data.get("machine") or {}),
@@ -416,63 +327,6 @@ def _as_json_data(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_as_json_data(v) for v in value]
     return value
-
-
-def _is_time(value: Any) -> bool:
-    """A number of microseconds a boundary can cost: finite, never negative (NaN is neither)."""
-    return (isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
-            and math.isfinite(value) and value >= 0)
-
-
-def _said(value: Any) -> str:
-    """A figure as a message names it: NaN, null, -5.0, 'abc'."""
-    if isinstance(value, float) and math.isnan(value):
-        return "NaN"
-    return "null" if value is None else repr(value)
-
-
-def _cost(name: str, data: Any) -> Cost:
-    """Boundary ``name``'s cost from its JSON object, each figure checked and named as its field
-    (``costs.bls_call.in_us[2]``) when it is missing or no time."""
-    where = f"costs.{name}"
-    if not isinstance(data, Mapping):
-        raise PipelinesError(f"{where} is {_said(data)}, not an object of figures (fixed_us, us_per_mib, ...)")
-
-    def times(key: str, value: Any, depth: int) -> Any:
-        """``value`` checked as a time (``depth`` 0), a list of them (1) or a list of pairs (2)."""
-        if depth == 0:
-            if not _is_time(value):
-                raise PipelinesError(f"{where}.{key} is {_said(value)}; every cost is finite µs >= 0")
-            return float(value)
-        if not isinstance(value, (list, tuple)):
-            raise PipelinesError(f"{where}.{key} is {_said(value)}, not a list")
-        return tuple(times(f"{key}[{i}]", v, depth - 1) for i, v in enumerate(value))
-
-    for key in ("fixed_us", "us_per_mib"):
-        if key not in data:
-            raise PipelinesError(f"{where}.{key} is missing; every cost has fixed_us and us_per_mib")
-    sizes = data.get("sizes", ())
-    if not isinstance(sizes, (list, tuple)) or not all(isinstance(n, int) and n >= 1 for n in sizes):
-        raise PipelinesError(f"{where}.sizes is {_said(sizes)}; sizes are whole numbers of bytes >= 1")
-    fixed_ci, per_mib_ci = data.get("fixed_ci"), data.get("per_mib_ci")
-    try:
-        return Cost(
-            times("fixed_us", data["fixed_us"], 0),
-            times("us_per_mib", data["us_per_mib"], 0),
-            tuple(sizes),
-            times("in_us", data.get("in_us", ()), 1),
-            times("out_us", data.get("out_us", ()), 1),
-            fixed_ci=None if fixed_ci is None else times("fixed_ci", fixed_ci, 1),
-            per_mib_ci=None if per_mib_ci is None else times("per_mib_ci", per_mib_ci, 1),
-            in_ci=times("in_ci", data.get("in_ci", ()), 2),
-            out_ci=times("out_ci", data.get("out_ci", ()), 2),
-            total_ci=times("total_ci", data.get("total_ci", ()), 2),
-        )
-    except PipelinesError as exc:
-        if exc.message.startswith(where):
-            raise
-        said = exc.message.removeprefix("a cost's ")
-        raise PipelinesError(f"{where}: {said}") from None
 
 
 def with_stand_ins(costs: Mapping[str, Cost]) -> dict[str, Cost]:

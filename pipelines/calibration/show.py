@@ -54,6 +54,9 @@ def profile_table(profile: Profile) -> str:
             per_size.append((name, *cells))
         lines += ("\n\neach size, in + out, ms\n"
                   + format_table(("boundary", *(size_label(n) for n in sizes)), per_size))
+    if _SIGNED_TO in lines:
+        head += (f"[−low{_SIGNED_TO}+high]: an interval that reaches below zero, the fit's before it clips the cost "
+                 "at 0 (no cost is less); the cost is at most its high bound, or 0 where that is below zero too\n")
     return head + lines + "\n"
 
 
@@ -66,8 +69,26 @@ def _ms(v: float) -> str:
 
 
 def _with(value: float, ci: tuple[float, float] | None, show) -> str:
-    """``value``, and its interval after it where there is one: ``346 [295-383]``."""
-    return show(value) if ci is None else f"{show(value)} [{show(ci[0])}-{show(ci[1])}]"
+    """``value``, and its interval after it where there is one: ``346 [295-383]``; signed where it
+    reaches below zero (the fit's before it clips a cost at 0): ``0 [−40…+35]``."""
+    if ci is None:
+        return show(value)
+    if not any(_below_zero(bound, show) for bound in ci):
+        return f"{show(value)} [{show(max(0.0, ci[0]))}-{show(max(0.0, ci[1]))}]"
+    return f"{show(value)} [{_signed(ci[0], show)}{_SIGNED_TO}{_signed(ci[1], show)}]"
+
+
+#: Between the bounds of an interval that reaches below zero (a hyphen would read as a minus).
+_SIGNED_TO = "…"
+
+
+def _below_zero(v: float, show) -> bool:
+    """Whether ``v`` shows as a figure below zero (-0.3 µs shows as 0)."""
+    return v < 0 and show(-v).strip("0.") != ""
+
+
+def _signed(v: float, show) -> str:
+    return ("−" if _below_zero(v, show) else "+") + show(abs(v))
 
 
 def plot_profile(profile: Profile, path: str | os.PathLike[str] | None = None) -> Any:
@@ -98,7 +119,8 @@ def plot_profile(profile: Profile, path: str | os.PathLike[str] | None = None) -
             y = np.array([(i + o) / 1e3 for i, o in zip(cost.in_us, cost.out_us, strict=True)])
             ax.plot(x, y, "C2.--", label="per size")
             if cost.total_ci:
-                low, high = (np.array([c[k] for c in cost.total_ci]) / 1e3 for k in (0, 1))
+                # a log axis shows nothing at or below zero: an interval that reaches there is drawn to the axis
+                low, high = (np.maximum(0.0, [c[k] for c in cost.total_ci]) / 1e3 for k in (0, 1))
                 ax.fill_between(x, low, high, color="C2", alpha=0.2, label=f"{profile.ci_level:.0%} interval")
         ax.set_xscale("log")
         if any(p.cost_us > 0 for p in points) or cost.fixed_us > 0 or cost.us_per_mib > 0:

@@ -13,22 +13,15 @@ from itertools import chain
 import numpy as np
 import simpy
 
-from ..errors import ArgumentError, PipelinesError
+from ..errors import PipelinesError
 from .batcher import Execute, ModelScheduler, Waiting
 from .clients import Meter, Snapshot, closed_loop, open_loop, run_measured
 from .processor_sharing import Cores
+from .simulation_checks import CALL, FORMS, STUB, TOP, check
 from .spec import Load, SimResult, SimSpec, StepSpec
 
 __all__ = ["FORMS", "simulate"]
 
-#: The forms a :class:`SimSpec` may take.
-FORMS = ("ensemble", "bls", "bls-sync", "fused")
-
-# By form: the boundaries of a call to a step model, of a step model's stub, and of the
-# top-level model's own stub (None: the form has none).
-_CALL = {"ensemble": None, "bls": "bls_call", "bls-sync": "bls_sync_call", "fused": "bls_call"}
-_STUB = {"ensemble": "ensemble_stub", "bls": "bls_stub", "bls-sync": "bls_sync_stub", "fused": None}
-_TOP = {"ensemble": None, "bls": "bls_model", "bls-sync": "bls_sync_model", "fused": "bls_model"}
 _IN, _OUT = 0, 1
 
 Flow = Generator[simpy.Event, object, None]
@@ -36,7 +29,7 @@ Flow = Generator[simpy.Event, object, None]
 
 def simulate(spec: SimSpec, load: Load) -> SimResult:
     """Latency percentiles, throughput and each model's utilisation of ``spec`` under ``load``."""
-    _check(spec, load)
+    check(spec, load)
     env = simpy.Environment()
     server = _Server(env, spec)
     meter = Meter(env, warmup=load.warmup, requests=load.requests, snapshot=server.snapshot)
@@ -130,7 +123,7 @@ class _Server:
         self.request = self._top_request
         self._enter = self._price("request", _IN, in_bytes)
         self._leave = self._price("request", _OUT, out_bytes)
-        top = _TOP[form]
+        top = TOP[form]
         self._top_fixed = self._price(top, _IN, 0)
         self._top_in = self._price(top, _IN, in_bytes)
         self._top_out = self._price(top, _OUT, out_bytes)
@@ -220,7 +213,7 @@ class _Server:
         key = (step.name, rows)
         costs = self._execution_memo.get(key)
         if costs is None or any(w.what is not step for w in batch):
-            stub = None if step.external else _STUB[self.spec.form]
+            stub = None if step.external else STUB[self.spec.form]
             in_bytes = sum(w.rows * w.what.in_bytes for w in batch)
             out_bytes = sum(w.rows * w.what.out_bytes for w in batch)
             span, cap = _compute(step, rows)
@@ -243,7 +236,7 @@ class _Server:
         """A BLS call of a step's model: the call's way in, the model, its way out."""
         ways = self._call_memo.get((step.name, rows))
         if ways is None:
-            call = _CALL[self.spec.form]
+            call = CALL[self.spec.form]
             ways = self._call_memo[step.name, rows] = (
                 self._tensors(call, _IN, rows * step.in_bytes, step.in_tensors),
                 self._tensors(call, _OUT, rows * step.out_bytes, step.out_tensors))
@@ -423,96 +416,3 @@ def _result(spec: SimSpec, server: _Server, meter: Meter) -> SimResult:
     return SimResult(p50_us=p50, p95_us=p95, p99_us=p99, mean_us=float(latencies.mean()),
                      throughput=meter.answers / span * 1e6, utilisation=utilisation,
                      cpu_utilisation=cpu, bottleneck=bottleneck)
-
-
-def _check(spec: SimSpec, load: Load) -> None:
-    """Refuses what the simulation could not run, or would run to no end."""
-    if spec.form not in FORMS:
-        raise ArgumentError(f"no form {spec.form!r} to simulate; the forms are {', '.join(FORMS)}")
-    if not spec.cores >= 1:
-        raise PipelinesError(f"a server has at least one core; got cores={spec.cores!r}")
-    if spec.rows < 1:
-        raise PipelinesError(f"a request has at least one row; got rows={spec.rows!r}")
-    if spec.top_instances < 1 or spec.top_max_batch_size < 0:
-        raise PipelinesError(f"the {spec.form} model needs top_instances >= 1 and top_max_batch_size >= 0; "
-                             f"got {spec.top_instances} and {spec.top_max_batch_size}")
-    if load.requests < 1 or load.warmup < 0:
-        raise PipelinesError(f"a load measures at least one request after warmup >= 0 more; "
-                             f"got requests={load.requests}, warmup={load.warmup}")
-    seen: set[str] = set()
-    models: dict[str, StepSpec] = {}
-    for step in spec.steps:
-        _check_step(step, seen)
-        seen.add(step.name)
-        first = models.setdefault(step.model_name, step)
-        if _model_options(first) != _model_options(step):
-            raise PipelinesError(
-                f"steps {first.name!r} and {step.name!r} share model {step.model_name!r} but not its options "
-                f"({_model_options(first)} against {_model_options(step)}); one model has one configuration",
-                step=step.name)
-    _check_when(spec)
-    _check_costs(spec)
-
-
-def _model_options(step: StepSpec) -> tuple[object, ...]:
-    """What a model's steps must agree on: (external, instances, max batch size, dynamic
-    batching, preferred batch sizes, queue delay)."""
-    return (step.external, step.instances, step.max_batch_size, step.dynamic_batching,
-            tuple(step.preferred_batch_sizes), step.max_queue_delay_us)
-
-
-def _check_step(step: StepSpec, earlier: set[str]) -> None:
-    def refuse(what: str) -> PipelinesError:
-        return PipelinesError(f"step {step.name!r}: {what}", step=step.name)
-
-    if step.name in earlier:
-        raise refuse("two steps have this name; each step of a SimSpec is named once")
-    later = [d for d in step.deps if d not in earlier]
-    if later:
-        raise refuse(f"it takes from {later}, which are not among the steps before it; list SimSpec.steps "
-                     "in a topological order")
-    if step.instances < 1:
-        raise refuse(f"instances is {step.instances}; a model has at least one instance")
-    if step.max_batch_size < 0 or step.max_queue_delay_us < 0:
-        raise refuse("max_batch_size and max_queue_delay_us are >= 0")
-    if step.dynamic_batching and step.max_batch_size == 0:
-        raise refuse("dynamic batching needs max_batch_size > 0; Triton refuses the configuration")
-    bad = [p for p in step.preferred_batch_sizes if not 1 <= p <= step.max_batch_size]
-    if bad:
-        raise refuse(f"preferred batch sizes {bad} are outside 1..max_batch_size ({step.max_batch_size})")
-    if not 0.0 <= step.gil_share <= 1.0:
-        raise refuse(f"gil_share is a share of its CPU time, 0..1; got {step.gil_share}")
-
-
-def _check_when(spec: SimSpec) -> None:
-    if spec.form == "ensemble" and any(s.when for s in spec.steps):
-        raise PipelinesError("an ensemble cannot skip a step: a SimSpec whose steps have `when` blocks "
-                             "simulates the bls, bls-sync or fused form")
-    for name, share in spec.when_rates.items():
-        if not 0.0 <= share <= 1.0:
-            raise PipelinesError(f"when_rates[{name!r}] is the share of rows where it holds, 0..1; got {share!r}")
-    unknown = sorted({c for s in spec.steps for c in s.when} - set(spec.when_rates))
-    if unknown:
-        raise PipelinesError(f"steps run under {unknown}, which when_rates does not give a share for; "
-                             "give each condition the share of rows where it holds")
-
-
-def _check_costs(spec: SimSpec) -> None:
-    form = spec.form
-    python = any(not s.external for s in spec.steps)
-    needed = ["request"]
-    if form == "ensemble":
-        needed += ["ensemble", "ensemble_step"]
-        needed += ["ensemble_stub"] if python or spec.gate else []
-        needed += ["ensemble_gate"] if spec.gate else []
-    else:
-        needed.append(_TOP[form])
-        if any(form != "fused" or s.external for s in spec.steps):
-            needed.append(_CALL[form])
-        if form != "fused" and python:
-            needed.append(_STUB[form])
-    missing = [name for name in needed if name not in spec.costs]
-    if missing:
-        raise PipelinesError(
-            f"the {form} form pays {', '.join(missing)}, which the costs lack (they have "
-            f"{', '.join(sorted(spec.costs)) or 'none'}); build the SimSpec from a full server profile")

@@ -1,0 +1,102 @@
+"""The step profile cache: a JSON file of step profiles keyed by each step's code, what it is
+handed, its batch sizes and device, any cost given, and this machine; a step found there is not
+run again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import PipelinesError
+from ..output_paths import output_file, replace_text
+from ..tensor import TensorSpec
+from .gil_share import usable_cores
+from .step_profile import StepProfile
+
+__all__ = ["CACHE_FORMAT", "StepCache", "cache_key"]
+
+#: Version of the cache file; a cache of another format is not read (and is replaced).
+CACHE_FORMAT = 1
+
+
+class StepCache:
+    """The profiles file: ``{"format": 1, "profiles": {key: profile}}``; written whole, through
+    a temporary file (:func:`~pipelines.output_paths.replace_text`), keeping the entries of other
+    pipelines and steps that share it."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = output_file(path, "the step profile cache")
+        self.entries = self._read(warn=True)
+        self.added: dict[str, dict[str, Any]] = {}
+
+    def _read(self, *, warn: bool) -> dict[str, Any]:
+        if not self.path.exists():
+            return {}
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            if data.get("format") != CACHE_FORMAT or not isinstance(data.get("profiles"), dict):
+                raise PipelinesError(f"format {data.get('format')!r}, not {CACHE_FORMAT}")
+        except (OSError, ValueError, AttributeError, PipelinesError) as exc:
+            if warn:
+                warnings.warn(
+                    f"step profile cache {str(self.path)!r} cannot be read ({exc}); its steps are profiled again "
+                    "and the file is replaced",
+                    stacklevel=2,
+                )
+            return {}
+        return data["profiles"]
+
+    def get(self, key: str) -> StepProfile | None:
+        entry = self.entries.get(key)
+        if entry is None:
+            return None
+        try:
+            return StepProfile.from_json(entry)
+        except PipelinesError:  # a damaged entry is measured again
+            return None
+
+    def put(self, key: str, profile: StepProfile) -> None:
+        self.entries[key] = self.added[key] = profile.to_json()
+
+    def write(self) -> None:
+        if not self.added:
+            return
+        entries = self._read(warn=False)  # what another run may have added meanwhile
+        entries.update(self.added)
+        replace_text(self.path, json.dumps({"format": CACHE_FORMAT, "profiles": entries}, indent=1, sort_keys=True))
+        self.added = {}
+
+
+def cache_key(
+    digest: str,
+    inputs: Mapping[str, TensorSpec],
+    returns: Sequence[str],
+    sizes: Sequence[int],
+    device: str,
+    given: tuple[tuple[int, ...], tuple[float, ...]] | None,
+) -> str:
+    """The step's code, what it is handed (dtype and dims of a row), what it hands on, the batch
+    sizes, its device, any cost given, and this machine's Python, numpy and cores."""
+    key = {
+        "format": CACHE_FORMAT,
+        "digest": digest,
+        "inputs": {n: s.to_dict() for n, s in inputs.items()},
+        "returns": list(returns),
+        "rows": list(sizes),
+        "device": device,
+        "given": None if given is None else [list(given[0]), list(given[1])],
+        "environment": _environment(),
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _environment() -> list[Any]:
+    return [platform.python_version(), np.__version__, platform.machine(), usable_cores()]

@@ -1,0 +1,115 @@
+"""A step profile: what one live step costs by batch rows, measured (or given), as the simulator
+reads it (:class:`~pipelines.predict.spec.StepSpec`'s curves) and as the step profile cache keeps
+it (JSON). Measured by :func:`pipelines.predict.step_profiles.profile_steps`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, fields
+from types import MappingProxyType
+from typing import Any
+
+from ..errors import ArgumentError, PipelinesError
+from ..tensor import TensorSpec
+from .spec import Curve
+
+__all__ = ["StepProfile"]
+
+_SOURCES = ("measured", "stand_in", "given")
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """One live step, measured (or given): what one execution costs by batch rows.
+
+    ``name`` is the node's name in the pipeline, ``step`` the step's own. ``digest``: its
+    code (:func:`~pipelines.predict.code_digest.code_digest`). ``inputs``/``outputs``: the
+    dtype and dims of one row of each input it was handed and each output it hands on (the
+    whole tensor where the pipeline does not batch). ``rows``: the batch sizes measured;
+    ``wall_us``/``cpu_us``: the median µs of one execution at each. ``gil_share`` (0..1): the
+    part of its CPU time that holds the GIL. ``in_bytes``/``out_bytes``: what its inputs and
+    the outputs it hands on weigh per row. ``source``: ``"measured"``, ``"stand_in"`` (an
+    external model's Python stand-in was timed) or ``"given"`` (``costs=``).
+    """
+
+    name: str
+    step: str
+    digest: str
+    inputs: Mapping[str, TensorSpec]
+    outputs: Mapping[str, TensorSpec]
+    device: str
+    rows: tuple[int, ...]
+    wall_us: tuple[float, ...]
+    cpu_us: tuple[float, ...]
+    gil_share: float
+    in_bytes: float
+    out_bytes: float
+    external: bool = False
+    source: str = "measured"
+
+    def __post_init__(self) -> None:
+        def refuse(what: str) -> ArgumentError:
+            return ArgumentError(f"step profile {self.name!r}: {what}", step=self.name)
+
+        rows = tuple(int(r) for r in self.rows)
+        if not rows or any(r < 1 for r in rows) or list(rows) != sorted(set(rows)):
+            raise refuse(f"rows must be increasing batch sizes >= 1; got {list(self.rows)}")
+        for field_name in ("wall_us", "cpu_us"):
+            values = tuple(float(v) for v in getattr(self, field_name))
+            if len(values) != len(rows):
+                raise refuse(f"{field_name} has {len(values)} figures for {len(rows)} rows {list(rows)}")
+            if not all(math.isfinite(v) and v >= 0 for v in values):
+                raise refuse(f"{field_name} must be finite µs >= 0; got {list(values)}")
+            object.__setattr__(self, field_name, values)
+        for field_name in ("in_bytes", "out_bytes", "gil_share"):
+            value = float(getattr(self, field_name))
+            if not math.isfinite(value) or value < 0 or (field_name == "gil_share" and value > 1):
+                bound = "between 0 and 1" if field_name == "gil_share" else "finite and >= 0"
+                raise refuse(f"{field_name} must be {bound}; got {getattr(self, field_name)!r}")
+            object.__setattr__(self, field_name, value)
+        if self.device not in ("cpu", "gpu"):
+            raise refuse(f"device must be 'cpu' or 'gpu'; got {self.device!r}")
+        if self.source not in _SOURCES:
+            raise refuse(f"source must be one of {list(_SOURCES)}; got {self.source!r}")
+        object.__setattr__(self, "rows", rows)
+        object.__setattr__(self, "external", bool(self.external))
+        object.__setattr__(self, "inputs", MappingProxyType(dict(self.inputs)))
+        object.__setattr__(self, "outputs", MappingProxyType(dict(self.outputs)))
+
+    def wall_curve(self) -> Curve:
+        """Wall µs of one execution by batch rows, for :attr:`StepSpec.wall_us`."""
+        return Curve(self.rows, self.wall_us)
+
+    def cpu_curve(self) -> Curve:
+        """CPU µs of one execution by batch rows, for :attr:`StepSpec.cpu_us`."""
+        return Curve(self.rows, self.cpu_us)
+
+    def to_json(self) -> dict[str, Any]:
+        """The profile as JSON-ready data; :meth:`from_json` reads it back equal."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data.update({k: {n: spec.to_dict() for n, spec in data[k].items()} for k in ("inputs", "outputs")})
+        data.update({k: list(data[k]) for k in ("rows", "wall_us", "cpu_us")})
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | str | bytes) -> StepProfile:
+        """A profile written by :meth:`to_json` (as data or JSON text); a missing field, a
+        negative or NaN cost is an :class:`~pipelines.errors.ArgumentError` naming it."""
+        if isinstance(data, (str, bytes)):
+            data = json.loads(data)
+        if not isinstance(data, Mapping):
+            raise ArgumentError(f"a step profile is a JSON object; got {type(data).__name__}")
+        name = data.get("name", "?")
+        missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]
+        if missing:
+            raise ArgumentError(f"step profile {name!r} has no {missing[0]!r}; profile the step again", step=name)
+        try:
+            specs = {k: {n: TensorSpec.from_dict(d) for n, d in dict(data[k]).items()} for k in ("inputs", "outputs")}
+            return cls(**{**{f.name: data[f.name] for f in fields(cls) if f.name in data}, **specs})
+        except PipelinesError:
+            raise
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ArgumentError(f"step profile {name!r} is malformed ({type(exc).__name__}: {exc})", step=name) from None
