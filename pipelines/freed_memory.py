@@ -28,8 +28,9 @@ import ctypes
 import os
 import platform
 import threading
+from typing import Any
 
-__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "VARIABLES", "keep_freed_memory_here", "one_heap_here"]
+__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "VARIABLES", "glibc_function", "keep_freed_memory_here", "one_heap_here"]
 
 MMAP_THRESHOLD = 32 << 20
 TRIM_THRESHOLD = 64 << 20
@@ -77,16 +78,21 @@ def one_heap_here() -> bool:
     return mallopt is not None and bool(mallopt(_M_ARENA_MAX, 1))
 
 
-def _mallopt():
+def glibc_function(name: str, argtypes: tuple, restype: type) -> Any:
+    """glibc's function ``name`` through ctypes, or None where the C library is not glibc."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
     try:
-        mallopt = ctypes.CDLL(None).mallopt
+        function = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    return mallopt
+    function.argtypes = argtypes
+    function.restype = restype
+    return function
+
+
+def _mallopt():
+    return glibc_function("mallopt", (ctypes.c_int, ctypes.c_int), ctypes.c_int)
 
 
 def _set_thresholds() -> bool:

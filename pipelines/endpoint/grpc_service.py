@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import platform
 from time import perf_counter_ns
 from typing import Any
 
@@ -17,6 +16,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from ..freed_memory import glibc_function
 from .classification import grpc_class_count
 from .service import InferenceService, Timing, batch_rows
 from .status import INVALID, Refusal, error_text, status_of
@@ -37,19 +37,7 @@ GRPC_OPTIONS = [
 TRIM_AFTER = 32 << 20
 
 
-def _malloc_trim() -> Any:
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-    trim.argtypes = (ctypes.c_size_t,)
-    trim.restype = ctypes.c_int
-    return trim
-
-
-_TRIM = _malloc_trim()
+_TRIM = glibc_function("malloc_trim", (ctypes.c_size_t,), ctypes.c_int)
 
 
 def _trim_soon() -> None:
