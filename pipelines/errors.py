@@ -36,9 +36,9 @@ message that says what is wrong, what was expected, and the fix::
     └── NotFoundError               a lookup by name found nothing: a model of a repository, a step
                                     or figure of a report, a measurement (also a KeyError)
 
-The only ``RuntimeError`` left is raised inside a Triton stub by ``serving/lifecycle.py`` (a model
-whose files are broken); the client sees it as the server's error response, an
-:class:`InferenceError`.
+The only ``RuntimeError`` left is raised inside a Triton stub by ``serving/lifecycle.py`` and
+``serving/sources.py`` (a model whose files are broken); the client sees it as the server's error
+response, an :class:`InferenceError`.
 """
 
 from __future__ import annotations

@@ -85,6 +85,9 @@ def _import(spec: str, module_name: str) -> ModuleType:
         mod_spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(mod_spec)
         sys.modules[path.stem] = module  # so its steps pickle by reference to this module while it runs
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:  # its modules beside it import as under `python file.py`, and travel with it
+            sys.path.insert(0, folder)
         try:
             mod_spec.loader.exec_module(module)
         except BaseException as exc:

@@ -36,6 +36,7 @@ ALLOWED = {
     # In a Triton stub (no pipelines package there): a model whose files are broken. The
     # client sees the server's error response, translated into an InferenceError.
     "serving/lifecycle.py": "in-server only",
+    "serving/sources.py": "in-server only",
     # In the fused model's stub: the error text is a serving.WireError the client decodes.
     "compile/models/fused_model.py": "in-server only",
     # Steps of the examples: user code that raises on purpose, to show a failing step.

@@ -1,5 +1,8 @@
 """What a server's Python needs to run a repository's models, and the ``requirements.txt`` that says it.
 
+Only a step exported by value (``step.pkl``) pins the Python minor version and needs cloudpickle;
+a step that travels as its source file or by reference needs neither.
+
 Each model records its needs in its ownership marker when it is written; the
 repository's ``requirements.txt`` is then rebuilt from the markers of every
 model in it, so it stays right as pipelines are written and removed. Lines a
@@ -27,6 +30,7 @@ __all__ = [
     "is_installed_module",
     "python_version",
     "render_requirements",
+    "top_level_distribution",
 ]
 
 #: The numpy line of the compiling Python: numpy 1 serves every datatype; under numpy 2, Triton 2.51's
@@ -120,15 +124,13 @@ def distributions_of(module_names: Iterable[str], *, exact: bool = True) -> tupl
 
     ``exact`` pins ``dist==version``: for a step referenced by module, whose code is not in the
     repository, the version it was compiled against. Otherwise ``dist~=version``: a package a
-    step exported by value refers to by name, whose API it uses.
+    step exported by value refers to by name, or a step's source file imports, whose API it uses.
     """
     found = set()
     for name in module_names:
         top = (name or "").partition(".")[0]
         if not top or top in getattr(sys, "stdlib_module_names", ()) or top in sys.builtin_module_names:
             continue
-        if top == "cloudpickle":
-            continue  # its own machinery in every by-value pickle; required with its own range
         module = sys.modules.get(top)
         if module is not None and not is_installed_module(module):
             continue
@@ -140,6 +142,14 @@ def distributions_of(module_names: Iterable[str], *, exact: bool = True) -> tupl
             except importlib.metadata.PackageNotFoundError:
                 continue
     return tuple(sorted(found, key=str.lower))
+
+
+def top_level_distribution(name: str) -> str | None:
+    """The installed distribution that provides the top-level module ``name`` (not ours), if one does."""
+    for dist in _packages().get(name, ()):
+        if dist.lower().replace("_", "-") != _OWN_DISTRIBUTION:
+            return dist
+    return None
 
 
 def _pin(dist: str, version: str, *, exact: bool) -> str:

@@ -2,33 +2,35 @@
 generic adapter ``models/step_model.py``; an external step becomes a config for
 its backend or platform with its model file in ``1/``.
 
-The adapter finds the step from the repository itself. A step whose code lives
-in an installed distribution (or the standard library) is referenced by
-``module:qualname`` in ``1/step.json``, and that distribution goes into the
-repository's ``requirements.txt``. Anything else (a script's ``__main__``, a
-notebook, a test file, a module beside the script even if it is named like a
-standard-library one, a function in a local scope, and ``pipelines``' own
-steps, since a server need not have ``pipelines``) is exported by value with
-cloudpickle into ``1/step.pkl``, so the repository serves after that source is
-gone. ``step.json`` then records the file's sha256 and the Python that wrote it,
-and the adapter refuses a file that does not match either.
+The adapter finds the step from the repository itself, which travels one of three
+ways, recorded as ``"source"`` in ``1/step.json``:
+
+- ``"module"``: code in an installed distribution (or the standard library) is
+  referenced by ``module:qualname``, and that distribution goes into the
+  repository's ``requirements.txt``;
+- ``"file"``: code in a ``.py`` file a server can import (a script, a file loaded
+  by path) travels as that file, and the modules beside it that it imports, copied
+  into ``1/steps_src/`` (:mod:`.step_sources`); no pickle, no Python-version pin;
+- ``"pickle"``: anything else (a notebook, ``__main__`` typed interactively, a
+  function in a local scope, ``pipelines``' own steps, a file a server could not
+  import) is exported by value with cloudpickle into ``1/step.pkl``
+  (:mod:`.step_pickle`), pinned to this Python, and a :class:`StepByValueWarning`
+  says why (but not for ``pipelines``' own steps). ``step.json`` records the
+  file's sha256 and the Python that wrote it, and the adapter refuses a file that
+  does not match either.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import importlib
-import io
 import json
-import pickletools
+import os
 import sys
 import types
-from dataclasses import dataclass
+import warnings
 from importlib import resources
 from typing import Any
 
-import cloudpickle
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .. import serving
@@ -38,21 +40,25 @@ from ..step import Step
 from .bound_plan import BoundModel, CompilePlan
 from .configs import add_io, set_parameters
 from .repository import CompiledModel, FileCopy
-from .requirements import (
-    NUMPY_REQUIREMENT,
-    ServerNeeds,
-    cloudpickle_requirement,
-    distributions_of,
-    is_installed_module,
-    python_version,
-)
+from .requirements import NUMPY_REQUIREMENT, ServerNeeds, distributions_of, is_installed_module, python_version
+from .step_pickle import STEP_PICKLE, PickledStep, _names_imported_by  # noqa: F401 - the last one for tests
+from .step_sources import StepByValueWarning, is_ours, source_files
 
-__all__ = ["PLAN_FORMAT", "STEP_PICKLE", "STEP_PLAN", "compile_step_model", "model_files", "model_source", "step_reference"]
+__all__ = [
+    "PLAN_FORMAT",
+    "STEP_PICKLE",
+    "STEP_PLAN",
+    "StepByValueWarning",
+    "compile_step_model",
+    "model_files",
+    "model_source",
+    "step_files",
+    "step_reference",
+]
 
 #: Version of the JSON plans the model files read; bumped on any incompatible change.
 PLAN_FORMAT = 1
 STEP_PLAN = "step.json"
-STEP_PICKLE = "step.pkl"
 
 
 def model_source(filename: str) -> bytes:
@@ -117,7 +123,6 @@ def _python_model(plan: CompilePlan, model: BoundModel, extras: Any = None) -> C
     set_parameters(config, parameters)
 
     files: dict[str, Any] = model_files("step_model.py")
-    reference = step_reference(step)
     base = {
         "format": PLAN_FORMAT,
         "pipeline": plan.name,
@@ -135,16 +140,47 @@ def _python_model(plan: CompilePlan, model: BoundModel, extras: Any = None) -> C
     }
     if extras is not None:
         base["ensemble"] = extras.to_dict()
-    if reference is None:
-        export = _Export(plan.name, model.nodes[0], step)
+    reference = step_reference(step)
+    source, why = (None, None) if reference is not None else source_files(step)
+    needs: Any
+    if reference is not None:
+        files[f"1/{STEP_PLAN}"] = plan_json({**base, "source": "module",
+                                             "impl": {"module": reference[0], "qualname": reference[1]}})
+        needs = ServerNeeds((NUMPY_REQUIREMENT, *distributions_of([reference[0]])))
+    elif source is not None:
+        files.update({f"1/{rel}": data for rel, data in source.files.items()})
+        files[f"1/{STEP_PLAN}"] = plan_json({**base, "source": "file", "impl": source.impl()})
+        needs = ServerNeeds(tuple(dict.fromkeys((NUMPY_REQUIREMENT, *distributions_of(source.imports, exact=False)))))
+    else:
+        if why is not None:
+            warnings.warn(
+                f"pipeline {plan.name!r} step {model.nodes[0]!r} ({step.name!r}) travels by value in {STEP_PICKLE}, "
+                f"which loads only on Python {python_version()} (and needs cloudpickle), because {why}",
+                StepByValueWarning,
+                stacklevel=_caller_level(),
+            )
+        export = PickledStep(plan.name, model.nodes[0], step)
         files[f"1/{STEP_PICKLE}"] = export.data
         # The plan holds the file's digest, so it too is produced when the repository is written.
-        files[f"1/{STEP_PLAN}"] = lambda: plan_json({**base, "impl": export.impl()})
-        needs: Any = export.needs
-    else:
-        files[f"1/{STEP_PLAN}"] = plan_json({**base, "impl": {"module": reference[0], "qualname": reference[1]}})
-        needs = ServerNeeds((NUMPY_REQUIREMENT, *distributions_of([reference[0]])))
+        files[f"1/{STEP_PLAN}"] = lambda: plan_json({**base, "source": "pickle", "impl": export.impl()})
+        needs = export.needs
     return CompiledModel(model.name, config, files, pipeline=plan.name, needs=needs)
+
+
+def step_files(compiled: CompiledModel) -> list[str]:
+    """The files of a step model that hold the step itself (its plan, and its pickle or source
+    files), relative to ``1/``: what the fused model carries of it."""
+    return [rel[2:] for rel in compiled.files if rel.startswith("1/") and rel != "1/model.py"
+            and not rel.startswith("1/serving/")]
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside this package."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _source_name(step: Step) -> str | None:
@@ -225,146 +261,10 @@ def step_reference(step: Step) -> tuple[str, str] | None:
     return None
 
 
-def _is_ours(name: object) -> bool:
-    return isinstance(name, str) and (name == "pipelines" or name.startswith("pipelines."))
-
-
 def _imports_pipelines(module: types.ModuleType) -> bool:
     """Whether importing ``module`` imports ``pipelines`` (a ``@step`` at module level does), which a server lacks."""
     for value in vars(module).values():
         name = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
-        if _is_ours(name):
+        if is_ours(name):
             return True
     return False
-
-
-@dataclass
-class _Export:
-    """A step exported by value, once: the bytes, their digest, and the modules it refers to by name."""
-
-    pipeline: str
-    node: str
-    step: Step
-
-    @functools.cached_property
-    def _result(self) -> tuple[bytes, frozenset[str]]:
-        return _export_by_value(self.pipeline, self.node, self.step)
-
-    def data(self) -> bytes:
-        return self._result[0]
-
-    def impl(self) -> dict[str, str]:
-        return {"pickle": STEP_PICKLE, "sha256": hashlib.sha256(self.data()).hexdigest(), "python": python_version()}
-
-    def needs(self) -> ServerNeeds:
-        requirements = (NUMPY_REQUIREMENT, cloudpickle_requirement(), *distributions_of(self._result[1], exact=False))
-        return ServerNeeds(tuple(dict.fromkeys(requirements)), python=python_version())
-
-
-class _RecordingPickler(cloudpickle.Pickler):
-    """A cloudpickle pickler that notes the module of everything it pickles, to list what the server must import.
-
-    It also sends ``functools.lru_cache`` functions of by-value modules by value: cloudpickle
-    would refer to them by name (they are not plain functions), which a server cannot import.
-    """
-
-    def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file)
-        self.modules: set[str] = set()
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, types.ModuleType):
-            self.modules.add(obj.__name__)
-        else:
-            module = getattr(obj, "__module__", None) if isinstance(obj, (type, types.FunctionType,
-                                                                          types.BuiltinFunctionType)) else None
-            self.modules.add(module if isinstance(module, str) else type(obj).__module__)
-        if isinstance(obj, functools._lru_cache_wrapper) and _travels_by_value(getattr(obj, "__module__", None)):
-            params = obj.cache_parameters()
-            # Rebuilt on the server as lru_cache(maxsize, typed)(the function, by value).
-            return functools.lru_cache(maxsize=params["maxsize"], typed=params["typed"]), (obj.__wrapped__,)
-        return super().reducer_override(obj)
-
-
-def _travels_by_value(module_name: object) -> bool:
-    if not isinstance(module_name, str):
-        return False
-    if module_name == "__main__":
-        return True
-    registered = cloudpickle.list_registry_pickle_by_value()
-    return any(module_name == r or module_name.startswith(r + ".") for r in registered)
-
-
-def _names_imported_by(data: bytes) -> set[str]:
-    """The modules a pickle imports by name when loaded (its GLOBAL and STACK_GLOBAL opcodes)."""
-    memo: dict[int, Any] = {}
-    pushed: list[Any] = []
-    modules = set()
-    for op, arg, _ in pickletools.genops(data):
-        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"):
-            pushed.append(arg)
-        elif op.name in ("BINGET", "LONG_BINGET", "GET"):
-            pushed.append(memo.get(int(arg)))
-        elif op.name == "MEMOIZE":
-            memo[len(memo)] = pushed[-1] if pushed else None
-        elif op.name in ("BINPUT", "LONG_BINPUT", "PUT"):
-            memo[int(arg)] = pushed[-1] if pushed else None
-        elif op.name == "STACK_GLOBAL":
-            module = pushed[-2] if len(pushed) >= 2 else None
-            if isinstance(module, str):
-                modules.add(module)
-            pushed.append(None)
-        elif op.name in ("GLOBAL", "INST"):
-            modules.add(str(arg).partition(" ")[0])
-            pushed.append(None)
-        else:
-            pushed.append(None)
-    return modules
-
-
-def _unimportable(module_name: str) -> bool:
-    """Whether a server could not import ``module_name``: ours, a script, or a module that is not installed."""
-    if _is_ours(module_name) or module_name == "__main__":
-        return True
-    module = sys.modules.get(module_name)
-    return module is not None and not is_installed_module(module)
-
-
-def _export_by_value(pipeline: str, node: str, step: Step) -> tuple[bytes, frozenset[str]]:
-    impl = step.impl
-    module = sys.modules.get(getattr(impl, "__module__", "") or "")
-    # By value: our own package (a server need not have it), and the step's module. A module
-    # that is not installed goes with its whole top-level package, so the helpers the step
-    # calls in sibling modules travel with it; an installed one that imports ``pipelines``
-    # goes alone, its package being in the requirements.
-    chosen = [sys.modules["pipelines"]]
-    if module is not None and module.__name__ != "__main__":
-        top = sys.modules.get(module.__name__.partition(".")[0], module)
-        chosen.append(module if is_installed_module(module) else top)
-    registered = [m for m in dict.fromkeys(chosen) if m.__name__ not in cloudpickle.list_registry_pickle_by_value()]
-    for m in registered:
-        cloudpickle.register_pickle_by_value(m)
-    try:
-        buffer = io.BytesIO()
-        pickler = _RecordingPickler(buffer)
-        pickler.dump(impl)
-        data = buffer.getvalue()
-        by_name = sorted(m for m in _names_imported_by(data) if _unimportable(m))
-    except Exception as exc:
-        raise CompileError(
-            f"pipeline {pipeline!r}: step {node!r} ({step.name!r}) cannot be exported by value with "
-            f"cloudpickle: {type(exc).__name__}: {exc}; move it into an installed module, or drop the "
-            "unpicklable objects it refers to (create them in initialize() instead)",
-            pipeline=pipeline, step=node,
-        ) from exc
-    finally:
-        for m in registered:
-            cloudpickle.unregister_pickle_by_value(m)
-    if by_name:
-        raise CompileError(
-            f"pipeline {pipeline!r}: step {node!r} ({step.name!r}) refers by name to something in "
-            f"{', '.join(map(repr, by_name))}, which a server cannot import, and cloudpickle cannot send it "
-            "by value; refer to it from a plain function or class, or move it into an installed package",
-            pipeline=pipeline, step=node,
-        )
-    return data, frozenset(pickler.modules)

@@ -12,8 +12,10 @@ runtime and the server check with one set of words. Each module holds one role:
 - ``arrays``: arrays as a step returns them and asks to be handed them;
 - ``tensors``: a model's pb tensors in and out, host-GPU hops, failures carried as data;
 - ``lifecycle``: a step's config, its live instance and exits, its code loaded in a server;
+- ``sources``: a step's own source file imported in a server, with ``pipelines`` stood in for;
 - ``rows``: requests joined and split by rows, and ``when`` blocks;
 - ``schedule``: a plan's nodes run concurrently, and the plan cut to the wanted outputs.
+- ``onnx_session``: an ONNX file run by onnxruntime, checked against a model's declared tensors.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ from .lifecycle import (
     load_impl,
     model_plan,
 )
+from .onnx_session import OnnxFileError, OnnxSession, config_specs
 from .rows import SKIPPED, Branches, Rows, concat_rows, concatenable, split_rows
-from .schedule import Schedule, run_concurrently
+from .schedule import Schedule, cut_plan, run_concurrently
 from .tensors import (
     HOPS,
     HostHops,
@@ -76,6 +79,8 @@ __all__ = [
     "HOPS",
     "NUMPY_2",
     "NUMPY_DTYPES",
+    "OnnxFileError",
+    "OnnxSession",
     "SKIPPED",
     "Branches",
     "Contract",
@@ -107,6 +112,8 @@ __all__ = [
     "concat_rows",
     "concatenable",
     "config_declares",
+    "config_specs",
+    "cut_plan",
     "exception_reason",
     "expected",
     "failure_tensor",

@@ -244,8 +244,9 @@ def model_plan(args: Mapping[str, Any], filename: str) -> tuple[str, dict[str, A
 
 def load_impl(impl: Mapping[str, Any], directory: str) -> Any:
     """A step's function or class from its ``impl`` record (``step.json``): imported by
-    ``module``/``qualname``, or unpickled from the file ``impl["pickle"]`` in ``directory``
-    after two checks (the sha256 recorded at compile time, and the Python that wrote it).
+    ``module``/``qualname``, from its own source file copied beside the model (``path``, see
+    ``sources``), or unpickled from the file ``impl["pickle"]`` in ``directory`` after two
+    checks (the sha256 recorded at compile time, and the Python that wrote it).
 
     A failed check is a ``RuntimeError``, the one builtin error the package still raises: this
     runs only inside a Triton stub, where the ``pipelines`` package (and its errors) may be
@@ -257,6 +258,10 @@ def load_impl(impl: Mapping[str, Any], directory: str) -> Any:
     import pickle
     import sys
 
+    if "path" in impl:  # the step's own source file, copied beside the model
+        from .sources import load_source
+
+        return load_source(impl, directory)
     if "pickle" not in impl:
         obj: Any = importlib.import_module(impl["module"])
         for part in impl["qualname"].split("."):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .checks import check_names
+from .sources import SOURCE_DIR
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ def raised_at(exc: BaseException, home: str | None = None, shown: str | None = N
     """``file.py:line`` where a step's code raised ``exc`` (see :func:`exception_reason`), or ``None``.
 
     ``shown`` names ``home`` where its own name says nothing: a step that travelled by value
-    has cloudpickle's ``<dynamic-code>`` for a file, and its ``step.json`` keeps the real name.
+    has cloudpickle's ``<dynamic-code>`` for a file, and its ``step.json`` keeps the real name
+    (a step that travelled as its source file keeps its file's name).
     """
     given = getattr(exc, "_step_location", None)  # worked out where it was raised (another process)
     if isinstance(given, str):
@@ -127,6 +129,9 @@ _HERE = __file__.rsplit("/", 2)[0] + "/"
 
 
 def _users_file(filename: str) -> bool:
-    if filename.startswith("<") or filename.startswith(_HERE):
+    if filename.startswith("<"):
         return False
+    if filename.startswith(_HERE):
+        # On a server, the step's own files copied beside the model are the user's; the rest is ours.
+        return f"/{SOURCE_DIR}/" in filename[len(_HERE) - 1 :]
     return not any(part in filename for part in ("/site-packages/", "/dist-packages/", "/lib/python3"))

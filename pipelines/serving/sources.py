@@ -1,0 +1,189 @@
+"""A step's own source file, imported inside a Triton stub: the file and the modules beside it
+that the compiler copied into ``steps_src/``, with ``pipelines`` stood in for, since a server
+need not have the package (docs/compiling.md, "How a step reaches the server").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+__all__ = ["SOURCE_DIR", "load_source"]
+
+#: The folder of a model's version folder (or of a fused model's step folder) that holds the files.
+SOURCE_DIR = "steps_src"
+_PACKAGE = "pipelines"
+
+#: The files this process imported, by module name: their digest and the module. Two steps of
+#: one file (in a fused model) share it, as they share it where the script runs.
+_LOADED: dict[str, tuple[str, types.ModuleType]] = {}
+
+
+def load_source(impl: Mapping[str, Any], directory: str) -> Any:
+    """The step's function or class from its ``impl`` record (``step.json``): ``path``, the file
+    it lives in (relative to ``directory``), imported as the module ``module``, and ``qualname``
+    in it; ``sha256`` holds the digest of every copied file, each checked first.
+
+    The file is imported under its own name, not ``__main__``, so a script's
+    ``if __name__ == "__main__":`` block does not run; the rest of its top level does.
+    A failure is a ``RuntimeError`` naming the file (see ``serving.load_impl``).
+    """
+    digests = impl["sha256"]
+    for rel, digest in sorted(digests.items()):
+        path = os.path.join(directory, rel)
+        with open(path, "rb") as f:
+            if hashlib.sha256(f.read()).hexdigest() != digest:
+                raise RuntimeError(
+                    f"{path} does not match the sha256 recorded in step.json; it was changed or replaced "
+                    "after compilation: compile the pipeline again"
+                )
+    path = os.path.join(directory, impl["path"])
+    module = _imported(path, impl["module"], digests[impl["path"]])
+    obj: Any = module
+    for part in impl["qualname"].split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise RuntimeError(
+                f"{os.path.basename(path)} has no {impl['qualname']!r} once imported on the server (its "
+                "definition runs only under `if __name__ == '__main__':`, or depends on something the "
+                "server does not have): define the step at the top level of the file"
+            ) from None
+    return obj
+
+
+def _imported(path: str, name: str, digest: str) -> types.ModuleType:
+    loaded = _LOADED.get(name)
+    if loaded is not None:
+        if loaded[0] == digest:
+            return loaded[1]
+        raise RuntimeError(
+            f"{path}: another file named {os.path.basename(path)}, with other contents, was imported in this "
+            "process already (two steps of one fused model come from different files of one name): rename one"
+        )
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # the modules beside it, imported by their own names as beside the script
+    # In a stub the name is free (the compiler refuses names a server imports); a process that
+    # already holds a module of that name (a test) gets the copy under another one.
+    key = name if name not in sys.modules else f"_pipelines_source_{name}"
+    spec = importlib.util.spec_from_file_location(key, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module
+    try:
+        with _pipelines_stood_in():
+            spec.loader.exec_module(module)
+    except (Exception, SystemExit) as exc:
+        del sys.modules[key]
+        raise RuntimeError(
+            f"importing {os.path.basename(path)}, the step's source file, failed on the server: "
+            f"{type(exc).__name__}: {exc}; keep the script's own work under `if __name__ == '__main__':`"
+        ) from exc
+    _LOADED[name] = (digest, module)
+    return module
+
+
+@contextlib.contextmanager
+def _pipelines_stood_in() -> Iterator[None]:
+    """``import pipelines`` gives the stand-in while the file (and what it imports) runs.
+
+    In a stub, where nothing imported the package, the stand-in stays, for the imports the
+    step's modules make later. In a process that has the real package (a test), it comes back.
+    """
+    ours = [k for k in sys.modules if k == _PACKAGE or k.startswith(_PACKAGE + ".")]
+    real = {k: sys.modules.pop(k) for k in ours} if not isinstance(sys.modules.get(_PACKAGE), _StandIn) else {}
+    if _PACKAGE not in sys.modules:
+        stand_in = _StandIn(_PACKAGE)
+        stand_in.__spec__ = importlib.machinery.ModuleSpec(_PACKAGE, None)  # find_spec() asks every module for one
+        sys.modules[_PACKAGE] = stand_in
+    try:
+        yield
+    finally:
+        if real:
+            for k in [k for k in sys.modules if k == _PACKAGE or k.startswith(_PACKAGE + ".")]:
+                del sys.modules[k]
+            sys.modules.update(real)
+
+
+def _step(impl: Any = None, **_options: Any) -> Any:
+    """``pipelines.step`` on a server: the function or class itself, which the model calls."""
+    return impl if impl is not None else _same
+
+
+def _same(obj: Any) -> Any:
+    return obj
+
+
+class _StandIn(types.ModuleType):
+    """``pipelines`` on a server: ``step`` hands back what it decorates; every other name is inert.
+
+    The compiler lets a file travel this way only when it imports nothing but ``pipelines``'
+    public names and the step's code uses none of them (else the step goes by value).
+    """
+
+    __all__: list[str] = []
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _step if attr == "step" else _Inert(f"pipelines.{attr}")
+
+
+def _refused(self: _Inert, *_: Any) -> Any:
+    raise RuntimeError(
+        f"{self._name} was used as a value while the step's source file was imported on the server, where "
+        "pipelines' names are stand-ins that do nothing (a server need not have the package); move that "
+        "code under `if __name__ == '__main__':` or into a function"
+    )
+
+
+class _Inert:
+    """A ``pipelines`` declaration on a server: a pipeline built at a file's top level builds nothing.
+
+    It takes calls, attributes, items, ``with`` and the operators of conditions; used as a
+    value (iterated, counted, tested) it raises, rather than let the file compute with nothing.
+    """
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return f"<{self._name}: a stand-in on this server>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _Inert:
+        return _Inert(f"{self._name}(...)")
+
+    def __getattr__(self, attr: str) -> _Inert:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Inert(f"{self._name}.{attr}")
+
+    def __getitem__(self, key: Any) -> _Inert:
+        return _Inert(f"{self._name}[...]")
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+    def __enter__(self) -> _Inert:
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[Any, ...]:
+        return ()  # a class deriving from a pipelines class: defined, on object alone
+
+    def _combined(self, *_: Any) -> _Inert:
+        return _Inert(f"{self._name} (combined)")
+
+    __and__ = __or__ = __xor__ = __rand__ = __ror__ = __invert__ = _combined
+    __iter__ = __len__ = __bool__ = __contains__ = __int__ = __float__ = __index__ = _refused
