@@ -679,6 +679,28 @@ def test_lanes_by_size_round_trip_and_are_read_between_sizes_on_a_log_scale(tmp_
             _lanes_profile(1.8, bad)
 
 
+def test_the_wake_of_a_side_that_waited_round_trips_and_is_checked(tmp_path):
+    from dataclasses import replace
+
+    from pipelines.calibration.wake import WAITS_MS, fit_wake
+
+    # measured work times' figures above the work: the first is the probes' own, the rest above it
+    over = {ms: [300.0 + 30.0 * ms + d for d in (-5.0, 0.0, 5.0)] for ms in WAITS_MS}
+    wake = fit_wake(over)
+    assert wake[0] == (500.0, 0.0) and wake[-1] == (20_000.0, pytest.approx(30.0 * 19.5 / 2))  # two hand-offs
+    profile = replace(_lanes_profile(1.8), wake=wake)
+    assert load_profile(profile.save(tmp_path / "p.json")).wake == wake
+    assert "wake): 0 µs after 0.5 ms" in profile.table() and "292 µs after 20 ms" in profile.table()
+    data = profile.to_dict()
+    del data["wake"]
+    assert Profile.from_dict(data).wake == ()  # an older profile prices no wake
+    for bad in (((500, -1.0),), ((float("nan"), 2.0),), ((500, 1.0), (500, 2.0)), (("x",),)):
+        with pytest.raises(PipelinesError, match="wake"):
+            replace(_lanes_profile(1.8), wake=bad)
+    # below the probes' own figure, a wake costs nothing
+    assert fit_wake({ms: [300.0 - ms] for ms in WAITS_MS})[-1] == (20_000.0, 0.0)
+
+
 def test_calibrate_on_a_remote_server_without_probes_writes_them_to_deploy(tmp_path, capsys):
     from pipelines.endpoint import LocalServer
     from pipelines.examples.basic import chain
@@ -780,6 +802,8 @@ def _is_tritonserver(pid: str, *, serving) -> bool:
 
 @pytest.mark.server
 def test_calibrate_the_bundled_server_with_a_tiny_probe_set(tmp_path):
+    from pipelines.calibration.wake import WAITS_MS
+
     rounds = 3
     profile = calibrate(chains=(1, 2), sizes=(1 << 10, 256 << 10), progress=False,
                         budget=Budget(rounds=rounds, max_requests=2, seconds=0.05, lanes_seconds=0.6))
@@ -787,6 +811,8 @@ def test_calibrate_the_bundled_server_with_a_tiny_probe_set(tmp_path):
     assert 1.0 <= profile.lanes <= profile.machine["cpu_count"]  # measured: a throughput ratio, capped by cores
     # measured on the smallest tensor only here (no size of 1 MiB or more): the mean is that one size's
     assert [n for n, _ in profile.lanes_by_size] == [1 << 10] and profile.lanes_by_size[0][1] == profile.lanes
+    # the wake probe, at each work time: the probes' own first, which every other is measured against
+    assert [w for w, _ in profile.wake] == [ms * 1e3 for ms in WAITS_MS] and profile.wake[0][1] == 0.0
     # per size: the step, two chains of each kind, then each kind's grown probe, and the gated one
     assert [s[0] for s in profile.samples[:11]] == ["step", *("ensemble",) * 2, *("bls",) * 2, *("bls-sync",) * 2,
                                                     "grown ensemble", "grown bls", "grown bls-sync", "gated ensemble"]

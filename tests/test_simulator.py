@@ -347,3 +347,50 @@ def test_each_tensor_more_than_one_pays_the_stubs_and_the_calls_fixed_cost_again
     assert latencies(one) == {1050.0} and latencies(many) == {1150.0}
     bls = simulate(spec("bls", step("s", 1000.0, in_tensors=3, out_tensors=2), costs=priced), closed(1))
     assert latencies(bls) == {1000.0 + 3 * 20.0 + 2 * 30.0}
+
+
+# ---------------------------------------------------------------------- waking a side that waited
+
+WAKE = ((0.0, 0.0), (10_000.0, 300.0), (20_000.0, 500.0))
+
+
+def woken(waited: float) -> float:
+    """WAKE's µs after ``waited`` µs: straight between its points, flat past the last."""
+    if waited >= 20_000:
+        return 500.0
+    if waited >= 10_000:
+        return 300.0 + (waited - 10_000) * 0.02
+    return waited * 0.03
+
+
+def test_a_side_that_waited_for_another_process_pays_its_wake_while_a_core_idles():
+    one = step("a", 10_000, cpu=10_000)
+    priced = costs(ensemble_stub=(100, 100), bls_stub=(100, 100), bls_call=(50, 50))
+    # the step model's instance waits for its stub, then the client for the server
+    stub = 100 + 10_000
+    expected = stub + woken(stub) + 100
+    expected += woken(expected)
+    result = simulate(spec("ensemble", one, costs=priced, wake=WAKE), closed(1))
+    assert result.p50_us == result.p99_us == pytest.approx(expected, rel=1e-12)
+    # BLS: the step's instance for its stub, the BLS model's stub for its call, the BLS model's
+    # instance for its stub (its round), and the client
+    called = stub + woken(stub) + 100
+    call = 50 + called + woken(called) + 50
+    expected = call + woken(call)
+    expected += woken(expected)
+    result = simulate(spec("bls", one, costs=priced, wake=WAKE), closed(1))
+    assert result.p50_us == result.p99_us == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_busy_machine_pays_little_wake():
+    # a two-step chain on one core, each step with instances to spare: the core rarely idles
+    # (only where processor sharing ends two executions at once)
+    busy = spec("ensemble", step("a", 10_000, instances=8), step("b", 7_000, deps=("a",), instances=8),
+                cores=1.0, costs=costs(ensemble_stub=(100, 100)))
+    woke = SimSpec(**{**busy.__dict__, "wake": WAKE})
+
+    def lost(concurrency: int) -> float:
+        return 1 - simulate(woke, closed(concurrency)).throughput / simulate(busy, closed(concurrency)).throughput
+
+    assert lost(1) > 0.05  # alone, every hand-off wakes an idle core: three a request
+    assert lost(8) < lost(1) / 4

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import PipelinesError, ProfileMismatchError
 from ..output_paths import replace_text
 from .cost import MIB, Cost, cost_from_json
+from .wake import checked_wake
 
 __all__ = [
     "BOUNDARIES",
@@ -98,6 +99,12 @@ class Profile:
     fit of their medians over the rounds, and each cost's intervals (``ci_level``, 0.95)
     a bootstrap over the rounds (:func:`pipelines.calibration.fit.fit_rounds`). Older
     profiles have none (0, ``()``).
+
+    ``wake`` is what a hand-off between processes costs beyond the boundaries' figures once
+    the side that waits for it has waited a while: ``(waited µs, µs)`` points, from probes
+    whose step works that long (:mod:`pipelines.calibration.wake`). A thread that waits
+    long enough sleeps, and its core idles; waking them takes longer the longer they slept.
+    Profiles without it (older ones) price no wake.
     """
 
     costs: Mapping[str, Cost]
@@ -116,6 +123,7 @@ class Profile:
     rounds: int = 0
     round_samples: tuple[tuple, ...] = ()
     ci_level: float = 0.95
+    wake: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.protocol not in ("http", "grpc"):
@@ -145,6 +153,7 @@ class Profile:
         if not (isinstance(self.ci_level, float) and 0 < self.ci_level < 1):
             raise PipelinesError(f"a profile's ci_level is a fraction between 0 and 1; got {self.ci_level!r}")
         object.__setattr__(self, "lanes_by_size", by_size)
+        object.__setattr__(self, "wake", checked_wake(self.wake))
         object.__setattr__(self, "costs", MappingProxyType(dict(self.costs)))
         object.__setattr__(self, "machine", MappingProxyType(dict(self.machine)))
 
@@ -180,6 +189,7 @@ class Profile:
             "rounds": self.rounds,
             "ci_level": self.ci_level,
             "round_samples": [list(s) for s in self.round_samples],
+            "wake": [list(p) for p in self.wake],
         })
 
     def to_json(self) -> str:
@@ -223,6 +233,7 @@ class Profile:
                     for s in data.get("round_samples", ())
                 ),
                 ci_level=float(data.get("ci_level", 0.95)),
+                wake=tuple((float(w), float(us)) for w, us in data.get("wake", ())),
             )
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             what = f"{exc.args[0]} is missing" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"

@@ -326,6 +326,7 @@ class Predictor:
             top_max_batch_size=self.pipeline.max_batch_size,
             gate=self.gate and configuration.form == "ensemble",
             when_rates=self.when_rates,
+            wake=self.server.wake,
         )
 
     def _deps(self, name: str) -> tuple[str, ...]:

@@ -63,6 +63,11 @@ class Cores:
         self._wake_at_next_end()
         return done
 
+    def idle(self) -> bool:
+        """Whether a core has nothing to do now."""
+        self._advance()
+        return self._caps < self.cores - 1e-9
+
     def busy(self) -> float:
         """Core-µs spent by all jobs until now."""
         self._advance()

@@ -62,11 +62,16 @@ class _Server:
       (``bls_call`` in, the step's model with stub ``bls_stub``, ``bls_call`` out), each request's
       ``bls_model`` out. Async runs each step once its deps are done and a round's requests side
       by side; sync one after another. Every answer leaves when its round ends; ``request`` out.
+      The async BLS model's own costs are Python in its stub: one at a time per instance (its GIL).
     - **fused**: as bls, but the Python steps run inside the round with no call, stub or queue;
       independent ones overlap but for the GIL (:meth:`_fused_step`). As ``fused_model.py``, a
       round of several requests runs as one batch where every step batches that far, and side by
       side otherwise; a step's instance (one per fused instance, shared by the nodes that name
       its model) takes one call at a time. External steps are called as in bls, without a stub.
+    - **Wakes**: a side that waited for another process pays the profile's ``wake`` for its wait
+      when the answer comes, while a core idles (:meth:`_woken`): a step model's instance for its
+      stub, a BLS model's stub for its call, the BLS or fused model's instance for its round, and
+      the client for its request.
     """
 
     def __init__(self, env: simpy.Environment, spec: SimSpec) -> None:
@@ -128,6 +133,9 @@ class _Server:
         self._top_in = self._price(top, _IN, in_bytes)
         self._top_out = self._price(top, _OUT, out_bytes)
         rounds = {"bls": self._bls_round, "bls-sync": self._bls_sync_round, "fused": self._fused_round}[form]
+        # The BLS model's own work (its way in and out, its calls' ways) is Python in its stub: one
+        # GIL per instance, so a round's requests do it one at a time whatever the cores.
+        self._bls_gils = [simpy.Resource(self.env, capacity=1) for _ in range(spec.top_instances)]
         self._add_model(form, ModelScheduler(
             self.env, instances=spec.top_instances, execute=rounds, max_batch_size=spec.top_max_batch_size,
             dynamic_batching=spec.top_max_batch_size > 0))
@@ -222,8 +230,11 @@ class _Server:
             if all(w.what is step for w in batch):
                 self._execution_memo[key] = costs
         stub_in, span, cap, stub_out = costs
+        began = self.env.now
         yield self.cores.run(stub_in)
         yield self.cores.run(span, cap)
+        if stub_in:  # the instance's thread in the server waited for its stub, holding the instance
+            yield from self._woken(began)
         yield self.cores.run(stub_out)
 
     def _gate_execution(self, us: float) -> Execute:
@@ -232,7 +243,7 @@ class _Server:
 
         return execute
 
-    def _call(self, step: StepSpec, rows: int) -> Flow:
+    def _call(self, step: StepSpec, rows: int, gil: simpy.Resource | None = None) -> Flow:
         """A BLS call of a step's model: the call's way in, the model, its way out."""
         ways = self._call_memo.get((step.name, rows))
         if ways is None:
@@ -240,9 +251,20 @@ class _Server:
             ways = self._call_memo[step.name, rows] = (
                 self._tensors(call, _IN, rows * step.in_bytes, step.in_tensors),
                 self._tensors(call, _OUT, rows * step.out_bytes, step.out_tensors))
-        yield self.cores.run(ways[0])
+        yield from self._in_stub(ways[0], gil)
+        since = self.env.now
         yield self.models[step.model_name].submit(rows, step)
-        yield self.cores.run(ways[1])
+        yield from self._woken(since)  # the BLS model's stub waited for the call's answer
+        yield from self._in_stub(ways[1], gil)
+
+    def _in_stub(self, us: float, gil: simpy.Resource | None) -> Flow:
+        """``us`` of CPU work, holding ``gil`` (a BLS instance's) where there is one."""
+        if gil is None or us <= 0.0:
+            yield self.cores.run(us)
+            return
+        with gil.request() as held:
+            yield held
+            yield self.cores.run(us)
 
     # ------------------------------------------------------------------ ensemble
 
@@ -255,12 +277,14 @@ class _Server:
             yield self.cores.run(us)
 
     def _ensemble_request(self) -> Flow:
+        sent = self.env.now
         yield from self._through_client(self._enter)
         yield from self._dag(self._ensemble_step)
         if self.spec.gate:
             yield self.cores.run(self._gate_in)
             yield self.models["gate"].submit(self.spec.rows)
             yield self.cores.run(self._gate_out)
+        yield from self._woken(sent)  # the client's
         yield from self._through_client(self._leave)
 
     def _ensemble_step(self, step: StepSpec) -> Flow:
@@ -269,30 +293,53 @@ class _Server:
         yield self.models[step.model_name].submit(self.spec.rows, step)
         yield self.cores.run(way_out)
 
+    def _woken(self, since: float) -> Flow:
+        """The wake of a side that waited for another process since ``since``, by the profile's
+        ``wake``: paid while a core idles (a busy machine's threads and cores are awake), as a
+        delay of the waiting side's, which uses no core (the time is the system's)."""
+        wake = self.spec.wake
+        if not wake or not self.cores.idle():
+            return
+        us = float(np.interp(self.env.now - since, [w for w, _ in wake], [u for _, u in wake]))
+        if us > 0.0:
+            yield self.env.timeout(us)
+
     # ------------------------------------------------------------------ BLS and fused rounds
 
     def _top_request(self) -> Flow:
+        sent = self.env.now
         yield from self._through_client(self._enter)
         yield self.models[self.spec.form].submit(self.spec.rows)
+        yield from self._woken(sent)  # the client's
         yield from self._through_client(self._leave)
 
     def _round_in(self, count: int) -> float:
         """The top model's way in for a round of ``count`` requests: its fixed part once."""
         return self._top_in + (count - 1) * (self._top_in - self._top_fixed)
 
-    def _bls_round(self, batch: Sequence[Waiting], _instance: int) -> Flow:
-        yield self.cores.run(self._round_in(len(batch)))
-        if len(batch) == 1:
-            yield from self._bls_request(batch[0].rows)
-        else:
-            yield self.env.all_of([self.env.process(self._bls_request(w.rows)) for w in batch])
+    def _bls_round(self, batch: Sequence[Waiting], instance: int) -> Flow:
+        began = self.env.now
+        yield from self._bls_round_work(batch, self._bls_gils[instance])
+        yield from self._woken(began)  # the instance's thread in the server waited for the BLS stub
 
-    def _bls_request(self, rows: int) -> Flow:
+    def _bls_round_work(self, batch: Sequence[Waiting], gil: simpy.Resource) -> Flow:
+        yield from self._in_stub(self._round_in(len(batch)), gil)
+        if len(batch) == 1:
+            yield from self._bls_request(batch[0].rows, gil)
+        else:
+            yield self.env.all_of([self.env.process(self._bls_request(w.rows, gil)) for w in batch])
+
+    def _bls_request(self, rows: int, gil: simpy.Resource) -> Flow:
         drawn: dict[tuple[str, ...], int] = {}
-        yield from self._dag(lambda step: self._call_held(step, rows, drawn))
-        yield self.cores.run(self._top_out)
+        yield from self._dag(lambda step: self._call_held(step, rows, drawn, gil))
+        yield from self._in_stub(self._top_out, gil)
 
     def _bls_sync_round(self, batch: Sequence[Waiting], _instance: int) -> Flow:
+        began = self.env.now
+        yield from self._bls_sync_round_work(batch)
+        yield from self._woken(began)
+
+    def _bls_sync_round_work(self, batch: Sequence[Waiting]) -> Flow:
         for i, waiting in enumerate(batch):
             yield self.cores.run(self._top_in if i == 0 else self._top_in - self._top_fixed)
             drawn: dict[tuple[str, ...], int] = {}
@@ -313,13 +360,19 @@ class _Server:
             rows = held
         return rows
 
-    def _call_held(self, step: StepSpec, rows: int, drawn: dict[tuple[str, ...], int]) -> Flow:
+    def _call_held(self, step: StepSpec, rows: int, drawn: dict[tuple[str, ...], int],
+                   gil: simpy.Resource | None = None) -> Flow:
         """A BLS call of ``step`` on the rows its ``when`` blocks hold; none where none does."""
         held = self._held(step, rows, drawn) if step.when else rows
         if held:
-            yield from self._call(step, held)
+            yield from self._call(step, held, gil)
 
     def _fused_round(self, batch: Sequence[Waiting], instance: int) -> Flow:
+        began = self.env.now
+        yield from self._fused_round_work(batch, instance)
+        yield from self._woken(began)
+
+    def _fused_round_work(self, batch: Sequence[Waiting], instance: int) -> Flow:
         yield self.cores.run(self._round_in(len(batch)))
         gil, locks = self._gils[instance], self._step_locks[instance]
         rows = sum(w.rows for w in batch)

@@ -123,6 +123,8 @@ class SimSpec:
     one at a time (the benchmark's and the calibration's asyncio client has one).
     ``when_rates``: for each condition a step's ``when`` names, the share of rows where it
     holds (0..1); each request's rows are drawn against it, once a request for each block.
+    ``wake``: what a hand-off between processes costs once its waiting side has waited a while,
+    as ``(waited µs, µs)`` points (the server profile's ``wake``); none: nothing.
     """
 
     form: str
@@ -137,6 +139,7 @@ class SimSpec:
     gate: bool = False
     client_threads: int = 1
     when_rates: Mapping[str, float] = field(default_factory=dict)
+    wake: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "costs", MappingProxyType(dict(self.costs)))

@@ -1,0 +1,106 @@
+"""What a hand-off between processes costs once the side that waits for it has waited a while.
+
+The probes price each boundary with steps that work :data:`~pipelines.calibration.probes.BUSY_MS`
+(0.5 ms) before they answer. A real step works longer, and a thread that waits longer for it
+goes to sleep, and its core idles: on this project's 2-core VM a request whose one step worked
+20 ms cost 0.6-0.8 ms more than one whose step worked 0.5 ms, beyond the 19.5 ms of work, in every
+form (a direct call of the step model, an ensemble, a BLS model, a fused model alike), and 0.1 ms
+more at 2 ms. That is most of what the simulation missed at concurrency 1: every latency a few
+per cent low, from 0.9 to 1.7 ms a request (docs/prediction.md).
+
+So the calibration calls one step model directly with several work times, in rounds, and the
+profile keeps each one's cost above the 0.5 ms one's as ``wake``: ``(waited µs, µs)`` points, per
+hand-off. A direct call has two hand-offs that wait (the server's thread waits for the stub, the
+client for the server), so each costs half the difference. The simulation pays it where a
+request waits for another process, while a core is idle (:mod:`pipelines.predict.simulator`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from statistics import median
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+
+from ..errors import PipelinesError
+from ..graph import Pipeline
+from ..step import step
+from ..tensor import TensorSpec
+
+__all__ = ["WAITS_MS", "WAKE_MODEL", "checked_wake", "fit_wake", "measure_wake", "wake_pipeline"]
+
+#: The work times of the wake probe, in ms: the probes' own first, to which the others compare.
+WAITS_MS = (0.5, 2.0, 5.0, 10.0, 20.0)
+#: The hand-offs that wait in a direct call of a step model: the server's for the stub, the client's.
+HANDOFFS = 2
+#: The wake probe's step model, called directly.
+WAKE_MODEL = "probe_wake__waiter"
+
+MS = TensorSpec("FP64", [1])
+
+
+@step(inputs={"ms": MS}, outputs={"worked": MS}, name="waiter")
+def waiter(ms):
+    """Works ``ms`` milliseconds on the CPU (busy, so exactly), then hands ``ms`` back."""
+    end = perf_counter() + float(ms.reshape(-1)[0]) / 1e3
+    while perf_counter() < end:
+        pass
+    return {"worked": ms}
+
+
+def wake_pipeline() -> Pipeline:
+    """The wake probe: one step, whose model the calibration calls directly."""
+    p = Pipeline("probe_wake", inputs={"ms": MS}, max_batch_size=0)
+    p.output("worked", p.add(waiter, ms=p.input("ms"))["worked"])
+    return p
+
+
+def measure_wake(
+    infer: Callable[[str, dict[str, Any]], Any],
+    *,
+    rounds: int,
+    requests: int = 3,
+    clock: Callable[[], float] = perf_counter,
+) -> dict[float, list[float]]:
+    """Each work time's requests, timed: µs beyond the work, by work time in ms. Rounds over every
+    work time, each ``requests`` in a row after one untimed (which wakes the stub as the first of
+    a pipeline's requests would), so that a slow spell of the machine moves them all alike."""
+    over: dict[float, list[float]] = {ms: [] for ms in WAITS_MS}
+    for _ in range(rounds):
+        for ms in WAITS_MS:
+            inputs = {"ms": np.array([ms], np.float64)}
+            infer(WAKE_MODEL, inputs)
+            for _ in range(requests):
+                started = clock()
+                infer(WAKE_MODEL, inputs)
+                over[ms].append((clock() - started) * 1e6 - ms * 1e3)
+    return over
+
+
+def fit_wake(over: dict[float, Sequence[float]]) -> tuple[tuple[float, float], ...]:
+    """``(waited µs, µs per hand-off)`` points from :func:`measure_wake`'s figures: each work
+    time's median above the first one's, over the hand-offs, and never below 0 (a wake costs
+    nothing less than the probes' own)."""
+    first = median(over[WAITS_MS[0]])
+    return tuple((ms * 1e3, max(0.0, (median(over[ms]) - first) / HANDOFFS)) for ms in WAITS_MS)
+
+
+def checked_wake(points: Iterable[Sequence[float]]) -> tuple[tuple[float, float], ...]:
+    """``points`` as sorted ``(waited µs, µs)`` pairs; refused, naming the pair, where one is not
+    two finite numbers >= 0 or two share a wait."""
+    out = []
+    for pair in points:
+        try:
+            waited, us = (float(v) for v in pair)
+        except (TypeError, ValueError):
+            raise PipelinesError(f"a profile's wake is (waited µs, µs) pairs; got {pair!r}") from None
+        if not (math.isfinite(waited) and math.isfinite(us) and waited >= 0 and us >= 0):
+            raise PipelinesError(f"a profile's wake is (waited µs, µs) pairs of finite numbers >= 0; got {pair!r}")
+        out.append((waited, us))
+    out.sort()
+    if len({w for w, _ in out}) != len(out):
+        raise PipelinesError(f"a profile's wake has one pair per wait; got {out!r}")
+    return tuple(out)
