@@ -5,8 +5,19 @@
 Chains of 1 and 10 identity Python steps (FP32 [64], one row, max_batch_size 8),
 each compiled by pipelines and hand-written: the same config.pbtxt files, with the
 compiled repository's model.py replaced by the minimal one a person would write
-(read the input, answer it; an async BLS that awaits each step in turn). The
-ensemble and the async BLS of each are measured over HTTP at concurrency 1,
+(read the input, answer it; an async BLS that awaits each step in turn). Two chains:
+
+- ``distinct``: ten step objects, ten models, compiled and hand-written alike;
+- ``reused``: one step object at ten nodes, as hand-written ensembles reuse one model.
+  Hand-written, it is that: one model that the ensemble names ten times (and the BLS
+  calls ten times). Compiled by default, each node gets a model of its own, which names
+  its node when it fails; compiled with ``share_model=True`` (``shared``), the ten nodes
+  share one model, which learns its node from the name its input arrives under. Neither
+  ensemble is gated (a chain: no step runs beside a failing one). ``gated`` is the shared
+  chain's ensemble gated anyway, as a shared model's chain was before node aliases
+  (failure tensors through every step, a gate model at the end): what the gate costs.
+
+The ensemble and the async BLS of each are measured over HTTP at concurrency 1,
 interleaved: every round runs each model in turn, so drift on a shared machine
 hits all of them alike. Per step is the slope between the two chain lengths.
 """
@@ -15,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -24,6 +36,11 @@ import numpy as np
 import tritonclient.http as httpclient
 
 from pipelines import Pipeline, TensorSpec, step
+from pipelines.compile import ModelRepository
+from pipelines.compile.bound_plan import bind_plan
+from pipelines.compile.configs import config_text, parse_config
+from pipelines.compile.ensemble import compile_ensemble, layout_ensemble
+from pipelines.compile.step_models import compile_step_model
 from pipelines.tables import format_table
 from pipelines.triton import TritonServer
 
@@ -74,7 +91,23 @@ class TritonPythonModel:
 '''
 
 
+#: The chains measured, by the prefix of their pipelines' names: (chain, how it is built, forms).
+KINDS = {
+    "compiled": ("distinct", "compiled", ("ensemble", "bls")),
+    "hand": ("distinct", "hand-written", ("ensemble", "bls")),
+    "reused": ("reused", "compiled", ("ensemble", "bls")),
+    "shared": ("reused", "compiled, share_model=True", ("ensemble", "bls")),
+    "gated": ("reused", "shared, gated anyway", ("ensemble",)),
+    "reusedhand": ("reused", "hand-written, one model", ("ensemble", "bls")),
+}
+#: (compiled, hand-written) pairs whose ratio is reported. The compiled reused chain has a model
+#: per node, as the distinct chain's hand-written one does: that is its hand-written twin too.
+PAIRS = (("compiled", "hand"), ("reused", "hand"), ("reused", "reusedhand"), ("shared", "reusedhand"),
+         ("gated", "reusedhand"))
+
+
 def identity_chain(name: str, length: int) -> Pipeline:
+    """Ten step objects, ``id0``..``id9``: a model each."""
     p = Pipeline(name, inputs={"x": SPEC}, max_batch_size=8)
     ref = p.input("x")
     for i in range(length):
@@ -84,8 +117,47 @@ def identity_chain(name: str, length: int) -> Pipeline:
     return p
 
 
+def reused_chain(name: str, length: int, *, share_model: bool | None = None) -> Pipeline:
+    """One step object ``id`` at the nodes ``id0``..``id9``."""
+    ident = step(_identity, name="id", inputs={"x": SPEC}, outputs={"y": SPEC}, share_model=share_model)
+    p = Pipeline(name, inputs={"x": SPEC}, max_batch_size=8)
+    ref = p.input("x")
+    for i in range(length):
+        ref = p.add(ident, name=f"id{i}", x=ref)["y"]
+    p.output("y", ref)
+    return p
+
+
 def _identity(x):
     return {"y": x}
+
+
+def _one_hand_model(root: Path, name: str, length: int) -> None:
+    """``name``'s compiled models made what a person writes: one step model, ``<name>__id``, that
+    the ensemble names ``length`` times and the BLS calls ``length`` times."""
+    model = f"{name}__id"
+    ensemble = parse_config((root / f"{name}_ensemble" / "config.pbtxt").read_text())
+    nodes = [s.model_name for s in ensemble.ensemble_scheduling.step]
+    step_config = parse_config((root / nodes[0] / "config.pbtxt").read_text())
+    for node in set(nodes) - {model}:
+        shutil.rmtree(root / node)
+    step_config.name = model
+    (root / model / "1").mkdir(parents=True, exist_ok=True)
+    (root / model / "config.pbtxt").write_text(config_text(step_config))
+    (root / model / "1" / "model.py").write_text(HAND_STEP)
+    for s in ensemble.ensemble_scheduling.step:
+        s.model_name = model
+    (root / f"{name}_ensemble" / "config.pbtxt").write_text(config_text(ensemble))
+    (root / f"{name}_bls" / "1" / "model.py").write_text(HAND_BLS.format(models=[model] * length))
+
+
+def write_gated(root: Path, name: str, length: int) -> None:
+    """The shared chain's ensemble (``<name>_ensemble``) gated anyway, with its step model and gate."""
+    plan = bind_plan(reused_chain(name, length, share_model=True))
+    layout = layout_ensemble(plan, gated=True)
+    models = {m.name: compile_step_model(plan, m, layout.extras.get(m.name)) for m in plan.models}
+    models.update({m.name: m for m in compile_ensemble(plan, f"{name}_ensemble", layout)})
+    ModelRepository(models, top_level=(f"{name}_ensemble",)).write(root)
 
 
 def write_repository(root: Path) -> list[str]:
@@ -99,7 +171,14 @@ def write_repository(root: Path) -> list[str]:
             (root / f"{hand}__id{i}" / "1" / "model.py").write_text(HAND_STEP)
         chain = [f"{hand}__id{i}" for i in range(length)]
         (root / f"{hand}_bls" / "1" / "model.py").write_text(HAND_BLS.format(models=chain))
-        models += [f"{compiled}_ensemble", f"{hand}_ensemble", f"{compiled}_bls", f"{hand}_bls"]
+        reused, shared, reused_hand = f"reused{length}", f"shared{length}", f"reusedhand{length}"
+        reused_chain(reused, length).compile("both").write(root)
+        reused_chain(shared, length, share_model=True).compile("both").write(root)
+        reused_chain(reused_hand, length).compile("both").write(root)
+        _one_hand_model(root, reused_hand, length)
+        write_gated(root, f"gated{length}", length)
+        for kind, (_, _, forms) in KINDS.items():
+            models += [f"{kind}{length}_{form}" for form in forms]
     return models
 
 
@@ -124,32 +203,37 @@ def measure(url: str, models: list[str], rounds: int, requests: int) -> dict[str
     return samples
 
 
-def paired_ratios(samples: dict[str, list[float]], requests: int) -> dict[str, float]:
-    """Compiled over hand-written per step, round by round (the two ran back to back), then the median.
+def paired_ratios(samples: dict[str, list[float]], requests: int) -> dict[str, dict[str, float]]:
+    """Compiled over hand-written per step and for the whole 10-step chain, round by round
+    (the two ran back to back), then the median; by pair (``reused/reusedhand``), then form.
 
     Less moved by a machine whose load drifts than the ratio of overall medians.
     """
-    out = {}
-    for form in ("ensemble", "bls"):
-        per_round = []
-        rounds = len(samples[f"compiled{LENGTHS[1]}_{form}"]) // requests
-        for r in range(rounds):
-            window = slice(r * requests, (r + 1) * requests)
-            med = {m: statistics.median(v[window]) for m, v in samples.items() if m.endswith(f"_{form}")}
-            slope = {k: med[f"{k}{LENGTHS[1]}_{form}"] - med[f"{k}{LENGTHS[0]}_{form}"] for k in ("compiled", "hand")}
-            per_round.append(slope["compiled"] / slope["hand"])
-        out[form] = statistics.median(per_round)
+    out: dict[str, dict[str, float]] = {}
+    for compiled, hand in PAIRS:
+        for form in KINDS[compiled][2]:
+            per_step, whole = [], []
+            rounds = len(samples[f"{compiled}{LENGTHS[1]}_{form}"]) // requests
+            for r in range(rounds):
+                window = slice(r * requests, (r + 1) * requests)
+                med = {m: statistics.median(v[window]) for m, v in samples.items() if m.endswith(f"_{form}")}
+                slope = {k: med[f"{k}{LENGTHS[1]}_{form}"] - med[f"{k}{LENGTHS[0]}_{form}"] for k in (compiled, hand)}
+                per_step.append(slope[compiled] / slope[hand])
+                whole.append(med[f"{compiled}{LENGTHS[1]}_{form}"] / med[f"{hand}{LENGTHS[1]}_{form}"])
+            out.setdefault(f"{compiled}/{hand}", {})[form] = statistics.median(per_step)
+            out[f"{compiled}/{hand}"][f"{form}_10"] = statistics.median(whole)
     return out
 
 
 def step_model_times(statistics: dict) -> dict[str, float]:
-    """Seconds per execution inside the ten step models of each kind, from Triton's own counters.
+    """Seconds per execution inside the step models of each kind's 10-step chain, from Triton's
+    own counters.
 
     Less noisy than the client's clock: it leaves out the network, the front end and the
     scheduler, and keeps what the step's stub does with a request (the adapter's cost).
     """
     out = {}
-    for kind in ("compiled", "hand"):
+    for kind in KINDS:
         ns = count = 0
         for model in statistics["model_stats"]:
             if model["name"].startswith(f"{kind}{LENGTHS[1]}__id"):
@@ -166,7 +250,7 @@ def summarise(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     out = {}
     for form in ("ensemble", "bls"):
         row = {}
-        for kind in ("compiled", "hand"):
+        for kind in (k for k, (_, _, forms) in KINDS.items() if form in forms):
             t1, t10 = med[f"{kind}{LENGTHS[0]}_{form}"], med[f"{kind}{LENGTHS[1]}_{form}"]
             row[f"{kind}_10"] = t10
             row[f"{kind}_per_step"] = (t10 - t1) / (LENGTHS[1] - LENGTHS[0])
@@ -188,24 +272,28 @@ def main() -> None:
             with server.client("http") as client:
                 inside = step_model_times(client.statistics())
     summary = summarise(samples)
-    rows = []
-    for form, row in summary.items():
-        rows.append([
-            f"{form} (10 steps)", f"{row['compiled_10'] * 1e3:.2f} ms", f"{row['hand_10'] * 1e3:.2f} ms",
-            f"{row['compiled_10'] / row['hand_10']:.2f}x",
-        ])
-        rows.append([
-            f"{form} per step", f"{row['compiled_per_step'] * 1e6:.0f} us", f"{row['hand_per_step'] * 1e6:.0f} us",
-            f"{row['compiled_per_step'] / row['hand_per_step']:.2f}x",
-        ])
-    print(format_table(["form", "compiled", "hand-written", "ratio"], rows))
-    print(f"(median of {args.rounds} x {args.requests} interleaved HTTP requests per model, concurrency 1)")
     paired = paired_ratios(samples, args.requests)
-    print("per step, compiled / hand-written, round by round then the median: "
-          + ", ".join(f"{form} {ratio:.2f}x" for form, ratio in paired.items()))
+    rows = []
+    for compiled, hand in PAIRS:
+        chain, how, forms = KINDS[compiled]
+        for form in forms:
+            row, ratios = summary[form], paired[f"{compiled}/{hand}"]
+            rows.append([
+                f"{chain}: {how}", f"{KINDS[hand][1]}, {KINDS[hand][0]}", form,
+                f"{row[f'{compiled}_10'] * 1e3:.2f} ms", f"{row[f'{hand}_10'] * 1e3:.2f} ms",
+                f"{row[f'{compiled}_10'] / row[f'{hand}_10']:.2f}x ({ratios[f'{form}_10']:.2f}x)",
+                f"{row[f'{compiled}_per_step'] * 1e6:.0f} us", f"{row[f'{hand}_per_step'] * 1e6:.0f} us",
+                f"{row[f'{compiled}_per_step'] / row[f'{hand}_per_step']:.2f}x ({ratios[form]:.2f}x)",
+            ])
+    print(format_table(["compiled", "against", "form", "10 steps", "hand-written", "ratio", "per step",
+                        "hand-written", "ratio"], rows))
+    print(f"(median of {args.rounds} x {args.requests} interleaved HTTP requests per model, concurrency 1; "
+          "in brackets, the ratio taken round by round, then the median)")
+    print("hand-written, distinct: the distinct chain's configs with minimal model.py files (ten models); "
+          "hand-written, one model, reused: one minimal model that the ensemble names ten times")
     print(
         "inside a step model, per execution (Triton's statistics, input + infer + output, mean over the 10 steps): "
-        f"compiled {inside['compiled'] * 1e6:.1f} us, hand-written {inside['hand'] * 1e6:.1f} us"
+        + ", ".join(f"{kind} {inside[kind] * 1e6:.1f} us" for kind in KINDS)
     )
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "paired": paired, "inside": inside, "samples": samples}, indent=1))

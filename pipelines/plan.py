@@ -12,9 +12,11 @@ all run from this one plan, so they agree on:
 - each tensor's **producer and consumers**, the pipeline outputs that expose
   it, and its **last use**, after which it can be released;
 - the outputs each node must **return** (those something reads);
-- each node's **composing model**: a step used by several nodes becomes one
-  model ``<pipeline>__<step>``, shared by those nodes (a different step object
-  that reuses a step name is ``<pipeline>__<node>``);
+- each node's **composing model**: one per node, which knows its node and names
+  it in its errors: ``<pipeline>__<step>`` for the first node that uses a step
+  name, ``<pipeline>__<node>`` for each later one; a step declared
+  ``share_model=True`` (an external model by default) is one model
+  ``<pipeline>__<step>`` shared by its nodes;
 - the **ensemble tensor** that carries each wire: a pipeline output keeps its
   name, an internal wire is ``<node>.<output>`` made unique.
 - whether the ensemble form is **gated** (:func:`gated_ensemble`): the compiler
@@ -445,12 +447,13 @@ def gated_ensemble(plan: ExecutionPlan, external: Collection[str] = ()) -> bool:
     (:mod:`pipelines.compile.ensemble`) instead of answering with a step's own error.
 
     It does where two live nodes may run at once (Triton 2.51 breaks when a step fails while
-    a sibling runs), where one Python step model serves several nodes (only a gate can tell
-    which node failed), or where an external model's output would need an output copy (it
-    declares only its own outputs). ``external`` names the nodes that stand for external
-    models. The ensemble compiler lays the ensemble out by this; the local runtime runs every
-    live node of a gated ensemble whatever outputs a request asks for, as Triton does, since
-    every output passes through the gate (docs/triton_requested_outputs.md).
+    a sibling runs), where an external model's output would need an output copy (it declares
+    only its own outputs), and where one Python step model serves several nodes but takes no
+    input (only a gate can tell which node failed: a shared model with an input learns its
+    node from the name that input arrives under). ``external`` names the nodes that stand for
+    external models. The ensemble compiler lays the ensemble out by this; the local runtime runs
+    every live node of a gated ensemble whatever outputs a request asks for, as Triton does,
+    since every output passes through the gate (docs/triton_requested_outputs.md).
     """
     external = frozenset(external)
     upstream: dict[str, set[str]] = {}
@@ -459,7 +462,8 @@ def gated_ensemble(plan: ExecutionPlan, external: Collection[str] = ()) -> bool:
     names = plan.order
     if any(a not in upstream[b] and b not in upstream[a] for i, a in enumerate(names) for b in names[i + 1:]):
         return True
-    if any(len(m.nodes) > 1 and m.nodes[0] not in external for m in plan.models):
+    shared = [m for m in plan.models if len(m.nodes) > 1 and m.nodes[0] not in external]
+    if any(not plan.node(m.nodes[0]).inputs for m in shared):
         return True
     for tensor in plan.tensors:
         if tensor.node in external and (len(tensor.outputs) > 1 or (tensor.outputs and tensor.consumers)):
@@ -563,137 +567,73 @@ def _caller_level() -> int:
 def _project(plan: ExecutionPlan, wanted: frozenset[str], position: dict[str, int] | None = None) -> ExecutionPlan:
     """``plan`` cut down to the nodes the outputs ``wanted`` need, with everything derived again.
 
-    ``plan.nodes`` must be in topological order; a node's ``returns`` may only
+    The cut is :func:`pipelines.serving.cut_plan`, on the plan's JSON form: the executors inside
+    Triton and the local runtime cut with it too (``serving.Schedule``), so no two of them can
+    prune differently. ``plan.nodes`` must be in topological order; a node's ``returns`` may only
     shrink. ``position`` orders the nodes of a parallel group (default: plan order).
     """
-    by_name = {n.name: n for n in plan.nodes}
-    outputs = []
-    for o in plan.outputs:
-        if o.name not in wanted:
-            continue
-        needs: set[str] = set()
-        stack = [o.node]
-        while stack:
-            name = stack.pop()
-            if name not in needs:
-                needs.add(name)
-                stack += [key[0] for key, _ in _reads(by_name[name]) if key[0] is not None]
-        outputs.append(dataclasses.replace(o, needs=tuple(n.name for n in plan.nodes if n.name in needs)))
-    needed = {name for o in outputs for name in o.needs}
-    live = [n for n in plan.nodes if n.name in needed]
-    position = position or {n.name: i for i, n in enumerate(plan.nodes)}
+    from .serving import cut_plan
 
-    # Tensors: who reads each, in order; outputs hold theirs until the answer.
-    readers: dict[Key, list[str]] = {}
-    dtypes: dict[Key, str] = {}
-    for n in live:
-        for key, dtype in _reads(n):
-            readers.setdefault(key, []).append(n.name)
-            dtypes[key] = dtype
-    exposed: dict[Key, list[str]] = {}
-    for o in outputs:
-        exposed.setdefault(o.key, []).append(o.name)
-        dtypes[o.key] = o.dtype
-    keys = [(None, name) for name in plan.inputs if (None, name) in readers]
-    for n in live:
-        keys += [(n.name, out) for out in n.returns if (n.name, out) in readers or (n.name, out) in exposed]
-    tensors = tuple(
-        TensorPlan(
-            node=key[0],
-            name=key[1],
-            dtype=dtypes[key],
-            ensemble=(plan.tensor(key).ensemble if plan.tensor(key) is not None else key[1]),
-            consumers=tuple(readers.get(key, ())),
-            outputs=tuple(exposed.get(key, ())),
-            last_use=None if key in exposed else readers[key][-1],
-        )
-        for key in keys
-    )
-
-    after = {n.name: _unique(key[0] for key, _ in _reads(n) if key[0] is not None) for n in live}
-    before: dict[str, list[str]] = {n.name: [] for n in live}
-    for n in live:
-        for pred in after[n.name]:
-            before[pred].append(n.name)
-    level: dict[str, int] = {}
-    for n in live:
-        level[n.name] = 1 + max((level[p] for p in after[n.name]), default=-1)
-    groups = tuple(
-        tuple(sorted((name for name, lv in level.items() if lv == i), key=position.__getitem__))
-        for i in range(1 + max(level.values(), default=-1))
-    )
-    nodes = tuple(
-        dataclasses.replace(
-            n,
-            returns=tuple(out for out in n.returns if (n.name, out) in readers or (n.name, out) in exposed),
-            after=after[n.name],
-            before=tuple(before[n.name]),
-        )
-        for n in live
-    )
-    models = tuple(
-        ModelPlan(m.name, m.step, tuple(x for x in m.nodes if x in needed), m.max_batch_size)
-        for m in plan.models
-        if any(x in needed for x in m.nodes)
-    )
-    return ExecutionPlan(
-        pipeline=plan.pipeline,
-        max_batch_size=plan.max_batch_size,
-        inputs=plan.inputs,
-        outputs=tuple(outputs),
-        nodes=nodes,
-        groups=groups,
-        tensors=tensors,
-        models=models,
-        dropped=plan.dropped,
-    )
-
-
-def _reads(node: NodePlan) -> list[tuple[Key, str]]:
-    """What ``node`` reads, with each tensor's dtype: its inputs, then its conditions.
-
-    A condition is read as an input is: the node waits for it, and it is released after
-    its last reader.
-    """
-    return [(s.key, s.dtype) for s in node.inputs] + [(t.key, "BOOL") for t in node.when]
-
-
-def _unique(items: Iterable[str]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(items))
+    return ExecutionPlan.from_json(cut_plan(plan.to_json(), wanted, position))
 
 
 def _name_models(pipeline: Pipeline, order: tuple[str, ...]) -> tuple[tuple[ModelPlan, ...], dict[str, str]]:
-    """One composing model per distinct step object, and each node's model."""
-    by_step: dict[int, str] = {}
+    """Each live node's composing model, and the models in the order of their first node.
+
+    A Python step gets one model per node it is used at: the model knows its node, so its
+    own error names it and a chain needs no gate (:func:`gated_ensemble`). The first node
+    that uses a step name gets ``<pipeline>__<step>``, each later one ``<pipeline>__<node>``
+    (a step used once keeps the name it always had). A step declared ``share_model=True``,
+    and an external model unless it says ``share_model=False``, is one model
+    ``<pipeline>__<step>`` serving all its nodes.
+    """
+    steps = {name: pipeline.nodes[name].step for name in order if not pipeline.nodes[name].is_select}
+    # Group the nodes into models, in order: a shared step by its object, any other by node.
+    members: dict[Any, list[str]] = {}
+    by_node: set[Any] = set()  # models named after their node
+    named: set[str] = set()  # step names that a model is named after already
+    for node_name, step in steps.items():
+        key: Any = ("step", id(step)) if _shares_model(step) else ("node", node_name)
+        if key not in members and step.name in named:
+            by_node.add(key)
+        named.add(step.name)
+        members.setdefault(key, []).append(node_name)
+    # Models named after their step claim their names first, so that a model named after its
+    # node never moves one of them.
+    names: dict[Any, str] = {}
     taken: set[str] = set()
-    model_of: dict[str, str] = {}
-    members: dict[str, list[str]] = {}
-    for node_name in order:
-        if pipeline.nodes[node_name].is_select:  # merged by the executor itself: no model
-            continue
-        step = pipeline.nodes[node_name].step
-        name = by_step.get(id(step))
-        if name is None:
-            name = next(c for c in _candidates(pipeline.name, step.name, node_name) if c not in taken)
-            by_step[id(step)] = name
-            taken.add(name)
-            members[name] = []
-        model_of[node_name] = name
-        members[name].append(node_name)
+    for key in sorted(members, key=lambda k: k in by_node):
+        first = members[key][0]
+        candidates = (
+            _candidates_by_node(pipeline.name, first) if key in by_node
+            else _candidates(pipeline.name, steps[first].name, first)
+        )
+        names[key] = next(c for c in candidates if c not in taken)
+        taken.add(names[key])
     models = tuple(
         ModelPlan(
-            name=name,
-            step=pipeline.nodes[nodes[0]].step.name,
+            name=names[key],
+            step=steps[nodes[0]].name,
             nodes=tuple(nodes),
             max_batch_size=pipeline.nodes[nodes[0]].max_batch_size,
         )
-        for name, nodes in members.items()
+        for key, nodes in members.items()
     )
-    return models, model_of
+    return models, {node: names[key] for key, nodes in members.items() for node in nodes}
+
+
+def _shares_model(step: Any) -> bool:
+    """Whether the nodes that use ``step`` share one model (``share_model``, by default an external one)."""
+    share = getattr(step.options, "share_model", None)
+    return step.is_external if share is None else bool(share)
 
 
 def _candidates(pipeline: str, step: str, node: str) -> Iterable[str]:
     yield f"{pipeline}{MODEL_SEPARATOR}{step}"
+    yield from _candidates_by_node(pipeline, node)
+
+
+def _candidates_by_node(pipeline: str, node: str) -> Iterable[str]:
     yield f"{pipeline}{MODEL_SEPARATOR}{node}"
     i = 2
     while True:

@@ -91,6 +91,9 @@ class ModelOptions:
     or ``None`` for numpy on the CPU and CuPy on a GPU. ``timeout`` (seconds)
     bounds one call of the step in the compiled BLS and fused forms and in their
     local modes (an ensemble has no per-step timeout, and neither has its mode).
+    ``share_model``: whether the nodes that use this step share one composing model and
+    its instances (``True``) or each get one of their own (``False``); ``None`` means no
+    for a Python step and yes for an external model (:mod:`pipelines.plan`, model names).
     """
 
     max_batch_size: int | None = None
@@ -101,6 +104,7 @@ class ModelOptions:
     parameters: Mapping[str, ParameterValue] = field(default_factory=dict)
     timeout: float | None = None
     array: str | None = None
+    share_model: bool | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch_size is not None and (
@@ -117,6 +121,8 @@ class ModelOptions:
             raise StepDeclarationError(f"device must be 'cpu', 'gpu' or None; got {self.device!r}")
         if self.timeout is not None and float(self.timeout) <= 0:
             raise StepDeclarationError(f"timeout must be > 0 seconds; got {self.timeout!r}")
+        if self.share_model is not None and not isinstance(self.share_model, bool):
+            raise StepDeclarationError(f"share_model must be True, False or None; got {self.share_model!r}")
         if self.array not in (None, *serving.ARRAY_KINDS):
             raise StepDeclarationError(
                 f"array must be one of {', '.join(map(repr, serving.ARRAY_KINDS))} or None; got {self.array!r}"
@@ -434,6 +440,7 @@ def step(
     parameters: Mapping[str, Any] | None = None,
     timeout: float | None = None,
     array: str | None = None,
+    share_model: bool | None = None,
 ) -> Any:
     """Declare a step from a function or a class.
 
@@ -453,6 +460,7 @@ def step(
         parameters=parameters or {},
         timeout=timeout,
         array=array,
+        share_model=share_model,
     )
 
     def wrap(obj: Any) -> Step:

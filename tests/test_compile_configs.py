@@ -27,6 +27,7 @@ from pipelines import (
 )
 from pipelines.compile import compile_pipeline
 from pipelines.compile.configs import parse_config
+from pipelines.compile.ensemble import ERR_INPUT, ERR_OUTPUT
 from pipelines.compile.step_models import model_source, plan_json, step_reference
 from pipelines.plan import DeadNodeWarning
 
@@ -222,21 +223,34 @@ def test_internal_tensor_names_cannot_collide_with_pipeline_names():
     assert len(set(wires)) == 2 and not set(wires) & {"a.b.c", "a.b.c_1"}
 
 
-def test_a_step_used_twice_shares_one_model_and_a_renamed_copy_gets_its_own():
-    double = step(lambda x: {"y": x * 2}, name="double", inputs={"x": F4}, outputs={"y": F4})
+def _used_twice_and_a_renamed_copy(double):
     other = double.with_options(instance_count=3)  # a different step object under the same name
     p = Pipeline("p", inputs={"x": F4}, max_batch_size=4)
     a = p.add(double, x=p.input("x"))
     b = p.add(double, name="again", x=a["y"])
     c = p.add(other, name="third", x=b["y"])
     p.output("y", c["y"])
-    repo = p.compile("ensemble")
-    # The shared model cannot tell its two nodes apart when one fails: the gate can.
-    assert [s.model_name for s in repo["p"].config.ensemble_scheduling.step] == [
-        "p__double", "p__double", "p__third", "p__gate",
-    ]
-    assert json.loads(repo["p__double"].files["1/step.json"])["nodes"] == ["double", "again"]
-    assert repo["p__third"].config.instance_group[0].count == 3
+    return p
+
+
+def test_a_step_used_twice_is_a_model_per_node_and_one_shared_model_only_when_asked():
+    double = step(lambda x: {"y": x * 2}, name="double", inputs={"x": F4}, outputs={"y": F4})
+    repo = _used_twice_and_a_renamed_copy(double).compile("ensemble")
+    # Each node's model knows its node and names it in its own error: a chain needs no gate.
+    steps = repo["p"].config.ensemble_scheduling.step
+    assert [s.model_name for s in steps] == ["p__double", "p__again", "p__third"]
+    assert not any(ERR_OUTPUT in s.output_map or any(k.startswith(ERR_INPUT) for k in s.input_map) for s in steps)
+    assert json.loads(repo["p__double"].files["1/step.json"])["nodes"] == ["double"]
+    assert json.loads(repo["p__again"].files["1/step.json"])["nodes"] == ["again"]
+    assert [repo[m].config.instance_group[0].count for m in ("p__double", "p__again", "p__third")] == [1, 1, 3]
+
+    shared = _used_twice_and_a_renamed_copy(double.with_options(share_model=True)).compile("ensemble")
+    # One model for the two nodes, which tells them apart by the name its input arrives under.
+    steps = shared["p"].config.ensemble_scheduling.step
+    assert [s.model_name for s in steps] == ["p__double", "p__double", "p__third"]
+    assert [list(s.input_map) for s in steps] == [["x__at_double"], ["x__at_again"], ["x"]]
+    assert json.loads(shared["p__double"].files["1/step.json"])["nodes"] == ["double", "again"]
+    assert shared["p__third"].config.instance_group[0].count == 3
 
 
 def test_step_model_carries_options_and_the_adapter(tmp_path):

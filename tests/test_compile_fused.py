@@ -19,12 +19,13 @@ def inc(x):
     return {"y": x + 1}
 
 
-def pipeline(*, fixed_batch=None, max_batch_size=8):
+def pipeline(*, fixed_batch=None, max_batch_size=8, share_model=None):
     detector = external_model("detector", inputs={"x": ROW}, outputs={"y": ROW}, backend="onnxruntime",
                               fixed_batch=fixed_batch, timeout=2.5)
+    used_twice = inc if share_model is None else inc.with_options(share_model=share_model)
     p = Pipeline("fz", inputs={"x": ROW}, max_batch_size=max_batch_size)
-    a = p.add(inc, name="first", x=p.input("x"))
-    p.output("y", p.add(inc, name="second", x=p.add(detector, x=a["y"])["y"])["y"])
+    a = p.add(used_twice, name="first", x=p.input("x"))
+    p.output("y", p.add(used_twice, name="second", x=p.add(detector, x=a["y"])["y"])["y"])
     return p
 
 
@@ -43,13 +44,17 @@ def test_the_fused_config_has_its_own_instances_and_batching():
 def test_the_plan_says_which_nodes_run_inside_and_which_are_called():
     model = pipeline().compile("all")["fz_fused"]
     data = json.loads(model.files["1/fused.json"])
-    assert data["nodes"]["first"] == {"kind": "python", "folder": "steps/fz__inc", "model": "fz__inc", "device": None,
-                                      "timeout_us": 0}
-    assert data["nodes"]["second"]["folder"] == "steps/fz__inc"  # one step, one instance, two nodes
+    assert data["nodes"]["first"] == {"kind": "python", "folder": "steps/fz__inc", "model": "fz__inc",
+                                      "device": None, "timeout_us": 0}
+    assert data["nodes"]["second"]["folder"] == "steps/fz__second"  # a model, and an instance, per node
     assert data["nodes"]["detector"] == {"kind": "external", "model": "fz__detector", "timeout_us": 2_500_000}
     assert data["join_rows"] == 8 and data["plan"]["pipeline"] == "fz"
     step_plan = json.loads(model.files["1/steps/fz__inc/step.json"])
     assert step_plan["step"] == "inc" and step_plan["impl"]["pickle"] == "step.pkl"  # by value: a test module
+    assert step_plan["nodes"] == ["first"]
+    # Asked to share: one step, one instance, two nodes.
+    shared = json.loads(pipeline(share_model=True).compile("fused")["fz"].files["1/fused.json"])
+    assert shared["nodes"]["first"]["folder"] == shared["nodes"]["second"]["folder"] == "steps/fz__inc"
     # A model exported with a fixed batch takes one request's rows at a time: no joined batches.
     assert json.loads(pipeline(fixed_batch=1).compile("fused")["fz"].files["1/fused.json"])["join_rows"] == 0
 

@@ -203,10 +203,11 @@ def flat_pipeline():
     return p
 
 
-def twice_pipeline():
+def twice_pipeline(*, share_model=None):
+    used_twice = double if share_model is None else double.with_options(share_model=share_model)
     p = Pipeline("twice", inputs={"x": TensorSpec("FP32", [4])}, max_batch_size=8)
-    a = p.add(double, x=p.input("x"))
-    b = p.add(double, name="double2", x=a["y"])
+    a = p.add(used_twice, x=p.input("x"))
+    b = p.add(used_twice, name="double2", x=a["y"])
     p.output("y", b["y"])
     return p
 
@@ -275,7 +276,7 @@ def named_diamond_pipeline():
 
 
 def named_twice_pipeline():
-    """One step model serving two nodes: which of them failed is known only per request."""
+    """One step used at two nodes of a chain: each node's model names its node, with no gate."""
     p = Pipeline("named_twice", inputs={"x": TensorSpec("FP32", [4])}, max_batch_size=8)
     first = p.add(explode_on_negative, name="sturdy_step", x=p.input("x"))
     n = p.add(negate, x=first["y"])
@@ -425,12 +426,16 @@ def test_steps_defined_in_main_serve_after_the_script_is_gone(client, form):
     assert_same(client.infer(f"scripted_{form}", {"x": x}), scripted_reference(x))
 
 
-def test_a_step_used_twice_is_one_shared_model(server, pipelines):
+def test_a_step_used_twice_is_a_model_per_node(server, pipelines):
     repo = compile_pipeline(pipelines["twice"], "both")
     composing = [n for n in repo.names if n.startswith("twice__")]
-    assert composing == ["twice__double"]
-    stats = server.client().statistics("twice__double")
-    assert stats  # loaded and served under one name
+    assert composing == ["twice__double", "twice__double2"]  # the first node keeps the step's name
+    for model in composing:
+        stats = server.client().statistics(model)
+        assert stats  # loaded and served under its node's name
+    # Asked to share, the nodes get one model (tests/test_reused_step_server.py serves one).
+    shared = compile_pipeline(twice_pipeline(share_model=True), "both")
+    assert [n for n in shared.names if n.startswith("twice__")] == ["twice__double"]
 
 
 @pytest.mark.parametrize("form", FORMS)

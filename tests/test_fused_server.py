@@ -97,15 +97,15 @@ class Counted:
     def initialize(self, config):
         directory = config["parameters"]["init_dir"]
         if directory:
-            Path(directory, f"init-{os.getpid()}-{id(self)}").touch()
+            Path(directory, f"init-{config['pipeline']}-{config['node']}-{os.getpid()}-{id(self)}").touch()
 
     def execute(self, x):
         return {"y": x * 3}
 
 
-def counted_pipeline(init_dir):
-    counted = Counted.with_options(parameters={"init_dir": init_dir})
-    p = Pipeline("counted", inputs={"x": ROW}, max_batch_size=8)
+def counted_pipeline(init_dir, *, share_model=None):
+    counted = Counted.with_options(parameters={"init_dir": init_dir}, share_model=share_model)
+    p = Pipeline("counted_shared" if share_model else "counted", inputs={"x": ROW}, max_batch_size=8)
     a = p.add(counted, name="a", x=p.input("x"))
     p.output("y", p.add(counted, name="b", x=a["y"])["y"])
     return p
@@ -185,8 +185,9 @@ def init_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(pipelines, init_dir, tmp_path_factory):
     repos = [p.compile("all") for p in pipelines.values()]
-    # Two fused instances, each with one instance of the step its two nodes share.
+    # Two fused instances, each with one instance of each node's step; and of the step two nodes share.
     repos.append(counted_pipeline(str(init_dir)).compile("fused", fused_instance_count=2))
+    repos.append(counted_pipeline(str(init_dir), share_model=True).compile("fused", fused_instance_count=2))
     path = repos[0].merge(*repos[1:]).write(tmp_path_factory.mktemp("fused") / "repo")
     with TritonServer(path) as running:
         yield running
@@ -299,7 +300,12 @@ def test_each_step_is_initialized_once_per_fused_instance(server, init_dir):
     x = np.ones((1, 4), np.float32)
     with server.client("grpc", timeout=60) as c:
         np.testing.assert_array_equal(c.infer("counted", {"x": x})["y"], x * 9)
-    assert len(list(init_dir.iterdir())) == 2  # two fused instances; nodes a and b share one step instance
+        np.testing.assert_array_equal(c.infer("counted_shared", {"x": x})["y"], x * 9)
+    inits = sorted(f.name.split("-")[1:3] for f in init_dir.iterdir())
+    # two fused instances; nodes a and b have a step instance each, unless they share one (which
+    # names no node: initialize() gets the step's name)
+    assert [i for i in inits if i[0] == "counted"] == [["counted", "a"]] * 2 + [["counted", "b"]] * 2
+    assert [i for i in inits if i[0] == "counted_shared"] == [["counted_shared", "Counted"]] * 2
 
 
 def test_a_failing_request_does_not_fail_the_others_of_its_batch(server):

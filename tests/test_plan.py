@@ -20,15 +20,16 @@ from pipelines.plan import DeadNodeWarning, ExecutionPlan, plan_of
 from pipelines.runtime import MODES, LocalRuntime
 
 
-def edges() -> Pipeline:
+def edges(*, share_model: bool | None = None) -> Pipeline:
     """The shapes that trip planners: an output read by later steps, an output read by two
     steps, two outputs of one step, a step used by three nodes, an independent branch, dead nodes."""
+    used_thrice = inc if share_model is None else inc.with_options(share_model=share_model)
     p = Pipeline("edges", inputs={"x": V}, max_batch_size=4)
-    a = p.add(inc, name="a", x=p.input("x"))
-    b = p.add(inc, name="b", x=a["y"])  # inc shared by a, b, e
+    a = p.add(used_thrice, name="a", x=p.input("x"))
+    b = p.add(used_thrice, name="b", x=a["y"])  # inc used by a, b, e
     c = p.add(add, name="c", a=b["y"], b=a["y"])
     d = p.add(split, name="d", x=b["y"])
-    e = p.add(inc, name="e", x=p.input("x"))
+    e = p.add(used_thrice, name="e", x=p.input("x"))
     dead = p.add(explode, name="dead", x=d["lo"])
     p.add(add, name="dead_too", a=dead["y"], b=e["y"])
     p.output("a", a["y"])  # also feeds b and c
@@ -101,12 +102,21 @@ def test_the_plan_holds_live_nodes_groups_readers_last_uses_returns_and_models()
     x = plan.tensor((None, "x"))
     assert x.consumers == ("a", "e") and x.last_use == "e"
     assert plan.node("d").returns == ("lo", "hi")
-    # one model for the three nodes of inc; the dead nodes' steps get no model
+    # one model per node of inc, in the order of the nodes: the first keeps the step's name, the
+    # later ones are named after their node; the dead nodes' steps get no model
     assert [(m.name, m.nodes) for m in plan.models] == [
-        ("edges__inc", ("a", "b", "e")), ("edges__add", ("c",)), ("edges__split", ("d",))
+        ("edges__inc", ("a",)), ("edges__b", ("b",)), ("edges__add", ("c",)), ("edges__split", ("d",)),
+        ("edges__e", ("e",)),
     ]
+    assert {m.step for m in plan.models if m.name in ("edges__inc", "edges__b", "edges__e")} == {"inc"}
     assert plan.tensor(("a", "y")).ensemble == "a" and plan.ensemble_name((None, "x")) == "x"
     assert ExecutionPlan.from_json(json.dumps(plan.to_json())) == plan
+    # Asked to share: one model for the three nodes of inc.
+    shared = _quiet_plan(edges(share_model=True))
+    assert [(m.name, m.nodes) for m in shared.models] == [
+        ("edges__inc", ("a", "b", "e")), ("edges__add", ("c",)), ("edges__split", ("d",))
+    ]
+    assert ExecutionPlan.from_json(json.dumps(shared.to_json())) == shared
 
 
 def test_a_subset_of_outputs_prunes_the_plan():
@@ -115,7 +125,8 @@ def test_a_subset_of_outputs_prunes_the_plan():
     assert sub.order == ("a", "b", "d") and sub.output_names == ("lo",)
     assert sub.node("d").returns == ("lo",)  # "hi" is read by nothing now
     assert sub.node("b").returns == ("y",) and sub.tensor(("b", "y")).last_use == "d"
-    assert [m.nodes for m in sub.models] == [("a", "b"), ("d",)]
+    assert [m.nodes for m in sub.models] == [("a",), ("b",), ("d",)]
+    assert [m.nodes for m in _quiet_plan(edges(share_model=True)).for_outputs(["lo"]).models] == [("a", "b"), ("d",)]
     assert plan.for_outputs(["lo"]) is sub  # cached per subset
     assert plan.for_outputs(plan.output_names) is plan
     with pytest.raises(ValueError, match=r"no output 'nope'; its outputs are \['a', 'b', 'c', 'lo', 'hi', 'e'\]"):

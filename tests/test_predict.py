@@ -132,7 +132,7 @@ def test_configured_sets_each_models_options_and_still_compiles():
 def test_nodes_that_share_a_step_still_share_one_model_once_configured():
     vec = TensorSpec("FP32", [4])
 
-    @step(inputs={"x": vec}, outputs={"y": vec})
+    @step(inputs={"x": vec}, outputs={"y": vec}, share_model=True)
     def twice(x):
         return {"y": x * 2}
 
@@ -145,6 +145,27 @@ def test_nodes_that_share_a_step_still_share_one_model_once_configured():
     copy = configured(p, config)
     assert copy.nodes["first"].step is copy.nodes["second"].step
     assert [m for m in copy.compile("ensemble").models if m.endswith("twice")] == ["shared__twice"]
+
+
+def test_nodes_of_one_step_keep_a_model_each_and_their_own_options_once_configured():
+    vec = TensorSpec("FP32", [4])
+
+    @step(inputs={"x": vec}, outputs={"y": vec})
+    def twice(x):
+        return {"y": x * 2}
+
+    p = Pipeline("pernode", inputs={"x": vec}, max_batch_size=4)
+    a = p.add(twice, name="first", x=p.input("x"))
+    p.output("y", p.add(twice, name="second", x=a["y"])["y"])
+    base = default_configuration(p, "ensemble")
+    assert list(base.models) == ["pernode__twice", "pernode__second"]
+    config = Configuration("ensemble", {"pernode__twice": ModelChoice(instance_count=2, max_batch_size=4),
+                                        "pernode__second": ModelChoice(instance_count=3, max_batch_size=4)})
+    copy = configured(p, config)
+    repo = copy.compile("ensemble")
+    assert sorted(m for m in repo.models if m.startswith("pernode__")) == ["pernode__second", "pernode__twice"]
+    assert [repo[m].config.instance_group[0].count for m in ("pernode__twice", "pernode__second")] == [2, 3]
+    assert default_configuration(copy, "ensemble") == config
 
 
 def test_advise_finds_batching_or_instances_for_a_step_that_costs_the_same_per_call(profile_path):

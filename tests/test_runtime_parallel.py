@@ -264,9 +264,11 @@ def test_cancelling_a_step_on_its_way_to_a_thread_does_not_lose_the_instance():
     np.testing.assert_array_equal(anyio.run(main)["y"], X * 2)
 
 
-def test_a_step_used_by_two_nodes_is_one_step_model_as_on_the_server():
-    """Two parallel uses of one step share its instances, as they share one composing
-    model in a compiled repository: with one instance they take turns, with two they overlap."""
+@pytest.mark.parametrize("share_model", [None, True])
+def test_a_step_used_by_two_nodes_is_a_step_model_per_node_or_one_shared_as_on_the_server(share_model):
+    """Two parallel uses of one step each get a step model of their own, as they get a composing
+    model each in a compiled repository; asked to share (``share_model=True``) they share one
+    model's instances: with one instance they take turns, with two they overlap."""
     v = TensorSpec("FP32", [-1])
     state = {"active": 0, "peak": 0, "inits": 0}
     lock = threading.Lock()
@@ -287,7 +289,7 @@ def test_a_step_used_by_two_nodes_is_one_step_model_as_on_the_server():
 
     for count in (1, 2):
         state.update(active=0, peak=0, inits=0)
-        slow = step(Slow, name="slow", inputs={"x": v}, outputs={"y": v}, instance_count=count)
+        slow = step(Slow, name="slow", inputs={"x": v}, outputs={"y": v}, instance_count=count, share_model=share_model)
         p = Pipeline(f"twice{count}", inputs={"x": v}, max_batch_size=4)
         a = p.add(slow, name="left", x=p.input("x"))
         b = p.add(slow, name="right", x=p.input("x"))
@@ -301,5 +303,9 @@ def test_a_step_used_by_two_nodes_is_one_step_model_as_on_the_server():
         out = anyio.run(main)
         np.testing.assert_array_equal(out["a"], np.ones((1, 2), np.float32))
         np.testing.assert_array_equal(out["b"], np.ones((1, 2), np.float32))
-        assert state["inits"] == count  # instances of the step, not of each node
-        assert state["peak"] == count
+        if share_model:
+            assert state["inits"] == count  # instances of the step, not of each node
+            assert state["peak"] == count
+        else:
+            assert state["inits"] == 2 * count  # instances of each node's model
+            assert state["peak"] == 2  # the two nodes, one call each, at once

@@ -348,8 +348,9 @@ def test_an_input_on_the_gpu_is_refused_by_a_steps_process_by_name():
         instance.finalize()
 
 
+@pytest.mark.parametrize("share_model", [None, True])
 @pytest.mark.parametrize("mode", ISOLATED_MODES)
-def test_dynamic_batches_and_a_step_used_twice_run_in_the_steps_processes(mode):
+def test_dynamic_batches_and_a_step_used_twice_run_in_the_steps_processes(mode, share_model):
     from pipelines.runtime.local import run_many
 
     row = TensorSpec("FP64", [2])
@@ -360,20 +361,27 @@ def test_dynamic_batches_and_a_step_used_twice_run_in_the_steps_processes(mode):
 
     s = step(model, inputs={"x": row}, outputs={"y": row, "rows": TensorSpec("INT64", [1]),
                                                  "pid": TensorSpec("INT64", [1])},
-             name="model", max_batch_size=8, dynamic_batching={"max_queue_delay_us": 20_000}, instance_count=2)
+             name="model", max_batch_size=8, dynamic_batching={"max_queue_delay_us": 20_000}, instance_count=2,
+             share_model=share_model)
     p = Pipeline("batched", inputs={"x": row}, max_batch_size=4)
     first = p.add(s, x=p.input("x"), name="first")
-    second = p.add(s, x=first["y"], name="second")  # the same step: the same model and processes
+    second = p.add(s, x=first["y"], name="second")  # the same step: a model per node, or one when shared
     p.output("y", second["y"])
     p.output("rows", second["rows"])
     p.output("pid", second["pid"])
     p.output("first_pid", first["pid"])
     requests = [{"x": np.full((1 + i % 3, 2), float(i))} for i in range(24)]
     answers, _ = run_many(p, requests, mode=mode, concurrency=8, isolation="process")
-    pids = set()
+    pids, first_pids = set(), set()
     for request, out in zip(requests, answers, strict=True):
         np.testing.assert_array_equal(out["y"], request["x"] * 100)  # nobody got another caller's rows
-        pids |= {int(v) for v in out["pid"].ravel()} | {int(v) for v in out["first_pid"].ravel()}
-    assert os.getpid() not in pids and 1 <= len(pids) <= 2  # the step's two instances, shared by both nodes
+        pids |= {int(v) for v in out["pid"].ravel()}
+        first_pids |= {int(v) for v in out["first_pid"].ravel()}
+    if share_model:
+        pids |= first_pids
+        assert os.getpid() not in pids and 1 <= len(pids) <= 2  # the step's two instances, shared by both nodes
+    else:  # each node's model has two instances of its own
+        assert os.getpid() not in pids | first_pids and not pids & first_pids
+        assert 1 <= len(pids) <= 2 and 1 <= len(first_pids) <= 2
     if mode != "bls-sync":  # requests one after another reach it one at a time there
         assert max(int(out["rows"].max()) for out in answers) > 3  # rows of several requests ran as one batch

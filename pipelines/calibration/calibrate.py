@@ -18,7 +18,7 @@ from .fit import fit_rounds
 from .measure import Budget, measure_lanes, measure_probes
 from .probes import BUSY_MS, CHAINS, SIZES, Probe, probe_plan, probe_repository
 from .profile import Profile
-from .wake import WAKE_MODEL, fit_wake, measure_wake
+from .wake import SLEEP_MODEL, WAKE_MODEL, fit_wake, measure_wake
 
 __all__ = ["ProbesNotDeployed", "calibrate"]
 
@@ -92,7 +92,7 @@ def calibrate(
             busy_ms=BUSY_MS,
         )
         bar.update("calibrating", "wake", 1.0, "hand-offs after a wait")
-        wake = fit_wake(measure_wake(lambda model, inputs: client.infer(model, inputs), rounds=budget.rounds))
+        woken = measure_wake(lambda model, inputs: client.infer(model, inputs), rounds=budget.rounds)
         bar.update("calibrating", "lanes", 1.0, "requests at once")
         lane_probes = _lane_probes(chains, sizes)
         lanes, rows = measure_lanes(connect, lane_probes, cores, budget.lanes_seconds)
@@ -114,7 +114,8 @@ def calibrate(
         lanes_by_size=lanes_by_size,
         rounds=budget.rounds,
         round_samples=tuple(round_rows),
-        wake=wake,
+        wake=fit_wake(woken["busy"]),
+        wake_idle=fit_wake(woken["idle"]),
     )
 
 
@@ -130,7 +131,7 @@ def _lane_probes(chains: tuple[int, ...], sizes: tuple[int, ...]) -> list[Probe]
 
 def _require_probes(client, url: str, probes: list[Probe], chains: tuple[int, ...], probes_dir) -> None:
     client.metadata()  # a server that cannot be reached is said so (ServerError), not taken for one without probes
-    missing = sorted(m for m in {*(p.model for p in probes), WAKE_MODEL} if not client.ready(m))
+    missing = sorted(m for m in {*(p.model for p in probes), WAKE_MODEL, SLEEP_MODEL} if not client.ready(m))
     if missing:
         # every chain, so that the deployed repository serves --quick and full calibrations alike;
         # into a directory of the user's beside what is there, never over a file or a model not ours

@@ -263,9 +263,9 @@ def _gate_from_gated(at: dict[int, dict[str, tuple[float, float]]], by_size: dic
     were measured: the gated probe's latency less the grown ensemble's, less what the profile
     already prices its gate model by (a step and a stub, passing a few bytes: the smallest size's).
 
-    The gated probe runs the same steps, but one identity model serves both identity nodes, so
-    its ensemble is gated: each step carries a failure tensor in and out, and a gate model
-    answers. On the bundled server that cost 0.7-1.4 ms a request more than the same chain
+    The gated probe runs the same steps and a one-number step beside them (a step running
+    beside others is what gates an ensemble), so each step carries a failure tensor in and
+    out, and a gate model answers. On the bundled server that cost 0.7-1.4 ms a request more than the same chain
     ungated, at 1 KiB and at 4 MiB alike, where its gate's step and stub are 0.4 ms
     (docs/server_profiles.md)."""
     smallest = min(at)

@@ -9,10 +9,10 @@ model around it. ``probe_grown`` puts identity steps between a step that grows
 a one-number request to the size asked for and one that shrinks it to a byte:
 its stubs pass intermediates of that size, as a user's steps mostly do, with
 no request or answer of that size on the server at the same time. ``probe_gated``
-is the same chain with one identity model for both identity nodes, so that its
-ensemble is gated (:mod:`pipelines.compile.ensemble`): every step carries a failure
-tensor, and a gate model answers; what it costs beyond ``probe_grown``'s ensemble
-is what a gated ensemble pays.
+is the same chain with a one-number step beside it (``count``, a second output), so
+that its ensemble is gated (:mod:`pipelines.compile.ensemble`: a step runs beside
+others): every step carries a failure tensor, and a gate model answers; what it
+costs beyond ``probe_grown``'s ensemble is what a gated ensemble pays.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from ..forms import model_name
 from ..graph import Pipeline
 from ..step import step
 from ..tensor import TensorSpec
+from .wake import sleep_pipeline, wake_pipeline
 
-__all__ = ["BLS_KINDS", "BUSY_MS", "CHAINS", "GATED_ROW", "GROWN_ROW", "GROWN_STEPS", "KINDS", "SIZES", "Probe", "grow", "grown_pipeline",
-           "identity", "probe_pipeline", "probe_plan", "probe_repository", "shrink", "size_label"]
+__all__ = ["BLS_KINDS", "BUSY_MS", "CHAINS", "GATED_ROW", "GROWN_ROW", "GROWN_STEPS", "KINDS", "SIZES", "Probe", "count", "grow",
+           "grown_pipeline", "identity", "probe_pipeline", "probe_plan", "probe_repository", "shrink", "size_label"]
 
 BYTES = TensorSpec("UINT8", [-1])
 NBYTES = TensorSpec("INT64", [1])
@@ -94,10 +95,16 @@ def shrink(x):
     return {"y": x[:, :1].copy()}
 
 
-def _identities(p: Pipeline, ref, steps: int, *, shared: bool = False):
-    """``steps`` identity nodes after ``ref``: each a model of its own, or one model for all (``shared``)."""
+@step(inputs={"n": NBYTES}, outputs={"m": NBYTES}, name="count")
+def count(n):
+    """The request's one number, handed back: a step beside the chain that gates its ensemble."""
+    return {"m": n}
+
+
+def _identities(p: Pipeline, ref, steps: int):
+    """``steps`` identity nodes after ``ref``, each a model of its own."""
     for i in range(steps):
-        node = identity if i == 0 or shared else identity.with_options()  # a copy: a model of its own
+        node = identity if i == 0 else identity.with_options()  # a copy: a model of its own
         ref = p.add(node, name=f"id_{i}", x=ref)["y"]
     return ref
 
@@ -108,8 +115,8 @@ def _identity_models(pipeline: str, steps: int) -> tuple[str, ...]:
 
 def grown_pipeline(steps: int = GROWN_STEPS, *, gated: bool = False) -> Pipeline:
     """``n -> grow -> identity x steps -> shrink -> y``: intermediates of ``n`` bytes between
-    a request and an answer of a few bytes; ``gated``: one identity model for every identity
-    node, which gates its ensemble.
+    a request and an answer of a few bytes; ``gated``: also ``n -> count -> m`` beside the
+    chain, which gates its ensemble (a gate model answers, as no one step gives both outputs).
 
     What it prices, at each size, with its requests back to back as a pipeline's come
     (:func:`pipelines.calibration.measure.measure_probes`):
@@ -127,7 +134,9 @@ def grown_pipeline(steps: int = GROWN_STEPS, *, gated: bool = False) -> Pipeline
     """
     p = Pipeline(GATED if gated else GROWN, inputs={"n": NBYTES}, max_batch_size=8)
     ref = p.add(grow, n=p.input("n"))["y"]
-    p.output("y", p.add(shrink, x=_identities(p, ref, steps, shared=gated))["y"])
+    p.output("y", p.add(shrink, x=_identities(p, ref, steps))["y"])
+    if gated:
+        p.output("m", p.add(count, n=p.input("n"))["m"])
     return p
 
 
@@ -193,8 +202,9 @@ class Probe:
     def all_step_models(self) -> tuple[str, ...]:
         """Every step model one request runs: a grown probe's ``grow`` and ``shrink`` too."""
         if self.grown:
-            identities = _identity_models(self.pipeline, 1) if self.gated else self.step_models  # gated: one shared
-            return (f"{self.pipeline}__grow", *identities, f"{self.pipeline}__shrink")
+            identities = _identity_models(self.pipeline, self.steps)
+            beside = (f"{self.pipeline}__count",) if self.gated else ()
+            return (f"{self.pipeline}__grow", *identities, f"{self.pipeline}__shrink", *beside)
         return self.step_models
 
     @property
@@ -249,6 +259,7 @@ def probe_repository(chains: tuple[int, ...] = CHAINS) -> ModelRepository:
     """The probe pipelines compiled as ensembles and BLS models (async and sync), in one repository."""
     repos = [p.compile("both") for p in (*(probe_pipeline(n) for n in sorted(chains)), grown_pipeline())]
     repos.append(grown_pipeline(gated=True).compile("ensemble"))
+    repos += [wake_pipeline().compile("ensemble"), sleep_pipeline().compile("ensemble")]  # step models called directly
     first, *rest = repos
     return first.merge(*rest) if rest else first
 

@@ -104,7 +104,8 @@ class Profile:
     the side that waits for it has waited a while: ``(waited µs, µs)`` points, from probes
     whose step works that long (:mod:`pipelines.calibration.wake`). A thread that waits
     long enough sleeps, and its core idles; waking them takes longer the longer they slept.
-    Profiles without it (older ones) price no wake.
+    ``wake_idle`` is the same where every core idled that long (a step that sleeps, or waits
+    on a GPU). Profiles without them (older ones) price no wake.
     """
 
     costs: Mapping[str, Cost]
@@ -124,6 +125,7 @@ class Profile:
     round_samples: tuple[tuple, ...] = ()
     ci_level: float = 0.95
     wake: tuple[tuple[float, float], ...] = ()
+    wake_idle: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.protocol not in ("http", "grpc"):
@@ -154,6 +156,7 @@ class Profile:
             raise PipelinesError(f"a profile's ci_level is a fraction between 0 and 1; got {self.ci_level!r}")
         object.__setattr__(self, "lanes_by_size", by_size)
         object.__setattr__(self, "wake", checked_wake(self.wake))
+        object.__setattr__(self, "wake_idle", checked_wake(self.wake_idle))
         object.__setattr__(self, "costs", MappingProxyType(dict(self.costs)))
         object.__setattr__(self, "machine", MappingProxyType(dict(self.machine)))
 
@@ -190,6 +193,7 @@ class Profile:
             "ci_level": self.ci_level,
             "round_samples": [list(s) for s in self.round_samples],
             "wake": [list(p) for p in self.wake],
+            "wake_idle": [list(p) for p in self.wake_idle],
         })
 
     def to_json(self) -> str:
@@ -234,6 +238,7 @@ class Profile:
                 ),
                 ci_level=float(data.get("ci_level", 0.95)),
                 wake=tuple((float(w), float(us)) for w, us in data.get("wake", ())),
+                wake_idle=tuple((float(w), float(us)) for w, us in data.get("wake_idle", ())),
             )
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             what = f"{exc.args[0]} is missing" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"

@@ -31,9 +31,10 @@ def profile_table(profile: Profile) -> str:
     if profile.rounds:
         head += (f"medians over {profile.rounds} rounds; [low-high]: {profile.ci_level:.0%} intervals, "
                  "a bootstrap over the rounds\n")
-    if profile.wake:
-        waits = ", ".join(f"{us:.0f} µs after {waited / 1e3:g} ms" for waited, us in profile.wake)
-        head += f"a hand-off to a side that waited, beyond the boundaries (wake): {waits}\n"
+    for points, what in ((profile.wake, "a hand-off to a side that waited, beyond the boundaries (wake)"),
+                         (profile.wake_idle, "the same once every core idled (wake_idle)")):
+        if points:
+            head += f"{what}: {', '.join(f'{us:.0f} µs after {waited / 1e3:g} ms' for waited, us in points)}\n"
     rows = []
     for name in BOUNDARIES:
         cost = profile.costs[name]

@@ -8,9 +8,12 @@ form (a direct call of the step model, an ensemble, a BLS model, a fused model a
 more at 2 ms. That is most of what the simulation missed at concurrency 1: every latency a few
 per cent low, from 0.9 to 1.7 ms a request (docs/prediction.md).
 
-So the calibration calls one step model directly with several work times, in rounds, and the
+So the calibration calls a step model directly with several work times, in rounds, and the
 profile keeps each one's cost above the 0.5 ms one's as ``wake``: ``(waited µs, µs)`` points, per
-hand-off. A direct call has two hand-offs that wait (the server's thread waits for the stub, the
+hand-off. A step that sleeps leaves every core idle, and waking an idle machine costs more (a
+10-step chain of 1 ms sleeps was predicted 1.7 ms low where a working probe priced nothing at 2 ms),
+so a second step model sleeps instead, and its figures are ``wake_idle``, by how long every core
+idled. A direct call has two hand-offs that wait (the server's thread waits for the stub, the
 client for the server), so each costs half the difference. The simulation pays it where a
 request waits for another process, while a core is idle (:mod:`pipelines.predict.simulator`).
 """
@@ -20,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from statistics import median
-from time import perf_counter
+from time import perf_counter, sleep
 from typing import Any
 
 import numpy as np
@@ -30,14 +33,17 @@ from ..graph import Pipeline
 from ..step import step
 from ..tensor import TensorSpec
 
-__all__ = ["WAITS_MS", "WAKE_MODEL", "checked_wake", "fit_wake", "measure_wake", "wake_pipeline"]
+__all__ = ["SLEEP_MODEL", "WAITS_MS", "WAKE_MODEL", "checked_wake", "fit_wake", "measure_wake", "sleep_pipeline",
+           "wake_pipeline"]
 
 #: The work times of the wake probe, in ms: the probes' own first, to which the others compare.
 WAITS_MS = (0.5, 2.0, 5.0, 10.0, 20.0)
 #: The hand-offs that wait in a direct call of a step model: the server's for the stub, the client's.
 HANDOFFS = 2
-#: The wake probe's step model, called directly.
+#: The wake probes' step models, called directly: one works on a core while the client waits,
+#: the other sleeps, so that every core idles (as they do while a step waits on a GPU).
 WAKE_MODEL = "probe_wake__waiter"
+SLEEP_MODEL = "probe_sleep__sleeper"
 
 MS = TensorSpec("FP64", [1])
 
@@ -51,10 +57,24 @@ def waiter(ms):
     return {"worked": ms}
 
 
+@step(inputs={"ms": MS}, outputs={"worked": MS}, name="sleeper")
+def sleeper(ms):
+    """Sleeps ``ms`` milliseconds, then hands ``ms`` back."""
+    sleep(float(ms.reshape(-1)[0]) / 1e3)
+    return {"worked": ms}
+
+
 def wake_pipeline() -> Pipeline:
-    """The wake probe: one step, whose model the calibration calls directly."""
+    """The wake probe that works: one step, whose model the calibration calls directly."""
     p = Pipeline("probe_wake", inputs={"ms": MS}, max_batch_size=0)
     p.output("worked", p.add(waiter, ms=p.input("ms"))["worked"])
+    return p
+
+
+def sleep_pipeline() -> Pipeline:
+    """The wake probe that sleeps: one step, whose model the calibration calls directly."""
+    p = Pipeline("probe_sleep", inputs={"ms": MS}, max_batch_size=0)
+    p.output("worked", p.add(sleeper, ms=p.input("ms"))["worked"])
     return p
 
 
@@ -64,19 +84,21 @@ def measure_wake(
     rounds: int,
     requests: int = 3,
     clock: Callable[[], float] = perf_counter,
-) -> dict[float, list[float]]:
-    """Each work time's requests, timed: µs beyond the work, by work time in ms. Rounds over every
-    work time, each ``requests`` in a row after one untimed (which wakes the stub as the first of
-    a pipeline's requests would), so that a slow spell of the machine moves them all alike."""
-    over: dict[float, list[float]] = {ms: [] for ms in WAITS_MS}
+) -> dict[str, dict[float, list[float]]]:
+    """Each probe's requests at each work time, timed: µs beyond the work, by work time in ms, for
+    the probe that works (``"busy"``) and the one that sleeps (``"idle"``). Rounds over every work
+    time, each ``requests`` in a row after one untimed (which wakes the stub as the first of a
+    pipeline's requests would), so that a slow spell of the machine moves them all alike."""
+    over: dict[str, dict[float, list[float]]] = {kind: {ms: [] for ms in WAITS_MS} for kind in ("busy", "idle")}
     for _ in range(rounds):
         for ms in WAITS_MS:
             inputs = {"ms": np.array([ms], np.float64)}
-            infer(WAKE_MODEL, inputs)
-            for _ in range(requests):
-                started = clock()
-                infer(WAKE_MODEL, inputs)
-                over[ms].append((clock() - started) * 1e6 - ms * 1e3)
+            for kind, model in (("busy", WAKE_MODEL), ("idle", SLEEP_MODEL)):
+                infer(model, inputs)
+                for _ in range(requests):
+                    started = clock()
+                    infer(model, inputs)
+                    over[kind][ms].append((clock() - started) * 1e6 - ms * 1e3)
     return over
 
 

@@ -21,10 +21,16 @@ scheduler (facts and sources in ``docs/triton_ensemble.md``):
   every other step, answers the request: the outputs, or one error that names
   the node as the user named it. Where one Python node produces every output
   (a diamond's join), that node is the gate: it answers with the first failure
-  upstream, or its own, at no extra model call. A gate model is also used where
-  one step model serves several nodes, because only the gate knows which node
-  failed. Other chains keep plain error responses: a chain has no sibling
-  running, and pays nothing.
+  upstream, or its own, at no extra model call. Chains keep plain error
+  responses: a chain has no sibling running, and each step model names its node
+  in its own error, so a chain pays nothing.
+- **Node aliases.** A node has a step model of its own unless its step is
+  declared ``share_model=True`` (:mod:`pipelines.plan`, model names). A model
+  that several nodes share learns its node from the name its first input
+  arrives under: that input and one alias of it per node (``x__at_<node>``) are
+  declared optional, and each node's ensemble step maps the tensor to its own
+  alias. The name costs nothing and frees the shared model's chain from the gate
+  (docs/benchmarks.md, compiled models against hand-written ones).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ __all__ = [
     "ERR_INPUT",
     "ERR_OUTPUT",
     "GATE_PLAN",
+    "NODE_ALIAS",
     "EnsembleLayout",
     "ModelExtras",
     "compile_ensemble",
@@ -62,6 +69,8 @@ ERR_OUTPUT = "__err__"
 #: Prefix of the optional BYTES inputs that carry the failures of the steps upstream.
 ERR_INPUT = "__err_in_"
 GATE_PLAN = "gate.json"
+#: ``<input>__at_<node>``: the name a shared step model's first input arrives under from that node.
+NODE_ALIAS = "{input}__at_{node}"
 # UINT8, not BYTES: a stub under numpy 2 (a GPU server's) cannot carry BYTES (docs/gpu.md).
 _ERR_SPEC = TensorSpec("UINT8", [-1])
 
@@ -75,16 +84,25 @@ class ModelExtras:
     the output carrying the step's own (``None`` when failures stay error responses).
     ``placeholders`` gives, for each output, the dims of the stand-in value a failed
     step returns so that the ensemble can go on to the gate: every ``-1`` replaced
-    by a size its readers accept.
+    by a size its readers accept. ``node_input`` is the input of a model shared by
+    several nodes that arrives under another name from each (``node_aliases``:
+    alias -> node); it and its aliases are optional.
     """
 
     copies: Mapping[str, str] = field(default_factory=dict)
     err_inputs: tuple[str, ...] = ()
     err_output: str | None = None
     placeholders: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    node_input: str | None = None
+    node_aliases: Mapping[str, str] = field(default_factory=dict)
 
     def add_to(self, config: mc.ModelConfig, step_outputs: Mapping[str, TensorSpec]) -> None:
         """Declare the extra tensors in the composing model's config."""
+        if self.node_input is not None:
+            declared = next(i for i in config.input if i.name == self.node_input)
+            declared.optional = True  # each node gives it under its alias; a direct call under its name
+            for alias in self.node_aliases:
+                config.input.add(name=alias, data_type=declared.data_type, dims=list(declared.dims), optional=True)
         for alias, original in self.copies.items():
             spec = step_outputs[original]
             config.output.add(name=alias, data_type=mc.DataType.Value(spec.config_dtype), dims=list(spec.dims))
@@ -94,13 +112,16 @@ class ModelExtras:
             config.output.add(name=self.err_output, data_type=mc.TYPE_UINT8, dims=[-1])
 
     def to_dict(self) -> dict:
-        """The adapter's part of ``step.json``."""
-        return {
+        """The adapter's part of ``step.json`` (the node aliases only where the model has them)."""
+        data = {
             "copies": dict(self.copies),
             "err_inputs": list(self.err_inputs),
             "err_output": self.err_output,
             "placeholders": {name: list(dims) for name, dims in self.placeholders.items()},
         }
+        if self.node_input is not None:
+            data.update(node_input=self.node_input, node_aliases=dict(self.node_aliases))
+        return data
 
 
 @dataclass(frozen=True)
@@ -137,8 +158,12 @@ class EnsembleLayout:
         return name
 
 
-def layout_ensemble(plan: CompilePlan) -> EnsembleLayout:
-    """Decide the ensemble's wiring, output copies and failure gate for ``plan``."""
+def layout_ensemble(plan: CompilePlan, *, gated: bool = False) -> EnsembleLayout:
+    """Decide the ensemble's wiring, output copies and failure gate for ``plan``.
+
+    It is gated where :func:`~pipelines.plan.gated_ensemble` says, or anyway with ``gated=True``
+    (``benchmarks/compiled_vs_handwritten.py`` measures what the gate costs on a chain).
+    """
     pipeline = plan.pipeline
     used_inputs = {ref.name for node in plan.nodes for ref in node.sources.values() if ref.is_input}
     unused = [i for i in pipeline.inputs if i not in used_inputs]
@@ -149,7 +174,7 @@ def layout_ensemble(plan: CompilePlan) -> EnsembleLayout:
             pipeline=pipeline.name, tensor=unused[0],
         )
     names = _TensorNames(plan)
-    if gated_ensemble(plan.plan, external=[n.name for n in plan.nodes if n.step.is_external]):
+    if gated or gated_ensemble(plan.plan, external=[n.name for n in plan.nodes if n.step.is_external]):
         return _gated_layout(plan, names)
     return _plain_layout(plan, names)
 
@@ -238,6 +263,37 @@ def _fresh_output(taken: set[str], base: str) -> str:
     return candidate
 
 
+def _node_aliases(plan: CompilePlan) -> dict[str, tuple[str, dict[str, str]]]:
+    """Python model shared by several nodes -> (its first input, node -> that input's alias for it)."""
+    found = {}
+    for model in plan.models:
+        if len(model.nodes) < 2 or model.step.is_external or not model.step.inputs:
+            continue
+        first = next(iter(model.step.inputs))
+        taken = {*model.step.inputs, *model.step.outputs, ERR_OUTPUT}
+        found[model.name] = (first, {
+            node: _fresh_output(taken, NODE_ALIAS.format(input=first, node=node)) for node in model.nodes
+        })
+    return found
+
+
+def _aliased(
+    inputs: dict[str, str], node: BoundNode, aliases: Mapping[str, tuple[str, dict[str, str]]]
+) -> dict[str, str]:
+    """``node``'s input map, its model's first input under the node's alias where the model is shared."""
+    if node.model not in aliases:
+        return inputs
+    first, alias = aliases[node.model]
+    return {alias[node.name] if key == first else key: value for key, value in inputs.items()}
+
+
+def _alias_extras(entry: tuple[str, dict[str, str]] | None) -> dict[str, Any]:
+    if entry is None:
+        return {}
+    first, alias = entry
+    return {"node_input": first, "node_aliases": MappingProxyType({a: node for node, a in alias.items()})}
+
+
 # ------------------------------------------------------------------ plain ensembles
 
 
@@ -273,15 +329,19 @@ def _plain_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
                     copies[node.model][alias] = output
                 outputs[alias] = exposure
         wiring.append((node, outputs))
+    aliases = _node_aliases(plan)
     final = tuple(
         _NodeWiring(
             node,
-            MappingProxyType({k: internal.get(v, v) for k, v in node.inputs.items()}),
+            MappingProxyType(_aliased({k: internal.get(v, v) for k, v in node.inputs.items()}, node, aliases)),
             MappingProxyType(outputs),
         )
         for node, outputs in wiring
     )
-    extras = {model: ModelExtras(copies=MappingProxyType(c)) for model, c in copies.items() if c}
+    extras = {
+        model: ModelExtras(copies=MappingProxyType(copies[model]), **_alias_extras(aliases.get(model)))
+        for model in copies if copies[model] or model in aliases
+    }
     empty = MappingProxyType({})
     return EnsembleLayout(plan, False, MappingProxyType(extras), final, empty, empty, empty)
 
@@ -294,14 +354,18 @@ def _last_node_answers(plan: CompilePlan, python_nodes: set[str]) -> str | None:
 
     That is a Python node that produces every pipeline output: every other live node
     is then upstream of it, so it runs last and alone, and no subset of outputs can
-    prune it. It also needs every failure text to name its node, so no Python step
-    model may serve several nodes (a shared model cannot tell which node it ran as).
+    prune it. Its model must be its own (it answers with error responses, where the
+    nodes upstream carry theirs as data), and every failure text must name its node:
+    a model shared by several nodes does, by its input's alias, unless it has no input.
     """
     producers = {ref.node for ref in plan.pipeline.outputs.values()}
-    if len(producers) != 1 or any(len(m.nodes) > 1 for m in plan.models if not m.step.is_external):
+    if len(producers) != 1:
         return None
     (last,) = producers
-    return last if last in python_nodes else None
+    shared = [m for m in plan.models if len(m.nodes) > 1 and not m.step.is_external]
+    if last not in python_nodes or any(last in m.nodes or not m.step.inputs for m in shared):
+        return None
+    return last
 
 
 def _gated_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
@@ -337,6 +401,7 @@ def _gated_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
         if node.name in python_nodes:
             err_counts[node.model] = max(err_counts.get(node.model, 0), len(sources[node.name]))
 
+    aliases = _node_aliases(plan)
     extras = {}
     for model in plan.models:
         if model.step.is_external:
@@ -358,11 +423,12 @@ def _gated_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
             err_inputs=err_inputs,
             err_output=ERR_OUTPUT,
             placeholders=MappingProxyType(_placeholders(plan, model.name, by_name)),
+            **_alias_extras(aliases.get(model.name)),
         )
 
     wiring = []
     for node in plan.nodes:
-        inputs = {k: renamed.get(v, v) for k, v in node.inputs.items()}
+        inputs = _aliased({k: renamed.get(v, v) for k, v in node.inputs.items()}, node, aliases)
         outputs = {k: renamed.get(v, v) for k, v in node.outputs.items()}
         if node.name in python_nodes:
             for i, source in enumerate(sources[node.name]):

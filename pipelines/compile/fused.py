@@ -9,8 +9,9 @@ The model's version folder holds everything it runs, so it serves on its own:
   (``"python"``, with the folder of its step) or is called (``"external"``, with
   its composing model and timeout);
 - ``1/steps/<model>/``: each Python step's ``step.json`` (and ``step.pkl`` for a
-  step exported by value), the same files its step model would hold, with the
-  same digest and Python-version checks when they are loaded.
+  step exported by value, or ``steps_src/`` for one that travels as its source
+  file), the same files its step model would hold, with the same checks when
+  they are loaded.
 
 One instance runs one ``execute()`` at a time (Triton's Python backend), and its
 dynamic batcher hands it the requests that arrived meanwhile: they run as one
@@ -30,7 +31,7 @@ from .bound_plan import CompilePlan
 from .configs import set_parameters, top_level_python_config
 from .repository import CompiledModel
 from .requirements import NUMPY_REQUIREMENT, ServerNeeds
-from .step_models import STEP_PICKLE, STEP_PLAN, compile_step_model, model_files, plan_json
+from .step_models import compile_step_model, model_files, plan_json, step_files
 
 __all__ = ["FUSED_PLAN", "STEPS_DIR", "compile_form", "compile_fused"]
 
@@ -56,9 +57,11 @@ def compile_fused(plan: CompilePlan, name: str, *, instance_count: int = 1) -> C
         # The step model's own files (not the model): the same export, digest and checks.
         compiled = compile_step_model(plan, model)
         folder = f"{STEPS_DIR}/{model.name}"
-        for rel in (STEP_PLAN, STEP_PICKLE):
-            if f"1/{rel}" in compiled.files:
-                files[f"1/{folder}/{rel}"] = compiled.files.source(f"1/{rel}")
+        for rel in step_files(compiled):
+            # Read now: a step that cannot be exported fails this compile, not the write (the
+            # local endpoint tells a pipeline it cannot compile by this).
+            compiled.files[f"1/{rel}"]  # noqa: B018
+            files[f"1/{folder}/{rel}"] = compiled.files.source(f"1/{rel}")
         steps[model.name] = folder
         needs.append(compiled.needs)
     gpu = any(n.step.options.device == "gpu" for n in plan.nodes if not n.step.is_external and n.model)

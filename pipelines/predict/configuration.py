@@ -123,14 +123,15 @@ def configured(pipeline: Pipeline, configuration: Configuration, *, name: str | 
     """A copy of ``pipeline`` (named ``name``, default its own) whose steps carry
     ``configuration``'s model options.
 
-    Nodes that share one step keep sharing one (changed) step, so they still compile to one
-    model. A step's ``max_batch_size`` above the pipeline's is refused: Triton's ensemble
-    cannot hand a step more rows than the request has.
+    Nodes that share one model keep sharing one (changed) step, so they still compile to one
+    model; a node with a model of its own gets a changed step of its own. A step's
+    ``max_batch_size`` above the pipeline's is refused: Triton's ensemble cannot hand a step
+    more rows than the request has.
     """
     plan = plan_of(pipeline, warn=False)
     model_of = {node: model.name for model in plan.models for node in model.nodes}
     copy = Pipeline(name or pipeline.name, inputs=dict(pipeline.inputs), max_batch_size=pipeline.max_batch_size)
-    changed: dict[int, Any] = {}
+    changed: dict[str, Any] = {}  # model -> its changed step
     position = {name: i for i, name in enumerate(pipeline.nodes)}
     for name in nx.lexicographical_topological_sort(pipeline.graph, key=position.__getitem__):
         node = pipeline.nodes[name]
@@ -142,13 +143,13 @@ def configured(pipeline: Pipeline, configuration: Configuration, *, name: str | 
                     f"pipeline {pipeline.name!r} step {name!r}: max_batch_size {choice.max_batch_size} is above the "
                     f"pipeline's {pipeline.max_batch_size}; a step batches at most the pipeline's rows"
                 )
-            if id(step) not in changed:
+            if model_of[name] not in changed:
                 db = (DynamicBatching(choice.preferred_batch_sizes, choice.max_queue_delay_us)
                       if choice.dynamic_batching else None)
-                changed[id(step)] = step.with_options(
+                changed[model_of[name]] = step.with_options(
                     instance_count=choice.instance_count, max_batch_size=choice.max_batch_size, dynamic_batching=db
                 )
-            step = changed[id(step)]
+            step = changed[model_of[name]]
         bindings = {}
         for input_name, ref in node.bindings.items():
             bindings[input_name] = copy.input(ref.name) if ref.is_input else copy.nodes[ref.node][ref.name]

@@ -327,6 +327,7 @@ class Predictor:
             gate=self.gate and configuration.form == "ensemble",
             when_rates=self.when_rates,
             wake=self.server.wake,
+            wake_idle=self.server.wake_idle,
         )
 
     def _deps(self, name: str) -> tuple[str, ...]:

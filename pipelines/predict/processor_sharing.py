@@ -43,6 +43,7 @@ class Cores:
         self._order = 0  # ties end in the order they were added
         self._generation = 0  # the wake-up that is not stale
         self._wake_at: float | None = None  # when it comes
+        self._idle_since = 0.0  # when the last job ended
         # What a free job returns: an event already processed, so a process that yields it goes on
         # at once, with nothing queued (a third of all costs are zero in a typical profile).
         self._nothing = env.event().succeed()
@@ -67,6 +68,11 @@ class Cores:
         """Whether a core has nothing to do now."""
         self._advance()
         return self._caps < self.cores - 1e-9
+
+    def idle_for(self) -> float:
+        """How long every core has had nothing to do, until now; 0 while a job runs."""
+        self._advance()
+        return self.env.now - self._idle_since if self._caps <= 0.0 and not self._jobs else 0.0
 
     def busy(self) -> float:
         """Core-µs spent by all jobs until now."""
@@ -107,4 +113,5 @@ class Cores:
             done.succeed()
         if not jobs:
             self._caps = 0.0  # no drift left over from the sums
+            self._idle_since = self.env.now
         self._wake_at_next_end()

@@ -69,7 +69,8 @@ class _Server:
       side otherwise; a step's instance (one per fused instance, shared by the nodes that name
       its model) takes one call at a time. External steps are called as in bls, without a stub.
     - **Wakes**: a side that waited for another process pays the profile's ``wake`` for its wait
-      when the answer comes, while a core idles (:meth:`_woken`): a step model's instance for its
+      (or its ``wake_idle`` for how long every core idled, where that is more) when the answer
+      comes, while a core idles (:meth:`_woken`): a step model's instance for its
       stub, a BLS model's stub for its call, the BLS or fused model's instance for its round, and
       the client for its request.
     """
@@ -297,10 +298,12 @@ class _Server:
         """The wake of a side that waited for another process since ``since``, by the profile's
         ``wake``: paid while a core idles (a busy machine's threads and cores are awake), as a
         delay of the waiting side's, which uses no core (the time is the system's)."""
-        wake = self.spec.wake
-        if not wake or not self.cores.idle():
+        wake, idle = self.spec.wake, self.spec.wake_idle
+        if not (wake or idle) or not self.cores.idle():
             return
-        us = float(np.interp(self.env.now - since, [w for w, _ in wake], [u for _, u in wake]))
+        us = _at(wake, self.env.now - since)
+        if idle:  # every core idled: the machine is woken too
+            us = max(us, _at(idle, min(self.env.now - since, self.cores.idle_for())))
         if us > 0.0:
             yield self.env.timeout(us)
 
@@ -424,6 +427,13 @@ class _Server:
                 yield held
                 yield self.cores.run(gil_span, gil_cap)
         yield self.cores.run(free_span, free_cap)
+
+
+def _at(points: Sequence[tuple[float, float]], waited: float) -> float:
+    """``points``' µs after ``waited`` µs: straight between them, the last one's beyond; none: 0."""
+    if not points:
+        return 0.0
+    return float(np.interp(waited, [w for w, _ in points], [u for _, u in points]))
 
 
 def _compute(step: StepSpec, rows: int) -> tuple[float, float]:

@@ -124,7 +124,8 @@ class SimSpec:
     ``when_rates``: for each condition a step's ``when`` names, the share of rows where it
     holds (0..1); each request's rows are drawn against it, once a request for each block.
     ``wake``: what a hand-off between processes costs once its waiting side has waited a while,
-    as ``(waited µs, µs)`` points (the server profile's ``wake``); none: nothing.
+    as ``(waited µs, µs)`` points (the server profile's ``wake``); none: nothing. ``wake_idle``:
+    the same by how long every core has idled (the profile's ``wake_idle``).
     """
 
     form: str
@@ -140,6 +141,7 @@ class SimSpec:
     client_threads: int = 1
     when_rates: Mapping[str, float] = field(default_factory=dict)
     wake: tuple[tuple[float, float], ...] = ()
+    wake_idle: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "costs", MappingProxyType(dict(self.costs)))

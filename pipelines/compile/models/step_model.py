@@ -34,22 +34,27 @@ class TritonPythonModel:
         self.step_file = plan.get("file")  # the step's source file, which by-value code no longer names
         serving.HOPS.attach(args.get("model_name", self.step_name))
         nodes = plan.get("nodes") or [self.step_name]
-        # A model shared by several nodes cannot tell which one called it.
+        ensemble = plan.get("ensemble") or {}
+        # A model shared by several nodes learns, request by request, which node called it from the
+        # name its first input arrives under (compile/ensemble.py, node aliases); called by that
+        # input's own name (a BLS model, a client), it names no node.
         self.node = nodes[0] if len(nodes) == 1 else None
+        self.node_input = ensemble.get("node_input")
+        self.node_aliases = ensemble.get("node_aliases") or {}
         self.max_batch_size = int(plan["max_batch_size"])
         gpu = plan.get("device") == "gpu"
         inputs = {n: serving.Spec.from_dict(s) for n, s in plan["inputs"].items()}
         outputs = {n: serving.Spec.from_dict(s) for n, s in plan["outputs"].items()}
         model_config = json.loads(args["model_config"]) if "model_config" in args else None
-        self.takes = serving.Contract(
-            inputs, self.max_batch_size, checked_by_triton=serving.config_declares(model_config, inputs, self.max_batch_size)
-        )
+        declared = _without_aliases(model_config, self.node_input, self.node_aliases)
+        checked = serving.config_declares(declared, inputs, self.max_batch_size)
+        self.takes = serving.Contract(inputs, self.max_batch_size, checked_by_triton=checked)
         self.gives = serving.Contract(outputs, self.max_batch_size)
         # Decided once here, not per request: how each tensor is read and written.
         self.readers = [(name, serving.tensor_reader(spec, gpu=gpu)) for name, spec in inputs.items()]
         self.writers = {name: serving.tensor_writer(spec, pb_utils) for name, spec in outputs.items()}
         self.outputs = outputs
-        self.ensemble = _EnsembleExtras(plan.get("ensemble") or {})
+        self.ensemble = _EnsembleExtras(ensemble)
         serving.refuse_strings_under_numpy_2(
             args.get("model_name", self.step_name),
             [n for n, spec in {**inputs, **outputs}.items() if spec.dtype == "BYTES"],
@@ -102,8 +107,8 @@ class TritonPythonModel:
                 errors.append(None)
             except Exception as exc:  # a bad request is answered alone; the others go on
                 inputs.append(None)
-                errors.append(self._message(exc, "InputError"))
-        results = self._run(inputs, errors)
+                errors.append(self._message(exc, "InputError", request))
+        results = self._run(requests, inputs, errors)
         return [self._respond(r, res, err) for r, res, err in zip(requests, results, errors, strict=True)]
 
     def finalize(self):
@@ -118,11 +123,13 @@ class TritonPythonModel:
         try:
             arrays, size = self._read(request)
         except Exception as exc:
-            return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(self._message(exc, "InputError")))
+            return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+                self._message(exc, "InputError", request)))
         try:
             result = self._call(arrays, size)
         except Exception as exc:
-            return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(self._message(exc, "StepError")))
+            return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+                self._message(exc, "StepError", request)))
         return self._respond(request, result, None)
 
     def _fast_path(self):
@@ -147,13 +154,16 @@ class TritonPythonModel:
         dtype = serving.numpy_dtype(spec.dtype) if inline else None
         body = tuple(spec.dims) if inline else None
         ndarray = np.ndarray
+        alias_of, aliased = self.node_input, self._aliased  # a shared model's first input comes under an alias
 
         def answer(request):
             arrays = {}
             for name in names:
                 tensor = get(request, name)
-                if tensor is None:  # Triton lets no such request through; the slow path words it anyway
-                    return slow(request)
+                if tensor is None:
+                    tensor = aliased(request) if name == alias_of else None
+                    if tensor is None:  # Triton lets no such request through; the slow path words it anyway
+                        return slow(request)
                 arrays[name] = tensor.as_numpy()
             rows = arrays[first].shape[0] if first is not None else None
             try:
@@ -169,7 +179,7 @@ class TritonPythonModel:
                 outputs = serving.as_arrays(dict(outputs))
                 check(outputs, rows)
             except Exception as exc:
-                return response(output_tensors=[], error=error(message(exc, "StepError")))
+                return response(output_tensors=[], error=error(message(exc, "StepError", request)))
             return respond(request, outputs, None)
 
         return answer
@@ -178,12 +188,14 @@ class TritonPythonModel:
         arrays = {}
         for name, read in self.readers:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is None and name == self.node_input:
+                tensor = self._aliased(request)
             if tensor is None:
                 raise serving.Refused(f"input {name!r} ({self.takes.specs[name]}) is missing from the request", name)
             arrays[name] = read(tensor)
         return arrays, self.takes.check_inputs(arrays)
 
-    def _run(self, inputs, errors):
+    def _run(self, requests, inputs, errors):
         """One result dict per request (``None`` where ``errors`` holds the reason)."""
         good = [i for i, e in enumerate(errors) if e is None]
         results = [None] * len(inputs)
@@ -204,7 +216,7 @@ class TritonPythonModel:
             try:
                 results[i] = self._call(*inputs[i])
             except Exception as exc:
-                errors[i] = self._message(exc, "StepError")
+                errors[i] = self._message(exc, "StepError", requests[i])
         return results
 
     def _call(self, arrays, batch_size):
@@ -226,7 +238,21 @@ class TritonPythonModel:
         tensors += self.ensemble.extra_tensors(result, wanted, error, self.max_batch_size, self.writers)
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
-    def _message(self, exc, kind):
+    def _aliased(self, request):
+        """The first input of a shared model, as it came from a node: under that node's alias."""
+        for tensor in request.inputs():
+            if tensor.name() in self.node_aliases:
+                return tensor
+        return None
+
+    def _node_of(self, request):
+        """The node that sent ``request``: this model's one node, or the one its alias names."""
+        if request is None or not self.node_aliases:
+            return self.node
+        tensor = self._aliased(request)
+        return self.node_aliases[tensor.name()] if tensor is not None else None
+
+    def _message(self, exc, kind, request=None):
         """The error text a client reads pipeline, node, step and reason from (``serving.WireError``)."""
         if isinstance(exc, serving.Refused):
             reason, tensor = str(exc), exc.tensor
@@ -235,7 +261,22 @@ class TritonPythonModel:
             reason = serving.exception_reason(exc, instance.home if instance else None, self.step_file)
             tensor = None
             kind = "StepError"
-        return serving.WireError(kind, self.pipeline, reason, self.node, self.step_name, tensor).text()
+        return serving.WireError(kind, self.pipeline, reason, self._node_of(request), self.step_name, tensor).text()
+
+
+def _without_aliases(model_config, node_input, aliases):
+    """``model_config`` as if a shared model took ``node_input`` under its own name alone, required.
+
+    Triton checks the dtype and dims of every input a request gives, optional or not, so only
+    that input's presence is left to this adapter, which reads it under the name it came by.
+    """
+    if not model_config or node_input is None:
+        return model_config
+    inputs = [dict(i) for i in model_config.get("input", ()) if i.get("name") not in aliases]
+    for entry in inputs:
+        if entry.get("name") == node_input:
+            entry.pop("optional", None)
+    return {**model_config, "input": inputs}
 
 
 class _EnsembleExtras:
