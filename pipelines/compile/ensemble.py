@@ -43,11 +43,24 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import CompileError
-from ..graph import TensorRef
 from ..plan import gated_ensemble, plan_of
 from ..tensor import TensorSpec
 from .bound_plan import BoundNode, CompilePlan, bind_plan
 from .configs import add_io
+from .ensemble_wiring import (
+    ERR_OUTPUT,
+    NODE_ALIAS,
+    TensorNames,
+    alias_extras,
+    aliased,
+    exposure_copies,
+    exposures_of,
+    fresh_output,
+    node_aliases,
+    placeholders,
+    readers_of,
+    tensor_of,
+)
 from .repository import CompiledModel
 from .step_models import PLAN_FORMAT, model_files, plan_json
 
@@ -64,13 +77,9 @@ __all__ = [
     "layout_ensemble",
 ]
 
-#: The BYTES output a step returns its failure in (empty when it succeeded).
-ERR_OUTPUT = "__err__"
 #: Prefix of the optional BYTES inputs that carry the failures of the steps upstream.
 ERR_INPUT = "__err_in_"
 GATE_PLAN = "gate.json"
-#: ``<input>__at_<node>``: the name a shared step model's first input arrives under from that node.
-NODE_ALIAS = "{input}__at_{node}"
 # UINT8, not BYTES: a stub under numpy 2 (a GPU server's) cannot carry BYTES (docs/gpu.md).
 _ERR_SPEC = TensorSpec("UINT8", [-1])
 
@@ -173,7 +182,7 @@ def layout_ensemble(plan: CompilePlan, *, gated: bool = False) -> EnsembleLayout
             "Triton refuses an ensemble with an unused input, so remove it or wire it to a step",
             pipeline=pipeline.name, tensor=unused[0],
         )
-    names = _TensorNames(plan)
+    names = TensorNames(plan)
     if gated or gated_ensemble(plan.plan, external=[n.name for n in plan.nodes if n.step.is_external]):
         return _gated_layout(plan, names)
     return _plain_layout(plan, names)
@@ -219,87 +228,12 @@ def compile_ensemble(plan: CompilePlan, name: str, layout: EnsembleLayout | None
 # ------------------------------------------------------------------ shapes
 
 
-class _TensorNames:
-    """Fresh ensemble tensor names that collide with none the plan already uses."""
-
-    def __init__(self, plan: CompilePlan) -> None:
-        self.used = set(plan.pipeline.inputs) | set(plan.pipeline.outputs)
-        for node in plan.nodes:
-            self.used |= set(node.inputs.values()) | set(node.outputs.values())
-
-    def fresh(self, base: str) -> str:
-        candidate, i = base, 1
-        while candidate in self.used:
-            candidate = f"{base}_{i}"
-            i += 1
-        self.used.add(candidate)
-        return candidate
-
-
-def _readers(plan: CompilePlan) -> dict[tuple[str, str], list[tuple[BoundNode, str]]]:
-    """(node, output) -> the live (node, input) pairs that read it."""
-    readers: dict[tuple[str, str], list[tuple[BoundNode, str]]] = {}
-    for node in plan.nodes:
-        for input_name, ref in node.sources.items():
-            if not ref.is_input:
-                readers.setdefault((ref.node, ref.name), []).append((node, input_name))
-    return readers
-
-
-def _exposures(plan: CompilePlan) -> dict[tuple[str, str], list[str]]:
-    """(node, output) -> the pipeline outputs that expose it, in declaration order."""
-    exposed: dict[tuple[str, str], list[str]] = {}
-    for output, ref in plan.pipeline.outputs.items():
-        exposed.setdefault((ref.node, ref.name), []).append(output)
-    return exposed
-
-
-def _fresh_output(taken: set[str], base: str) -> str:
-    candidate, i = base, 1
-    while candidate in taken:
-        candidate = f"{base}{i}"
-        i += 1
-    taken.add(candidate)
-    return candidate
-
-
-def _node_aliases(plan: CompilePlan) -> dict[str, tuple[str, dict[str, str]]]:
-    """Python model shared by several nodes -> (its first input, node -> that input's alias for it)."""
-    found = {}
-    for model in plan.models:
-        if len(model.nodes) < 2 or model.step.is_external or not model.step.inputs:
-            continue
-        first = next(iter(model.step.inputs))
-        taken = {*model.step.inputs, *model.step.outputs, ERR_OUTPUT}
-        found[model.name] = (first, {
-            node: _fresh_output(taken, NODE_ALIAS.format(input=first, node=node)) for node in model.nodes
-        })
-    return found
-
-
-def _aliased(
-    inputs: dict[str, str], node: BoundNode, aliases: Mapping[str, tuple[str, dict[str, str]]]
-) -> dict[str, str]:
-    """``node``'s input map, its model's first input under the node's alias where the model is shared."""
-    if node.model not in aliases:
-        return inputs
-    first, alias = aliases[node.model]
-    return {alias[node.name] if key == first else key: value for key, value in inputs.items()}
-
-
-def _alias_extras(entry: tuple[str, dict[str, str]] | None) -> dict[str, Any]:
-    if entry is None:
-        return {}
-    first, alias = entry
-    return {"node_input": first, "node_aliases": MappingProxyType({a: node for node, a in alias.items()})}
-
-
 # ------------------------------------------------------------------ plain ensembles
 
 
-def _plain_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
+def _plain_layout(plan: CompilePlan, names: TensorNames) -> EnsembleLayout:
     """A chain: each step answers its own failures; copies only where an output is also read."""
-    readers, exposed = _readers(plan), _exposures(plan)
+    readers, exposed = readers_of(plan), exposures_of(plan)
     copies: dict[str, dict[str, str]] = {m.name: {} for m in plan.models}
     # Copies a node needs, by (node, output): one per exposure, except that an output no step
     # reads keeps its first exposure on the original tensor.
@@ -325,21 +259,21 @@ def _plain_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
                 if i < len(mine):
                     alias = mine[i]
                 else:
-                    alias = _fresh_output(taken, f"{output}__copy")
+                    alias = fresh_output(taken, f"{output}__copy")
                     copies[node.model][alias] = output
                 outputs[alias] = exposure
         wiring.append((node, outputs))
-    aliases = _node_aliases(plan)
+    aliases = node_aliases(plan)
     final = tuple(
         _NodeWiring(
             node,
-            MappingProxyType(_aliased({k: internal.get(v, v) for k, v in node.inputs.items()}, node, aliases)),
+            MappingProxyType(aliased({k: internal.get(v, v) for k, v in node.inputs.items()}, node, aliases)),
             MappingProxyType(outputs),
         )
         for node, outputs in wiring
     )
     extras = {
-        model: ModelExtras(copies=MappingProxyType(copies[model]), **_alias_extras(aliases.get(model)))
+        model: ModelExtras(copies=MappingProxyType(copies[model]), **alias_extras(aliases.get(model)))
         for model in copies if copies[model] or model in aliases
     }
     empty = MappingProxyType({})
@@ -368,7 +302,7 @@ def _last_node_answers(plan: CompilePlan, python_nodes: set[str]) -> str | None:
     return last
 
 
-def _gated_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
+def _gated_layout(plan: CompilePlan, names: TensorNames) -> EnsembleLayout:
     pipeline = plan.pipeline
     python_nodes = {n.name for n in plan.nodes if not n.step.is_external}
     by_name = {n.name: n for n in plan.nodes}
@@ -401,7 +335,7 @@ def _gated_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
         if node.name in python_nodes:
             err_counts[node.model] = max(err_counts.get(node.model, 0), len(sources[node.name]))
 
-    aliases = _node_aliases(plan)
+    aliases = node_aliases(plan)
     extras = {}
     for model in plan.models:
         if model.step.is_external:
@@ -416,26 +350,26 @@ def _gated_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
         err_inputs = tuple(f"{ERR_INPUT}{i}" for i in range(err_counts.get(model.name, 0)))
         if model.nodes == (last,):
             # It answers with the first failure upstream, or its own, as an error response.
-            copies = _exposure_copies(plan, by_name[last])
+            copies = exposure_copies(plan, by_name[last])
             extras[model.name] = ModelExtras(copies=MappingProxyType(copies), err_inputs=err_inputs)
             continue
         extras[model.name] = ModelExtras(
             err_inputs=err_inputs,
             err_output=ERR_OUTPUT,
-            placeholders=MappingProxyType(_placeholders(plan, model.name, by_name)),
-            **_alias_extras(aliases.get(model.name)),
+            placeholders=MappingProxyType(placeholders(plan, model.name, by_name)),
+            **alias_extras(aliases.get(model.name)),
         )
 
     wiring = []
     for node in plan.nodes:
-        inputs = _aliased({k: renamed.get(v, v) for k, v in node.inputs.items()}, node, aliases)
+        inputs = aliased({k: renamed.get(v, v) for k, v in node.inputs.items()}, node, aliases)
         outputs = {k: renamed.get(v, v) for k, v in node.outputs.items()}
         if node.name in python_nodes:
             for i, source in enumerate(sources[node.name]):
                 inputs[f"{ERR_INPUT}{i}"] = err_tensor[source]
             if node.name == last:
                 copies = extras[node.model].copies
-                exposed = _exposures(plan)
+                exposed = exposures_of(plan)
                 for output in node.step.outputs:
                     aliases = [a for a, original in copies.items() if original == output]
                     for alias, exposure in zip(aliases, exposed.get((last, output), [])[1:], strict=True):
@@ -451,7 +385,7 @@ def _gated_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
     gate_outputs: dict[str, str] = {}
     by_tensor: dict[str, str] = {}
     for output, ref in pipeline.outputs.items():
-        tensor = _tensor_of(plan, ref, renamed)
+        tensor = tensor_of(plan, ref, renamed)
         if tensor not in by_tensor:
             by_tensor[tensor] = f"value__{len(by_tensor)}"
             gate_inputs[by_tensor[tensor]] = tensor
@@ -466,39 +400,6 @@ def _gated_layout(plan: CompilePlan, names: _TensorNames) -> EnsembleLayout:
         plan, True, MappingProxyType(extras), tuple(wiring),
         MappingProxyType(gate_inputs), MappingProxyType(gate_outputs), MappingProxyType(gate_errors),
     )
-
-
-def _exposure_copies(plan: CompilePlan, node: BoundNode) -> dict[str, str]:
-    """Extra outputs of ``node`` for the second and later exposures of one of its outputs."""
-    taken = set(node.step.inputs) | set(node.step.outputs)
-    copies = {}
-    for output in node.step.outputs:
-        for _ in _exposures(plan).get((node.name, output), [])[1:]:
-            copies[_fresh_output(taken, f"{output}__copy")] = output
-    return copies
-
-
-def _tensor_of(plan: CompilePlan, ref: TensorRef, renamed: Mapping[str, str]) -> str:
-    node = next(n for n in plan.nodes if n.name == ref.node)
-    tensor = node.outputs[ref.name]
-    return renamed.get(tensor, tensor)
-
-
-def _placeholders(plan: CompilePlan, model: str, by_name: Mapping[str, BoundNode]) -> dict[str, tuple[int, ...]]:
-    """Dims a failed step's stand-in outputs take: each ``-1`` becomes what a reader fixes, else 1."""
-    readers = _readers(plan)
-    spec_outputs = next(m.step.outputs for m in plan.models if m.name == model)
-    dims = {}
-    for output, spec in spec_outputs.items():
-        shape = list(spec.dims)
-        for node_name in next(m.nodes for m in plan.models if m.name == model):
-            for reader, input_name in readers.get((node_name, output), []):
-                wanted = by_name[reader.name].step.inputs[input_name].dims
-                for i, d in enumerate(shape):
-                    if d == -1 and i < len(wanted) and wanted[i] != -1:
-                        shape[i] = wanted[i]
-        dims[output] = tuple(1 if d == -1 else d for d in shape)
-    return dims
 
 
 def _compile_gate(layout: EnsembleLayout, name: str, *, ensemble: str) -> CompiledModel:
