@@ -231,10 +231,13 @@ def test_while_stopping_new_requests_are_refused_and_the_one_in_flight_finishes(
 
 def _serve_local(script, cwd, *args):
     """``pipelines serve --local script:pipeline`` in a process of its own; the process and its two URLs."""
+    # SIGINT as a shell gives it to a foreground process, set in the child's Python rather than by
+    # preexec_fn: a fork in a process that serves gRPC (this module's endpoint) may hand the child
+    # gRPC's descriptors, and its own server then fails on them.
+    prologue = "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); from pipelines.cli import main"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipelines", "serve", "--local", f"{script}:pipeline", *args],
+        [sys.executable, "-c", f"{prologue}; sys.exit(main())", "serve", "--local", f"{script}:pipeline", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines = []
     while not lines or not lines[-1].startswith("ready"):
@@ -294,6 +297,8 @@ def test_memory_returns_to_its_baseline_after_large_requests_over_both_protocols
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
+        proc.stdout.close()
+        proc.stderr.close()
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -328,6 +333,8 @@ def test_a_signal_lets_requests_in_flight_finish_over_both_protocols(tmp_path, s
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
 
 
 # ------------------------------------------------------------------ JSON a client should not send
