@@ -48,7 +48,7 @@ from .lifecycle import (
     model_plan,
 )
 from .onnx_session import OnnxFileError, OnnxSession, config_specs
-from .rows import SKIPPED, Branches, Rows, concat_rows, concatenable, split_rows
+from .rows import SKIPPED, Branches, Rows, concat_rows, concatenable, run_joined, split_rows
 from .schedule import Schedule, cut_plan, run_concurrently
 from .tensors import (
     HOPS,
@@ -135,6 +135,7 @@ __all__ = [
     "refuse_strings_under_numpy_2",
     "request_tensors",
     "run_concurrently",
+    "run_joined",
     "split_rows",
     "tensor_reader",
     "tensor_writer",

@@ -35,6 +35,21 @@ def split_rows(value: Any, bounds: Any) -> list[Any]:
     return cupy.split(value, [int(b) for b in bounds], axis=0)
 
 
+def run_joined(
+    parts: list[Mapping[str, Any]], sizes: list[int], call: Callable[[dict[str, Any], int], Mapping[str, Any]]
+) -> list[dict[str, Any]] | None:
+    """``call`` once on every part's rows joined (its arrays and their row count), its outputs split
+    back into one dict per part by ``sizes``; ``None`` where the joined call fails, so that the
+    caller runs each part alone and only the culprit fails."""
+    try:
+        out = call({name: concat_rows([part[name] for part in parts]) for name in parts[0]}, sum(sizes))
+    except Exception:
+        return None
+    bounds = np.cumsum(sizes)[:-1]
+    split = {name: split_rows(value, bounds) for name, value in out.items()}
+    return [{name: split[name][k] for name in out} for k in range(len(parts))]
+
+
 class _Skipped:
     """What a node that no row ran leaves for its outputs (see :class:`Branches`)."""
 

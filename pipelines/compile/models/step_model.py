@@ -200,17 +200,10 @@ class TritonPythonModel:
         good = [i for i, e in enumerate(errors) if e is None]
         results = [None] * len(inputs)
         if len(good) > 1 and self.max_batch_size > 0 and serving.concatenable([inputs[i][0] for i in good]):
-            sizes = [inputs[i][1] for i in good]
-            joined = {name: serving.concat_rows([inputs[i][0][name] for i in good]) for name, _ in self.readers}
-            try:
-                out = self._call(joined, sum(sizes))
-            except Exception:
-                out = None  # run one by one below, so only the culprit fails
-            if out is not None:
-                bounds = np.cumsum(sizes)[:-1]
-                parts = {name: serving.split_rows(value, bounds) for name, value in out.items()}
+            joined = serving.run_joined([inputs[i][0] for i in good], [inputs[i][1] for i in good], self._call)
+            if joined is not None:  # else one by one below, so only the culprit fails
                 for k, i in enumerate(good):
-                    results[i] = {name: parts[name][k] for name in out}
+                    results[i] = joined[k]
                 return results
         for i in good:
             try:

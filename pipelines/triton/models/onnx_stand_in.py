@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
-
 try:  # present only inside Triton's Python backend stub
     import triton_python_backend_utils as pb_utils
 except ImportError:  # pragma: no cover - the module is also imported by tests and linters
@@ -94,16 +92,10 @@ class TritonPythonModel:
             first = next(iter(inputs[good[0]]), None)
             sizes = [int(inputs[i][first].shape[0]) for i in good] if first is not None else []
             names = [n for n in self.outputs if any(n in wanted[i] for i in good)]
-            try:
-                joined = {n: serving.concat_rows([inputs[i][n] for i in good]) for n in inputs[good[0]]}
-                out = self.session.run(joined, names)
-            except Exception:
-                out = None  # run one by one below, so only the culprit fails
-            if out is not None:
-                bounds = np.cumsum(sizes)[:-1]
-                parts = {n: serving.split_rows(value, bounds) for n, value in out.items()}
+            joined = serving.run_joined([inputs[i] for i in good], sizes, lambda arrays, _: self.session.run(arrays, names))
+            if joined is not None:  # else one by one below, so only the culprit fails
                 for k, i in enumerate(good):
-                    results[i] = {n: parts[n][k] for n in wanted[i]}
+                    results[i] = {n: joined[k][n] for n in wanted[i]}
                 return results
         for i in good:
             try:
