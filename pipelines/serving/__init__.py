@@ -20,6 +20,11 @@ runtime and the server check with one set of words. Each module holds one role:
 
 from __future__ import annotations
 
+try:  # present only inside Triton's Python backend stub, which imports a model.py and so this package
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # pragma: no cover - the package is also imported by tests, linters and the host
+    pb_utils = None
+
 from .arrays import ARRAY_KINDS, DL_HOST, as_array, as_arrays, handing, read_only
 from .checks import (
     Contract,
@@ -135,6 +140,7 @@ __all__ = [
     "refuse_strings_under_numpy_2",
     "request_tensors",
     "run_concurrently",
+    "pb_utils",
     "run_joined",
     "split_rows",
     "tensor_reader",

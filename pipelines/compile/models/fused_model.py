@@ -29,15 +29,12 @@ import threading
 
 import numpy as np
 
-try:  # present only inside Triton's Python backend stub
-    import triton_python_backend_utils as pb_utils
-except ImportError:  # pragma: no cover - the module is also imported by tests and linters
-    pb_utils = None
-
 try:  # in a repository: the copy beside this file (the stub imports this file as "<version>.model")
     from . import serving
 except ImportError:  # in the package, for tests and linters
     from pipelines import serving
+
+pb_utils = serving.pb_utils  # Triton's triton_python_backend_utils in a stub; None elsewhere
 
 #: The model's plan in its version folder (written by pipelines/compile/fused.py).
 PLAN_FILE = "fused.json"

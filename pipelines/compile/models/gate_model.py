@@ -12,15 +12,12 @@ named it.
 
 from __future__ import annotations
 
-try:  # present only inside Triton's Python backend stub
-    import triton_python_backend_utils as pb_utils
-except ImportError:  # pragma: no cover - the module is also imported by tests and linters
-    pb_utils = None
-
 try:  # in a repository: the copy beside this file (the stub imports this file as "<version>.model")
     from . import serving
 except ImportError:  # in the package, for tests and linters
     from pipelines import serving
+
+pb_utils = serving.pb_utils  # Triton's triton_python_backend_utils in a stub; None elsewhere
 
 
 class TritonPythonModel:
