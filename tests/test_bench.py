@@ -265,10 +265,10 @@ def test_a_server_that_died_ends_the_load_with_its_error():
         with anyio.fail_after(10):
             return await run_load(infer, [{}], plan)
 
-    started = time.monotonic()
     with pytest.raises(ServerDiedError, match="died while in use"):
         anyio.run(main)
-    assert time.monotonic() - started < 5  # an ordering: it ended before the 5 s window would have
+    # a count, not a time: no request was sent once the death was seen, but those already in flight
+    assert len(calls) <= 6 + plan.concurrency - 1
 
 
 @pytest.mark.parametrize("options, message", [

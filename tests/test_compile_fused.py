@@ -80,7 +80,6 @@ def test_the_fused_model_abandons_a_call_past_its_timeout_for_a_fresh_instance_o
     instance it abandons, its finalize() once the call returns, and a renewal that fails."""
     import asyncio
     import threading
-    import time
 
     from pipelines.compile.models import fused_model as fm
 
@@ -92,11 +91,11 @@ def test_the_fused_model_abandons_a_call_past_its_timeout_for_a_fresh_instance_o
     step_ = fm._Step(stuck, None, None, 0.2, renew=lambda: fresh)
 
     async def main():
-        started = time.monotonic()
         with pytest.raises(fm.NodeFailed, match=r"StepTimeoutError in pipeline 'p', node 'n', step 's': ran past "
                                                 r"its timeout of 0.2 s .*a fresh instance"):
             await model._within_timeout(step_, node, {"x": 1})
-        assert time.monotonic() - started < 5 and step_.instance is fresh and not finalized
+        # the stuck call still runs (it finalizes its instance once it returns): the timeout ended the wait
+        assert step_.instance is fresh and not finalized
         assert await model._within_timeout(step_, node, {"x": 2}) == {"y": 2}  # the fresh one answers
         release.set()  # the stuck call returns at last: its instance is finalized, its answer dropped
         for _ in range(100):

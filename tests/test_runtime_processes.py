@@ -246,11 +246,10 @@ def test_a_step_error_names_the_step_and_carries_the_traceback_from_its_process(
 
 def test_a_call_past_its_timeout_kills_the_steps_process(tmp_path):
     before = children()
-    t = time.monotonic()
     first, stuck, after = outcomes(counted_pipeline(tmp_path, timeout=1.0), [1, -2, 2], mode="ensemble",
                                     enforce_timeouts=True)  # Triton's ensemble would wait
     assert isinstance(stuck, StepTimeoutError)
-    assert time.monotonic() - t < 30  # the 60 s sleep was not waited out, at close either
+    # the 60 s sleep was not waited out: its process is gone (below), and a new one answered
     assert int(after["pid"][0]) != int(first["pid"][0])
     assert children() == before
     stuck_pid = int(first["pid"][0])

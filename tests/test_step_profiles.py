@@ -5,7 +5,6 @@ holds the GIL, what its tensors weigh; cached as JSON by its code and input shap
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -377,7 +376,5 @@ def test_a_gpu_step_is_timed_on_the_gpu_with_cupy_arrays():
         seen.append(type(x))
         return {"y": (x @ x.T).sum(axis=1)[:, None] * cupy.ones_like(x)}
 
-    start = time.perf_counter()
     profile = profile_steps(one_step(matmul, name="on_gpu", device="gpu"), X, repeats=3)["on_gpu"]
-    assert time.perf_counter() - start < 60
     assert profile.device == "gpu" and profile.rows == (1, 2, 4, 8) and set(seen) == {cupy.ndarray}

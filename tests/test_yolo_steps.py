@@ -329,12 +329,13 @@ from pipelines.steps.letterbox import letterbox
 from pipelines.steps.nms import nms
 raw = detector(images=letterbox(image=make_sample(seed=3, n_objects=8)["image"][None])["images"])["output0"]
 nms(candidates=raw)
-used, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+cpu = lambda who: sum(resource.getrusage(who)[:2])  # user + system seconds
+process, caller = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_THREAD)
 for _ in range(60):
     nms(candidates=raw)
     time.sleep(0.005)  # idle between requests, as a served step is
-now = resource.getrusage(resource.RUSAGE_SELF)
-print((now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime) / (time.perf_counter() - start))
+# CPU seconds of the calling thread, and of every other thread of the process (a pool's workers)
+print(cpu(resource.RUSAGE_THREAD) - caller, cpu(resource.RUSAGE_SELF) - process - (cpu(resource.RUSAGE_THREAD) - caller))
 """
 
 
@@ -346,8 +347,10 @@ def test_nms_leaves_the_cores_alone_between_calls():
 
     run = subprocess.run([sys.executable, "-c", _CORES_BETWEEN_CALLS], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    cores = float(run.stdout.split()[-1])
-    assert cores < 0.6, f"nms kept {cores:.2f} cores busy while called every 5 ms"
+    caller, others = (float(v) for v in run.stdout.split()[-2:])
+    # CPU time, not a wall-clock rate: spinning workers burn through every idle gap between calls,
+    # several times the caller's own work; idle ones burn none of it
+    assert others < caller, f"other threads used {others:.3f} s of CPU to the caller's {caller:.3f} s"
 
 
 def _tiny_yolo_onnx(path, *, batch):
