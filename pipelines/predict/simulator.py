@@ -6,6 +6,7 @@ and since nothing sleeps or runs on a thread the same inputs always give the sam
 from __future__ import annotations
 
 import random
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from itertools import chain
@@ -97,6 +98,7 @@ class _Server:
         self._draws = random.Random(0)
         self._call_memo: dict[tuple[str, int], tuple[float, float]] = {}
         self._execution_memo: dict[tuple[str, int], tuple[float, float, float, float]] = {}
+        self._wakes = (_curve(spec.wake), _curve(spec.wake_idle))  # split once: read at every hand-off
         for step in spec.steps:
             # Steps that name one model (one step used by several nodes) share its queue and instances.
             if (spec.form != "fused" or step.external) and step.model_name not in self.models:
@@ -298,7 +300,7 @@ class _Server:
         """The wake of a side that waited for another process since ``since``, by the profile's
         ``wake``: paid while a core idles (a busy machine's threads and cores are awake), as a
         delay of the waiting side's, which uses no core (the time is the system's)."""
-        wake, idle = self.spec.wake, self.spec.wake_idle
+        wake, idle = self._wakes
         if not (wake or idle) or not self.cores.idle():
             return
         us = _at(wake, self.env.now - since)
@@ -429,11 +431,24 @@ class _Server:
         yield self.cores.run(free_span, free_cap)
 
 
-def _at(points: Sequence[tuple[float, float]], waited: float) -> float:
-    """``points``' µs after ``waited`` µs: straight between them, the last one's beyond; none: 0."""
-    if not points:
+def _curve(points: Sequence[tuple[float, float]]) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """``(waited µs, µs)`` points as two columns, split once for :func:`_at`; none: ``None``."""
+    return (tuple(w for w, _ in points), tuple(u for _, u in points)) if points else None
+
+
+def _at(curve: tuple[tuple[float, ...], tuple[float, ...]] | None, waited: float) -> float:
+    """``curve``'s µs after ``waited`` µs: straight between its points, the first's before them
+    and the last one's beyond; none: 0."""
+    if curve is None:
         return 0.0
-    return float(np.interp(waited, [w for w, _ in points], [u for _, u in points]))
+    waits, costs = curve
+    i = bisect_right(waits, waited)
+    if i == 0:
+        return costs[0]
+    if i == len(waits):
+        return costs[-1]
+    share = (waited - waits[i - 1]) / (waits[i] - waits[i - 1])
+    return costs[i - 1] + share * (costs[i] - costs[i - 1])
 
 
 def _compute(step: StepSpec, rows: int) -> tuple[float, float]:
