@@ -311,60 +311,60 @@ def build_parser() -> argparse.ArgumentParser:
                    "increments for requests with large tensors")
     s.set_defaults(func=_cmd_serve)
 
-    b = sub.add_parser("bench", help="benchmark every form (ensemble, BLS, fused) locally and on a server",
-                       description="Measure the pipeline in every form (ensemble, bls, bls-sync, fused; --forms picks "
-                       "some), in the local runtime and on "
-                       "a real Triton server, side by side: throughput, latency percentiles, per-model breakdown, "
-                       "plots and a verdict.",
-                       **_examples("bench pipelines.examples.basic:diamond --concurrency 1,4,16 --duration 2 "
-                                   "--out bench-diamond",
-                                   "bench --forms ensemble,fused --concurrency 1:16 --out bench-yolov5",
-                                   "bench pipelines.examples.basic:diamond --profile profile.json --no-server",
-                                   "bench pipelines.examples.basic:diamond --url HOST:8000 --concurrency 1,4"))
-    _delegate(b, "pipelines.bench.command")
+    _delegate(sub, "bench", "benchmark every form (ensemble, BLS, fused) locally and on a server",
+              "Measure the pipeline in every form (ensemble, bls, bls-sync, fused; --forms picks some), in the "
+              "local runtime and on a real Triton server, side by side: throughput, latency percentiles, "
+              "per-model breakdown, plots and a verdict.",
+              ["bench pipelines.examples.basic:diamond --concurrency 1,4,16 --duration 2 --out bench-diamond",
+               "bench --forms ensemble,fused --concurrency 1:16 --out bench-yolov5",
+               "bench pipelines.examples.basic:diamond --profile profile.json --no-server",
+               "bench pipelines.examples.basic:diamond --url HOST:8000 --concurrency 1,4"],
+              "pipelines.bench.command")
 
-    k = sub.add_parser("calibrate", help="measure a Triton server's costs into a profile",
-                       description="Run generated probe models on a Triton server (the bundled one by default) and "
-                       "fit a fixed cost plus a cost per byte for each boundary a request crosses, with a confidence "
-                       "interval for each; 'pipelines predict' and 'pipelines advise' simulate that server from it "
-                       "(p.predict(profile), bench --profile).",
-                       **_examples("calibrate --out profile.json", "calibrate --quick --out profile.json",
-                                   "calibrate --url HOST:8001 --protocol grpc --out remote-grpc.json"))
-    _delegate(k, "pipelines.calibration.calibrate_command")
+    _delegate(sub, "calibrate", "measure a Triton server's costs into a profile",
+              "Run generated probe models on a Triton server (the bundled one by default) and fit a fixed cost "
+              "plus a cost per byte for each boundary a request crosses, with a confidence interval for each; "
+              "'pipelines predict' and 'pipelines advise' simulate that server from it (p.predict(profile), "
+              "bench --profile).",
+              ["calibrate --out profile.json", "calibrate --quick --out profile.json",
+               "calibrate --url HOST:8001 --protocol grpc --out remote-grpc.json"],
+              "pipelines.calibration.calibrate_command")
 
-    pr = sub.add_parser("predict", help="predict each form's latency and throughput on a profiled server",
-                        description="Simulate the pipeline's forms on the server that a profile measured: the "
-                        "server's schedule (instances, dynamic batching, the ensemble scheduler, BLS rounds, the "
-                        "cores) on a virtual clock, with each step's cost measured here on the pipeline's own "
-                        "tensors. No server runs; a prediction takes seconds. Rows: form, load, p50/p95/p99, "
-                        "throughput and the bottleneck (the busiest model, or the cores).",
-                        **_examples("predict pipelines.examples.yolov5:pipeline --profile profile.json",
-                                    "predict pipelines.examples.basic:diamond --profile profile.json "
-                                    "--concurrency 1,4,16 --json",
-                                    "predict pipelines.examples.basic:diamond --profile profile.json --rate 200"))
-    _delegate(pr, "pipelines.predict.commands", "add_predict_arguments", "predict_main")
+    _delegate(sub, "predict", "predict each form's latency and throughput on a profiled server",
+              "Simulate the pipeline's forms on the server that a profile measured: the server's schedule "
+              "(instances, dynamic batching, the ensemble scheduler, BLS rounds, the cores) on a virtual clock, "
+              "with each step's cost measured here on the pipeline's own tensors. No server runs; a prediction "
+              "takes seconds. Rows: form, load, p50/p95/p99, throughput and the bottleneck (the busiest model, "
+              "or the cores).",
+              ["predict pipelines.examples.yolov5:pipeline --profile profile.json",
+               "predict pipelines.examples.basic:diamond --profile profile.json --concurrency 1,4,16 --json",
+               "predict pipelines.examples.basic:diamond --profile profile.json --rate 200"],
+              "pipelines.predict.commands", "add_predict_arguments", "predict_main")
 
-    ad = sub.add_parser("advise", help="search forms, instance counts and batching for the fastest configuration",
-                        description="Simulate hundreds of configurations (form, each step's instance_count, "
-                        "dynamic batching and its queue delay, the BLS or fused model's instances) and rank them "
-                        "by predicted throughput under a p95 bound (or by p95). Prints the top K with the exact "
-                        "options to set; --verify measures the top 3 and the default on a real server, --write "
-                        "writes the winner's repository.",
-                        **_examples("advise pipelines.examples.yolov5:pipeline --profile profile.json --concurrency 8",
-                                    "advise pipelines.examples.basic:diamond --profile profile.json --p95-ms 20 "
-                                    "--top 3 --verify",
-                                    "advise pipelines.examples.basic:diamond --profile profile.json --write "
-                                    "model_repository"))
-    _delegate(ad, "pipelines.predict.commands", "add_advise_arguments", "advise_main")
+    _delegate(sub, "advise", "search forms, instance counts and batching for the fastest configuration",
+              "Simulate hundreds of configurations (form, each step's instance_count, dynamic batching and its "
+              "queue delay, the BLS or fused model's instances) and rank them by predicted throughput under a "
+              "p95 bound (or by p95). Prints the top K with the exact options to set; --verify measures the "
+              "top 3 and the default on a real server, --write writes the winner's repository.",
+              ["advise pipelines.examples.yolov5:pipeline --profile profile.json --concurrency 8",
+               "advise pipelines.examples.basic:diamond --profile profile.json --p95-ms 20 --top 3 --verify",
+               "advise pipelines.examples.basic:diamond --profile profile.json --write model_repository"],
+              "pipelines.predict.commands", "add_advise_arguments", "advise_main")
     return parser
 
 
-def _delegate(parser: argparse.ArgumentParser, module: str, add: str = "add_arguments", run: str = "main") -> None:
-    """A subcommand whose ``add_arguments(parser)`` and ``main(args)`` (or ``add`` and ``run``) live in ``module``.
+def _delegate(
+    sub: Any, name: str, summary: str, description: str, examples: Sequence[str], module: str,
+    add: str = "add_arguments", run: str = "main",
+) -> None:
+    """The subcommand ``name`` (``summary`` in the command list, ``description`` and ``examples``
+    in its own --help), whose ``add_arguments(parser)`` and ``main(args)`` (or ``add`` and
+    ``run``) live in ``module``.
 
     Imported when the parser is built, so importing ``pipelines.cli`` does not import the
     benchmark or the calibration.
     """
+    parser = sub.add_parser(name, help=summary, description=description, **_examples(*examples))
     command = importlib.import_module(module)
     getattr(command, add)(parser)
     parser.set_defaults(func=getattr(command, run))

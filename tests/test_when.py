@@ -244,6 +244,25 @@ def test_the_plan_carries_conditions_selects_and_fills_through_json():
     assert fills["flag"] is None and fills["label"].data == ("neg",)
 
 
+def test_rows_settle_merges_a_select_skips_a_block_no_row_holds_and_leaves_the_rest_to_call():
+    from pipelines.serving import SKIPPED, Branches, Rows
+
+    plan = plan_of(gated_pipeline()).to_json()
+    nodes = {n["name"]: n for n in plan["nodes"]}
+    branches = Branches(plan)
+    values = {
+        ("check", "ok"): np.array([[True], [False], [True]]),
+        ("check", "big"): np.zeros((3, 1), dtype=bool),
+        ("plus_one", "y"): np.ones((2, 4), np.float32),  # the rows of when(check.ok)
+        ("minus_one", "y"): np.zeros((1, 4), np.float32),
+    }
+    rows = Rows(branches, 3, values.__getitem__)
+    assert rows.settle(nodes["detector"], ["y"], None) is None and rows.count(branches.when["detector"]) == 2
+    assert rows.settle(nodes["doubled"], ["y"], None) == {"y": SKIPPED}  # check.big holds on no row
+    assert branches.reads(nodes["doubled"]) == [("plus_one", "y"), ("check", "ok"), ("check", "big")]
+    merged = rows.settle(nodes["select"], ["output"], lambda key, _dtype: values[key])
+    assert merged.keys() == {"output"} and merged["output"][:, 0].tolist() == [1, 0, 1]
+
 
 def test_a_static_pipeline_plan_json_is_unchanged():
     p = Pipeline("s", inputs={"x": ROW}, max_batch_size=8)

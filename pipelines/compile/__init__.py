@@ -97,7 +97,7 @@ def compile_pipeline(
     # A form that runs Python steps in-process calls only the external steps' models.
     in_process_only = all(form.in_process for form in forms)
     for model in plan.models:
-        if in_process_only and not model.step.is_external:
+        if in_process_only and not plan.step_of(model).is_external:
             continue
         extras = layout.extras.get(model.name) if layout is not None else None
         models[model.name] = compile_step_model(plan, model, extras)

@@ -12,20 +12,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from ..graph import Pipeline, TensorRef
-from ..plan import ExecutionPlan, plan_of
+from ..plan import ExecutionPlan, ModelPlan, plan_of
 from ..step import Step
 
-__all__ = ["BoundModel", "BoundNode", "CompilePlan", "bind_plan"]
-
-
-@dataclass(frozen=True)
-class BoundModel:
-    """One composing model: the step it serves and the nodes that call it."""
-
-    name: str
-    step: Step
-    nodes: tuple[str, ...]
-    max_batch_size: int
+__all__ = ["BoundNode", "CompilePlan", "bind_plan"]
 
 
 @dataclass(frozen=True)
@@ -51,12 +41,19 @@ class CompilePlan:
 
     pipeline: Pipeline
     plan: ExecutionPlan
-    models: tuple[BoundModel, ...]
     nodes: tuple[BoundNode, ...]
 
     @property
     def name(self) -> str:
         return self.pipeline.name
+
+    @property
+    def models(self) -> tuple[ModelPlan, ...]:
+        return self.plan.models
+
+    def step_of(self, model: ModelPlan) -> Step:
+        """The step ``model`` serves (its nodes all call the one step)."""
+        return self.pipeline.nodes[model.nodes[0]].step
 
     @property
     def repeated_outputs(self) -> list[tuple[str, str]]:
@@ -85,7 +82,4 @@ def bind_plan(pipeline: Pipeline, plan: ExecutionPlan | None = None) -> CompileP
                 sources=MappingProxyType({s.input: bindings[s.input] for s in node.inputs}),
             )
         )
-    models = tuple(
-        BoundModel(m.name, pipeline.nodes[m.nodes[0]].step, m.nodes, m.max_batch_size) for m in plan.models
-    )
-    return CompilePlan(pipeline, plan, models, tuple(nodes))
+    return CompilePlan(pipeline, plan, tuple(nodes))

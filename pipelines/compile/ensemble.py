@@ -296,8 +296,8 @@ def _last_node_answers(plan: CompilePlan, python_nodes: set[str]) -> str | None:
     if len(producers) != 1:
         return None
     (last,) = producers
-    shared = [m for m in plan.models if len(m.nodes) > 1 and not m.step.is_external]
-    if last not in python_nodes or any(last in m.nodes or not m.step.inputs for m in shared):
+    shared = [m for m in plan.models if len(m.nodes) > 1 and not plan.step_of(m).is_external]
+    if last not in python_nodes or any(last in m.nodes or not plan.step_of(m).inputs for m in shared):
         return None
     return last
 
@@ -338,9 +338,10 @@ def _gated_layout(plan: CompilePlan, names: TensorNames) -> EnsembleLayout:
     aliases = node_aliases(plan)
     extras = {}
     for model in plan.models:
-        if model.step.is_external:
+        step = plan.step_of(model)
+        if step.is_external:
             continue
-        taken = set(model.step.inputs) | set(model.step.outputs)
+        taken = set(step.inputs) | set(step.outputs)
         if ERR_OUTPUT in taken or any(t.startswith(ERR_INPUT) for t in taken):
             raise CompileError(
                 f"pipeline {pipeline.name!r}: step {model.nodes[0]!r} has a tensor named {ERR_OUTPUT!r} or "
@@ -356,7 +357,7 @@ def _gated_layout(plan: CompilePlan, names: TensorNames) -> EnsembleLayout:
         extras[model.name] = ModelExtras(
             err_inputs=err_inputs,
             err_output=ERR_OUTPUT,
-            placeholders=MappingProxyType(placeholders(plan, model.name, by_name)),
+            placeholders=MappingProxyType(placeholders(plan, model, by_name)),
             **alias_extras(aliases.get(model.name)),
         )
 

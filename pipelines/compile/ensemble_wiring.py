@@ -10,6 +10,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..graph import TensorRef
+from ..plan import ModelPlan
 from .bound_plan import BoundNode, CompilePlan
 
 __all__ = ["ERR_OUTPUT", "NODE_ALIAS", "TensorNames", "alias_extras", "aliased", "exposure_copies", "exposures_of", "fresh_output",
@@ -69,10 +70,11 @@ def node_aliases(plan: CompilePlan) -> dict[str, tuple[str, dict[str, str]]]:
     """Python model shared by several nodes -> (its first input, node -> that input's alias for it)."""
     found = {}
     for model in plan.models:
-        if len(model.nodes) < 2 or model.step.is_external or not model.step.inputs:
+        step = plan.step_of(model)
+        if len(model.nodes) < 2 or step.is_external or not step.inputs:
             continue
-        first = next(iter(model.step.inputs))
-        taken = {*model.step.inputs, *model.step.outputs, ERR_OUTPUT}
+        first = next(iter(step.inputs))
+        taken = {*step.inputs, *step.outputs, ERR_OUTPUT}
         found[model.name] = (first, {
             node: fresh_output(taken, NODE_ALIAS.format(input=first, node=node)) for node in model.nodes
         })
@@ -112,14 +114,13 @@ def tensor_of(plan: CompilePlan, ref: TensorRef, renamed: Mapping[str, str]) -> 
     return renamed.get(tensor, tensor)
 
 
-def placeholders(plan: CompilePlan, model: str, by_name: Mapping[str, BoundNode]) -> dict[str, tuple[int, ...]]:
+def placeholders(plan: CompilePlan, model: ModelPlan, by_name: Mapping[str, BoundNode]) -> dict[str, tuple[int, ...]]:
     """Dims a failed step's stand-in outputs take: each ``-1`` becomes what a reader fixes, else 1."""
     readers = readers_of(plan)
-    spec_outputs = next(m.step.outputs for m in plan.models if m.name == model)
     dims = {}
-    for output, spec in spec_outputs.items():
+    for output, spec in plan.step_of(model).outputs.items():
         shape = list(spec.dims)
-        for node_name in next(m.nodes for m in plan.models if m.name == model):
+        for node_name in model.nodes:
             for reader, input_name in readers.get((node_name, output), []):
                 wanted = by_name[reader.name].step.inputs[input_name].dims
                 for i, d in enumerate(shape):

@@ -52,7 +52,7 @@ def compile_fused(plan: CompilePlan, name: str, *, instance_count: int = 1) -> C
     needs: list[Any] = []
     steps = {}
     for model in plan.models:
-        if model.step.is_external:
+        if plan.step_of(model).is_external:
             continue
         # The step model's own files (not the model): the same export, digest and checks.
         compiled = compile_step_model(plan, model)
@@ -102,7 +102,8 @@ def _join_rows(plan: CompilePlan) -> int:
     if plan.pipeline.max_batch_size == 0:
         return 0
     limits = [m.max_batch_size for m in plan.models]
-    if any(m.step.is_external and m.step.external.fixed_batch is not None for m in plan.models) or 0 in limits:
+    steps = [plan.step_of(m) for m in plan.models]
+    if any(s.is_external and s.external.fixed_batch is not None for s in steps) or 0 in limits:
         return 0
     return min([plan.pipeline.max_batch_size, *limits])
 

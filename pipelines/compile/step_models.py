@@ -36,8 +36,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from .. import serving
 from ..errors import CompileError
 from ..names import check_name
+from ..plan import ModelPlan
 from ..step import Step
-from .bound_plan import BoundModel, CompilePlan
+from .bound_plan import CompilePlan
 from .configs import add_io, set_parameters
 from .repository import CompiledModel, FileCopy
 from .requirements import NUMPY_REQUIREMENT, ServerNeeds, distributions_of, is_installed_module, python_version
@@ -85,22 +86,23 @@ def plan_json(data: dict[str, Any]) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True, ensure_ascii=True) + "\n").encode()
 
 
-def compile_step_model(plan: CompilePlan, model: BoundModel, extras: Any = None) -> CompiledModel:
-    """The composing model that serves ``model.step`` for the nodes in ``model.nodes``.
+def compile_step_model(plan: CompilePlan, model: ModelPlan, extras: Any = None) -> CompiledModel:
+    """The composing model that serves ``model``'s step for the nodes in ``model.nodes``.
 
     ``extras`` (an ``ensemble.ModelExtras``) adds what the ensemble form needs: output
     copies and the tensors that carry failures.
     """
-    if model.step.is_external:
-        return _external_model(plan, model)
-    compiled = _python_model(plan, model, extras)
+    step = plan.step_of(model)
+    if step.is_external:
+        return _external_model(plan, model, step)
+    compiled = _python_model(plan, model, step, extras)
     if extras is not None:
-        extras.add_to(compiled.config, model.step.outputs)
+        extras.add_to(compiled.config, step.outputs)
     return compiled
 
 
-def _base_config(model: BoundModel) -> mc.ModelConfig:
-    step, options = model.step, model.step.options
+def _base_config(model: ModelPlan, step: Step) -> mc.ModelConfig:
+    options = step.options
     config = mc.ModelConfig(name=model.name, max_batch_size=model.max_batch_size)
     add_io(config, step.inputs, step.outputs)
     config.instance_group.add(count=options.instance_count, kind=mc.ModelInstanceGroup.Kind.Value(options.config_instance_kind))
@@ -112,9 +114,8 @@ def _base_config(model: BoundModel) -> mc.ModelConfig:
     return config
 
 
-def _python_model(plan: CompilePlan, model: BoundModel, extras: Any = None) -> CompiledModel:
-    step = model.step
-    config = _base_config(model)
+def _python_model(plan: CompilePlan, model: ModelPlan, step: Step, extras: Any = None) -> CompiledModel:
+    config = _base_config(model, step)
     config.backend = "python"
     parameters = dict(step.options.parameters)
     if step.options.device == "gpu":
@@ -189,21 +190,21 @@ def _source_name(step: Step) -> str | None:
     return None if home is None or home.startswith("<") else home.replace("\\", "/").rsplit("/", 1)[-1]
 
 
-def _external_model(plan: CompilePlan, model: BoundModel) -> CompiledModel:
-    ext = model.step.external
-    config = _base_config(model)
+def _external_model(plan: CompilePlan, model: ModelPlan, step: Step) -> CompiledModel:
+    ext = step.external
+    config = _base_config(model, step)
     if ext.fixed_batch is not None:
-        _fix_batch(config, plan, model)
+        _fix_batch(config, plan, model, ext.fixed_batch)
     if ext.backend:
         config.backend = ext.backend
     if ext.platform:
         config.platform = ext.platform
-    set_parameters(config, model.step.options.parameters)
+    set_parameters(config, step.options.parameters)
     files: dict[str, Any] = {}
     if ext.model_filename is not None:
         filename = ext.model_filename
         # One plain path component, so the copy cannot land outside the model's version directory.
-        check_name(filename, what=f"step {model.step.name!r} model_filename", pipeline=plan.name, step=model.nodes[0])
+        check_name(filename, what=f"step {step.name!r} model_filename", pipeline=plan.name, step=model.nodes[0])
         config.default_model_filename = filename
         if ext.model_file is not None:
             files[f"1/{filename}"] = FileCopy(
@@ -212,13 +213,12 @@ def _external_model(plan: CompilePlan, model: BoundModel) -> CompiledModel:
     return CompiledModel(model.name, config, files)
 
 
-def _fix_batch(config: mc.ModelConfig, plan: CompilePlan, model: BoundModel) -> None:
+def _fix_batch(config: mc.ModelConfig, plan: CompilePlan, model: ModelPlan, fixed: int) -> None:
     """A model exported with a fixed batch: ``max_batch_size: 0`` and the batch as its first dim.
 
     Triton lets a batching ensemble hold such a model when the shapes agree once
     the ensemble's batch dimension is added, which holds for requests of that batch.
     """
-    fixed = model.step.external.fixed_batch
     if model.max_batch_size == 0:
         raise CompileError(
             f"pipeline {plan.name!r} step {model.nodes[0]!r}: the model takes a fixed batch of {fixed} as its "

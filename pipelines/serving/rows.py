@@ -4,7 +4,7 @@ gathered to the nodes that run them, run once, scattered back with the outputs' 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -89,6 +89,10 @@ class Branches:
         """The conditions under which the tensor ``key`` (producer, name) exists."""
         return frozenset() if key[0] is None else self.when[key[0]]
 
+    def reads(self, node: Mapping[str, Any]) -> list[tuple[Any, str]]:
+        """Every tensor a node of the plan (its JSON) reads once: its inputs, then its conditions."""
+        return [(s["node"], s["tensor"]) for s in node["inputs"]] + self.conditions[node["name"]]
+
 
 _ALL = object()  # Rows' mask for the rows of no condition: every row
 
@@ -137,6 +141,23 @@ class Rows:
     def read_conditions(self, node: str) -> None:
         """Work out ``node``'s rows now, while its conditions are still held."""
         self.mask(self.branches.when[node])
+
+    def settle(
+        self, node: Mapping[str, Any], returns: Iterable[str], value_of: Callable[[Any, str], Any]
+    ) -> dict[str, Any] | None:
+        """What a node of the plan (its JSON) leaves without a call, or ``None`` where its step
+        must run (on :meth:`count` of its rows): a select's output merged here (its inputs read
+        as in :meth:`merge_select`), or, where no row holds its conditions, each output it
+        ``returns`` as :data:`SKIPPED`. Once it is settled, its :meth:`Branches.reads` are spent.
+        """
+        name = node["name"]
+        self.read_conditions(name)
+        rows = self.count(self.branches.when[name])
+        if rows and name not in self.branches.selects:
+            return None
+        if rows:
+            return {"output": self.merge_select(node, value_of)}
+        return dict.fromkeys(returns, SKIPPED)
 
     def gather(self, value: Any, source: frozenset, terms: frozenset) -> Any:
         """``value``, which holds the rows of ``source``, cut to the rows of ``terms`` (a subset of them)."""

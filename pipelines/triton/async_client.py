@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import InferenceError, PipelinesError, ServerError
 from .connection import ClientBase, grpc_channel_args, rejected
-from .payloads import infer_inputs, message_to_dict, requested_outputs, result_arrays
+from .payloads import InferRequest, message_to_dict, result_arrays
 from .rejections import explain_rejection
 
 __all__ = ["AsyncTritonClient"]
@@ -82,22 +82,13 @@ class AsyncTritonClient(ClientBase):
     ) -> dict[str, np.ndarray]:
         """Run ``model`` on numpy ``inputs``; return its outputs (all of them, or those named)."""
         timeout = self.timeout if timeout is None else timeout
+        request = InferRequest(model, inputs, outputs)
 
-        async def over_http(client: Any) -> dict[str, np.ndarray]:
-            import tritonclient.http as httpclient
+        async def over_http(c: Any) -> dict[str, np.ndarray]:
+            return result_arrays(await c.infer(**request.http()), "http")
 
-            requested = requested_outputs(httpclient, outputs, binary=True)
-            result = await client.infer(model, infer_inputs(httpclient, inputs, binary=True), outputs=requested)
-            return result_arrays(result, "http")
-
-        async def over_grpc(client: Any, limit: float | None) -> dict[str, np.ndarray]:
-            import tritonclient.grpc as grpcclient
-
-            requested = requested_outputs(grpcclient, outputs, binary=False)
-            result = await client.infer(
-                model, infer_inputs(grpcclient, inputs, binary=False), outputs=requested, client_timeout=limit
-            )
-            return result_arrays(result, "grpc")
+        async def over_grpc(c: Any, t: float | None) -> dict[str, np.ndarray]:
+            return result_arrays(await c.infer(**request.grpc(t)), "grpc")
 
         try:
             return await self._call("infer on", model, timeout, over_http, over_grpc)

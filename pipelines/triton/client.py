@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import InferenceError, PipelinesError, ServerError
 from .connection import ClientBase, grpc_channel_args, rejected
-from .payloads import infer_inputs, message_to_dict, requested_outputs, result_arrays
+from .payloads import InferRequest, message_to_dict, result_arrays
 from .rejections import explain_rejection
 
 __all__ = ["TritonClient"]
@@ -111,25 +111,15 @@ class TritonClient(ClientBase):
     ) -> dict[str, np.ndarray]:
         """Run ``model`` on numpy ``inputs``; return its outputs (all of them, or those named)."""
         timeout = self.timeout if timeout is None else timeout
-
-        def over_http(client: Any) -> dict[str, np.ndarray]:
-            import tritonclient.http as httpclient
-
-            requested = requested_outputs(httpclient, outputs, binary=True)
-            result = client.infer(model, infer_inputs(httpclient, inputs, binary=True), outputs=requested)
-            return result_arrays(result, "http")
-
-        def over_grpc(client: Any, limit: float | None) -> dict[str, np.ndarray]:
-            import tritonclient.grpc as grpcclient
-
-            requested = requested_outputs(grpcclient, outputs, binary=False)
-            result = client.infer(
-                model, infer_inputs(grpcclient, inputs, binary=False), outputs=requested, client_timeout=limit
-            )
-            return result_arrays(result, "grpc")
-
+        request = InferRequest(model, inputs, outputs)
         try:
-            return self._call("infer on", model, timeout, over_http, over_grpc)
+            return self._call(
+                "infer on",
+                model,
+                timeout,
+                lambda c: result_arrays(c.infer(**request.http()), "http"),
+                lambda c, t: result_arrays(c.infer(**request.grpc(t)), "grpc"),
+            )
         except InferenceError as error:
             if not rejected(error):
                 raise

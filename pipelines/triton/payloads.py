@@ -4,6 +4,7 @@ the dicts Triton's HTTP API returns, so both protocols give the same shapes."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,38 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from ..errors import InputError
 
-__all__ = ["infer_inputs", "message_to_dict", "requested_outputs", "result_arrays"]
+__all__ = ["InferRequest", "infer_inputs", "message_to_dict", "requested_outputs", "result_arrays"]
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    """One ``infer`` call, as the blocking and the asyncio clients of either protocol take it:
+    they differ only in whether they await the answer."""
+
+    model: str
+    inputs: Mapping[str, Any]
+    outputs: str | Sequence[str] | None = None
+
+    def http(self) -> dict[str, Any]:
+        """tritonclient.http's (or .aio's) ``infer`` arguments: binary tensor data both ways."""
+        import tritonclient.http as httpclient
+
+        return {
+            "model_name": self.model,
+            "inputs": infer_inputs(httpclient, self.inputs, binary=True),
+            "outputs": requested_outputs(httpclient, self.outputs, binary=True),
+        }
+
+    def grpc(self, limit: float | None) -> dict[str, Any]:
+        """tritonclient.grpc's (or .aio's) ``infer`` arguments, given up after ``limit`` seconds."""
+        import tritonclient.grpc as grpcclient
+
+        return {
+            "model_name": self.model,
+            "inputs": infer_inputs(grpcclient, self.inputs, binary=False),
+            "outputs": requested_outputs(grpcclient, self.outputs, binary=False),
+            "client_timeout": limit,
+        }
 
 
 def requested_outputs(module: Any, outputs: str | Sequence[str] | None, *, binary: bool) -> list[Any] | None:

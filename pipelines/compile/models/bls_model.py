@@ -227,24 +227,18 @@ class TritonPythonModel:
 
     def _done_here(self, node, run):
         """Whether ``node`` needs no call: a select (merged here), or no row holds its conditions."""
-        name, branch, branches = node["name"], run.branch, self.branches
-        branch.read_conditions(name)
-        rows = branch.count(branches.when[name])
-        if rows and name not in branches.selects:
-            return False
-        reads = [(s["node"], s["tensor"]) for s in node["inputs"]]
-        if rows:
-            def value_of(key, dtype):
-                value = run.values[key]
-                return value if value is serving.SKIPPED else self._array(value, dtype)
+        def value_of(key, dtype):
+            value = run.values[key]
+            return value if value is serving.SKIPPED else self._array(value, dtype)
 
-            merged = branch.merge_select(node, value_of)
-            dtype = next(s["dtype"] for s in node["inputs"] if s["input"] == "then")
-            run.values[(name, "output")] = self._tensor("output", merged, dtype)
-        else:  # no row to run: the step is not called
-            for out in run.schedule.returns[name]:
-                run.values[(name, out)] = serving.SKIPPED
-        run.release(reads + branches.conditions[name])
+        left = run.branch.settle(node, run.schedule.returns[node["name"]], value_of)
+        if left is None:
+            return False
+        for out, value in left.items():
+            if value is not serving.SKIPPED:  # a select's merge, of the dtype its branches have
+                value = self._tensor(out, value, next(s["dtype"] for s in node["inputs"] if s["input"] == "then"))
+            run.values[(node["name"], out)] = value
+        run.release(self.branches.reads(node))
         return True
 
     def _gathered(self, tensor, key, node, source, branch):

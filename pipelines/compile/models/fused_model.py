@@ -258,18 +258,12 @@ class TritonPythonModel:
 
     def _branch_rows(self, node, branch, values, schedule, release):
         """How many rows ``node`` runs on; 0 once it is done: a select merged, or no row to run."""
-        name, branches = node["name"], self.branches
-        branch.read_conditions(name)
-        count = branch.count(branches.when[name])
-        if count and name not in branches.selects:
-            return count
-        reads = [(s["node"], s["tensor"]) for s in node["inputs"]]
-        if count:
-            values[(name, "output")] = branch.merge_select(node, lambda key, _dtype: values[key])
-        else:  # no row to run: the step is not called
-            for out in schedule.returns[name]:
-                values[(name, out)] = serving.SKIPPED
-        release(reads + branches.conditions[name])
+        name = node["name"]
+        left = branch.settle(node, schedule.returns[name], lambda key, _dtype: values[key])
+        if left is None:
+            return branch.count(self.branches.when[name])
+        values.update({(name, out): value for out, value in left.items()})
+        release(self.branches.reads(node))
         return 0
 
     async def _node(self, name, inputs, rows, schedule, *, inline):
