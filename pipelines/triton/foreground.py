@@ -6,50 +6,24 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from typing import Any
 
-from .arguments import PythonBackendSettings
 from .server import TritonServer, describe_exit
 
 __all__ = ["serve_main"]
 
 
-def serve_main(
-    repository: str | os.PathLike[str],
-    *,
-    host: str = "127.0.0.1",
-    http_port: int | None = None,
-    grpc_port: int | None = None,
-    metrics_port: int | None = None,
-    model_control_mode: str = "none",
-    log_verbose: int = 0,
-    startup_timeout: float = 120.0,
-    extra_args: Sequence[str] = (),
-    python_env: str | os.PathLike[str] | None = None,
-    python_backend: PythonBackendSettings | None = None,
-    out=None,
-) -> int:
+def serve_main(repository: str | os.PathLike[str], *, out=None, **server_options: Any) -> int:
     """Serve ``repository`` in the foreground until Ctrl-C (or SIGTERM); return the exit status.
 
-    Prints the URLs and the loaded models once the server is ready. A server that dies
-    on its own returns 1 after printing its log's tail. ``python_env`` and ``python_backend``
-    are :class:`TritonServer`'s: the environment the Python models run in, and the stubs'
-    shared-memory sizes.
+    ``server_options`` are :class:`TritonServer`'s keyword arguments (host, ports, model
+    control mode, log verbosity, start-up timeout, extra arguments, ``python_env``,
+    ``python_backend``), passed on as they are so that the two never disagree. Prints the
+    URLs and the loaded models once the server is ready. A server that dies on its own
+    returns 1 after printing its log's tail.
     """
     out = out or sys.stdout
-    server = TritonServer(
-        repository,
-        host=host,
-        http_port=http_port,
-        grpc_port=grpc_port,
-        metrics_port=metrics_port,
-        model_control_mode=model_control_mode,
-        log_verbose=log_verbose,
-        startup_timeout=startup_timeout,
-        extra_args=extra_args,
-        python_env=python_env,
-        python_backend=python_backend,
-    )
+    server = TritonServer(repository, **server_options)
     previous_term = None
     if threading.current_thread() is threading.main_thread():
         previous_term = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
