@@ -200,9 +200,9 @@ def test_stop_lets_a_slow_request_in_flight_finish(protocol):
         assert _SLOW_STARTED.wait(30)  # inside the 1.5 s step now
         stopping = pool.submit(server.stop)
         stopping.result(timeout=30)
-        # an ordering: stop returned only once the request in flight had its answer
-        assert pending.done()
-        np.testing.assert_array_equal(pending.result(), [[2.0]])
+        # stop did not cut the request in flight: its answer comes, whole (a cut one is an
+        # error); the client may read it a moment after stop returns, so no ordering is asked
+        np.testing.assert_array_equal(pending.result(timeout=30), [[2.0]])
     assert not server.running
 
 
