@@ -63,9 +63,12 @@ def test_a_server_that_aborts_under_load_starts_again_on_the_same_ports_with_the
     with TritonServer(repository, model_control_mode="explicit", load_models=start_models) as server:
         server.load_model("sturdy_ensemble")  # loaded and unloaded since the start: replayed after it
         server.unload_model("sturdy_bls")
-        # one region a live stub: the stubs that the load replaced and the unload ended take theirs
-        # with them when they have exited, which a busy machine may take a while to see
-        wait_for(lambda: len(shm_regions(server.shm_prefix)) == len(server_stubs(server.pid)), "the unload's region to go")
+        # one stub, sturdy__add's, and its region: the stubs that the load replaced (loading the
+        # ensemble loads its step model again) and the unload ended take theirs with them once they
+        # have exited, which a starved machine may take seconds to see; until then two stubs hold
+        # two regions, which is no state to compare the restarted server with
+        wait_for(lambda: [s.model for s in server_stubs(server.pid)] == ["sturdy__add"]
+                 and len(shm_regions(server.shm_prefix)) == 1, "the replaced and unloaded stubs' regions to go")
         urls, regions = (server.http_url, server.grpc_url), shm_regions(server.shm_prefix)
         done, outcomes = threading.Event(), []  # (model, protocol, time sent, error or None)
 
@@ -194,3 +197,22 @@ def test_the_restart_budget_refills_as_its_window_passes(monkeypatch):
     assert budget.spend() and not budget.spend() and budget.left() == 0
     now[0] += 41  # the first restart is more than a window ago, the second is not
     assert budget.left() == 1 and budget.spend() and not budget.spend()
+
+
+def test_a_swapped_in_stub_takes_the_place_of_the_one_it_replaces_whatever_its_name():
+    from pipelines.triton.stubs import Stub, _slot
+
+    # Triton names the first instance "m" at times and "m_0_0" after a reload: one place
+    assert _slot(Stub(1, "m", "m")) == _slot(Stub(2, "m", "m_0_0")) == _slot(Stub(3, "m", "m_0"))
+    assert _slot(Stub(1, "m", "m_0_1")) != _slot(Stub(2, "m", "m_0_0"))
+    assert _slot(Stub(1, "m", "mine_0")) != _slot(Stub(2, "m", "m_0_0"))  # a group of the user's own name
+
+
+def test_a_fatal_signal_in_the_log_since_the_last_start_says_the_server_is_going_down():
+    from pipelines.triton.recovery import _dying_signal
+
+    line = 'I1127 04:45:05.074449 10467 model_lifecycle.cc:472] "loading: m:1"'
+    assert _dying_signal(line) is None
+    assert _dying_signal(f"{line}\nSignal (6) received.\n{line}") == 6
+    again = "W1127 04:45:13.0 10464 pipelines.triton] started again 3.26 s after it died; it answers again"
+    assert _dying_signal(f"Signal (6) received.\n{again}\n{line}") is None  # the dead one's, not this one's

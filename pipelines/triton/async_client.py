@@ -70,7 +70,7 @@ class AsyncTritonClient(ClientBase):
         except PipelinesError:
             raise
         except Exception as exc:
-            raise self._errors.translate(exc, what=what, model=model, timeout=timeout) from exc
+            raise self._errors.translate(exc, what=what, model=model, timeout=timeout, generation=generation) from exc
 
     async def infer(
         self,

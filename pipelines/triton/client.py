@@ -90,6 +90,7 @@ class TritonClient(ClientBase):
     def _call(self, what: str, model: str | None, timeout: float | None, http_call, grpc_call) -> Any:
         self._errors.check()
         self._reconnect_if_restarted()
+        generation = self._generation
         try:
             if self.protocol == "http":
                 return http_call(self._http(timeout))
@@ -97,7 +98,7 @@ class TritonClient(ClientBase):
         except PipelinesError:
             raise
         except Exception as exc:
-            raise self._errors.translate(exc, what=what, model=model, timeout=timeout) from exc
+            raise self._errors.translate(exc, what=what, model=model, timeout=timeout, generation=generation) from exc
 
     # ---------------------------------------------------------------- API
 

@@ -67,6 +67,14 @@ class Liveness(Protocol):
     def check_after_failure(self) -> None:
         """Like :meth:`check`, but allows a server being killed a moment to finish exiting."""
 
+    def check_serving(self, model: str) -> None:
+        """``model``, which the server serves, was answered as unknown or not ready: raise the
+        server's death (a dying server answers so for every model it had) if it dies now."""
+
+    def restarted_since(self, generation: int) -> PipelinesError | None:
+        """The error for a call begun at ``generation`` that failed while the server was starting
+        again after dying, or that has been started again since: retry. None otherwise."""
+
     def stub_died(self, instance: str) -> bool:
         """A request found ``instance``'s stub dead; whether the server reloads its model."""
 
@@ -144,9 +152,19 @@ class ErrorTranslator:
     def generation(self) -> int:
         return self.liveness.generation() if self.liveness is not None else 0
 
-    def translate(self, exc: BaseException, *, what: str, model: str | None, timeout: float | None) -> PipelinesError:
+    def translate(self, exc: BaseException, *, what: str, model: str | None, timeout: float | None,
+                  generation: int | None = None) -> PipelinesError:
+        """The library's error for ``exc``, which a call begun at the server's ``generation`` (its
+        restarts then) raised."""
         where = f"{self.protocol} {self.url}"
         subject = f"model {model!r}" if model else "the server"
+        if self.liveness is not None and generation is not None:
+            # A call that met a restart: the new server answers "unknown model" until it has loaded
+            # again what the dead one had (on a starved machine a client thread sends the call it
+            # checked before the death only once the new server listens). Retry, as any other call.
+            restarting = self.liveness.restarted_since(generation)
+            if restarting is not None:
+                return restarting
         if isinstance(exc, InferenceServerException):
             status = exc.status() or ""
             if _DEADLINE in status:
@@ -163,6 +181,8 @@ class ErrorTranslator:
                 reloading = self._reloading(text, model)
                 if reloading is not None:
                     return self._stub_died(text, context, model, dead=reloading)
+                if self.liveness is not None and model is not None and _RELOAD_SYMPTOM.search(text):
+                    self.liveness.check_serving(model)
                 suffix = f" ({what} {subject}, {status_note}{where}){self._never_loaded(text, model)}"
                 return _server_error(text, model=model, suffix=suffix)
         elif _is_timeout(exc):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 import warnings
 from collections.abc import Sequence, Set
@@ -36,6 +37,8 @@ class ModelState:
         self.unavailable: dict[str, str] = {}
         self.ensemble_steps: dict[str, frozenset[str]] = {}
         self.loaded_later: dict[str, bool] = {}
+        # Held while a load or unload through this package is under way: Triton swaps stubs meanwhile.
+        self.changing = threading.Lock()
 
     @property
     def repository(self) -> Path:
@@ -167,6 +170,23 @@ class ModelState:
                     break
                 time.sleep(0.02)
             client.load_model(model)
+
+    def settled(self) -> None:
+        """Wait until no load or unload through this package is under way."""
+        with self.changing:
+            pass
+
+    def serves(self, name: str) -> bool:
+        """Whether the server was asked to serve ``name`` now: loaded since the start, or started
+        with it (by name, or every model of the repository) and neither unloaded nor failed since."""
+        if name in self.loaded_later:
+            return self.loaded_later[name]
+        if name in self.unavailable:
+            return False
+        arguments = self._process.arguments
+        if arguments.load_models == ("*",) or arguments.model_control_mode != "explicit":
+            return name in _model_folders(self.repository)
+        return name in arguments.load_models
 
     def load_again(self) -> None:
         """Replay the loads and unloads made since the start (the arguments load the start's models)."""

@@ -6,6 +6,8 @@ server that died on its own is started again on the same ports with the same mod
 
 from __future__ import annotations
 
+import re
+import signal
 import subprocess
 import threading
 import time
@@ -72,6 +74,8 @@ class Recovery:
             reload=reload,
             note=self._process.log.note,
             prepare=models.learn_ensembles,
+            settled=models.settled,
+            dying=lambda: _dying_signal(self._process.log.tail(_DYING_LINES)) is not None,
         ).start()
 
     def stop_watching(self) -> bool:
@@ -244,9 +248,62 @@ class Recovery:
                 self.gone.set()
             process.log.note(self.gave_up)
 
+    def check_dying(self) -> None:
+        """Raise the server's death if it is going down: its log says Triton's "Signal (N) received"
+        since it last started, or it exits, within a moment (the log is read from a pipe, which a
+        starved machine drains late). Otherwise return: a model's own answer, not a dying server."""
+        deadline = time.monotonic() + _DYING_WAIT_S
+        while True:
+            self.check_alive()
+            proc = self._process.proc
+            signum = _dying_signal(self._process.log.tail(_DYING_LINES))
+            if proc is None:
+                return
+            if signum is not None:
+                break
+            if time.monotonic() >= deadline:
+                return
+            self._process.wait_dead(0.1)
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        crash = Crash(proc.pid, f"killed by {name}", f"Signal ({signum}) received")
+        if not self.restart_on_crash:
+            raise ServerDiedError(
+                f"the Triton server for {self._process.repository} (pid {proc.pid}) is going down "
+                f"({crash.why}); start a new TritonServer")
+        raise self._restarting_error(crash)
+
+    def restarted_since(self, generation: int) -> ServerRestartingError | None:
+        """The error for a call begun at ``generation`` that failed while the server starts again,
+        or after it has (its crash, the latest); None if the server has not died since."""
+        crash = self.restarting
+        if crash is None and self.generation != generation and self.crashes:
+            crash = self.crashes[-1]
+        return self._restarting_error(crash) if crash is not None else None
+
     def _restarting_error(self, crash: Crash) -> ServerRestartingError:
         return ServerRestartingError(
             f"the Triton server for {self._process.repository} (pid {crash.pid}) died while in use "
             f"({crash.exit}{': ' + crash.why if crash.why else ''}); it is starting again on the same ports with the same models: retry in a few "
             f"seconds (its log: {self._process.log.path})"
         )
+
+
+_DYING_LINES = 80
+_DYING_WAIT_S = 1.5
+_SIGNAL_LINE = re.compile(r"Signal \((\d+)\) received")
+_STARTED_AGAIN = "pipelines.triton] started again"
+
+
+def _dying_signal(log_tail: str) -> int | None:
+    """The fatal signal the server's log says it received since it last started (its tail read
+    back to the last restart), or None."""
+    for line in reversed(log_tail.splitlines()):
+        if _STARTED_AGAIN in line:
+            return None
+        found = _SIGNAL_LINE.search(line)
+        if found is not None:
+            return int(found.group(1))
+    return None

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ServerError, ServerStartError
+from ..errors import PipelinesError, ServerError, ServerStartError
 from ..process_exit import describe_exit
 from .arguments import PythonBackendSettings, ServerArguments
 from .cleanup import REGISTRY, SHM_TAG, shutdown_connections, sigint_deferred, sweep_orphaned_shm
@@ -379,14 +379,14 @@ class TritonServer:
         """Load (or reload) model ``name``; needs ``model_control_mode='explicit'``."""
         if self._process.served is not None:  # its folder as it is now: a link, or a stand-in written again
             self._process.served.refresh(name)
-        with self.client() as client:
+        with self._models.changing, self.client() as client:
             client.load_model(name)
         self._models.remember(name, loaded=True)
         self._recovery.rescan()  # watch the new stubs
 
     def unload_model(self, name: str, *, wait: float = 30.0) -> None:
         """Unload model ``name``; Triton answers at once, so wait up to ``wait`` s until it has."""
-        with self.client() as client:
+        with self._models.changing, self.client() as client:
             unload(client, name, wait=wait)
         self._models.remember(name, loaded=False)
 
@@ -450,3 +450,14 @@ class _Liveness:
 
     def generation(self) -> int:
         return self._server._recovery.generation
+
+    def restarted_since(self, generation: int) -> PipelinesError | None:
+        return self._server._recovery.restarted_since(generation)
+
+    def check_serving(self, model: str) -> None:
+        # Triton answers "unknown model" for every model while it tears itself down after a fatal
+        # signal (its handler exits, which unloads them, and waits for the calls in flight up to its
+        # exit timeout): a model it serves, answered so, after the log's "Signal (N) received" is
+        # that death under way, and the call is told to retry now rather than when it ends.
+        if self._server._models.serves(model):
+            self._server._recovery.check_dying()

@@ -65,6 +65,20 @@ def server_stubs(pgid: int) -> list[Stub]:
     return stubs
 
 
+_SLOT = re.compile(r"(?:_(\d+))?(?:_(\d+))?$")
+
+
+def _slot(stub: Stub) -> tuple[str, str]:
+    """A stub's place: its model and instance (group and index). A swapped-in stub takes the place
+    of the one it replaces under another name at times ("m" at the start, "m_0_0" after a reload)."""
+    found = _SLOT.fullmatch(stub.instance[len(stub.model):]) if stub.instance.startswith(stub.model) else None
+    if found is None:  # an instance group of the user's own name
+        return stub.model, stub.instance
+    first, second = found.group(1), found.group(2)
+    group, index = ("0", first or "0") if second is None else (first, second)
+    return stub.model, f"{int(group)}_{int(index)}"
+
+
 def dead_stub_instance(text: str) -> str | None:
     """The instance an error from the server says has an unhealthy stub, if it says so."""
     found = _NOT_HEALTHY.search(text)
@@ -94,8 +108,12 @@ class StubWatcher:
         reload: Callable[[str], None] | None,
         note: Callable[[str], None],
         prepare: Callable[[], None] | None = None,
+        settled: Callable[[], None] | None = None,
+        dying: Callable[[], bool] | None = None,
     ) -> None:
         self._server_pid = server_pid
+        self._settled = settled
+        self._dying = dying
         self._state = state
         self._reload = reload
         self._note = note
@@ -214,10 +232,12 @@ class StubWatcher:
 
     def _examine(self, exited: list[Stub]) -> None:
         time.sleep(_SWAP_GRACE_S)
-        if self._stopping:
-            return
-        alive = {stub.instance for stub in server_stubs(self._server_pid)}
-        for model in sorted({stub.model for stub in exited if stub.instance not in alive}):
+        if self._settled is not None:
+            self._settled()  # a load or unload through this package swaps stubs until it returns
+        if self._stopping or (self._dying is not None and self._dying()):
+            return  # a server going down ends its stubs: not theirs to reload
+        alive = {_slot(stub) for stub in server_stubs(self._server_pid)}
+        for model in sorted({stub.model for stub in exited if _slot(stub) not in alive}):
             if self._state(model) != "READY":
                 continue  # unloaded (or being unloaded) on purpose
             dead = ", ".join(
