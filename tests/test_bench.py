@@ -631,11 +631,22 @@ def test_results_are_written_and_plots_only_noted_without_matplotlib(tmp_path, m
     assert result.notes == tuple(data["notes"])
 
 
-def _sigint(disposition):
-    """For ``preexec_fn``: the child starts with Ctrl-C as a terminal gives it (``SIG_DFL``), or
-    ignored, as a job started in the background (``&``, nohup) inherits it, whatever the tests'
-    own shell gave them."""
-    return lambda: signal.signal(signal.SIGINT, disposition)
+def _sigint(argv, disposition):
+    """``argv`` (``python -m module ...`` or ``python -c code ...``) whose Python starts with Ctrl-C
+    as a terminal gives it (``SIG_DFL``), or ignored, as a job started in the background (``&``,
+    nohup) inherits it, whatever the tests' own shell gave them. Set in the child's Python, not by
+    ``preexec_fn``: a fork of this process, which may hold gRPC's threads and descriptors, can
+    hand the child a broken gRPC (tests/test_endpoint_hostile.py)."""
+    # Python turns an inherited SIG_DFL into its KeyboardInterrupt handler at start-up; set in the
+    # child's Python, that handler is what SIG_DFL stands for.
+    handler = "SIG_IGN" if disposition == signal.SIG_IGN else "default_int_handler"
+    setting = f"import signal; signal.signal(signal.SIGINT, signal.{handler})"
+    python, flag, what, *rest = argv
+    if flag == "-c":
+        return [python, "-c", f"{setting}\n{what}", *rest]
+    assert flag == "-m"
+    run = f"{setting}; import runpy, sys; sys.argv[0] = {what!r}; runpy.run_module({what!r}, run_name='__main__', alter_sys=True)"
+    return [python, "-c", run, *rest]
 
 
 # A server bench of eight short levels, to be stopped part-way.
@@ -661,8 +672,7 @@ def test_an_interrupted_bench_keeps_finished_levels_and_leaves_no_server(tmp_pat
     out = tmp_path / "bench"
     results = out / "results.json"
     cmd = _EIGHT_LEVELS + ["--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_sigint(ctrl_c))
+    proc = subprocess.Popen(_sigint(cmd, ctrl_c), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while not results.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -738,8 +748,8 @@ asyncio.new_event_loop().run_until_complete(cell())  # no asyncio.Runner: Ctrl-C
 
 def test_ctrl_c_in_a_running_event_loop_stops_the_worker_and_keeps_the_levels(tmp_path):
     results = tmp_path / "results.json"
-    proc = subprocess.Popen([sys.executable, "-c", JUPYTER_LIKE, str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint(signal.SIG_DFL))
+    proc = subprocess.Popen(_sigint([sys.executable, "-c", JUPYTER_LIKE, str(tmp_path)], signal.SIG_DFL),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while not results.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -763,8 +773,8 @@ def test_an_interrupted_rerun_sets_an_earlier_complete_run_aside_and_a_complete_
     run_benchmark("pipelines.examples.basic:chain", settings, out=tmp_path, progress=False, echo=False)
     earlier = {name: (tmp_path / name).read_bytes() for name in ("results.json", "throughput.png", "latency_p95.png")}
     assert json.loads(earlier["results.json"])["status"] == "complete"
-    proc = subprocess.Popen([sys.executable, "-c", JUPYTER_LIKE, str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint(signal.SIG_DFL))
+    proc = subprocess.Popen(_sigint([sys.executable, "-c", JUPYTER_LIKE, str(tmp_path)], signal.SIG_DFL),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline and not (tmp_path / "results.previous.json").exists():
