@@ -17,7 +17,7 @@ from ..process_exit import describe_exit
 from .crashes import Crash, CrashBudget, crash_reason
 from .launch import PortTaken, ServerProcess
 from .model_state import ModelState
-from .stubs import StubWatcher
+from .stubs import ServerHooks, StubWatcher
 
 __all__ = ["Recovery"]
 
@@ -68,15 +68,14 @@ class Recovery:
             return
         models = self._models
         reload = models.reload if self._process.arguments.model_control_mode == "explicit" else None
-        self.watcher = StubWatcher(
-            server_pid=proc.pid,
+        self.watcher = StubWatcher(server_pid=proc.pid, hooks=ServerHooks(
             state=models.state,
             reload=reload,
             note=self._process.log.note,
             prepare=models.learn_ensembles,
             settled=models.settled,
             dying=lambda: _dying_signal(self._process.log.tail(_DYING_LINES)) is not None,
-        ).start()
+        )).start()
 
     def stop_watching(self) -> bool:
         """Stop watching the stubs, which exit now on purpose; whether one had died."""

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .cleanup import live_processes
 
-__all__ = ["Stub", "StubWatcher", "dead_stub_instance", "model_of_instance", "server_stubs"]
+__all__ = ["ServerHooks", "Stub", "StubWatcher", "dead_stub_instance", "model_of_instance", "server_stubs"]
 
 log = logging.getLogger("pipelines.triton")
 
@@ -91,33 +91,33 @@ def model_of_instance(instance: str) -> str:
     return found.group(1) if found else instance
 
 
-class StubWatcher:
-    """Watches one server's stubs; reloads the model of one that died, and says so.
+@dataclass(frozen=True)
+class ServerHooks:
+    """What a :class:`StubWatcher` asks of the server it watches.
 
-    ``state(model)`` answers the model's state in the repository index ("READY", ...);
-    ``reload(model)`` loads it again (explicit model control); ``note(line)`` writes to the
-    server's log. ``reload`` is None where the server cannot reload (poll mode): the model is
-    then reported broken until the server stops.
+    ``state(model)``: the model's state in the repository index ("READY", ...). ``reload(model)``:
+    load it again (explicit model control); None where the server cannot (poll mode): the model is
+    then reported broken until the server stops. ``note(line)``: write to the server's log.
+    ``prepare()``: run once the watcher starts. ``settled()``: return once no load or unload through
+    the server's owner is under way (Triton swaps stubs until it returns). ``dying()``: whether the
+    server is going down (its stubs end with it: none to reload).
     """
 
-    def __init__(
-        self,
-        *,
-        server_pid: int,
-        state: Callable[[str], str | None],
-        reload: Callable[[str], None] | None,
-        note: Callable[[str], None],
-        prepare: Callable[[], None] | None = None,
-        settled: Callable[[], None] | None = None,
-        dying: Callable[[], bool] | None = None,
-    ) -> None:
+    state: Callable[[str], str | None]
+    reload: Callable[[str], None] | None
+    note: Callable[[str], None]
+    prepare: Callable[[], None] | None = None
+    settled: Callable[[], None] | None = None
+    dying: Callable[[], bool] | None = None
+
+
+class StubWatcher:
+    """Watches one server's stubs; reloads the model of one that died, and says so (through
+    :class:`ServerHooks`)."""
+
+    def __init__(self, *, server_pid: int, hooks: ServerHooks) -> None:
         self._server_pid = server_pid
-        self._settled = settled
-        self._dying = dying
-        self._state = state
-        self._reload = reload
-        self._note = note
-        self._prepare = prepare
+        self._hooks = hooks
         self._lock = threading.Lock()
         self._broken: dict[str, str] = {}  # model -> why
         self._restarts: list[tuple[str, float]] = []  # (model, seconds from death to reloaded)
@@ -183,9 +183,9 @@ class StubWatcher:
     # ---------------------------------------------------------------- the thread
 
     def _run(self) -> None:
-        if self._prepare is not None:
+        if self._hooks.prepare is not None:
             with contextlib.suppress(Exception):  # only an early start on what a reload learns anyway
-                self._prepare()
+                self._hooks.prepare()
         try:
             server_fd = os.pidfd_open(self._server_pid)
         except OSError:
@@ -224,7 +224,7 @@ class StubWatcher:
                     try:
                         self._examine(exited)
                     except Exception as exc:  # the watcher must outlive one failed look at the server
-                        self._note(f"could not check stubs that exited ({exc!r}); watching on")
+                        self._hooks.note(f"could not check stubs that exited ({exc!r}); watching on")
         finally:
             for fd in [server_fd, *watched]:
                 with contextlib.suppress(OSError):
@@ -232,13 +232,13 @@ class StubWatcher:
 
     def _examine(self, exited: list[Stub]) -> None:
         time.sleep(_SWAP_GRACE_S)
-        if self._settled is not None:
-            self._settled()  # a load or unload through this package swaps stubs until it returns
-        if self._stopping or (self._dying is not None and self._dying()):
+        if self._hooks.settled is not None:
+            self._hooks.settled()  # a load or unload through this package swaps stubs until it returns
+        if self._stopping or (self._hooks.dying is not None and self._hooks.dying()):
             return  # a server going down ends its stubs: not theirs to reload
         alive = {_slot(stub) for stub in server_stubs(self._server_pid)}
         for model in sorted({stub.model for stub in exited if _slot(stub) not in alive}):
-            if self._state(model) != "READY":
+            if self._hooks.state(model) != "READY":
                 continue  # unloaded (or being unloaded) on purpose
             dead = ", ".join(
                 f"{s.instance} (pid {s.pid})" if s.pid else f"{s.instance}, reported unhealthy"
@@ -249,25 +249,25 @@ class StubWatcher:
 
     def _died(self, model: str, dead: str) -> None:
         noticed = time.monotonic()
-        if self._reload is None:
+        if self._hooks.reload is None:
             why = f"its stub process died ({dead}); this server cannot reload it (model control mode poll)"
             with self._lock:
                 self._broken[model] = why
-            self._note(f"model '{model}': {why}; restart the server")
+            self._hooks.note(f"model '{model}': {why}; restart the server")
             return
         with self._lock:
             self._broken[model] = f"its stub process died ({dead}); the server is reloading it"
-        self._note(f"model '{model}': its stub process died ({dead}); reloading the model")
+        self._hooks.note(f"model '{model}': its stub process died ({dead}); reloading the model")
         try:
-            self._reload(model)
+            self._hooks.reload(model)
         except Exception as exc:  # the reload failed: say so, and leave the model marked broken
             with self._lock:
                 self._broken[model] = f"its stub process died ({dead}) and reloading it failed: {exc}"
-            self._note(f"model '{model}': reloading it after its stub died failed: {exc}")
+            self._hooks.note(f"model '{model}': reloading it after its stub died failed: {exc}")
             return
         took = time.monotonic() - noticed
         with self._lock:
             self._broken.pop(model, None)
             self._restarts.append((model, took))
             self._reloaded_at[model] = time.monotonic()
-        self._note(f"model '{model}': reloaded in {took:.2f} s after its stub died; it answers again")
+        self._hooks.note(f"model '{model}': reloaded in {took:.2f} s after its stub died; it answers again")
