@@ -208,10 +208,10 @@ def test_a_swapped_in_stub_takes_the_place_of_the_one_it_replaces_whatever_its_n
 
 
 def test_a_fatal_signal_in_the_log_since_the_last_start_says_the_server_is_going_down():
-    from pipelines.triton.recovery import _dying_signal
+    from pipelines.triton.crashes import fatal_signal
 
     line = 'I1127 04:45:05.074449 10467 model_lifecycle.cc:472] "loading: m:1"'
-    assert _dying_signal(line) is None
-    assert _dying_signal(f"{line}\nSignal (6) received.\n{line}") == 6
+    assert fatal_signal(line) is None
+    assert fatal_signal(f"{line}\nSignal (6) received.\n{line}") == 6
     again = "W1127 04:45:13.0 10464 pipelines.triton] started again 3.26 s after it died; it answers again"
-    assert _dying_signal(f"Signal (6) received.\n{again}\n{line}") is None  # the dead one's, not this one's
+    assert fatal_signal(f"Signal (6) received.\n{again}\n{line}") is None  # the dead one's, not this one's

@@ -17,16 +17,20 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["Crash", "CrashBudget", "crash_reason"]
+__all__ = ["STARTED_AGAIN", "Crash", "CrashBudget", "crash_reason", "fatal_signal"]
 
 # Restarts allowed within the window: a server that keeps dying is broken, not unlucky.
 RESTARTS_PER_WINDOW = 3
 WINDOW_S = 300.0
 
+# Triton's line when a fatal signal reaches it; it is still tearing down, and answering, after it.
+_SIGNAL_LINE = r"Signal \((\d+)\) received"
 # What the server's last words say about why it ended (its own lines, before the stack trace).
 _LAST_WORDS = re.compile(
-    r"terminate called after throwing an instance of '[^']+'|what\(\):\s*\S.*|Signal \(\d+\) received"
+    r"terminate called after throwing an instance of '[^']+'|what\(\):\s*\S.*|" + _SIGNAL_LINE
 )
+#: What the owner notes in the server's log once it has started a dead server again.
+STARTED_AGAIN = "started again"
 
 
 @dataclass(frozen=True)
@@ -77,3 +81,15 @@ class CrashBudget:
                 return False
             self._spent.append(now)
             return True
+
+
+def fatal_signal(log_tail: str) -> int | None:
+    """The fatal signal the server's log says it received since it last started (the tail read
+    back to the owner's last "started again" note), or None."""
+    for line in reversed(log_tail.splitlines()):
+        if f"pipelines.triton] {STARTED_AGAIN}" in line:
+            return None
+        found = re.search(_SIGNAL_LINE, line)
+        if found is not None:
+            return int(found.group(1))
+    return None

@@ -6,15 +6,13 @@ server that died on its own is started again on the same ports with the same mod
 
 from __future__ import annotations
 
-import re
-import signal
 import subprocess
 import threading
 import time
 
 from ..errors import ServerDiedError, ServerRestartingError
 from ..process_exit import describe_exit
-from .crashes import Crash, CrashBudget, crash_reason
+from .crashes import STARTED_AGAIN, Crash, CrashBudget, crash_reason, fatal_signal
 from .launch import PortTaken, ServerProcess
 from .model_state import ModelState
 from .stubs import ServerHooks, StubWatcher
@@ -74,7 +72,7 @@ class Recovery:
             note=self._process.log.note,
             prepare=models.learn_ensembles,
             settled=models.settled,
-            dying=lambda: _dying_signal(self._process.log.tail(_DYING_LINES)) is not None,
+            dying=lambda: self._fatal_signal() is not None,
         )).start()
 
     def stop_watching(self) -> bool:
@@ -232,7 +230,7 @@ class Recovery:
                 self.generation += 1  # before a call can pass: its client reconnects first
                 self.restarting = None
                 self.watch_process()
-            process.log.note(f"started again {time.monotonic() - started:.2f} s after it died; it answers again")
+            process.log.note(f"{STARTED_AGAIN} {time.monotonic() - started:.2f} s after it died; it answers again")
         except Exception as error:  # noqa: BLE001 - whatever failed, the server stays down and says why
             with process.lock:
                 if self.stopping:
@@ -255,7 +253,7 @@ class Recovery:
         while True:
             self.check_alive()
             proc = self._process.proc
-            signum = _dying_signal(self._process.log.tail(_DYING_LINES))
+            signum = self._fatal_signal()
             if proc is None:
                 return
             if signum is not None:
@@ -263,16 +261,15 @@ class Recovery:
             if time.monotonic() >= deadline:
                 return
             self._process.wait_dead(0.1)
-        try:
-            name = signal.Signals(signum).name
-        except ValueError:
-            name = f"signal {signum}"
-        crash = Crash(proc.pid, f"killed by {name}", f"Signal ({signum}) received")
+        crash = Crash(proc.pid, describe_exit(-signum), f"Signal ({signum}) received")
         if not self.restart_on_crash:
             raise ServerDiedError(
                 f"the Triton server for {self._process.repository} (pid {proc.pid}) is going down "
                 f"({crash.why}); start a new TritonServer")
         raise self._restarting_error(crash)
+
+    def _fatal_signal(self) -> int | None:
+        return fatal_signal(self._process.log.tail(_DYING_LINES))
 
     def restarted_since(self, generation: int) -> ServerRestartingError | None:
         """The error for a call begun at ``generation`` that failed while the server starts again,
@@ -290,19 +287,6 @@ class Recovery:
         )
 
 
+
 _DYING_LINES = 80
 _DYING_WAIT_S = 1.5
-_SIGNAL_LINE = re.compile(r"Signal \((\d+)\) received")
-_STARTED_AGAIN = "pipelines.triton] started again"
-
-
-def _dying_signal(log_tail: str) -> int | None:
-    """The fatal signal the server's log says it received since it last started (its tail read
-    back to the last restart), or None."""
-    for line in reversed(log_tail.splitlines()):
-        if _STARTED_AGAIN in line:
-            return None
-        found = _SIGNAL_LINE.search(line)
-        if found is not None:
-            return int(found.group(1))
-    return None
