@@ -6,13 +6,20 @@ What Triton 2.51 does (measured here, every run): its ensemble times no step out
 requests wait for the hung call; a BLS call past its timeout is given up on, but the step model
 runs it to its end, so the call queued behind it times out too; the fused model abandons the
 call for a fresh instance, which serves the good request.
+
+Who waited for the hung call is told by order, not by a clock: the hung call leaves a mark (a
+file, in the server's stub as here) as it ends, before it answers, and each request looks for
+the mark as its answer arrives.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import anyio
 import numpy as np
@@ -27,6 +34,9 @@ pytestmark = pytest.mark.server
 
 V = TensorSpec("FP32", [2])
 HANG_S, LATER_S = 3.0, 0.3
+#: The folder where a hung call marks its end: a file per scenario, named by the hung request's
+#: second value (the server's stubs inherit the variable from the server).
+MARKS = "PIPELINES_TEST_HANG_MARKS"
 # What each form answers: the hung request, then the good one (error class, or "ok").
 EXPECTED = {
     "ensemble": ("ok", "ok"),
@@ -40,6 +50,7 @@ EXPECTED = {
 def sometimes_hangs(x):
     if x[0, 0] < 0:
         time.sleep(HANG_S)
+        Path(os.environ[MARKS], f"ended-{int(x[0, 1])}").touch()
     return {"y": x + 1}
 
 
@@ -49,82 +60,98 @@ def hung() -> Pipeline:
     return p
 
 
-REQUESTS = (("hung", np.full((1, 2), -1, np.float32), 0.0), ("good", np.ones((1, 2), np.float32), LATER_S))
+_SCENARIOS = itertools.count(1)
 
 
-def _outcome(fn) -> tuple[str, float]:
-    t = time.perf_counter()
-    try:
-        fn()
-        return "ok", time.perf_counter() - t
-    except Exception as exc:  # the outcome is what is compared
-        return type(exc).__name__, time.perf_counter() - t
+class Scenario:
+    """One run of the two requests: the hung one (marked by the scenario's number), and the good
+    one ``LATER_S`` after it. ``outcomes``: tag -> (error class or "ok", whether the hung call's
+    mark was there as the answer arrived)."""
+
+    def __init__(self) -> None:
+        self.number = next(_SCENARIOS)
+        self.mark = Path(os.environ[MARKS], f"ended-{self.number}")
+        self.requests = (("hung", np.array([[-1, self.number]], np.float32), 0.0),
+                         ("good", np.ones((1, 2), np.float32), LATER_S))
+        self.outcomes: dict[str, tuple[str, bool]] = {}
+
+    def answered(self, tag: str, outcome: str) -> None:
+        self.outcomes[tag] = (outcome, self.mark.exists())
+
+    def wait_for_the_hang(self, deadline_s: float = 30.0) -> None:
+        """Until the hung call has ended (every form runs it to its end), so that it holds no
+        instance in the next scenario; a deadline only against a hang that never ends."""
+        deadline = time.monotonic() + deadline_s
+        while not self.mark.exists():
+            assert time.monotonic() < deadline, f"the hung call of scenario {self.number} never ended"
+            time.sleep(0.05)
 
 
-def on_server(server: TritonServer, model: str) -> dict[str, tuple[str, float]]:
-    out: dict[str, tuple[str, float]] = {}
+def on_server(server: TritonServer, model: str) -> Scenario:
+    scenario = Scenario()
 
     def send(tag, x, delay):
         time.sleep(delay)
         with server.client("http", timeout=30) as client:
-            out[tag] = _outcome(lambda: client.infer(model, {"x": x}))
+            try:
+                client.infer(model, {"x": x})
+                scenario.answered(tag, "ok")
+            except Exception as exc:  # the outcome is what is compared
+                scenario.answered(tag, type(exc).__name__)
 
-    threads = [threading.Thread(target=send, args=r) for r in REQUESTS]
+    threads = [threading.Thread(target=send, args=r) for r in scenario.requests]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return out
+    return scenario
 
 
-def locally(mode: str) -> dict[str, tuple[str, float]]:
-    out: dict[str, tuple[str, float]] = {}
+def locally(mode: str) -> dict[str, tuple[str, bool]]:
+    scenario = Scenario()
 
     async def main():
         async with LocalRuntime(hung(), mode) as rt:
             async def send(tag, x, delay):
                 await anyio.sleep(delay)
-                t = time.perf_counter()
                 try:
                     await rt.infer({"x": x})
-                    out[tag] = ("ok", time.perf_counter() - t)
+                    scenario.answered(tag, "ok")
                 except StepTimeoutError:
-                    out[tag] = ("StepTimeoutError", time.perf_counter() - t)
+                    scenario.answered(tag, "StepTimeoutError")
 
             async with anyio.create_task_group() as tg:
-                for request in REQUESTS:
+                for request in scenario.requests:
                     tg.start_soon(send, *request)
 
     anyio.run(main)
-    return out
-
-
-def waited_for_the_hang(outcomes: dict[str, tuple[str, float]], tag: str) -> bool:
-    """Whether request ``tag`` was answered only once the hung call returned."""
-    sent = dict(zip(("hung", "good"), (0.0, LATER_S), strict=True))[tag]
-    # A request queued behind the hang is answered as it ends, a hair either side of HANG_S: the
-    # line is drawn between the last timeout (2 s after it was sent at LATER_S) and the hang's end.
-    return sent + outcomes[tag][1] >= (HANG_S + 2.0 + LATER_S) / 2
+    return scenario.outcomes
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("parity") / "models"
+    marks = tmp_path_factory.mktemp("marks")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TimeoutNotEnforcedWarning)
         hung().compile("all").write(root)
-    with TritonServer(root) as s:
-        yield s
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(MARKS, str(marks))  # for the local runtime's calls, and the server's stubs
+        with TritonServer(root) as s:
+            yield s
 
 
 @pytest.mark.parametrize("form", list(FORMS))
 def test_a_hung_step_fails_the_same_requests_alike_on_the_server_and_locally(server, form):
-    remote = on_server(server, FORMS[form].model_name("parity", side_by_side=True))
-    time.sleep(HANG_S)  # the hung call ends before the next form's scenario
+    scenario = on_server(server, FORMS[form].model_name("parity", side_by_side=True))
+    scenario.wait_for_the_hang()
+    remote = scenario.outcomes
     here = locally(form)
     for tag, want in zip(("hung", "good"), EXPECTED[form], strict=True):
         assert remote[tag][0] == want, (form, "server", remote)
         assert here[tag][0] == want, (form, "local", here)
-        # Who waited for the hung call to return, and who was answered before it (at a timeout):
-        # the same requests on both sides. The hang (3 s) is far from every timeout (1 s, 2 s queued).
-        assert waited_for_the_hang(remote, tag) == waited_for_the_hang(here, tag), (form, tag, remote, here)
+    # Who waited for the hung call to return (its mark was there at the answer), and who was
+    # answered before it, at a timeout: the same requests on both sides, as the server does.
+    assert remote == here, (form, remote, here)
+    waited = {tag for tag, (_, marked) in remote.items() if marked}
+    assert waited == ({"hung", "good"} if form == "ensemble" else set()), (form, remote)
