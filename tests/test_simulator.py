@@ -185,6 +185,37 @@ def test_processor_sharing_stretches_cpu_work_beyond_the_cores():
     assert latencies(simulate(spec("ensemble", threads, cores=2), closed(1))) == {1000.0}
 
 
+def test_work_that_waits_on_memory_shares_the_memory_bus():
+    # Two copies side by side on two cores each get half the bus: twice as long.
+    copies = step("s", 1000, instances=2, memory=1.0)
+    assert latencies(simulate(spec("ensemble", copies, cores=2), closed(1))) == {1000.0}  # alone
+    assert latencies(simulate(spec("ensemble", copies, cores=2), closed(2))) == {2000.0}
+    # Work in the cache beside work in the cache: as long as alone.
+    cached = step("s", 1000, instances=2)
+    assert latencies(simulate(spec("ensemble", cached, cores=2), closed(2))) == {1000.0}
+    # Half of it waits on memory, beside the same: 1 + 0.5 × 0.5 as long.
+    half = step("s", 1000, instances=2, memory=0.5)
+    assert all(v == pytest.approx(1250.0, rel=1e-9) for v in latencies(simulate(spec("ensemble", half, cores=2), closed(2))))
+    # On one core they never run at once, so only the cores are shared.
+    assert latencies(simulate(spec("ensemble", copies, cores=1), closed(2))) == {2000.0}
+    # Four copies on two cores: each runs beside one other at a time, at half the bus, and
+    # half the time: four times as long.
+    four = step("s", 1000, instances=4, memory=1.0)
+    assert all(v == pytest.approx(4000.0, rel=1e-9) for v in latencies(simulate(spec("ensemble", four, cores=2), closed(4))))
+
+
+def test_a_boundarys_cost_per_byte_is_a_copy_that_shares_the_memory_bus():
+    # Two requests at once cross a boundary of 1 µs per 1000 bytes, 1000 µs in all: a copy each,
+    # side by side on two cores, twice as long; a fixed cost of the same size is not slowed.
+    copy = costs() | {"ensemble_stub": (WayCost((0, 1_000_000), (0.0, 1000.0)), flat(0))}
+    fixed = costs(ensemble_stub=(1000.0, 0.0))
+    stepped = StepSpec("s", (), Curve.flat(0.0), Curve.flat(0.0), in_bytes=1_000_000.0, out_bytes=0.0, instances=2)
+    big = SimSpec("ensemble", (stepped,), rows=1, in_bytes=1_000_000.0, out_bytes=0.0, cores=2, costs=copy)
+    assert latencies(simulate(big, closed(2))) == {2000.0}
+    flat_cost = SimSpec("ensemble", (stepped,), rows=1, in_bytes=1_000_000.0, out_bytes=0.0, cores=2, costs=fixed)
+    assert latencies(simulate(flat_cost, closed(2))) == {1000.0}
+
+
 # ---------------------------------------------------------------------- BLS rounds, sync and async
 
 

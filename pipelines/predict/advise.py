@@ -7,8 +7,8 @@ The space is a product (forms × each step model's instances × its batching × 
 model's instances), too large to enumerate for more than two or three steps. The search is a
 local search from each form's default: each round simulates every configuration one change
 away from the best ones so far (one model's instances or batching, or the top-level model's
-instances), keeps the best few (a beam), and stops when a round finds nothing better or
-the budget of simulations is spent. A change that the simulator can tell nothing about is
+instances), keeps the best few (a beam), and stops when two rounds in a row find nothing
+better or the budget of simulations is spent. A change that the simulator can tell nothing about is
 never proposed: batching a step whose ``max_batch_size`` is 0, step-model options in the
 fused form, whose Python steps run in its own process.
 """
@@ -31,6 +31,9 @@ __all__ = ["Advice", "Candidate", "QUEUE_DELAYS_US", "advise", "search"]
 QUEUE_DELAYS_US = (0, 100, 500, 2000)
 INSTANCE_COUNTS = (1, 2, 3, 4)
 _BEAM = 3
+#: Rounds that find nothing better before a form's search stops: the beam then moves on to
+#: its runners-up's neighbours, so a plateau (a change that pays only with another) is crossed.
+_PATIENCE = 1
 
 
 @dataclass(frozen=True)
@@ -177,7 +180,7 @@ def search(
     share = max(1, budget // max(1, len(names)))
     for name in names:
         beam = [defaults[name]]
-        best = score(beam[0])
+        best, stale = score(beam[0]), 0
         limit = min(budget, len(seen) + share)
         while len(seen) < limit:
             frontier = []
@@ -190,9 +193,12 @@ def search(
             if not frontier:
                 break
             beam = sorted({_key(c.configuration): c for c in [*beam, *frontier]}.values(), key=score)[:_BEAM]
-            if not score(beam[0]) < best:
-                break  # a round that found nothing better
-            best = score(beam[0])
+            if score(beam[0]) < best:
+                best, stale = score(beam[0]), 0
+            else:
+                stale += 1
+                if stale > _PATIENCE:
+                    break  # rounds that found nothing better: the beam's neighbours are no better either
     ranked = tuple(sorted(seen.values(), key=score))
     return Advice(predictor.pipeline.name, load, p95_ms, ranked, defaults, len(seen), predictor.describe(),
                   tuple(predictor.notes))

@@ -302,6 +302,7 @@ class Predictor:
                     in_bytes=float(measured.in_bytes),
                     out_bytes=float(measured.out_bytes),
                     gil_share=float(measured.gil_share),
+                    memory=float(measured.memory),
                     external=node.step.is_external,
                     instances=choice.instance_count,
                     max_batch_size=choice.max_batch_size,

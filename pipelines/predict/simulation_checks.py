@@ -77,6 +77,8 @@ def _check_step(step: StepSpec, earlier: set[str]) -> None:
         raise refuse(f"preferred batch sizes {bad} are outside 1..max_batch_size ({step.max_batch_size})")
     if not 0.0 <= step.gil_share <= 1.0:
         raise refuse(f"gil_share is a share of its CPU time, 0..1; got {step.gil_share}")
+    if not 0.0 <= step.memory <= 1.0:
+        raise refuse(f"memory is a share of its time, 0..1; got {step.memory}")
 
 
 def _check_when(spec: SimSpec) -> None:

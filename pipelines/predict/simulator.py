@@ -17,7 +17,7 @@ import simpy
 from ..errors import PipelinesError
 from .batcher import Execute, ModelScheduler, Waiting
 from .clients import Meter, Snapshot, closed_loop, open_loop, run_measured
-from .processor_sharing import Cores
+from .processor_sharing import Cores, Cost
 from .simulation_checks import CALL, FORMS, STUB, TOP, check
 from .spec import Load, SimResult, SimSpec, StepSpec
 
@@ -46,8 +46,9 @@ def simulate(spec: SimSpec, load: Load) -> SimResult:
 
 class _Server:
     """The simulated server of one :class:`SimSpec`: its cores (every cost is a job on them,
-    1 core unless said), its models (each a queue and instances), and each form's way of taking
-    a request through them (:meth:`request`). Boundary names are the server profile's.
+    1 core unless said, sharing the memory bus by its memory share: a boundary's part paid per
+    byte, a step's measured), its models (each a queue and instances), and each form's way of
+    taking a request through them (:meth:`request`). Boundary names are the server profile's.
 
     - A step model's execution of R rows holds an instance for its stub's way in (at R × the
       step's input bytes), its compute (a job of ``cpu_us(R)`` at ``cpu/wall`` cores, so alone
@@ -167,10 +168,13 @@ class _Server:
                 "step so that each model's utilisation can be told apart", step=name)
         self.models[name] = model
 
-    def _price(self, boundary: str, way: int, nbytes: float) -> float:
-        return max(0.0, self.spec.costs[boundary][way].at(nbytes))
+    def _price(self, boundary: str, way: int, nbytes: float) -> Cost:
+        """``boundary``'s cost at ``nbytes``; what it costs above its cost at no bytes is a copy."""
+        cost = self.spec.costs[boundary][way]
+        us = max(0.0, cost.at(nbytes))
+        return Cost(us, max(0.0, us - max(0.0, cost.at(0.0))))
 
-    def _tensors(self, boundary: str, way: int, nbytes: float, tensors: int) -> float:
+    def _tensors(self, boundary: str, way: int, nbytes: float, tensors: int) -> Cost:
         """``nbytes`` in ``tensors`` tensors crossing ``boundary``: the profile's probes cross it
         with one tensor, so each more pays the boundary's fixed cost (its cost at no bytes) again
         (yolov5's scale_boxes, three tensors in, spends 322 µs more in its stub than its code)."""
@@ -228,21 +232,21 @@ class _Server:
             in_bytes = sum(w.rows * w.what.in_bytes for w in batch)
             out_bytes = sum(w.rows * w.what.out_bytes for w in batch)
             span, cap = _compute(step, rows)
-            costs = (self._tensors(stub, _IN, in_bytes, step.in_tensors) if stub else 0.0, span, cap,
-                     self._tensors(stub, _OUT, out_bytes, step.out_tensors) if stub else 0.0)
+            costs = (self._tensors(stub, _IN, in_bytes, step.in_tensors) if stub else Cost(), span, cap,
+                     self._tensors(stub, _OUT, out_bytes, step.out_tensors) if stub else Cost())
             if all(w.what is step for w in batch):
                 self._execution_memo[key] = costs
         stub_in, span, cap, stub_out = costs
         began = self.env.now
-        yield self.cores.run(stub_in)
-        yield self.cores.run(span, cap)
+        yield self.cores.pay(stub_in)
+        yield self.cores.run(span, cap, step.memory)
         if stub_in:  # the instance's thread in the server waited for its stub, holding the instance
             yield from self._woken(began)
-        yield self.cores.run(stub_out)
+        yield self.cores.pay(stub_out)
 
-    def _gate_execution(self, us: float) -> Execute:
+    def _gate_execution(self, cost: Cost) -> Execute:
         def execute(_batch: Sequence[Waiting], _instance: int) -> Flow:
-            yield self.cores.run(us)
+            yield self.cores.pay(cost)
 
         return execute
 
@@ -260,41 +264,41 @@ class _Server:
         yield from self._woken(since)  # the BLS model's stub waited for the call's answer
         yield from self._in_stub(ways[1], gil)
 
-    def _in_stub(self, us: float, gil: simpy.Resource | None) -> Flow:
-        """``us`` of CPU work, holding ``gil`` (a BLS instance's) where there is one."""
-        if gil is None or us <= 0.0:
-            yield self.cores.run(us)
+    def _in_stub(self, cost: Cost, gil: simpy.Resource | None) -> Flow:
+        """``cost`` as CPU work, holding ``gil`` (a BLS instance's) where there is one."""
+        if gil is None or not cost:
+            yield self.cores.pay(cost)
             return
         with gil.request() as held:
             yield held
-            yield self.cores.run(us)
+            yield self.cores.pay(cost)
 
     # ------------------------------------------------------------------ ensemble
 
-    def _through_client(self, us: float) -> Flow:
+    def _through_client(self, cost: Cost) -> Flow:
         """A request's way in or out: its cost is CPU work, done in one of the client's threads."""
-        if us <= 0.0:
+        if not cost:
             return
         with self._client.request() as turn:
             yield turn
-            yield self.cores.run(us)
+            yield self.cores.pay(cost)
 
     def _ensemble_request(self) -> Flow:
         sent = self.env.now
         yield from self._through_client(self._enter)
         yield from self._dag(self._ensemble_step)
         if self.spec.gate:
-            yield self.cores.run(self._gate_in)
+            yield self.cores.pay(self._gate_in)
             yield self.models["gate"].submit(self.spec.rows)
-            yield self.cores.run(self._gate_out)
+            yield self.cores.pay(self._gate_out)
         yield from self._woken(sent)  # the client's
         yield from self._through_client(self._leave)
 
     def _ensemble_step(self, step: StepSpec) -> Flow:
         way_in, way_out = self._step_ways[step.name]
-        yield self.cores.run(way_in)
+        yield self.cores.pay(way_in)
         yield self.models[step.model_name].submit(self.spec.rows, step)
-        yield self.cores.run(way_out)
+        yield self.cores.pay(way_out)
 
     def _woken(self, since: float) -> Flow:
         """The wake of a side that waited for another process since ``since``, by the profile's
@@ -318,7 +322,7 @@ class _Server:
         yield from self._woken(sent)  # the client's
         yield from self._through_client(self._leave)
 
-    def _round_in(self, count: int) -> float:
+    def _round_in(self, count: int) -> Cost:
         """The top model's way in for a round of ``count`` requests: its fixed part once."""
         return self._top_in + (count - 1) * (self._top_in - self._top_fixed)
 
@@ -346,11 +350,11 @@ class _Server:
 
     def _bls_sync_round_work(self, batch: Sequence[Waiting]) -> Flow:
         for i, waiting in enumerate(batch):
-            yield self.cores.run(self._top_in if i == 0 else self._top_in - self._top_fixed)
+            yield self.cores.pay(self._top_in if i == 0 else self._top_in - self._top_fixed)
             drawn: dict[tuple[str, ...], int] = {}
             for step in self._steps:
                 yield from self._call_held(step, waiting.rows, drawn)
-            yield self.cores.run(self._top_out)
+            yield self.cores.pay(self._top_out)
 
     def _held(self, step: StepSpec, rows: int, drawn: dict[tuple[str, ...], int]) -> int:
         """The rows of a request on which ``step`` runs: those where every condition of its ``when``
@@ -378,13 +382,13 @@ class _Server:
         yield from self._woken(began)
 
     def _fused_round_work(self, batch: Sequence[Waiting], instance: int) -> Flow:
-        yield self.cores.run(self._round_in(len(batch)))
+        yield self.cores.pay(self._round_in(len(batch)))
         gil, locks = self._gils[instance], self._step_locks[instance]
         rows = sum(w.rows for w in batch)
         if len(batch) == 1 or rows <= self._join_rows:
             drawn: dict[tuple[str, ...], int] = {}
             yield from self._dag(lambda step: self._fused_held(step, rows, drawn, gil, locks, self._shared))
-            yield self.cores.run(self._top_out * len(batch))
+            yield self.cores.pay(self._top_out * len(batch))
         else:
             # Side by side: every step's instance in this fused instance takes one call at a time.
             yield self.env.all_of([self.env.process(self._fused_request(w.rows, gil, locks)) for w in batch])
@@ -392,7 +396,7 @@ class _Server:
     def _fused_request(self, rows: int, gil: simpy.Resource, locks: Mapping[str, simpy.Resource]) -> Flow:
         drawn: dict[tuple[str, ...], int] = {}
         yield from self._dag(lambda step: self._fused_held(step, rows, drawn, gil, locks, locks))
-        yield self.cores.run(self._top_out)
+        yield self.cores.pay(self._top_out)
 
     def _fused_held(self, step: StepSpec, rows: int, drawn: dict[tuple[str, ...], int], gil: simpy.Resource,
                     locks: Mapping[str, simpy.Resource], locked: Collection[str]) -> Flow:
@@ -418,17 +422,17 @@ class _Server:
         if step.model_name in locked:
             with locks[step.model_name].request() as own:
                 yield own
-                yield from self._gil_then_free(gil, gil_span, gil_cap, free_span, free_cap)
+                yield from self._gil_then_free(gil, gil_span, gil_cap, free_span, free_cap, step.memory)
         else:
-            yield from self._gil_then_free(gil, gil_span, gil_cap, free_span, free_cap)
+            yield from self._gil_then_free(gil, gil_span, gil_cap, free_span, free_cap, step.memory)
 
     def _gil_then_free(self, gil: simpy.Resource, gil_span: float, gil_cap: float, free_span: float,
-                       free_cap: float) -> Flow:
+                       free_cap: float, memory: float) -> Flow:
         if gil_span > 0.0:
             with gil.request() as held:
                 yield held
-                yield self.cores.run(gil_span, gil_cap)
-        yield self.cores.run(free_span, free_cap)
+                yield self.cores.run(gil_span, gil_cap, memory)
+        yield self.cores.run(free_span, free_cap, memory)
 
 
 def _curve(points: Sequence[tuple[float, float]]) -> tuple[tuple[float, ...], tuple[float, ...]] | None:

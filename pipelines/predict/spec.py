@@ -81,7 +81,8 @@ class StepSpec:
     pay their boundary's fixed cost for each (the profile's probes have one of each).
     ``when``: the conditions of the ``when`` blocks it sits in, outermost first (keys of
     :attr:`SimSpec.when_rates`); it runs on the rows where all of them hold, and not at all
-    when none does.
+    when none does. ``memory`` (0..1): the share of its own time that waits on memory, which work
+    on other cores that does too stretches (:mod:`pipelines.predict.processor_sharing`).
     """
 
     name: str
@@ -101,6 +102,7 @@ class StepSpec:
     in_tensors: int = 1
     out_tensors: int = 1
     when: tuple[str, ...] = ()
+    memory: float = 0.0
 
     @property
     def model_name(self) -> str:

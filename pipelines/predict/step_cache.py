@@ -24,11 +24,11 @@ from .step_profile import StepProfile
 __all__ = ["CACHE_FORMAT", "StepCache", "cache_key"]
 
 #: Version of the cache file; a cache of another format is not read (and is replaced).
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: a step profile holds its memory share
 
 
 class StepCache:
-    """The profiles file: ``{"format": 1, "profiles": {key: profile}}``; written whole, through
+    """The profiles file: ``{"format": CACHE_FORMAT, "profiles": {key: profile}}``; written whole, through
     a temporary file (:func:`~pipelines.output_paths.replace_text`), keeping the entries of other
     pipelines and steps that share it."""
 

@@ -31,7 +31,9 @@ class StepProfile:
     whole tensor where the pipeline does not batch). ``rows``: the batch sizes measured;
     ``wall_us``/``cpu_us``: the median µs of one execution at each. ``gil_share`` (0..1): the
     part of its CPU time that holds the GIL. ``in_bytes``/``out_bytes``: what its inputs and
-    the outputs it hands on weigh per row. ``source``: ``"measured"``, ``"stand_in"`` (an
+    the outputs it hands on weigh per row. ``memory`` (0..1): the share of its time that waits on
+    memory, at its first batch size (:mod:`pipelines.predict.memory_share`; 0 for a given cost, a
+    GPU step, or one that is too short to tell). ``source``: ``"measured"``, ``"stand_in"`` (an
     external model's Python stand-in was timed) or ``"given"`` (``costs=``).
     """
 
@@ -47,6 +49,7 @@ class StepProfile:
     gil_share: float
     in_bytes: float
     out_bytes: float
+    memory: float = 0.0
     external: bool = False
     source: str = "measured"
 
@@ -64,10 +67,11 @@ class StepProfile:
             if not all(math.isfinite(v) and v >= 0 for v in values):
                 raise refuse(f"{field_name} must be finite µs >= 0; got {list(values)}")
             object.__setattr__(self, field_name, values)
-        for field_name in ("in_bytes", "out_bytes", "gil_share"):
+        for field_name in ("in_bytes", "out_bytes", "gil_share", "memory"):
             value = float(getattr(self, field_name))
-            if not math.isfinite(value) or value < 0 or (field_name == "gil_share" and value > 1):
-                bound = "between 0 and 1" if field_name == "gil_share" else "finite and >= 0"
+            share = field_name in ("gil_share", "memory")
+            if not math.isfinite(value) or value < 0 or (share and value > 1):
+                bound = "between 0 and 1" if share else "finite and >= 0"
                 raise refuse(f"{field_name} must be {bound}; got {getattr(self, field_name)!r}")
             object.__setattr__(self, field_name, value)
         if self.device not in ("cpu", "gpu"):

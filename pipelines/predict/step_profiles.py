@@ -24,6 +24,7 @@ from ..step import Step
 from ..tensor import TensorSpec, numpy_dtype
 from .code_digest import code_digest
 from .gil_share import gil_share
+from .memory_share import MIN_CPU_US, measure_memory_share, streamer
 from .step_cache import CACHE_FORMAT, StepCache, cache_key
 from .step_profile import StepProfile
 from .step_runner import StepRunner, blame, host, rows_of
@@ -224,10 +225,11 @@ class _Profiler:
                     cpus.append(cpu)
                 # An external model runs in another backend's process: it never holds this one's GIL.
                 gil = 0.0 if step.is_external else self._gil_share(runner, batches[sizes[0]], walls[0])
+                memory = self._memory_share(runner, batches[sizes[0]], cpus[0], common["in_bytes"] * sizes[0])
             failed = False
             return StepProfile(
                 **common, rows=sizes, wall_us=tuple(w * 1e6 for w in walls), cpu_us=tuple(c * 1e6 for c in cpus),
-                gil_share=gil, source="stand_in" if step.is_external else "measured",
+                gil_share=gil, memory=memory, source="stand_in" if step.is_external else "measured",
             )
         finally:
             if runner is not None:
@@ -308,6 +310,15 @@ class _Profiler:
             return gil_share(runner.caller(batch), twin.caller(twin.placed(batch)), wall)
         finally:
             twin.finalize()
+
+    def _memory_share(self, runner: StepRunner, batch: Mapping[str, Any], cpu: float, nbytes: float) -> float:
+        """Its first batch size's CPU time beside a process that streams memory, over alone
+        (:mod:`~pipelines.predict.memory_share`); 0 on a GPU (its time is its device's) or for a
+        call too short to tell. Its inputs are out of the caches where they are large, as timed."""
+        if runner.gpu or cpu * 1e6 < MIN_CPU_US:
+            return 0.0
+        cold = evict if nbytes >= COLD_BYTES else None
+        return measure_memory_share(runner.caller(batch), streamer(), before=cold, repeats=self.repeats).share
 
 
 # ------------------------------------------------------------------ arguments

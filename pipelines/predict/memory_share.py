@@ -1,0 +1,250 @@
+"""How much of a step's time waits on memory: its *memory share*, measured beside a process
+that streams memory on another core.
+
+The cores of a machine share one memory bus, and one core streaming memory takes nearly all of
+it: on this project's 2-core VM a 32 MiB copy took 1.4 ms alone and 3.0 ms while the other core
+made the same copy, while a matrix product, pure Python and work on data in a core's own cache
+took as long either way. A step that streams memory (yolov5's stand-in detector, a scale of a
+4 MiB tensor) is stretched by whatever streams beside it on the server: other stubs, and the
+server's own copies of tensors between them. The simulator shares the bus by each job's memory
+share (:mod:`pipelines.predict.processor_sharing`); this module measures a step's.
+
+A step's memory share is how much longer one call's CPU time runs while one other core copies
+arrays larger than the last-level cache, the heaviest memory traffic a core makes: 0 for work
+that does not notice, 1 for a copy like the other (each gets half the bus), clipped to 0..1.
+CPU time, not wall time: a core that waits on memory is busy, so stalls count, while time the
+step spent off its core (the operating system's, when more runs than there are cores) does
+not. Alone and loaded are timed in turns, in rounds, and the ratio is of their medians, so a
+machine whose speed drifts moves both alike. On a busy machine the streaming process shares its
+core with other work, and streams only part of the time: it reports its CPU time, and the
+slowdown is divided by the part of the loaded turns it ran (its duty). That holds where the
+two run on cores of their own, whatever else shares them, so the streamer keeps to the last
+usable core and the measuring thread to the first while it measures (left to the scheduler,
+they took turns on one core beside two busy processes: a duty of 0.52 and no slowdown at all).
+Below a duty of a third, the machine is too busy to tell, and the share is 0, as if not
+measured.
+
+The streaming process is a plain interpreter (not :mod:`multiprocessing`'s, whose spawned
+children import the caller's ``__main__`` again and whose forked ones copy its threads), started
+once a process, asleep between measurements, and ended at exit or when this process ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from time import perf_counter, process_time, sleep
+from typing import Any
+
+from ..errors import PipelinesError
+from .gil_share import usable_cores
+
+__all__ = ["MIN_CPU_US", "MIN_DUTY", "MemoryShare", "Streamer", "measure_memory_share", "streamer"]
+
+#: Below this much CPU time a call (µs), a step's memory traffic is too small to matter beside
+#: its boundaries' fixed costs, and its share is not measured (0).
+MIN_CPU_US = 50.0
+#: Below this duty (the part of the loaded turns the streamer ran), the machine is too busy to tell.
+MIN_DUTY = 1 / 3
+
+_STREAM_FLOATS = 16 << 20  # 64 MiB arrays: beyond any last-level cache, so every copy goes to memory
+_CHUNK_FLOATS = 1 << 20  # 4 MiB a chunk, about a millisecond: the streamer stops within one
+_SETTLE_S = 0.02  # after a change of load: the streamer wakes up, or finishes its chunk
+_ROUNDS = 3
+_TURN_S = 0.05  # seconds of calls in each turn, alone or loaded, where no count is given
+_MIN_CALLS = 3
+_MAX_CALLS = 200
+_START_S = 60.0
+
+# SIGUSR1 sets the streamer copying, SIGUSR2 stops it (checked between chunks), and it prints
+# the CPU seconds it streamed; asleep in sigtimedwait otherwise, it wakes once a second to end
+# itself if the process that started it has. The signals are blocked before numpy starts its threads, which inherit the mask: a thread
+# that did not block them would take one, and its default action ends the process.
+_STREAMER = """
+import os, signal, time
+go, stop = signal.SIGUSR1, signal.SIGUSR2
+signal.pthread_sigmask(signal.SIG_BLOCK, {{go, stop}})
+import numpy as np
+n, chunk, parent = {floats}, {chunk}, {parent}
+a = np.ones(n, np.float32)
+b = np.empty_like(a)
+np.copyto(b, a)
+print("ready", flush=True)
+while os.getppid() == parent:
+    if signal.sigtimedwait({{go}}, 1.0) is None:
+        continue
+    began = time.process_time()
+    while stop not in signal.sigpending():
+        for at in range(0, n, chunk):
+            np.copyto(b[at:at + chunk], a[at:at + chunk])
+            if stop in signal.sigpending():
+                break
+        a, b = b, a
+    signal.sigtimedwait({{stop}}, 0)
+    print(time.process_time() - began, flush=True)
+"""
+
+
+class Streamer:
+    """A process that streams memory while :meth:`streaming` is entered, asleep otherwise;
+    :meth:`close` ends it."""
+
+    def __init__(self) -> None:
+        code = _STREAMER.format(floats=_STREAM_FLOATS, chunk=_CHUNK_FLOATS, parent=os.getpid())
+        self._proc: subprocess.Popen | None = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            _pin(self._proc.pid, _cores()[-1])
+            # one still starting up is no load yet: measuring then would see none
+            ready, _, _ = select.select([self._proc.stdout], [], [], _START_S)
+            if not ready or self._proc.stdout.readline().strip() != b"ready":
+                raise PipelinesError(f"the process that streams memory beside a step did not start in "
+                                     f"{_START_S:g} s (exit status {self._proc.poll()})")
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+
+    def _signal(self, signum: int) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            code = None if self._proc is None else self._proc.returncode
+            raise PipelinesError(f"the process that streams memory beside a step has ended (exit status {code})")
+        self._proc.send_signal(signum)
+
+    @contextmanager
+    def streaming(self) -> Iterator[list[float]]:
+        """Another core streams memory inside this block; the list it gives holds, after it,
+        the seconds the block took and the CPU seconds the streamer ran meanwhile."""
+        took: list[float] = []
+        self._signal(signal.SIGUSR1)
+        sleep(_SETTLE_S)
+        began = perf_counter()
+        try:
+            yield took
+        finally:
+            took.append(perf_counter() - began + _SETTLE_S)
+            self._signal(signal.SIGUSR2)
+            took.append(self._streamed())
+            sleep(_SETTLE_S)
+
+    def _streamed(self) -> float:
+        assert self._proc is not None
+        ready, _, _ = select.select([self._proc.stdout], [], [], _START_S)
+        line = self._proc.stdout.readline() if ready else b""
+        try:
+            return float(line)
+        except ValueError:
+            raise PipelinesError(f"the process that streams memory beside a step did not say what it streamed "
+                                 f"(exit status {self._proc.poll()})") from None
+
+
+def _cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux: no pinning, and the scheduler places both
+        return []
+
+
+def _pin(pid: int, core: int | None) -> set[int] | None:
+    """Keep ``pid`` (0: this thread) to ``core``; returns what it was allowed before (``None``
+    where threads cannot be pinned here)."""
+    if core is None or not hasattr(os, "sched_setaffinity"):
+        return None
+    before = os.sched_getaffinity(pid)
+    os.sched_setaffinity(pid, {core})
+    return before
+
+
+@contextmanager
+def _on_first_core() -> Iterator[None]:
+    cores = _cores()
+    before = _pin(0, cores[0] if len(cores) > 1 else None)
+    try:
+        yield
+    finally:
+        if before is not None:
+            os.sched_setaffinity(0, before)
+
+
+_shared: list[Streamer] = []
+_lock = threading.Lock()
+
+
+def streamer() -> Streamer | None:
+    """This process's streamer, started on first use and ended at exit; ``None`` on one core,
+    where nothing runs beside a step."""
+    if usable_cores() < 2:
+        return None
+    with _lock:
+        if not _shared:
+            _shared.append(Streamer())
+            atexit.register(_shared[0].close)
+        return _shared[0]
+
+
+def _cpu_times(call: Callable[[], Any], before: Callable[[], None] | None, count: int | None) -> list[float]:
+    cpus: list[float] = []
+    start = perf_counter()
+    while True:
+        if before is not None:
+            before()
+        c0 = process_time()
+        call()
+        cpus.append(process_time() - c0)
+        done = len(cpus)
+        if done >= (count or _MAX_CALLS) or (count is None and done >= _MIN_CALLS and perf_counter() - start >= _TURN_S):
+            return cpus
+
+
+@dataclass(frozen=True)
+class MemoryShare:
+    """One measurement: ``share`` (0..1, 0 where it could not tell), the ``slowdown`` it was
+    read from (CPU time loaded over alone), and the streamer's ``duty`` (0 where none ran)."""
+
+    share: float
+    slowdown: float = 1.0
+    duty: float = 0.0
+
+
+def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
+                         before: Callable[[], None] | None = None, repeats: int | None = None) -> MemoryShare:
+    """``call()``'s median CPU time while ``beside`` streams memory over its median alone, less 1,
+    over the streamer's duty, within 0..1; 0 where nothing can run beside it (one core) or the
+    machine is too busy to tell (a duty below :data:`MIN_DUTY`). ``before()`` runs, untimed,
+    before each call (as in :func:`pipelines.predict.step_timing.time_call`). Three rounds of a
+    turn alone and a turn loaded, each of ``repeats`` calls (default: about 0.05 s of calls)."""
+    if beside is None:
+        return MemoryShare(0.0)
+    alone: list[float] = []
+    loaded: list[float] = []
+    wall = streamed = 0.0
+    with _on_first_core():
+        call()
+        for _ in range(_ROUNDS):
+            alone += _cpu_times(call, before, repeats)
+            with beside.streaming() as took:
+                loaded += _cpu_times(call, before, repeats)
+            wall += took[0]
+            streamed += took[1]
+    base = statistics.median(alone)
+    duty = min(1.0, streamed / wall) if wall > 0.0 else 0.0
+    if base <= 0.0:
+        return MemoryShare(0.0, 1.0, duty)
+    slowdown = statistics.median(loaded) / base
+    share = min(1.0, max(0.0, (slowdown - 1.0) / duty)) if duty >= MIN_DUTY else 0.0
+    return MemoryShare(share, slowdown, duty)
