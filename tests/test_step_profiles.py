@@ -171,8 +171,9 @@ def test_work_that_copies_memory_waits_on_it_and_work_in_the_cache_does_not():
         for _ in range(200):
             np.sqrt(small, out=small)
 
-    assert median_share(lambda: np.copyto(out, big)) > 0.4
-    assert median_share(in_cache) < 0.25
+    copies = median_share(lambda: np.copyto(out, big))
+    assert copies > 0.4
+    assert median_share(in_cache) < copies / 2  # on a busy machine, its noise over a duty of 0.5 reads up to 0.27
 
 
 def test_a_profiled_step_has_a_memory_share():

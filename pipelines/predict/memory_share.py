@@ -64,10 +64,12 @@ _TURN_S = 0.05  # seconds of calls in each turn, alone or loaded, where no count
 _MIN_CALLS = 3
 _MAX_CALLS = 200
 _START_S = 60.0
+_LONGEST_S = 10.0  # the longest a streamer streams without being told to stop
 
 # SIGUSR1 sets the streamer copying, SIGUSR2 stops it (checked between chunks), and it prints
 # the CPU seconds it streamed; asleep in sigtimedwait otherwise, it wakes once a second to end
-# itself if the process that started it has. The signals are blocked before numpy starts its threads, which inherit the mask: a thread
+# itself if the process that started it has. It never streams longer than a turn could take, nor
+# once that process has gone: a measurement cut short must not leave a core streaming. The signals are blocked before numpy starts its threads, which inherit the mask: a thread
 # that did not block them would take one, and its default action ends the process.
 _STREAMER = """
 import os, signal, time
@@ -82,8 +84,8 @@ print("ready", flush=True)
 while os.getppid() == parent:
     if signal.sigtimedwait({{go}}, 1.0) is None:
         continue
-    began = time.process_time()
-    while stop not in signal.sigpending():
+    began, until = time.process_time(), time.monotonic() + {longest}
+    while stop not in signal.sigpending() and os.getppid() == parent and time.monotonic() < until:
         for at in range(0, n, chunk):
             np.copyto(b[at:at + chunk], a[at:at + chunk])
             if stop in signal.sigpending():
@@ -99,7 +101,7 @@ class Streamer:
     :meth:`close` ends it."""
 
     def __init__(self) -> None:
-        code = _STREAMER.format(floats=_STREAM_FLOATS, chunk=_CHUNK_FLOATS, parent=os.getpid())
+        code = _STREAMER.format(floats=_STREAM_FLOATS, chunk=_CHUNK_FLOATS, parent=os.getpid(), longest=_LONGEST_S)
         self._proc: subprocess.Popen | None = subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         try:
