@@ -522,10 +522,15 @@ def test_models_run_in_another_python_environment(tmp_path, other_env):
     assert (Path(prefix.decode()), numpy_version.startswith(b"1."), has_pipelines) == (other_env, True, b"False")
 
 
+# `pipelines serve` with Ctrl-C as a terminal gives it, whatever the test run's own SIGINT (a
+# run started in the background ignores it, and its children inherit that).
+_CTRL_C = "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); from pipelines.cli import main"
+
+
 def test_pipelines_serve_dir_takes_the_stubs_environment_and_shared_memory(tmp_path, other_env):
     repository = write_test_repository(tmp_path / "repo", ("where",))
     served = subprocess.Popen(
-        [sys.executable, "-m", "pipelines", "serve", str(repository), "--python-env", str(other_env),
+        [sys.executable, "-c", f"{_CTRL_C}; sys.exit(main())", "serve", str(repository), "--python-env", str(other_env),
          "--shm-default-byte-size", str(3 * 2**20)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -571,8 +576,11 @@ def test_a_python_environment_that_cannot_serve_is_refused_before_start(tmp_path
         TritonServer(tmp_path, python_env=bare)
 
 
+# Ctrl-C as a terminal gives it, set in the owner's own Python: a test run started in the
+# background (nohup, `cmd &` in a script) ignores SIGINT, and its children inherit that.
 _OWNER = """
-import sys, threading, time
+import signal, sys, threading, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from pipelines.triton import TritonServer, serve_main
 
 repository, style = sys.argv[1], sys.argv[2]

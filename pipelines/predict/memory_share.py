@@ -64,13 +64,14 @@ _TURN_S = 0.05  # seconds of calls in each turn, alone or loaded, where no count
 _MIN_CALLS = 3
 _MAX_CALLS = 200
 _START_S = 60.0
-_LONGEST_S = 10.0  # the longest a streamer streams without being told to stop
+_LONGEST_S = 10.0  # the longest the streamer streams without being told to stop (a turn: ~0.1 s)
 
 # SIGUSR1 sets the streamer copying, SIGUSR2 stops it (checked between chunks), and it prints
 # the CPU seconds it streamed; asleep in sigtimedwait otherwise, it wakes once a second to end
 # itself if the process that started it has. It never streams longer than a turn could take, nor
-# once that process has gone: a measurement cut short must not leave a core streaming. The signals are blocked before numpy starts its threads, which inherit the mask: a thread
-# that did not block them would take one, and its default action ends the process.
+# once that process has gone: a measurement cut short must not leave a core streaming. The
+# signals are blocked before numpy starts its threads, which inherit the mask: a thread that did
+# not block them would take one, and its default action ends the process.
 _STREAMER = """
 import os, signal, time
 go, stop = signal.SIGUSR1, signal.SIGUSR2
