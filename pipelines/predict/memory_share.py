@@ -64,12 +64,13 @@ _TURN_S = 0.05  # seconds of calls in each turn, alone or loaded, where no count
 _MIN_CALLS = 3
 _MAX_CALLS = 200
 _START_S = 60.0
-_LONGEST_S = 10.0  # the longest the streamer streams without being told to stop (a turn: ~0.1 s)
+_LONGEST_S = 60.0  # the longest the streamer streams without being told to stop (a turn: ~0.1 s)
 
 # SIGUSR1 sets the streamer copying, SIGUSR2 stops it (checked between chunks), and it prints
 # the CPU seconds it streamed; asleep in sigtimedwait otherwise, it wakes once a second to end
-# itself if the process that started it has. It never streams longer than a turn could take, nor
-# once that process has gone: a measurement cut short must not leave a core streaming. The
+# itself if the process that started it has. It never streams longer than a minute unbidden (a
+# turn takes about 0.1 s), nor once that process has gone: a measurement cut short must not
+# leave a core streaming (a stop that comes after is dropped at the next start). The
 # signals are blocked before numpy starts its threads, which inherit the mask: a thread that did
 # not block them would take one, and its default action ends the process.
 _STREAMER = """
@@ -85,6 +86,7 @@ print("ready", flush=True)
 while os.getppid() == parent:
     if signal.sigtimedwait({{go}}, 1.0) is None:
         continue
+    signal.sigtimedwait({{stop}}, 0)  # a stop that came after it had stopped by itself
     began, until = time.process_time(), time.monotonic() + {longest}
     while stop not in signal.sigpending() and os.getppid() == parent and time.monotonic() < until:
         for at in range(0, n, chunk):
@@ -106,7 +108,8 @@ class Streamer:
         self._proc: subprocess.Popen | None = subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         try:
-            _pin(self._proc.pid, _cores()[-1])
+            cores = _cores()
+            _pin(self._proc.pid, cores[-1] if len(cores) > 1 else None)
             # one still starting up is no load yet: measuring then would see none
             ready, _, _ = select.select([self._proc.stdout], [], [], _START_S)
             if not ready or self._proc.stdout.readline().strip() != b"ready":
