@@ -130,9 +130,15 @@ def _paired(first: Callable[[], Any], second: Callable[[], Any], pairs: int, cal
     return runs
 
 
-def usable_cores() -> int:
-    """The cores this process may run on."""
+def usable_core_ids() -> list[int]:
+    """The cores this process may run on, by number; none where they cannot be listed (not on
+    Linux)."""
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return []
+
+
+def usable_cores() -> int:
+    """How many cores this process may run on."""
+    return len(usable_core_ids()) or os.cpu_count() or 1

@@ -46,7 +46,7 @@ from time import perf_counter, process_time, sleep
 from typing import Any
 
 from ..errors import PipelinesError
-from .gil_share import usable_cores
+from .gil_share import usable_core_ids, usable_cores
 
 __all__ = ["MIN_CPU_US", "MIN_DUTY", "MemoryShare", "Streamer", "measure_memory_share", "streamer"]
 
@@ -108,7 +108,7 @@ class Streamer:
         self._proc: subprocess.Popen | None = subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         try:
-            cores = _cores()
+            cores = usable_core_ids()
             _pin(self._proc.pid, cores[-1] if len(cores) > 1 else None)
             # one still starting up is no load yet: measuring then would see none
             ready, _, _ = select.select([self._proc.stdout], [], [], _START_S)
@@ -159,13 +159,6 @@ class Streamer:
                                  f"(exit status {self._proc.poll()})") from None
 
 
-def _cores() -> list[int]:
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux: no pinning, and the scheduler places both
-        return []
-
-
 def _pin(pid: int, core: int | None) -> set[int] | None:
     """Keep ``pid`` (0: this thread) to ``core``; returns what it was allowed before (``None``
     where threads cannot be pinned here)."""
@@ -178,7 +171,7 @@ def _pin(pid: int, core: int | None) -> set[int] | None:
 
 @contextmanager
 def _on_first_core() -> Iterator[None]:
-    cores = _cores()
+    cores = usable_core_ids()
     before = _pin(0, cores[0] if len(cores) > 1 else None)
     try:
         yield

@@ -215,17 +215,14 @@ class _Profiler:
             with blame(self.pipeline.name, n.name):
                 batches = {b: runner.placed(rows_of(handed, b, rows) if self.batched else handed) for b in sizes}
                 for b in sizes:
-                    # On the server a step's inputs were written by another process, and other
-                    # stubs ran since its last call: its data is not in the caches. Timed on the
-                    # same arrays call after call, it would be (yolov5's detector: 6.3 ms warm,
-                    # 6.8 ms after 64 MiB of other traffic, 7.5 ms in the server's statistics).
-                    cold = evict if not runner.gpu and common["in_bytes"] * b >= COLD_BYTES else None
-                    wall, cpu = time_call(runner.caller(batches[b]), self.repeats, before=cold)
+                    wall, cpu = time_call(runner.caller(batches[b]), self.repeats,
+                                          before=_before_call(runner, common["in_bytes"] * b))
                     walls.append(wall)
                     cpus.append(cpu)
                 # An external model runs in another backend's process: it never holds this one's GIL.
                 gil = 0.0 if step.is_external else self._gil_share(runner, batches[sizes[0]], walls[0])
-                memory = self._memory_share(runner, batches[sizes[0]], cpus[0], common["in_bytes"] * sizes[0])
+                memory = self._memory_share(runner, batches[sizes[0]], cpus[0],
+                                            _before_call(runner, common["in_bytes"] * sizes[0]))
             failed = False
             return StepProfile(
                 **common, rows=sizes, wall_us=tuple(w * 1e6 for w in walls), cpu_us=tuple(c * 1e6 for c in cpus),
@@ -311,14 +308,23 @@ class _Profiler:
         finally:
             twin.finalize()
 
-    def _memory_share(self, runner: StepRunner, batch: Mapping[str, Any], cpu: float, nbytes: float) -> float:
+    def _memory_share(self, runner: StepRunner, batch: Mapping[str, Any], cpu: float,
+                      before: Callable[[], None] | None) -> float:
         """Its first batch size's CPU time beside a process that streams memory, over alone
-        (:mod:`~pipelines.predict.memory_share`); 0 on a GPU (its time is its device's) or for a
-        call too short to tell. Its inputs are out of the caches where they are large, as timed."""
+        (:mod:`~pipelines.predict.memory_share`), ``before`` each call as when it was timed; 0 on a
+        GPU (its time is its device's) or for a call too short to tell."""
         if runner.gpu or cpu * 1e6 < MIN_CPU_US:
             return 0.0
-        cold = evict if nbytes >= COLD_BYTES else None
-        return measure_memory_share(runner.caller(batch), streamer(), before=cold, repeats=self.repeats).share
+        return measure_memory_share(runner.caller(batch), streamer(), before=before, repeats=self.repeats).share
+
+
+def _before_call(runner: StepRunner, nbytes: float) -> Callable[[], None] | None:
+    """What runs, untimed, before each timed call of a step handed ``nbytes``. On the server its
+    inputs were written by another process, and other stubs ran since its last call: large ones
+    are not in the caches. Timed on the same arrays call after call, they would be (yolov5's
+    detector: 6.3 ms warm, 6.8 ms after 64 MiB of other traffic, 7.5 ms in the server's
+    statistics). A GPU step's inputs are on its device."""
+    return evict if not runner.gpu and nbytes >= COLD_BYTES else None
 
 
 # ------------------------------------------------------------------ arguments
