@@ -91,11 +91,10 @@ def stub_environment(root: Path) -> Path:
 # ------------------------------------------------------------------ the pipelines, every step on the GPU
 
 
-def gpu(s: Any, **options: Any) -> Any:
-    return s.with_options(device="gpu", **options)
+def yolo(name: str, detector: Any, device: str = "gpu") -> Pipeline:
+    def gpu(s: Any) -> Any:
+        return s.with_options(device=device)
 
-
-def yolo(name: str, detector: Any) -> Pipeline:
     p = Pipeline(name, inputs={"image": TensorSpec("UINT8", [-1, -1, 3])}, max_batch_size=8)
     boxed = p.add(gpu(letterbox), image=p.input("image"))
     (det_in,) = detector.inputs
