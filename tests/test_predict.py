@@ -260,3 +260,31 @@ def test_an_external_model_with_no_stand_in_is_predicted_from_the_cost_given(pro
                        cache=False)
     by = {r.form: r for r in result.rows}
     assert by["ensemble"].p50_ms > 5.0 and by["fused"].p50_ms > 5.0  # the model's 5 ms, through BLS in fused
+
+
+def test_tensors_between_gpu_steps_are_not_priced_per_byte(profile_path):
+    """On the server a GPU step's outputs stay in device memory and cross a stub or a BLS call as
+    a CUDA IPC handle; the request's host tensor, and a GPU output that a CPU step takes, are copied."""
+    big = TensorSpec("FP32", [1024])
+
+    @step(inputs={"x": big}, outputs={"y": big}, device="gpu")
+    def on_gpu(x):
+        return {"y": x * 2}
+
+    @step(inputs={"y": big}, outputs={"z": big})
+    def on_cpu(y):
+        return {"z": y + 1}
+
+    p = Pipeline("gpu_then_cpu", inputs={"x": big}, max_batch_size=4)
+    first = p.add(on_gpu, name="first", x=p.input("x"))["y"]
+    second = p.add(on_gpu, name="second", x=first)["y"]
+    p.output("z", p.add(on_cpu, name="last", y=second)["z"])
+    from pipelines.predict.prediction import Predictor
+
+    predictor = Predictor(p, profile_path, inputs={"x": np.ones((2, 1024), np.float32)},
+                          costs={"first": 100.0, "second": 100.0}, cache=False)
+    by = {s.name: s for s in predictor.spec(predictor.default("ensemble")).steps}
+    row = 1024 * 4
+    assert (by["first"].in_bytes, by["first"].out_bytes) == (row, 0)  # from the request's host tensor
+    assert (by["second"].in_bytes, by["second"].out_bytes) == (0, 0)  # GPU to GPU
+    assert (by["last"].in_bytes, by["last"].out_bytes) == (row, row)  # copied to the host for a CPU step

@@ -299,8 +299,8 @@ class Predictor:
                     when=tuple(t.describe() for t in self.plan.node(node_name).when),
                     wall_us=Curve(tuple(measured.rows), tuple(measured.wall_us)),
                     cpu_us=Curve(tuple(measured.rows), tuple(measured.cpu_us)),
-                    in_bytes=float(measured.in_bytes),
-                    out_bytes=float(measured.out_bytes),
+                    in_bytes=max(0.0, float(measured.in_bytes) - self._on_gpu_bytes(node_name, measured, "in")),
+                    out_bytes=max(0.0, float(measured.out_bytes) - self._on_gpu_bytes(node_name, measured, "out")),
                     gil_share=float(measured.gil_share),
                     memory=float(measured.memory),
                     external=node.step.is_external,
@@ -339,6 +339,30 @@ class Predictor:
                 if dep not in out:
                     out.append(dep)
         return tuple(out)
+
+    def _on_gpu(self, name: str) -> bool:
+        """Whether node ``name`` gives its outputs on the GPU (a select: where all its branches do)."""
+        if self.plan.node(name).kind == "select":
+            return all(self._on_gpu(after) for after in self.plan.node(name).after)
+        node = self.pipeline.nodes.get(name)
+        return node is not None and node.step.options.device == "gpu"
+
+    def _on_gpu_bytes(self, name: str, measured: Any, way: str) -> float:
+        """Bytes per row that GPU step ``name`` takes from GPU steps (``way`` "in") or gives (``"out"``).
+
+        They stay in device memory: a stub and a BLS call hand them on as a CUDA IPC handle, so
+        no boundary prices them per byte (docs/gpu.md: one host-to-GPU copy a request, in every
+        form). What comes from the host is priced as ever, and so is a GPU output that a CPU step
+        takes: it is counted in that step's inputs."""
+        if not self._on_gpu(name):
+            return 0.0
+        if way == "out":
+            tensors = list(measured.outputs.values())
+        else:
+            tensors = [measured.inputs[s.input] for s in self.plan.node(name).inputs
+                       if s.node is not None and s.input in measured.inputs and self._on_gpu(s.node)]
+        return float(sum(int(np.prod(t.dims, dtype=np.int64)) * numpy_dtype(t.dtype).itemsize
+                         for t in tensors if t.dtype != "BYTES"))
 
     def simulate(self, configuration: Configuration, load: Load) -> SimResult:
         from .simulator import simulate
