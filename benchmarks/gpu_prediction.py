@@ -37,7 +37,7 @@ import anyio
 from gpu_server import measure_server, stub_environment, torch_detector, unpack_server, yolo, yolo_inputs
 from prediction import LEVELS, checks_of
 
-from pipelines.calibration import calibrate
+from pipelines.calibration import calibrate, load_profile
 from pipelines.calibration.calibrate_command import QUICK
 from pipelines.calibration.probes import probe_repository
 from pipelines.forms import FORMS
@@ -60,6 +60,7 @@ def main() -> int:
     parser.add_argument("--triton", help="the tar.xz that shared/gpu/pack_triton.sh made (not with --cpu)")
     parser.add_argument("--out", required=True, help="folder for gpu_prediction.json, the profile and the server log")
     parser.add_argument("--cpu", action="store_true", help="CPU steps on the bundled server (checks the harness)")
+    parser.add_argument("--profile", help="a profile of this kind of server, instead of calibrating (the probes stay out)")
     parser.add_argument("--full", action="store_true", help="a full calibration instead of a quick one")
     parser.add_argument("--pipelines", default="yolo_cupy,yolo_torch", help="which GPU pipelines, comma-separated")
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per measurement window")
@@ -99,7 +100,10 @@ def main() -> int:
             "startup_timeout": 240,
             "extra_args": ["--cuda-memory-pool-byte-size=0:1073741824", "--pinned-memory-pool-byte-size=268435456"],
         }
-    repo = probe_repository(CHAINS).merge(*(p.compile("all") for p in pipelines.values())).write(work / "models")
+    compiled = [p.compile("all") for p in pipelines.values()]
+    if not args.profile:
+        compiled.insert(0, probe_repository(CHAINS))
+    repo = compiled[0].merge(*compiled[1:]).write(work / "models")
     print(f"{len(list(repo.iterdir()))} models written at {took()}", flush=True)
     inputs, _ = yolo_inputs()
     server = TritonServer(repo, **server_options)
@@ -107,11 +111,15 @@ def main() -> int:
         server.start()
         url = server.grpc_url
         print(f"server up at {url} at {took()}", flush=True)
-        calibration = {} if args.full else QUICK
-        profile = calibrate(url, "grpc", probes_dir=work / "probes", progress=False,
-                            **{k: v for k, v in calibration.items() if k != "chains"}, chains=CHAINS)
         profile_path = out / "profile.json"
-        profile.save(profile_path)
+        if args.profile:
+            shutil.copy(args.profile, profile_path)
+            profile = load_profile(profile_path)
+        else:
+            calibration = {} if args.full else QUICK
+            profile = calibrate(url, "grpc", probes_dir=work / "probes", progress=False,
+                                **{k: v for k, v in calibration.items() if k != "chains"}, chains=CHAINS)
+            profile.save(profile_path)
         print(profile.table(), flush=True)
         print(f"calibrated at {took()}", flush=True)
         save()
@@ -121,7 +129,8 @@ def main() -> int:
                 continue
             try:
                 started = time.perf_counter()
-                predicted = predict(p, profile_path, concurrency=LEVELS, inputs=inputs, cache=work / "steps.json")
+                predicted = predict(p, profile_path, concurrency=LEVELS, inputs=inputs, cache=work / "steps.json",
+                                    allow_mismatch=bool(args.profile))
                 print(predicted, flush=True)
                 print(f"{name} predicted in {time.perf_counter() - started:.1f} s at {took()}", flush=True)
                 figures["steps"] = json.loads((work / "steps.json").read_text())  # the step profiles, for the record

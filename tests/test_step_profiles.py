@@ -376,6 +376,29 @@ def test_a_changed_function_misses_the_cache_and_runs_only_what_it_needs(tmp_pat
     assert len(CALLS) > 1  # other input shapes: measured again
 
 
+def test_a_step_after_other_steps_or_on_other_values_misses_the_cache(tmp_path):
+    """A step's cost can follow its inputs' values (NMS's follows the candidates that pass), so
+    the same code on tensors of the same shape from another step, or from other samples, is
+    measured again."""
+    cache = tmp_path / "steps.json"
+    tail = step(counted.impl, name="tail", inputs={"x": V}, outputs={"y": V})
+
+    def after(first):
+        p = Pipeline("lineage", inputs={"x": V}, max_batch_size=4)
+        p.output("y", p.add(tail, x=p.add(first, x=p.input("x"))["y"])["y"])
+        return p
+
+    profile_steps(after(edited("x * 2")), X, cache=cache, repeats=2)
+    CALLS.clear()
+    profile_steps(after(edited("x * 2")), X, cache=cache, repeats=2)
+    assert CALLS == []
+    profile_steps(after(edited("x * 3")), X, cache=cache, repeats=2)
+    assert len(CALLS) > 1  # tail, after another step: measured, not only run once
+    CALLS.clear()
+    profile_steps(after(edited("x * 3")), {"x": X["x"] + 1}, cache=cache, repeats=2)
+    assert len(CALLS) > 1  # other values of the same shape
+
+
 def cell(helper_body):
     """A notebook cell that defines a helper and a step that calls it."""
     namespace = {"__name__": "__main__", "np": np}

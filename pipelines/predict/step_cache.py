@@ -21,10 +21,10 @@ from ..tensor import TensorSpec
 from .gil_share import usable_cores
 from .step_profile import StepProfile
 
-__all__ = ["CACHE_FORMAT", "StepCache", "cache_key"]
+__all__ = ["CACHE_FORMAT", "StepCache", "cache_key", "value_digest"]
 
 #: Version of the cache file; a cache of another format is not read (and is replaced).
-CACHE_FORMAT = 2  # 2: a step profile holds its memory share
+CACHE_FORMAT = 3  # 2: a step profile holds its memory share; 3: keys hold where the inputs came from
 
 
 class StepCache:
@@ -82,13 +82,20 @@ def cache_key(
     sizes: Sequence[int],
     device: str,
     given: tuple[tuple[int, ...], tuple[float, ...]] | None,
+    origins: Mapping[str, str] | None = None,
 ) -> str:
-    """The step's code, what it is handed (dtype and dims of a row), what it hands on, the batch
-    sizes, its device, any cost given, and this machine's Python, numpy and cores."""
+    """The step's code, what it is handed (dtype and dims of a row, and ``origins``: where each
+    input came from), what it hands on, the batch sizes, its device, any cost given, and this
+    machine's Python, numpy and cores.
+
+    An origin is a digest of the request's values, or the key of the step that gave the tensor:
+    a step's cost can follow its inputs' values (NMS's follows how many candidates pass its
+    threshold), so the same step after another detector, or on other samples, is measured again."""
     key = {
         "format": CACHE_FORMAT,
         "digest": digest,
         "inputs": {n: s.to_dict() for n, s in inputs.items()},
+        "origins": dict(origins or {}),
         "returns": list(returns),
         "rows": list(sizes),
         "device": device,
@@ -96,6 +103,19 @@ def cache_key(
         "environment": _environment(),
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def value_digest(value: Any) -> str:
+    """A digest of one request tensor's dtype, shape and values (BYTES: each element's bytes)."""
+    array = np.asarray(value)
+    h = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
+    if array.dtype.kind in "OSU":
+        for item in array.flat:
+            item = item if isinstance(item, bytes) else str(item).encode()
+            h.update(len(item).to_bytes(8, "little") + item)
+    else:
+        h.update(np.ascontiguousarray(array).view(np.uint8).data)
+    return h.hexdigest()
 
 
 def _environment() -> list[Any]:

@@ -25,7 +25,7 @@ from ..tensor import TensorSpec, numpy_dtype
 from .code_digest import code_digest
 from .gil_share import gil_share
 from .memory_share import MIN_CPU_US, measure_memory_share, streamer
-from .step_cache import CACHE_FORMAT, StepCache, cache_key
+from .step_cache import CACHE_FORMAT, StepCache, cache_key, value_digest
 from .step_profile import StepProfile
 from .step_runner import StepRunner, blame, host, rows_of
 from .step_timing import COLD_BYTES, MAX_REPEATS, MIN_REPEATS, TARGET_S, evict, time_call
@@ -124,6 +124,8 @@ class _Profiler:
         self.shapes: dict[Key, TensorSpec] = {
             (None, name): _row_spec(self.pipeline.inputs[name].dtype, value, self.batched) for name, value in request.items()
         }
+        # where each tensor came from, for the cache's keys: the request's values, or the giving step's key
+        self.origins: dict[Key, str] = {(None, name): value_digest(host(value)) for name, value in request.items()}
         self.ran: set[str] = set()
         self.digests: dict[int, str] = {}  # by step object: a step used by several nodes is read once
         self.readers: dict[str, set[str]] = {n.name: set(n.before) for n in self.plan.nodes}
@@ -175,7 +177,8 @@ class _Profiler:
         digest = self.digests.get(id(step))
         if digest is None:
             digest = self.digests[id(step)] = code_digest(step)
-        key = cache_key(digest, inputs, n.returns, sizes, _device(step), self.given.get(n.name))
+        key = cache_key(digest, inputs, n.returns, sizes, _device(step), self.given.get(n.name),
+                        {s.input: self.origins[s.key] for s in n.inputs})
         found = self.cache.get(key) if self.cache is not None else None
         if found is not None:
             profile = replace(found, name=n.name, step=step.name)
@@ -185,6 +188,8 @@ class _Profiler:
                 self.cache.put(key, profile)
         for out, spec in profile.outputs.items():
             self.shapes[(n.name, out)] = spec
+        for out in n.returns:
+            self.origins[(n.name, out)] = f"{key}/{out}"
         return profile
 
     def _measure(
