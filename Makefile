@@ -24,12 +24,16 @@ demo: $(STAMP)
 	$(BIN)/python -m pipelines.examples.demo
 
 # The whole suite, the real tritonserver and the strict docs build included (tests/test_docs.py).
+# Tests marked solo measure the machine itself (memory bandwidth): beside the other workers
+# they would measure those workers, so they run after them, alone.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 -m "not solo"
+	$(BIN)/python -m pytest -q -m solo
 
 # The tests that start no Triton server: under 2 minutes, for the edit-test loop.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(WORKERS) -m "not server" --durations=10
+	$(BIN)/python -m pytest -q -n $(WORKERS) -m "not server and not solo" --durations=10
+	$(BIN)/python -m pytest -q -m "solo and not server"
 
 # The docs site, into site/; --strict turns a broken link or a missing page into a failure.
 docs: $(STAMP)

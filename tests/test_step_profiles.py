@@ -173,6 +173,7 @@ def quiet_share(call, *, above: float) -> float:
     return max(told)
 
 
+@pytest.mark.solo  # the other workers' memory traffic would be measured too
 @pytest.mark.skipif(usable_cores() < 2, reason="nothing streams beside a step on one core")
 def test_work_that_copies_memory_waits_on_it_and_work_in_the_cache_does_not():
     # 64 MiB each way a call: beyond the last-level cache, like the process streaming beside it
