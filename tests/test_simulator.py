@@ -6,8 +6,10 @@ same figures. Nothing here reads a clock."""
 from __future__ import annotations
 
 import pytest
+import simpy
 
 from pipelines.errors import ArgumentError, PipelinesError
+from pipelines.predict.batcher import ModelScheduler
 from pipelines.predict.simulator import FORMS, simulate
 from pipelines.predict.spec import Curve, Load, SimSpec, StepSpec, WayCost
 
@@ -164,6 +166,44 @@ def test_a_preferred_batch_size_goes_without_waiting():
     assert latencies(preferred) == {1000.0}
     waits = simulate(spec("ensemble", batching(max_queue_delay_us=10_000)), closed(2))
     assert latencies(waits) == {11_000.0}
+
+
+def batches_of(arrivals: dict[str, float]) -> tuple[list[list[str]], dict[str, float]]:
+    """Requests of one row at the given µs into one instance (1000 µs an execution) that batches
+    up to 4 with a 500 µs queue delay: the executions' requests, and when each was answered."""
+    env = simpy.Environment()
+    batches: list[list[str]] = []
+    answered: dict[str, float] = {}
+
+    def execute(batch, _instance):
+        batches.append([w.what for w in batch])
+        yield env.timeout(1000)
+
+    model = ModelScheduler(env, instances=1, execute=execute, max_batch_size=4, dynamic_batching=True,
+                           max_queue_delay_us=500)
+
+    def client(name, at):
+        yield env.timeout(at)
+        yield model.submit(1, name)
+        answered[name] = env.now
+
+    for name, at in arrivals.items():
+        env.process(client(name, at))
+    env.run()
+    return batches, answered
+
+
+def test_a_request_that_arrives_while_a_batch_waits_for_the_instance_waits_for_the_next_one():
+    # As Triton's batcher thread: b's batch is formed at 1100 (its delay out) and waits for the
+    # instance; c arrives at 1200, but one row of the four it lacks does not wake the thread,
+    # so the instance takes b alone at 1500, and c goes in a batch of its own.
+    batches, answered = batches_of({"a": 0, "b": 600, "c": 1200})
+    assert batches == [["a"], ["b"], ["c"]]
+    assert answered == {"a": 1500, "b": 2500, "c": 3500}
+    # Rows that make up what the waiting batch lacks wake the thread, and join it.
+    batches, answered = batches_of({"a": 0, "b": 600, "c": 1200, "d": 1200, "e": 1200, "f": 1200})
+    assert batches == [["a"], ["b", "c", "d", "e"], ["f"]]
+    assert answered["f"] == 3500
 
 
 # ---------------------------------------------------------------------- the cores
