@@ -188,7 +188,7 @@ class _Profiler:
                 self.cache.put(key, profile)
         for out, spec in profile.outputs.items():
             self.shapes[(n.name, out)] = spec
-        for out in n.returns:
+        for out in {*n.returns, *profile.outputs}:
             self.origins[(n.name, out)] = f"{key}/{out}"
         return profile
 
