@@ -168,19 +168,21 @@ def test_a_preferred_batch_size_goes_without_waiting():
     assert latencies(waits) == {11_000.0}
 
 
-def batches_of(arrivals: dict[str, float]) -> tuple[list[list[str]], dict[str, float]]:
-    """Requests of one row at the given µs into one instance (1000 µs an execution) that batches
-    up to 4 with a 500 µs queue delay: the executions' requests, and when each was answered."""
+def batches_of(arrivals: dict[str, float], execution: float = 1000,
+               delay: float = 500) -> tuple[list[list[str]], dict[str, float]]:
+    """Requests of one row at the given µs into one instance (``execution`` µs an execution) that
+    batches up to 4 with a ``delay`` µs queue delay: the executions' requests, and when each was
+    answered."""
     env = simpy.Environment()
     batches: list[list[str]] = []
     answered: dict[str, float] = {}
 
     def execute(batch, _instance):
         batches.append([w.what for w in batch])
-        yield env.timeout(1000)
+        yield env.timeout(execution)
 
     model = ModelScheduler(env, instances=1, execute=execute, max_batch_size=4, dynamic_batching=True,
-                           max_queue_delay_us=500)
+                           max_queue_delay_us=delay)
 
     def client(name, at):
         yield env.timeout(at)
@@ -204,6 +206,16 @@ def test_a_request_that_arrives_while_a_batch_waits_for_the_instance_waits_for_t
     batches, answered = batches_of({"a": 0, "b": 600, "c": 1200, "d": 1200, "e": 1200, "f": 1200})
     assert batches == [["a"], ["b", "c", "d", "e"], ["f"]]
     assert answered["f"] == 3500
+
+
+def test_a_batcher_asleep_on_an_empty_queue_looks_again_after_500_ms():
+    # a runs 0.1-1.6 s; b's batch is formed at 0.45 s, and the thread sleeps on its empty queue.
+    # c (0.9 s) does not wake it, but its 500 ms wait runs out at 0.95 s: c joins b's batch.
+    batches, _ = batches_of({"a": 0, "b": 350_000, "c": 900_000}, execution=1_500_000, delay=100_000)
+    assert batches == [["a"], ["b", "c"]]
+    # Before it runs out (the instance free at 0.8 s), c waits for a batch of its own.
+    batches, _ = batches_of({"a": 0, "b": 350_000, "c": 600_000}, execution=700_000, delay=100_000)
+    assert batches == [["a"], ["b"], ["c"]]
 
 
 # ---------------------------------------------------------------------- the cores
