@@ -288,3 +288,29 @@ def test_tensors_between_gpu_steps_are_not_priced_per_byte(profile_path):
     assert (by["first"].in_bytes, by["first"].out_bytes) == (row, 0)  # from the request's host tensor
     assert (by["second"].in_bytes, by["second"].out_bytes) == (0, 0)  # GPU to GPU
     assert (by["last"].in_bytes, by["last"].out_bytes) == (row, row)  # copied to the host for a CPU step
+
+
+def test_the_fused_form_times_a_step_on_what_the_step_before_it_just_wrote(profile_path):
+    """A stub reads what another process wrote: its large inputs are timed out of the caches. In
+    the fused model a step reads what the step before it just wrote, so it takes its warm timing."""
+    row = TensorSpec("FP32", [-1])
+
+    @step(inputs={"x": row}, outputs={"y": row})
+    def grow(x):
+        return {"y": np.tile(x, (1, 1 << 14))}  # 16 floats -> 1 MiB
+
+    @step(inputs={"y": row}, outputs={"z": row})
+    def halve(y):
+        return {"z": y * np.float32(0.5)}
+
+    p = Pipeline("warmth", inputs={"x": row}, max_batch_size=1)
+    p.output("z", p.add(halve, y=p.add(grow, x=p.input("x"))["y"])["z"])
+    from pipelines.predict.prediction import Predictor
+
+    predictor = Predictor(p, profile_path, inputs={"x": np.ones((1, 16), np.float32)}, cache=False)
+    grown, halved = predictor.steps["grow"], predictor.steps["halve"]
+    assert grown.warm_wall_us == () and len(halved.warm_wall_us) == len(halved.rows)  # 64 B in; 1 MiB in
+    for form in ("fused", "ensemble"):
+        by = {s.name: s for s in predictor.spec(predictor.default(form)).steps}
+        assert by["grow"].wall_us.us == grown.wall_us  # the request's input: as a stub reads it
+        assert by["halve"].wall_us.us == (halved.warm_wall_us if form == "fused" else halved.wall_us)

@@ -24,7 +24,7 @@ from .step_profile import StepProfile
 __all__ = ["CACHE_FORMAT", "StepCache", "cache_key", "value_digest"]
 
 #: Version of the cache file; a cache of another format is not read (and is replaced).
-CACHE_FORMAT = 3  # 2: a step profile holds its memory share; 3: keys hold where the inputs came from
+CACHE_FORMAT = 4  # 2: a profile holds its memory share; 3: keys hold where inputs came from; 4: warm timings
 
 
 class StepCache:

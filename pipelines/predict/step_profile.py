@@ -35,6 +35,9 @@ class StepProfile:
     memory, at its first batch size (:mod:`pipelines.predict.memory_share`; 0 for a given cost, a
     GPU step, or one that is too short to tell). ``source``: ``"measured"``, ``"stand_in"`` (an
     external model's Python stand-in was timed) or ``"given"`` (``costs=``).
+    ``warm_wall_us``/``warm_cpu_us``: the same timed with its inputs in the caches, as a step of
+    the fused model reads what the step before it just wrote; empty where the inputs are too
+    small to be timed out of the caches (``wall_us``/``cpu_us`` are then warm already).
     """
 
     name: str
@@ -52,6 +55,8 @@ class StepProfile:
     memory: float = 0.0
     external: bool = False
     source: str = "measured"
+    warm_wall_us: tuple[float, ...] = ()
+    warm_cpu_us: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         def refuse(what: str) -> ArgumentError:
@@ -60,8 +65,11 @@ class StepProfile:
         rows = tuple(int(r) for r in self.rows)
         if not rows or any(r < 1 for r in rows) or list(rows) != sorted(set(rows)):
             raise refuse(f"rows must be increasing batch sizes >= 1; got {list(self.rows)}")
-        for field_name in ("wall_us", "cpu_us"):
+        for field_name in ("wall_us", "cpu_us", "warm_wall_us", "warm_cpu_us"):
             values = tuple(float(v) for v in getattr(self, field_name))
+            if field_name.startswith("warm") and not values:
+                object.__setattr__(self, field_name, ())  # inputs too small to time out of the caches
+                continue
             if len(values) != len(rows):
                 raise refuse(f"{field_name} has {len(values)} figures for {len(rows)} rows {list(rows)}")
             if not all(math.isfinite(v) and v >= 0 for v in values):
@@ -95,7 +103,7 @@ class StepProfile:
         """The profile as JSON-ready data; :meth:`from_json` reads it back equal."""
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data.update({k: {n: spec.to_dict() for n, spec in data[k].items()} for k in ("inputs", "outputs")})
-        data.update({k: list(data[k]) for k in ("rows", "wall_us", "cpu_us")})
+        data.update({k: list(data[k]) for k in ("rows", "wall_us", "cpu_us", "warm_wall_us", "warm_cpu_us")})
         return data
 
     @classmethod
