@@ -69,8 +69,9 @@ class ModelScheduler:
       (Triton's config normalisation).
     - **A queued payload keeps growing** while it waits for an instance, but the thread looks
       at the queue again only when woken: by an arrival once the rows queued reach what the
-      payload lacks of its next preferred size, by its own timer (the queue delay, or 500 ms
-      on an empty queue), or when a payload is taken or done. Requests that arrive otherwise wait in the queue for a later payload. This is
+      payload lacked of its next preferred size when the thread last counted, by its own
+      timer (the queue delay, or 500 ms on an empty queue), or when a payload is taken or
+      done. Requests that arrive otherwise wait in the queue for a later payload. This is
       why a server forms smaller batches than "every request waiting when an instance frees":
       ``capacity:batched`` at concurrency 16 averaged 6.3 rows of 8 on the server, 6.0 here.
     - **At most two payloads an instance** wait for instances; the thread stops while they do.
