@@ -24,7 +24,7 @@ from ..forms import form as form_named
 from ..graph import Pipeline
 from ..plan import ensemble_refusal, plan_of
 from ..tables import format_table
-from ..tensor import numpy_dtype
+from ..tensor import TensorSpec, numpy_dtype
 from .configuration import Configuration, default_configuration
 from .spec import Curve, Load, SimResult, SimSpec, StepSpec, WayCost
 
@@ -124,6 +124,13 @@ def _nbytes(arrays: Mapping[str, Any]) -> int:
     return sum(int(getattr(a, "nbytes", 0)) for a in arrays.values())
 
 
+def _row_bytes(spec: TensorSpec) -> float:
+    """What one row of ``spec`` weighs: its dims (a variable one counts 1) by its item size (BYTES:
+    one pointer an element)."""
+    itemsize = 8 if spec.dtype == "BYTES" else numpy_dtype(spec.dtype).itemsize
+    return float(np.prod([max(1, d) for d in spec.dims])) * itemsize
+
+
 class Predictor:
     """Everything one pipeline's simulations share: the server profile's boundaries, the step
     profiles, the request's sizes. :meth:`spec` builds one configuration's
@@ -186,8 +193,7 @@ class Predictor:
             spec = self.steps[ref.node].outputs.get(ref.name)
             if spec is None:
                 continue
-            itemsize = 8 if spec.dtype == "BYTES" else numpy_dtype(spec.dtype).itemsize  # BYTES: one pointer each
-            total += float(np.prod([max(1, d) for d in spec.dims])) * itemsize
+            total += _row_bytes(spec)
         return total
 
     def _when_rates(self, given: Mapping[str, float], module: Any) -> dict[str, float]:
@@ -370,8 +376,7 @@ class Predictor:
         else:
             tensors = [measured.inputs[s.input] for s in self.plan.node(name).inputs
                        if s.node is not None and s.input in measured.inputs and self._on_gpu(s.node)]
-        return float(sum(int(np.prod(t.dims, dtype=np.int64)) * numpy_dtype(t.dtype).itemsize
-                         for t in tensors if t.dtype != "BYTES"))
+        return sum(_row_bytes(t) for t in tensors if t.dtype != "BYTES")
 
     def simulate(self, configuration: Configuration, load: Load) -> SimResult:
         from .simulator import simulate
