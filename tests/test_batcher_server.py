@@ -14,10 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import simpy
+from batcher_runs import batches_of
 
 from pipelines import DynamicBatching, Pipeline, TensorSpec, step
-from pipelines.predict.batcher import ModelScheduler
 from pipelines.triton import TritonServer
 
 pytestmark = pytest.mark.server
@@ -78,24 +77,10 @@ def on_the_server(served, arrivals: dict[int, float]) -> list[list[float]]:
 
 
 def in_the_simulation(arrivals: dict[int, float]) -> list[list[float]]:
-    env = simpy.Environment()
-    batches: list[list[float]] = []
-
-    def execute(batch, _instance):
-        batches.append(sorted(arrivals[w.what] for w in batch))
-        yield env.timeout(EXECUTE_S * 1e6)
-
-    model = ModelScheduler(env, instances=1, execute=execute, max_batch_size=4, dynamic_batching=True,
-                           max_queue_delay_us=DELAY_S * 1e6)
-
-    def client(mark, at):
-        yield env.timeout(at * 1e6)
-        yield model.submit(1, mark)
-
-    for mark, at in arrivals.items():
-        env.process(client(mark, at))
-    env.run()
-    return batches
+    """The same arrivals in the simulated batcher, each batch as its requests' offsets."""
+    batches, _ = batches_of({mark: at * 1e6 for mark, at in arrivals.items()}, execution=EXECUTE_S * 1e6,
+                            delay=DELAY_S * 1e6)
+    return [sorted(arrivals[mark] for mark in batch) for batch in batches]
 
 
 # 1 runs from 0.1 s to 0.8 s; 2's payload is formed at 0.45 s and waits for the instance; the

@@ -6,10 +6,9 @@ same figures. Nothing here reads a clock."""
 from __future__ import annotations
 
 import pytest
-import simpy
+from batcher_runs import batches_of
 
 from pipelines.errors import ArgumentError, PipelinesError
-from pipelines.predict.batcher import ModelScheduler
 from pipelines.predict.simulator import FORMS, simulate
 from pipelines.predict.spec import Curve, Load, SimSpec, StepSpec, WayCost
 
@@ -166,33 +165,6 @@ def test_a_preferred_batch_size_goes_without_waiting():
     assert latencies(preferred) == {1000.0}
     waits = simulate(spec("ensemble", batching(max_queue_delay_us=10_000)), closed(2))
     assert latencies(waits) == {11_000.0}
-
-
-def batches_of(arrivals: dict[str, float], execution: float = 1000,
-               delay: float = 500) -> tuple[list[list[str]], dict[str, float]]:
-    """Requests of one row at the given µs into one instance (``execution`` µs an execution) that
-    batches up to 4 with a ``delay`` µs queue delay: the executions' requests, and when each was
-    answered."""
-    env = simpy.Environment()
-    batches: list[list[str]] = []
-    answered: dict[str, float] = {}
-
-    def execute(batch, _instance):
-        batches.append([w.what for w in batch])
-        yield env.timeout(execution)
-
-    model = ModelScheduler(env, instances=1, execute=execute, max_batch_size=4, dynamic_batching=True,
-                           max_queue_delay_us=delay)
-
-    def client(name, at):
-        yield env.timeout(at)
-        yield model.submit(1, name)
-        answered[name] = env.now
-
-    for name, at in arrivals.items():
-        env.process(client(name, at))
-    env.run()
-    return batches, answered
 
 
 def test_a_request_that_arrives_while_a_batch_waits_for_the_instance_waits_for_the_next_one():
