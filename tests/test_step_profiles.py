@@ -5,6 +5,7 @@ holds the GIL, what its tensors weigh; cached as JSON by its code and input shap
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -189,6 +190,31 @@ def test_work_that_copies_memory_waits_on_it_and_work_in_the_cache_does_not():
     copies = quiet_share(lambda: np.copyto(out, big), above=0.4)
     assert copies > 0.4
     assert median_share(in_cache) < copies / 2  # on a busy machine, its noise over a duty of 0.5 reads up to 0.27
+
+
+def test_a_stop_that_reaches_the_streamer_with_its_start_ends_that_turn():
+    """On a loaded machine the streamer may wake after both its start and its stop were sent:
+    that turn ends at once, and the next turn streams until its own stop."""
+    import signal
+    import time
+
+    from pipelines.predict.memory_share import Streamer
+
+    s = Streamer()
+    try:
+        pid = s._proc.pid
+        os.kill(pid, signal.SIGSTOP)  # the streamer, not yet scheduled when both arrive
+        s._signal(signal.SIGUSR1)
+        s._signal(signal.SIGUSR2)
+        os.kill(pid, signal.SIGCONT)
+        first = s._streamed()  # CPU seconds it streamed in that turn
+        with s.streaming() as took:
+            time.sleep(0.2)
+        # that turn streamed nothing (it was not left streaming until its minute was up), and
+        # the next one streamed: no stop was dropped, and none was left over for it
+        assert first < took[1]
+    finally:
+        s.close()
 
 
 def test_a_profiled_step_has_a_memory_share():

@@ -70,7 +70,9 @@ _LONGEST_S = 60.0  # the longest the streamer streams without being told to stop
 # the CPU seconds it streamed; asleep in sigtimedwait otherwise, it wakes once a second to end
 # itself if the process that started it has. It never streams longer than a minute unbidden (a
 # turn takes about 0.1 s), nor once that process has gone: a measurement cut short must not
-# leave a core streaming (a stop that comes after is dropped at the next start). The
+# leave a core streaming. Each start is answered at its own stop, even one that comes after
+# the streamer stopped by itself, or before it had begun (a loaded machine may run it late):
+# no stop is ever left over for the next start. The
 # signals are blocked before numpy starts its threads, which inherit the mask: a thread that did
 # not block them would take one, and its default action ends the process.
 _STREAMER = """
@@ -86,7 +88,6 @@ print("ready", flush=True)
 while os.getppid() == parent:
     if signal.sigtimedwait({{go}}, 1.0) is None:
         continue
-    signal.sigtimedwait({{stop}}, 0)  # a stop that came after it had stopped by itself
     began, until = time.process_time(), time.monotonic() + {longest}
     while stop not in signal.sigpending() and os.getppid() == parent and time.monotonic() < until:
         for at in range(0, n, chunk):
@@ -94,8 +95,10 @@ while os.getppid() == parent:
             if stop in signal.sigpending():
                 break
         a, b = b, a
-    signal.sigtimedwait({{stop}}, 0)
-    print(time.process_time() - began, flush=True)
+    streamed = time.process_time() - began
+    while os.getppid() == parent and signal.sigtimedwait({{stop}}, 1.0) is None:
+        pass  # a turn ends at its own stop, one that streamed its longest too
+    print(streamed, flush=True)
 """
 
 
