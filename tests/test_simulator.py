@@ -5,10 +5,14 @@ same figures. Nothing here reads a clock."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
+import simpy
 from batcher_runs import batches_of
 
 from pipelines.errors import ArgumentError, PipelinesError
+from pipelines.predict.processor_sharing import Cores
 from pipelines.predict.simulator import FORMS, simulate
 from pipelines.predict.spec import Curve, Load, SimSpec, StepSpec, WayCost
 
@@ -207,6 +211,33 @@ def test_processor_sharing_stretches_cpu_work_beyond_the_cores():
     threads = step("s", 1000, cpu=2000)
     assert latencies(simulate(spec("ensemble", threads, cores=1), closed(1))) == {2000.0}
     assert latencies(simulate(spec("ensemble", threads, cores=2), closed(1))) == {1000.0}
+
+
+def ends_on(cores: float, *jobs: tuple[float, float]) -> list[float]:
+    """When each ``(span, cap)`` job, all started at 0, ends on ``cores`` cores."""
+    env = simpy.Environment()
+    shared = Cores(env, cores)
+    ends: dict[int, float] = {}
+    for i, (span, cap) in enumerate(jobs):
+        shared.run(span, cap).callbacks.append(lambda _, i=i: ends.__setitem__(i, env.now))
+    env.run()
+    return [ends[i] for i in range(len(jobs))]
+
+
+def test_only_the_cpu_time_of_a_job_below_a_core_is_stretched():
+    # A step that sleeps 990 µs of its 1000 beside two one-core jobs on one core: only its 10 µs
+    # of CPU stretch, by the f at which the three use the core: 2/f + 0.01/(0.99 + 0.01 f) = 1.
+    f = (-0.96 + math.sqrt(0.96**2 + 4 * 0.01 * 1.98)) / (2 * 0.01)
+    asleep, one, two = ends_on(1, (1000, 0.01), (1000, 1.0), (1000, 1.0))
+    assert asleep == pytest.approx(1000 * (0.99 + 0.01 * f), rel=1e-9)  # 1010 µs, not 2010
+    assert one == two == pytest.approx(2010.0, rel=1e-9)  # the core never idles: 2010 CPU µs
+    # Half asleep beside a one-core job: 1/f + 0.5/(0.5 + 0.5 f) = 1 gives the golden ratio.
+    golden = (1 + math.sqrt(5)) / 2
+    half, whole = ends_on(1, (1000, 0.5), (1000, 1.0))
+    assert half == pytest.approx(500 * (1 + golden), rel=1e-9)
+    assert whole == pytest.approx(1500.0, rel=1e-9)
+    # Room for both: each at its cap, as long as alone.
+    assert ends_on(1, (1000, 0.5), (1000, 0.5)) == [pytest.approx(1000.0, rel=1e-12)] * 2
 
 
 def test_work_that_waits_on_memory_shares_the_memory_bus():

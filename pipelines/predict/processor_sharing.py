@@ -4,15 +4,24 @@ the server's scheduler does, instead of queueing whole jobs behind each other.
 
 A job has a cap (the cores it uses alone) and a span (how long it takes alone): its demand is
 span × cap CPU µs. While the caps of the active jobs sum to at most the cores, each runs at its
-cap; beyond, each runs at cap × cores / Σcaps. Every job's rate is thus its cap times one
-common factor, so the resource keeps one virtual clock (``_v``: how far a job of any cap has
-got, in µs of its span) and a job ends when ``_v`` reaches its start plus its span. A heap of
-those ends gives the next one in O(log n). One pending timeout wakes the resource at the next
-end; whenever the active set changes the end is computed again, and a new timeout is set only
-if it is sooner (a generation number makes the one it replaces do nothing). A later end keeps
-the pending one, which then wakes early, finds nothing done, and sets the next: so a burst of
-new jobs that slows the others costs no event each (5-7 % fewer events in all at concurrency 16
-than a new timeout at every change, on a 4-step pipeline).
+cap. Beyond, their CPU time stretches by one factor ``f``, the one at which they use exactly
+the cores. Only CPU time stretches: a job below one core spends ``1 - cap`` of its span off
+the cores (asleep, waiting for I/O or a GPU), which no other job slows, so it takes
+``(1 - cap) + cap × f`` times its span, and a job of a core or more ``f`` times. ``f`` solves
+``Σ_full cap / f + Σ_below cap / ((1 - cap) + cap × f) = cores`` (Newton's method: the sum
+falls and is convex in ``f``, so from ``f = 1`` it never overshoots; with no job below a core
+it is ``Σcaps / cores``).
+
+The jobs of a core or more all run at ``1 / f``, so they keep one virtual clock (``_v``: how
+far each has got, in µs of its span) and a job ends when ``_v`` reaches its start plus its
+span; a heap of those ends gives the next one in O(log n). A job below a core keeps its own
+end, moved whenever ``f`` changes (there are few: steps that sleep or wait). One pending
+timeout wakes the resource at the next end; whenever the active set changes the end is
+computed again, and a new timeout is set only if it is sooner (a generation number makes the
+one it replaces do nothing). A later end keeps the pending one, which then wakes early, finds
+nothing done, and sets the next: so a burst of new jobs that slows the others costs no event
+each (5-7 % fewer events in all at concurrency 16 than a new timeout at every change, on a
+4-step pipeline).
 
 The cores also share one memory bus. One core streaming memory takes nearly all of it: on this
 project's 2-core VM a 32 MiB copy took 1.4 ms alone and 3.0 ms while the other core made the
@@ -25,7 +34,8 @@ long (two copies: twice; a copy beside work in the cache: as long as alone). Whe
 are active than cores, a job runs beside ``cores - 1`` of the others at a time, so the sum is
 scaled by ``(cores - 1) / (active - 1)``. Every job is slowed by the mix's mean factor, weighted
 by cap (a job's own factor differs by the second order of shares that are mostly below 0.2,
-or alike where they are large), so that the one virtual clock holds.
+or alike where they are large), so that the one virtual clock holds: the bus's factor
+multiplies ``f``.
 """
 
 from __future__ import annotations
@@ -77,13 +87,18 @@ class Cores:
     def __init__(self, env: simpy.Environment, cores: float) -> None:
         self.env = env
         self.cores = float(cores)
-        # (virtual end, order, cap, memory share, done)
+        # Jobs of a core or more: (virtual end, order, cap, memory share, done), on one clock.
         self._jobs: list[tuple[float, int, float, float, simpy.Event]] = []
-        self._caps = 0.0  # Σ caps of the active jobs
+        # Jobs below a core, each on its own: [when it ends at the current share, cap, memory share, done].
+        self._partial: list[list] = []
+        self._full = 0.0  # Σ caps of the jobs of a core or more
+        self._caps = 0.0  # Σ caps of all active jobs
         self._mem = 0.0  # Σ cap × memory share of the active jobs
         self._mem2 = 0.0  # Σ cap × memory share²
-        self._v = 0.0  # the virtual clock
-        self._at = 0.0  # when _v and _busy were last brought up to date
+        self._share = 1.0  # how much longer CPU work takes than alone: the cores' share × the bus's
+        self._used = 0.0  # the cores in use
+        self._v = 0.0  # the clock of the jobs of a core or more, in µs of their spans
+        self._at = 0.0  # when the clocks and _busy were last brought up to date
         self._busy = 0.0  # core-µs spent
         self._order = 0  # ties end in the order they were added
         self._generation = 0  # the wake-up that is not stale
@@ -108,8 +123,13 @@ class Cores:
         self._caps += cap
         self._mem += cap * memory
         self._mem2 += cap * memory * memory
-        self._order += 1
-        heappush(self._jobs, (self._v + span, self._order, cap, memory, done))
+        if cap >= 1.0:
+            self._full += cap
+            self._order += 1
+            heappush(self._jobs, (self._v + span, self._order, cap, memory, done))
+        else:
+            self._partial.append([self._at + span * (1.0 - cap + cap * self._share), cap, memory, done])
+        self._reshare()
         self._wake_at_next_end()
         return done
 
@@ -125,6 +145,40 @@ class Cores:
         beside = max(0.0, self._mem * self._mem - self._mem2) / caps  # Σ_j cap_j m_j Σ_{k≠j} m_k / Σ caps
         return 1.0 + beside * min(1.0, (self.cores - 1.0) / (caps - 1.0))
 
+    def _reshare(self) -> None:
+        """The cores' share of the active jobs, and the cores they use (see the module's docstring)."""
+        slow = self._slowdown()
+        cores, caps, full, was = self.cores, self._caps, self._full, self._share
+        if not self._partial or (slow == 1.0 and caps <= cores):
+            # No job below a core, or room for every job: one share for all, as in plain
+            # processor sharing.
+            share = (full / cores if full > cores else 1.0) * slow
+            used = min(cores, caps)
+        else:
+            # Newton's method for the share f at which the jobs use the cores: their cores u(f)
+            # fall, convex, so from f = 1 (on its left) it never overshoots.
+            f = 1.0
+            for _ in range(50):
+                used, slope = full / f, full / (f * f)
+                for job in self._partial:
+                    cap = job[1]
+                    mine = cap * slow / (1.0 - cap + cap * slow * f)
+                    used += mine
+                    slope += mine * mine
+                over = used - cores
+                if over <= 1e-9 * cores:
+                    break
+                f += over / slope
+            share = f * slow
+            used = min(cores, used)
+        self._used = used
+        if share != was:
+            self._share = share
+            now = self._at
+            for job in self._partial:  # a job below a core: only its CPU time stretches
+                cap = job[1]
+                job[0] = now + (job[0] - now) * (1.0 - cap + cap * share) / (1.0 - cap + cap * was)
+
     def idle(self) -> bool:
         """Whether a core has nothing to do now."""
         self._advance()
@@ -133,7 +187,7 @@ class Cores:
     def idle_for(self) -> float:
         """How long every core has had nothing to do, until now; 0 while a job runs."""
         self._advance()
-        return self.env.now - self._idle_since if self._caps <= 0.0 and not self._jobs else 0.0
+        return self.env.now - self._idle_since if self._caps <= 0.0 else 0.0
 
     def busy(self) -> float:
         """Core-µs spent by all jobs until now."""
@@ -143,18 +197,20 @@ class Cores:
     def _advance(self) -> None:
         now = self.env.now
         if now > self._at:
-            caps = self._caps
-            if caps > 0.0:
-                used = caps if caps < self.cores else self.cores
-                self._v += (now - self._at) * used / caps / self._slowdown()
-                self._busy += (now - self._at) * used
+            elapsed = now - self._at
+            if self._caps > 0.0:
+                share = self._share
+                self._v += elapsed / share
+                self._busy += elapsed * self._used
             self._at = now
 
     def _wake_at_next_end(self) -> None:
-        if self._jobs:
-            ahead = (self._jobs[0][0] - self._v) * self._slowdown()
-            if self._caps > self.cores:
-                ahead *= self._caps / self.cores
+        share = self._share
+        ahead = (self._jobs[0][0] - self._v) * share if self._jobs else None
+        for job in self._partial:
+            if ahead is None or job[0] - self._at < ahead:
+                ahead = job[0] - self._at
+        if ahead is not None:
             when = self._at + (ahead if ahead > 0.0 else 0.0)
             if self._wake_at is None or when < self._wake_at:
                 self._generation += 1
@@ -166,15 +222,31 @@ class Cores:
             return
         self._wake_at = None
         self._advance()
+        ended: list[tuple[float, float, simpy.Event]] = []
         jobs = self._jobs
         limit = self._v + _CLOSE * (1.0 + self._v)
         while jobs and jobs[0][0] <= limit:
             _, _, cap, memory, done = heappop(jobs)
+            self._full -= cap
+            ended.append((cap, memory, done))
+        if self._partial:
+            # The clock's float steps grow with the clock, and so does what counts as done.
+            close = self._at + _CLOSE * (1.0 + self._at)
+            staying = []
+            for job in self._partial:
+                if job[0] <= close:
+                    ended.append((job[1], job[2], job[3]))
+                else:
+                    staying.append(job)
+            self._partial = staying
+        for cap, memory, done in ended:
             self._caps -= cap
             self._mem -= cap * memory
             self._mem2 -= cap * memory * memory
             done.succeed()
-        if not jobs:
-            self._caps = self._mem = self._mem2 = 0.0  # no drift left over from the sums
+        if not jobs and not self._partial:
+            self._full = self._caps = self._mem = self._mem2 = 0.0  # no drift left over from the sums
             self._idle_since = self.env.now
+        if ended:
+            self._reshare()
         self._wake_at_next_end()
