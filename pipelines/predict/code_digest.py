@@ -1,9 +1,6 @@
-"""A digest of what a step runs: its code and the code it calls, so that a step profile
-measured for one version of a step is never taken for another. Read by
-:mod:`pipelines.predict.step_profiles` as part of its cache key.
-
-It hashes bytecode, not source text: it works in notebooks and for lambdas, ignores
-comments, docstrings and line numbers, and sees through the helpers a step calls.
+"""A digest of what a step runs, its code and the code it calls, for the step profile cache's key:
+a profile measured for one version of a step is never taken for another. It hashes bytecode, not
+source text: it works in notebooks and for lambdas, and ignores comments and line numbers.
 """
 
 from __future__ import annotations
@@ -28,19 +25,18 @@ __all__ = ["code_digest"]
 _CLASS_NOISE = frozenset({"__dict__", "__weakref__", "__module__", "__doc__", "__qualname__", "__annotations__",
                           "__firstlineno__", "__static_attributes__", "__slots__"})
 _SIMPLE = (type(None), bool, int, float, complex, str, bytes)
+_PLAIN = (*_SIMPLE, tuple, frozenset, np.ndarray, np.generic)  # values: data, not code
 
 
 def code_digest(step: Step) -> str:
     """A hex digest of ``step``'s code, of the code it calls, and of the declaration that shapes
-    what it does (signature, parameters, device, external model).
+    what it does (signature, parameters, device, external model; not the options that do not
+    change one execution, such as instance count, batching, timeout).
 
-    Followed: the step's function or class (every method), its closures and defaults, and the
-    functions, classes and constants they reach by name in modules of the step's own package,
-    of ``__main__``, or anywhere outside the standard library and installed packages (the
-    user's own code). Installed libraries count by name only. A mutable global (a list, a
-    dict) is state, not code: only its type counts, so a step that counts its calls in one
-    keeps its digest. What it leaves out on purpose: options that do not change one execution
-    (instance count, dynamic batching, timeout).
+    Followed: the step's function or class, its closures and defaults, and what they reach by name
+    in the user's own code (the step's package, ``__main__``, or anything outside the standard
+    library and installed packages, which count by name only). A mutable global (a list, a dict)
+    is state, not code: only its type counts, so a step that counts its calls in one keeps its digest.
     """
     digest = hashlib.sha256()
     declaration = {
@@ -70,33 +66,24 @@ class _Walker:
 
     def __init__(self, digest: Any, roots: set[str]) -> None:
         self._digest = digest
-        self._roots = roots
-        self._seen: set[int] = set()
-        self._users: dict[str, bool] = {}
-        self._keep: list[Any] = []  # what was seen stays alive, so no id() is reused meanwhile
+        self._seen: dict[int, Any] = {}  # what was seen stays alive, so no id() is reused meanwhile
+        self._is_users = functools.cache(lambda name: bool(name) and _users_module(name, roots))
 
     def _feed(self, *parts: Any) -> None:
         for part in parts:
-            self._digest.update(str(part).encode())
-            self._digest.update(b"\0")
+            self._digest.update(str(part).encode() + b"\0")
 
-    def _first_visit(self, obj: Any) -> bool:
+    def _enter(self, kind: str, obj: Any) -> bool:
+        """Whether to follow a function or class: the user's, not seen yet (else its name is fed)."""
+        if not self._is_users(obj.__module__):
+            self._feed(kind, _name(obj))
+            return False
         if id(obj) in self._seen:
             self._feed("seen", _name(obj))
             return False
-        self._seen.add(id(obj))
-        self._keep.append(obj)
+        self._seen[id(obj)] = obj
+        self._feed(kind, obj.__qualname__)
         return True
-
-    def _is_users(self, module_name: str | None) -> bool:
-        if not module_name:
-            return False
-        found = self._users.get(module_name)
-        if found is None:
-            found = self._users[module_name] = _users_module(module_name, self._roots)
-        return found
-
-    # ------------------------------------------------------------ what a value is
 
     def value(self, obj: Any) -> None:
         if isinstance(obj, _SIMPLE):
@@ -123,9 +110,8 @@ class _Walker:
         elif isinstance(obj, (staticmethod, classmethod)):
             self.value(obj.__func__)
         elif isinstance(obj, property):
-            for part in (obj.fget, obj.fset, obj.fdel):
-                if part is not None:
-                    self.value(part)
+            for part in filter(None, (obj.fget, obj.fset, obj.fdel)):
+                self.value(part)
         elif isinstance(obj, types.ModuleType):
             self._feed("module", obj.__name__)
         elif isinstance(obj, types.FunctionType):
@@ -136,19 +122,15 @@ class _Walker:
             self._feed("callable")  # an object with __call__: its class, and its plain settings
             self._class(type(obj))
             for key, item in sorted(getattr(obj, "__dict__", {}).items()):
-                if isinstance(item, (*_SIMPLE, tuple, frozenset, np.ndarray, np.generic)):
+                if isinstance(item, _PLAIN):
                     self._feed(key)
                     self.value(item)
         else:
             self._feed("object", _name(obj))
 
     def _function(self, fn: types.FunctionType) -> None:
-        if not self._is_users(fn.__module__):
-            self._feed("function", _name(fn))
+        if not self._enter("function", fn):
             return
-        if not self._first_visit(fn):
-            return
-        self._feed("function", fn.__qualname__)
         self._code(fn.__code__)
         self.value(fn.__defaults__ or ())
         self.value(tuple(sorted((fn.__kwdefaults__ or {}).items())))
@@ -160,12 +142,8 @@ class _Walker:
         self._globals(fn.__code__, fn.__globals__)
 
     def _class(self, cls: type) -> None:
-        if not self._is_users(cls.__module__):
-            self._feed("class", _name(cls))
+        if not self._enter("class", cls):
             return
-        if not self._first_visit(cls):
-            return
-        self._feed("class", cls.__qualname__)
         for base in cls.__mro__[1:]:
             self.value(base)
         for key, item in sorted(vars(cls).items()):
@@ -195,8 +173,7 @@ class _Walker:
                             self.value(inner)
                 continue
             self._feed("global", name)
-            if isinstance(item, (*_SIMPLE, tuple, frozenset, np.ndarray, np.generic, types.FunctionType, type,
-                                 functools.partial)):
+            if isinstance(item, (*_PLAIN, types.FunctionType, type, functools.partial)):
                 self.value(item)
             else:
                 self._feed(type(item).__qualname__)
@@ -212,11 +189,8 @@ def _users_module(module_name: str, roots: set[str]) -> bool:
 
 
 def _names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _names(const)
-    return names
+    """The names ``code`` and the code nested in it read."""
+    return set(code.co_names).union(*(_names(c) for c in code.co_consts if isinstance(c, types.CodeType)))
 
 
 def _name(obj: Any) -> str:

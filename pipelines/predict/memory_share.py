@@ -1,32 +1,11 @@
-"""How much of a step's time waits on memory: its *memory share*, measured beside a process
-that streams memory on another core.
+"""How much of a step's time waits on memory: its *memory share*, one call's CPU time while a
+process streams memory on another core over its CPU time alone, less 1, over the part of that
+time the streamer ran (its duty), within 0..1. Why, what it measured, and why CPU time, the
+duty and the pinning to cores: docs/prediction.md, "The memory bus".
 
-The cores of a machine share one memory bus, and one core streaming memory takes nearly all of
-it: on this project's 2-core VM a 32 MiB copy took 1.4 ms alone and 3.0 ms while the other core
-made the same copy, while a matrix product, pure Python and work on data in a core's own cache
-took as long either way. A step that streams memory (yolov5's stand-in detector, a scale of a
-4 MiB tensor) is stretched by whatever streams beside it on the server: other stubs, and the
-server's own copies of tensors between them. The simulator shares the bus by each job's memory
-share (:mod:`pipelines.predict.processor_sharing`); this module measures a step's.
-
-A step's memory share is how much longer one call's CPU time runs while one other core copies
-arrays larger than the last-level cache, the heaviest memory traffic a core makes: 0 for work
-that does not notice, 1 for a copy like the other (each gets half the bus), clipped to 0..1.
-CPU time, not wall time: a core that waits on memory is busy, so stalls count, while time the
-step spent off its core (the operating system's, when more runs than there are cores) does
-not. Alone and loaded are timed in turns, in rounds, and the ratio is of their medians, so a
-machine whose speed drifts moves both alike. On a busy machine the streaming process shares its
-core with other work, and streams only part of the time: it reports its CPU time, and the
-slowdown is divided by the part of the loaded turns it ran (its duty). That holds where the
-two run on cores of their own, whatever else shares them, so the streamer keeps to the last
-usable core and the measuring thread to the first while it measures (left to the scheduler,
-they took turns on one core beside two busy processes: a duty of 0.52 and no slowdown at all).
-Below a duty of a third, the machine is too busy to tell, and the share is 0, as if not
-measured.
-
-The streaming process is a plain interpreter (not :mod:`multiprocessing`'s, whose spawned
-children import the caller's ``__main__`` again and whose forked ones copy its threads), started
-once a process, asleep between measurements, and ended at exit or when this process ends.
+The streamer is a plain interpreter (not :mod:`multiprocessing`'s, whose spawned children import
+the caller's ``__main__`` again and whose forked ones copy its threads), started once a process,
+asleep between measurements, and ended at exit or when this process ends.
 """
 
 from __future__ import annotations
@@ -42,11 +21,12 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from time import perf_counter, process_time, sleep
+from time import perf_counter, sleep
 from typing import Any
 
 from ..errors import PipelinesError
 from .gil_share import usable_core_ids, usable_cores
+from .step_timing import timed_calls
 
 __all__ = ["MIN_CPU_US", "MIN_DUTY", "MemoryShare", "Streamer", "measure_memory_share", "streamer"]
 
@@ -61,20 +41,17 @@ _CHUNK_FLOATS = 1 << 20  # 4 MiB a chunk, about a millisecond: the streamer stop
 _SETTLE_S = 0.02  # after a change of load: the streamer wakes up, or finishes its chunk
 _ROUNDS = 3
 _TURN_S = 0.05  # seconds of calls in each turn, alone or loaded, where no count is given
-_MIN_CALLS = 3
 _MAX_CALLS = 200
 _START_S = 60.0
 _LONGEST_S = 60.0  # the longest the streamer streams without being told to stop (a turn: ~0.1 s)
 
-# SIGUSR1 sets the streamer copying, SIGUSR2 stops it (checked between chunks), and it prints
-# the CPU seconds it streamed; asleep in sigtimedwait otherwise, it wakes once a second to end
-# itself if the process that started it has. It never streams longer than a minute unbidden (a
-# turn takes about 0.1 s), nor once that process has gone: a measurement cut short must not
-# leave a core streaming. Each start is answered at its own stop, even one that comes after
-# the streamer stopped by itself, or before it had begun (a loaded machine may run it late):
-# no stop is ever left over for the next start. The
+# SIGUSR1 sets the streamer copying, SIGUSR2 stops it (checked between chunks); it then prints the
+# CPU seconds it streamed. It never streams longer than a minute unbidden, nor once its parent has
+# gone (it checks once a second): a measurement cut short must not leave a core streaming. Each
+# start is answered at its own stop, even one that comes after it stopped by itself or before it
+# began (a loaded machine may run it late), so no stop is left over for the next start. The
 # signals are blocked before numpy starts its threads, which inherit the mask: a thread that did
-# not block them would take one, and its default action ends the process.
+# not block them would take one, whose default action ends the process.
 _STREAMER = """
 import os, signal, time
 go, stop = signal.SIGUSR1, signal.SIGUSR2
@@ -111,11 +88,9 @@ class Streamer:
         self._proc: subprocess.Popen | None = subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         try:
-            cores = usable_core_ids()
-            _pin(self._proc.pid, cores[-1] if len(cores) > 1 else None)
+            _pin(self._proc.pid, -1)
             # one still starting up is no load yet: measuring then would see none
-            ready, _, _ = select.select([self._proc.stdout], [], [], _START_S)
-            if not ready or self._proc.stdout.readline().strip() != b"ready":
+            if self._line().strip() != b"ready":
                 raise PipelinesError(f"the process that streams memory beside a step did not start in "
                                      f"{_START_S:g} s (exit status {self._proc.poll()})")
         except BaseException:
@@ -151,31 +126,34 @@ class Streamer:
             took.append(self._streamed())
             sleep(_SETTLE_S)
 
-    def _streamed(self) -> float:
+    def _line(self) -> bytes:
+        """The streamer's next line; empty where it says nothing in :data:`_START_S`."""
         assert self._proc is not None
         ready, _, _ = select.select([self._proc.stdout], [], [], _START_S)
-        line = self._proc.stdout.readline() if ready else b""
+        return self._proc.stdout.readline() if ready else b""
+
+    def _streamed(self) -> float:
         try:
-            return float(line)
+            return float(self._line())
         except ValueError:
             raise PipelinesError(f"the process that streams memory beside a step did not say what it streamed "
                                  f"(exit status {self._proc.poll()})") from None
 
 
-def _pin(pid: int, core: int | None) -> set[int] | None:
-    """Keep ``pid`` (0: this thread) to ``core``; returns what it was allowed before (``None``
-    where threads cannot be pinned here)."""
-    if core is None or not hasattr(os, "sched_setaffinity"):
+def _pin(pid: int, index: int) -> set[int] | None:
+    """Keep ``pid`` (0: this thread) to the usable core at ``index``; returns what it was allowed
+    before (``None`` where it is not pinned: one core, or not Linux)."""
+    cores = usable_core_ids()
+    if len(cores) < 2:
         return None
     before = os.sched_getaffinity(pid)
-    os.sched_setaffinity(pid, {core})
+    os.sched_setaffinity(pid, {cores[index]})
     return before
 
 
 @contextmanager
 def _on_first_core() -> Iterator[None]:
-    cores = usable_core_ids()
-    before = _pin(0, cores[0] if len(cores) > 1 else None)
+    before = _pin(0, 0)
     try:
         yield
     finally:
@@ -199,20 +177,6 @@ def streamer() -> Streamer | None:
         return _shared[0]
 
 
-def _cpu_times(call: Callable[[], Any], before: Callable[[], None] | None, count: int | None) -> list[float]:
-    cpus: list[float] = []
-    start = perf_counter()
-    while True:
-        if before is not None:
-            before()
-        c0 = process_time()
-        call()
-        cpus.append(process_time() - c0)
-        done = len(cpus)
-        if done >= (count or _MAX_CALLS) or (count is None and done >= _MIN_CALLS and perf_counter() - start >= _TURN_S):
-            return cpus
-
-
 @dataclass(frozen=True)
 class MemoryShare:
     """One measurement: ``share`` (0..1, 0 where it could not tell), the ``slowdown`` it was
@@ -225,11 +189,10 @@ class MemoryShare:
 
 def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
                          before: Callable[[], None] | None = None, repeats: int | None = None) -> MemoryShare:
-    """``call()``'s median CPU time while ``beside`` streams memory over its median alone, less 1,
-    over the streamer's duty, within 0..1; 0 where nothing can run beside it (one core) or the
-    machine is too busy to tell (a duty below :data:`MIN_DUTY`). ``before()`` runs, untimed,
-    before each call (as in :func:`pipelines.predict.step_timing.time_call`). Three rounds of a
-    turn alone and a turn loaded, each of ``repeats`` calls (default: about 0.05 s of calls)."""
+    """``call()``'s memory share; 0 where nothing can run beside it (one core) or the machine is
+    too busy to tell (a duty below :data:`MIN_DUTY`). Three rounds of a turn alone and a turn
+    loaded, each of ``repeats`` calls (default: about 0.05 s of calls), ``before()`` running,
+    untimed, before each."""
     if beside is None:
         return MemoryShare(0.0)
     alone: list[float] = []
@@ -237,10 +200,10 @@ def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
     wall = streamed = 0.0
     with _on_first_core():
         call()
-        for _ in range(_ROUNDS):
-            alone += _cpu_times(call, before, repeats)
+        for _ in range(_ROUNDS):  # in turns, so that a drift of the machine's speed moves both alike
+            alone += timed_calls(call, repeats, before, target_s=_TURN_S, most=_MAX_CALLS)[1]
             with beside.streaming() as took:
-                loaded += _cpu_times(call, before, repeats)
+                loaded += timed_calls(call, repeats, before, target_s=_TURN_S, most=_MAX_CALLS)[1]
             wall += took[0]
             streamed += took[1]
     base = statistics.median(alone)

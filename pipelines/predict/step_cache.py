@@ -1,6 +1,5 @@
-"""The step profile cache: a JSON file of step profiles keyed by each step's code, what it is
-handed, its batch sizes and device, any cost given, and this machine; a step found there is not
-run again.
+"""The step profile cache: a JSON file of step profiles keyed by all that decides a step's cost
+(:func:`cache_key`); a step found there is not run again.
 """
 
 from __future__ import annotations
@@ -46,21 +45,15 @@ class StepCache:
                 raise PipelinesError(f"format {data.get('format')!r}, not {CACHE_FORMAT}")
         except (OSError, ValueError, AttributeError, PipelinesError) as exc:
             if warn:
-                warnings.warn(
-                    f"step profile cache {str(self.path)!r} cannot be read ({exc}); its steps are profiled again "
-                    "and the file is replaced",
-                    stacklevel=2,
-                )
+                warnings.warn(f"step profile cache {str(self.path)!r} cannot be read ({exc}); its steps are profiled "
+                              "again and the file is replaced", stacklevel=2)
             return {}
         return data["profiles"]
 
     def get(self, key: str) -> StepProfile | None:
-        entry = self.entries.get(key)
-        if entry is None:
-            return None
         try:
-            return StepProfile.from_json(entry)
-        except PipelinesError:  # a damaged entry is measured again
+            return StepProfile.from_json(self.entries[key])
+        except (KeyError, PipelinesError):  # none yet, or a damaged entry: measured again
             return None
 
     def put(self, key: str, profile: StepProfile) -> None:
@@ -75,22 +68,13 @@ class StepCache:
         self.added = {}
 
 
-def cache_key(
-    digest: str,
-    inputs: Mapping[str, TensorSpec],
-    returns: Sequence[str],
-    sizes: Sequence[int],
-    device: str,
-    given: tuple[tuple[int, ...], tuple[float, ...]] | None,
-    origins: Mapping[str, str] | None = None,
-) -> str:
-    """The step's code, what it is handed (dtype and dims of a row, and ``origins``: where each
-    input came from), what it hands on, the batch sizes, its device, any cost given, and this
-    machine's Python, numpy and cores.
-
-    An origin is a digest of the request's values, or the key of the step that gave the tensor:
-    a step's cost can follow its inputs' values (NMS's follows how many candidates pass its
-    threshold), so the same step after another detector, or on other samples, is measured again."""
+def cache_key(digest: str, inputs: Mapping[str, TensorSpec], returns: Sequence[str], sizes: Sequence[int],
+              device: str, given: tuple[tuple[int, ...], tuple[float, ...]] | None,
+              origins: Mapping[str, str] | None = None) -> str:
+    """The step's code, what it is handed (dtype and dims of a row, and ``origins``: a digest of
+    the request's values, or the key of the step that gave the tensor, since a step's cost can
+    follow its inputs' values), what it hands on, the batch sizes, its device, any cost given, and
+    this machine (docs/prediction.md, "Step profiles")."""
     key = {
         "format": CACHE_FORMAT,
         "digest": digest,
@@ -100,7 +84,7 @@ def cache_key(
         "rows": list(sizes),
         "device": device,
         "given": None if given is None else [list(given[0]), list(given[1])],
-        "environment": _environment(),
+        "environment": [platform.python_version(), np.__version__, platform.machine(), usable_cores()],
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
@@ -116,7 +100,3 @@ def value_digest(value: Any) -> str:
     else:
         h.update(np.ascontiguousarray(array).view(np.uint8).data)
     return h.hexdigest()
-
-
-def _environment() -> list[Any]:
-    return [platform.python_version(), np.__version__, platform.machine(), usable_cores()]

@@ -1,6 +1,5 @@
-"""A step profile: what one live step costs by batch rows, measured (or given), as the simulator
-reads it (:class:`~pipelines.predict.spec.StepSpec`'s curves) and as the step profile cache keeps
-it (JSON). Measured by :func:`pipelines.predict.step_profiles.profile_steps`.
+"""A step profile: what one live step costs by batch rows, as the simulator reads it (curves) and
+the step profile cache keeps it (JSON); measured by :func:`pipelines.predict.step_profiles.profile_steps`.
 """
 
 from __future__ import annotations
@@ -25,19 +24,15 @@ _SOURCES = ("measured", "stand_in", "given")
 class StepProfile:
     """One live step, measured (or given): what one execution costs by batch rows.
 
-    ``name`` is the node's name in the pipeline, ``step`` the step's own. ``digest``: its
-    code (:func:`~pipelines.predict.code_digest.code_digest`). ``inputs``/``outputs``: the
-    dtype and dims of one row of each input it was handed and each output it hands on (the
-    whole tensor where the pipeline does not batch). ``rows``: the batch sizes measured;
-    ``wall_us``/``cpu_us``: the median µs of one execution at each. ``gil_share`` (0..1): the
-    part of its CPU time that holds the GIL. ``in_bytes``/``out_bytes``: what its inputs and
-    the outputs it hands on weigh per row. ``memory`` (0..1): the share of its time that waits on
-    memory, at its first batch size (:mod:`pipelines.predict.memory_share`; 0 for a given cost, a
-    GPU step, or one that is too short to tell). ``source``: ``"measured"``, ``"stand_in"`` (an
-    external model's Python stand-in was timed) or ``"given"`` (``costs=``).
-    ``warm_wall_us``/``warm_cpu_us``: the same timed with its inputs in the caches, as a step of
-    the fused model reads what the step before it just wrote; empty where the inputs are too
-    small to be timed out of the caches (``wall_us``/``cpu_us`` are then warm already).
+    ``name`` is the node's name, ``step`` the step's own; ``digest`` its code. ``inputs``/``outputs``:
+    the dtype and dims of one row of each tensor it was handed and hands on (the whole tensor where
+    the pipeline does not batch), ``in_bytes``/``out_bytes`` what they weigh per row.
+    ``wall_us``/``cpu_us``: the median µs of one execution at each of ``rows``. ``gil_share`` and
+    ``memory`` (0..1, at its first batch size; 0 where not measured): the part of its CPU time that
+    holds the GIL, and the share of its time that waits on memory. ``source``: ``"measured"``,
+    ``"stand_in"`` (an external model's stand-in was timed) or ``"given"`` (``costs=``).
+    ``warm_wall_us``/``warm_cpu_us``: timed with its inputs in the caches, as in the fused model;
+    empty where the inputs are too small to be timed out of them.
     """
 
     name: str
@@ -67,10 +62,8 @@ class StepProfile:
             raise refuse(f"rows must be increasing batch sizes >= 1; got {list(self.rows)}")
         for field_name in ("wall_us", "cpu_us", "warm_wall_us", "warm_cpu_us"):
             values = tuple(float(v) for v in getattr(self, field_name))
-            if field_name.startswith("warm") and not values:
-                object.__setattr__(self, field_name, ())  # inputs too small to time out of the caches
-                continue
-            if len(values) != len(rows):
+            untimed = field_name.startswith("warm") and not values  # inputs too small to time out of the caches
+            if len(values) != len(rows) and not untimed:
                 raise refuse(f"{field_name} has {len(values)} figures for {len(rows)} rows {list(rows)}")
             if not all(math.isfinite(v) and v >= 0 for v in values):
                 raise refuse(f"{field_name} must be finite µs >= 0; got {list(values)}")
@@ -124,4 +117,5 @@ class StepProfile:
         except PipelinesError:
             raise
         except (TypeError, ValueError, KeyError) as exc:
-            raise ArgumentError(f"step profile {name!r} is malformed ({type(exc).__name__}: {exc})", step=name) from None
+            raise ArgumentError(f"step profile {name!r} is malformed ({type(exc).__name__}: {exc})",
+                                step=name) from None

@@ -1,6 +1,5 @@
 """Step profiles: what each live step of a pipeline costs when it runs for real, here, on the
-tensors the pipeline hands it, at each batch size. The simulator reads them as the curves of
-:class:`~pipelines.predict.spec.StepSpec`; they are cached as JSON beside the server profile.
+tensors the pipeline hands it, at each batch size (docs/prediction.md, "Step profiles").
 """
 
 from __future__ import annotations
@@ -21,91 +20,59 @@ from ..freed_memory import keep_freed_memory_here
 from ..plan import ExecutionPlan, NodePlan, plan_of
 from ..requests import check_request
 from ..step import Step
-from ..tensor import TensorSpec, numpy_dtype
+from ..tensor import TensorSpec
 from .code_digest import code_digest
 from .gil_share import gil_share
 from .memory_share import MIN_CPU_US, measure_memory_share, streamer
-from .step_cache import CACHE_FORMAT, StepCache, cache_key, value_digest
+from .step_cache import StepCache, cache_key, value_digest
 from .step_profile import StepProfile
 from .step_runner import StepRunner, blame, host, rows_of
-from .step_timing import COLD_BYTES, MAX_REPEATS, MIN_REPEATS, TARGET_S, evict, time_call
+from .step_timing import COLD_BYTES, evict, time_call
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..graph import Pipeline
 
-__all__ = ["CACHE_FORMAT", "MAX_REPEATS", "MIN_REPEATS", "TARGET_S", "StepProfile", "profile_steps"]
+__all__ = ["StepProfile", "profile_steps"]
 
 Key = tuple["str | None", str]
 Progress = Callable[[int, int, str], Any]
+Given = tuple[tuple[int, ...], tuple[float, ...]]  # a cost given by the user: rows, µs
 
 
-# ------------------------------------------------------------------ profiling a pipeline
+def profile_steps(pipeline: Pipeline, inputs: Mapping[str, Any], *, cache: str | os.PathLike[str] | None = None,
+                  batch_sizes: Sequence[int] | None = None, repeats: int | None = None,
+                  costs: Mapping[str, float | Mapping[int, float]] | None = None,
+                  progress: Progress | None = None) -> dict[str, StepProfile]:
+    """Profile each live step of ``pipeline`` (by node name, in the plan's order), each run as its
+    Triton model runs it, on its device.
 
-
-def profile_steps(
-    pipeline: Pipeline,
-    inputs: Mapping[str, Any],
-    *,
-    cache: str | os.PathLike[str] | None = None,
-    batch_sizes: Sequence[int] | None = None,
-    repeats: int | None = None,
-    costs: Mapping[str, float | Mapping[int, float]] | None = None,
-    progress: Progress | None = None,
-) -> dict[str, StepProfile]:
-    """Profile each live step of ``pipeline`` (by node name, in the plan's order).
-
-    ``inputs``: one request, as :meth:`Pipeline.run` takes it; it is propagated through
-    the DAG, each step running once on what its predecessors gave, and each step is then
-    timed on batches made by repeating the rows it was handed: 1, 2, 4, ... and its
-    ``max_batch_size`` (``batch_sizes`` to choose others; sizes above a step's
-    ``max_batch_size`` are left out for it; a step that does not batch runs once a request).
-    ``repeats``: timed calls at each size (default: until about :data:`TARGET_S`, at least
-    :data:`MIN_REPEATS`). ``costs``: ``{"node or step name": µs}`` (one figure for any
-    rows) or ``{name: {rows: µs}}``, a cost known to the user, used instead of measuring;
-    an external model step needs this or a Python stand-in. ``cache``: a JSON file of
-    profiles keyed by each step's code digest, input shapes and batch sizes; a step found
-    there is not run. ``progress(done, total, node)`` is called as each step is done.
-
-    A step that fails is a :class:`~pipelines.errors.StepError` naming the pipeline and
-    the step, with its error.
-
-    A step is timed as its Triton model runs it: one instance, ``initialize(config)`` once,
-    then one ``execute`` a batch, its outputs taken as arrays; on its device (a
-    ``device="gpu"`` step gets CuPy arrays, as the server hands them, and its kernels are
-    waited for; any other gets numpy arrays, as a Python backend model does). Wall time is
-    :func:`time.perf_counter`; CPU time is :func:`time.process_time`, not ``thread_time``:
-    numpy may work on threads of its own (BLAS, OpenMP), and those keep the server's cores
-    busy too (nothing else runs in this process meanwhile). Each size has a warm-up call;
-    the figures are medians. The GIL share is measured at the smallest size
-    (:mod:`pipelines.predict.gil_share`).
+    ``inputs``: one request, as :meth:`Pipeline.run` takes it, propagated through the DAG; each
+    step is timed on batches of the rows it was handed repeated: 1, 2, 4, ... and its
+    ``max_batch_size`` (or ``batch_sizes`` up to it), ``repeats`` times (default: by time).
+    ``costs``: ``{"node or step name": µs}`` or ``{name: {rows: µs}}``, used instead of measuring.
+    ``cache``: a JSON file of profiles; a step found there is not run. ``progress(done, total,
+    node)`` is called as each step is done. A step that fails is a
+    :class:`~pipelines.errors.StepError` naming the pipeline and the step, with its error.
     """
     # The server's stubs keep the memory freed arrays give back (pipelines.freed_memory): a step
     # measured here must not page-fault its fresh arrays in on every call when there it does not.
     keep_freed_memory_here()
+    profiler = _Profiler(pipeline, inputs, cache, batch_sizes, repeats, costs, progress)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        pass
-    else:  # a notebook's loop runs in this thread: async steps need a loop of their own
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="profile_steps") as pool:
-            call = pool.submit(_Profiler(pipeline, inputs, cache, batch_sizes, repeats, costs, progress).run)
-            return call.result()
-    return _Profiler(pipeline, inputs, cache, batch_sizes, repeats, costs, progress).run()
+        return profiler.run()
+    # a notebook's loop runs in this thread: async steps need a loop of their own
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="profile_steps") as pool:
+        return pool.submit(profiler.run).result()
 
 
 class _Profiler:
     """One call of :func:`profile_steps`: the checked arguments, and the walk over the plan."""
 
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        inputs: Mapping[str, Any],
-        cache: str | os.PathLike[str] | None,
-        batch_sizes: Sequence[int] | None,
-        repeats: int | None,
-        costs: Mapping[str, Any] | None,
-        progress: Progress | None,
-    ) -> None:
+    def __init__(self, pipeline: Pipeline, inputs: Mapping[str, Any], cache: str | os.PathLike[str] | None,
+                 batch_sizes: Sequence[int] | None, repeats: int | None, costs: Mapping[str, Any] | None,
+                 progress: Progress | None) -> None:
         self.pipeline = pipeline
         self.plan: ExecutionPlan = plan_of(pipeline, warn=False)
         request = check_request(inputs, pipeline.inputs, pipeline=pipeline.name, max_batch_size=pipeline.max_batch_size)
@@ -121,16 +88,13 @@ class _Profiler:
         self._refuse_what_cannot_run()
         # Arrays flow as in the local runtime: by (producing node or None, tensor name).
         self.values: dict[Key, Any] = {(None, name): value for name, value in request.items()}
-        self.shapes: dict[Key, TensorSpec] = {
-            (None, name): _row_spec(self.pipeline.inputs[name].dtype, value, self.batched) for name, value in request.items()
-        }
+        self.shapes: dict[Key, TensorSpec] = {(None, name): _row_spec(pipeline.inputs[name].dtype, value, self.batched)
+                                              for name, value in request.items()}
         # where each tensor came from, for the cache's keys: the request's values, or the giving step's key
         self.origins: dict[Key, str] = {(None, name): value_digest(host(value)) for name, value in request.items()}
         self.ran: set[str] = set()
         self.digests: dict[int, str] = {}  # by step object: a step used by several nodes is read once
         self.readers: dict[str, set[str]] = {n.name: set(n.before) for n in self.plan.nodes}
-
-    # ---------------------------------------------------------------- checks first
 
     def _refuse_what_cannot_run(self) -> None:
         p = self.pipeline.name
@@ -143,27 +107,22 @@ class _Profiler:
                     f"pipeline {p!r} step {n.name!r} is an external model ({_backend(step)}) with no Python "
                     f"stand-in to profile; pass costs={{{n.name!r}: µs}} (or {{{n.name!r}: {{rows: µs}}}}) with "
                     "what one execution costs, or declare it with external_model(..., stand_in=fn)",
-                    pipeline=p, step=n.name, node=n.name,
-                )
+                    pipeline=p, step=n.name, node=n.name)
             if step.options.device == "gpu" and not _gpu_available():
                 raise InferenceError(
                     f"pipeline {p!r} step {n.name!r} runs on the GPU (device='gpu'), but CuPy with a CUDA device "
                     f"is not available here, so it cannot be profiled; profile on a machine with a GPU "
                     f"(pip install cupy-cuda12x), or pass costs={{{n.name!r}: µs}}",
-                    pipeline=p, step=n.name, node=n.name,
-                )
-
-    # ---------------------------------------------------------------- the walk
+                    pipeline=p, step=n.name, node=n.name)
 
     def run(self) -> dict[str, StepProfile]:
         profiles: dict[str, StepProfile] = {}
-        total = len(self.plan.nodes)
         try:
-            for i, n in enumerate(self.plan.nodes):
+            for done, n in enumerate(self.plan.nodes, 1):
                 profiles[n.name] = self._profile(n)
                 self._release()
                 if self.progress is not None:
-                    self.progress(i + 1, total, n.name)
+                    self.progress(done, len(self.plan.nodes), n.name)
         finally:
             if self.cache is not None:
                 self.cache.write()
@@ -186,15 +145,12 @@ class _Profiler:
             profile = self._measure(n, step, digest, inputs, sizes)
             if self.cache is not None:
                 self.cache.put(key, profile)
-        for out, spec in profile.outputs.items():
-            self.shapes[(n.name, out)] = spec
-        for out in {*n.returns, *profile.outputs}:
-            self.origins[(n.name, out)] = f"{key}/{out}"
+        self.shapes.update({(n.name, out): spec for out, spec in profile.outputs.items()})
+        self.origins.update({(n.name, out): f"{key}/{out}" for out in {*n.returns, *profile.outputs}})
         return profile
 
-    def _measure(
-        self, n: NodePlan, step: Step, digest: str, inputs: Mapping[str, TensorSpec], sizes: tuple[int, ...]
-    ) -> StepProfile:
+    def _measure(self, n: NodePlan, step: Step, digest: str, inputs: Mapping[str, TensorSpec],
+                 sizes: tuple[int, ...]) -> StepProfile:
         runner = self._run(n.name, keep=n.name not in self.given)  # the propagation: one call, outputs kept
         failed = True
         try:
@@ -213,42 +169,39 @@ class _Profiler:
                 gpu = step.options.device == "gpu" or step.options.instance_kind == "gpu"
                 return StepProfile(
                     **common, rows=given_rows, wall_us=given_us, cpu_us=(0.0,) * len(given_us) if gpu else given_us,
-                    gil_share=0.0 if step.is_external else 1.0, source="given",
-                )
+                    gil_share=0.0 if step.is_external else 1.0, source="given")
             assert runner is not None
-            walls, cpus, warm_walls, warm_cpus = [], [], [], []
-            timed_warm = False
+            # What runs, untimed, before each timed call: on the server, large inputs are not in the caches
+            # (yolov5's detector: 6.3 ms warm, 6.8 ms after 64 MiB of other traffic, 7.5 ms in the server's
+            # statistics). A GPU step's inputs are on its device.
+            colds = [evict if not runner.gpu and common["in_bytes"] * b >= COLD_BYTES else None for b in sizes]
+            timed, warm = [], []
             with blame(self.pipeline.name, n.name):
-                batches = {b: runner.placed(rows_of(handed, b, rows) if self.batched else handed) for b in sizes}
-                for b in sizes:
-                    cold = _before_call(runner, common["in_bytes"] * b)
-                    wall, cpu = time_call(runner.caller(batches[b]), self.repeats, before=cold)
-                    walls.append(wall)
-                    cpus.append(cpu)
+                batches = [runner.placed(rows_of(handed, b, rows) if self.batched else handed) for b in sizes]
+                for batch, cold in zip(batches, colds, strict=True):
+                    timed.append(time_call(runner.caller(batch), self.repeats, before=cold))
                     # and as the fused model's steps read their inputs: just written, in the caches
-                    warm = time_call(runner.caller(batches[b]), self.repeats) if cold else (wall, cpu)
-                    warm_walls.append(warm[0])
-                    warm_cpus.append(warm[1])
-                    timed_warm = timed_warm or cold is not None
+                    warm.append(time_call(runner.caller(batch), self.repeats) if cold else timed[-1])
+                walls, cpus = zip(*timed, strict=True)
                 # An external model runs in another backend's process: it never holds this one's GIL.
-                gil = 0.0 if step.is_external else self._gil_share(runner, batches[sizes[0]], walls[0])
-                memory = self._memory_share(runner, batches[sizes[0]], cpus[0],
-                                            _before_call(runner, common["in_bytes"] * sizes[0]))
+                gil = 0.0 if step.is_external else self._gil_share(runner, batches[0], walls[0])
+                memory = 0.0  # none on a GPU (its time is its device's), nor for a call too short to tell
+                if not runner.gpu and cpus[0] * 1e6 >= MIN_CPU_US:
+                    memory = measure_memory_share(runner.caller(batches[0]), streamer(), before=colds[0],
+                                                  repeats=self.repeats).share
             failed = False
+            warm_walls, warm_cpus = zip(*warm, strict=True) if any(colds) else ((), ())
             return StepProfile(
-                **common, rows=sizes, wall_us=tuple(w * 1e6 for w in walls), cpu_us=tuple(c * 1e6 for c in cpus),
-                gil_share=gil, memory=memory, source="stand_in" if step.is_external else "measured",
-                warm_wall_us=tuple(w * 1e6 for w in warm_walls) if timed_warm else (),
-                warm_cpu_us=tuple(c * 1e6 for c in warm_cpus) if timed_warm else (),
-            )
+                **common, rows=sizes, wall_us=_us(walls), cpu_us=_us(cpus), gil_share=gil, memory=memory,
+                source="stand_in" if step.is_external else "measured",
+                warm_wall_us=_us(warm_walls), warm_cpu_us=_us(warm_cpus))
         finally:
             if runner is not None:
                 runner.finalize(quiet=failed)  # an error in finalize() must not hide the step's own
 
     def _run(self, name: str, *, keep: bool) -> StepRunner | None:
-        """Run node ``name`` once on its real inputs (running the nodes it needs first, where
-        they have not run: a step found in the cache runs only for what follows it).
-        ``keep``: return its instance, initialised and warm, rather than finalize it."""
+        """Run node ``name`` once on its real inputs, after the nodes it needs (a step found in the
+        cache runs only for what follows it); ``keep``: return its instance, warm, not finalized."""
         if name in self.ran:
             return None
         n = self.plan.node(name)
@@ -284,20 +237,17 @@ class _Profiler:
             f"pipeline {self.pipeline.name!r} step {name!r} cannot run here (an external model without a "
             "stand-in, or a GPU step without CUDA); the steps after it are profiled on zeros of its declared "
             "outputs, with 1 for each variable dim: give it a stand_in to profile them on real values",
-            stacklevel=2,
-        )
+            stacklevel=2)
         rows = (self.request_rows,) if self.batched else ()
         out = {}
         for o, spec in step.outputs.items():
             dims = tuple(1 if d == -1 else d for d in spec.dims)
-            dtype = np.dtype(object) if spec.dtype == "BYTES" else numpy_dtype(spec.dtype)
-            out[o] = np.full(rows + dims, b"" if spec.dtype == "BYTES" else 0, dtype=dtype)
+            out[o] = np.full(rows + dims, b"" if spec.dtype == "BYTES" else 0, dtype=spec.numpy_dtype)
         return out
 
     def _release(self) -> None:
-        """Drop the arrays every reader of which has run (a large pipeline's tensors are not all
-        kept). A reader found in the cache has not run, and may yet, for a step after it that
-        is not: what it reads is kept."""
+        """Drop the arrays every reader of which has run. A reader found in the cache has not run,
+        and may yet, for a step after it that is not: what it reads is kept."""
         for key in [k for k in self.values if k[0] is not None and self.readers[k[0]] <= self.ran]:
             del self.values[key]
 
@@ -306,41 +256,15 @@ class _Profiler:
             return (1,)
         if self.sizes is not None:
             return tuple(b for b in self.sizes if b <= max_batch) or (1,)
-        sizes, b = [], 1
-        while b < max_batch:
-            sizes.append(b)
-            b *= 2
-        return (*sizes, max_batch)
+        return (*(1 << i for i in range((max_batch - 1).bit_length())), max_batch)  # 1, 2, 4, ... below it
 
     def _gil_share(self, runner: StepRunner, batch: Mapping[str, Any], wall: float) -> float:
-        """Two instances, as two instances of the fused model hold it (a class step's state is
-        its own), each on a thread (:func:`~pipelines.predict.gil_share.gil_share`)."""
+        """Two instances, as the fused model's two instances (a class step's state is its own)."""
         twin = runner.twin()
         try:
             return gil_share(runner.caller(batch), twin.caller(twin.placed(batch)), wall)
         finally:
             twin.finalize()
-
-    def _memory_share(self, runner: StepRunner, batch: Mapping[str, Any], cpu: float,
-                      before: Callable[[], None] | None) -> float:
-        """Its first batch size's CPU time beside a process that streams memory, over alone
-        (:mod:`~pipelines.predict.memory_share`), ``before`` each call as when it was timed; 0 on a
-        GPU (its time is its device's) or for a call too short to tell."""
-        if runner.gpu or cpu * 1e6 < MIN_CPU_US:
-            return 0.0
-        return measure_memory_share(runner.caller(batch), streamer(), before=before, repeats=self.repeats).share
-
-
-def _before_call(runner: StepRunner, nbytes: float) -> Callable[[], None] | None:
-    """What runs, untimed, before each timed call of a step handed ``nbytes``. On the server its
-    inputs were written by another process, and other stubs ran since its last call: large ones
-    are not in the caches. Timed on the same arrays call after call, they would be (yolov5's
-    detector: 6.3 ms warm, 6.8 ms after 64 MiB of other traffic, 7.5 ms in the server's
-    statistics). A GPU step's inputs are on its device."""
-    return evict if not runner.gpu and nbytes >= COLD_BYTES else None
-
-
-# ------------------------------------------------------------------ arguments
 
 
 def _batch_sizes(batch_sizes: Sequence[int] | None) -> tuple[int, ...] | None:
@@ -352,54 +276,44 @@ def _batch_sizes(batch_sizes: Sequence[int] | None) -> tuple[int, ...] | None:
     return tuple(sorted({int(b) for b in sizes}))
 
 
-def _given_costs(plan: ExecutionPlan, costs: Mapping[str, Any] | None) -> dict[str, tuple[tuple[int, ...], tuple[float, ...]]]:
+def _given_costs(plan: ExecutionPlan, costs: Mapping[str, Any] | None) -> dict[str, Given]:
     """``costs=`` by live node: a node's own name wins over its step's name."""
     if not costs:
         return {}
     if not isinstance(costs, Mapping):
         raise ArgumentError(f"costs is a dict of step name -> µs (or -> {{rows: µs}}); got {type(costs).__name__}")
-    by_step: dict[str, list[str]] = {}
-    for n in plan.nodes:
-        by_step.setdefault(n.step, []).append(n.name)
     nodes = set(plan.order)
-    out: dict[str, tuple[tuple[int, ...], tuple[float, ...]]] = {}
+    out: dict[str, Given] = {}
     for name in sorted(costs, key=lambda k: k in nodes):  # step names first, then node names override
-        targets = [name] if name in nodes else by_step.get(name, [])
+        targets = [name] if name in nodes else [n.name for n in plan.nodes if n.step == name]
         if not targets:
             raise ArgumentError(
                 f"costs names {name!r}, which is no live step of pipeline {plan.pipeline!r}; "
                 f"its steps are {list(plan.order)}",
-                pipeline=plan.pipeline, step=str(name),
-            )
+                pipeline=plan.pipeline, step=str(name))
         curve = _given_curve(plan.pipeline, name, costs[name])
         for target in targets:
             out[target] = curve
     return out
 
 
-def _given_curve(pipeline: str, name: str, value: Any) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    def refuse() -> ArgumentError:
-        return ArgumentError(
-            f"costs[{name!r}] is {value!r}; give µs >= 0 for one execution, or {{rows: µs}} by batch size",
-            pipeline=pipeline, step=name,
-        )
-
+def _given_curve(pipeline: str, name: str, value: Any) -> Given:
     points = value if isinstance(value, Mapping) else {1: value}
     try:
         pairs = sorted((int(r), float(us)) for r, us in points.items())
     except (TypeError, ValueError):
-        raise refuse() from None
-    if not pairs or any(r < 1 or not math.isfinite(us) or us < 0 for r, us in pairs) or len({r for r, _ in pairs}) != len(pairs):
-        raise refuse()
-    return tuple(r for r, _ in pairs), tuple(us for _, us in pairs)
+        pairs = []
+    rows = tuple(r for r, _ in pairs)
+    if not pairs or any(r < 1 or not math.isfinite(us) or us < 0 for r, us in pairs) or len(set(rows)) != len(rows):
+        raise ArgumentError(
+            f"costs[{name!r}] is {value!r}; give µs >= 0 for one execution, or {{rows: µs}} by batch size",
+            pipeline=pipeline, step=name)
+    return rows, tuple(us for _, us in pairs)
 
 
 def _backend(step: Step) -> str:
     ext = step.external
     return (ext.backend or ext.platform or "another backend") if ext is not None else "no Python code"
-
-
-# ------------------------------------------------------------------ arrays
 
 
 def _row_spec(dtype: str, value: Any, batched: bool) -> TensorSpec:
@@ -414,6 +328,10 @@ def _nbytes(value: Any) -> int:
     if isinstance(value, np.ndarray) and value.dtype.kind in "OSU":
         return sum(4 + len(item if isinstance(item, bytes) else str(item).encode()) for item in value.flat)
     return int(getattr(value, "nbytes", 0))
+
+
+def _us(seconds: Sequence[float]) -> tuple[float, ...]:
+    return tuple(s * 1e6 for s in seconds)
 
 
 def _device(step: Step) -> str:

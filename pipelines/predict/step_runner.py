@@ -1,6 +1,5 @@
-"""One instance of a step as its Triton model holds it, for timing it here: ``initialize(config)``
-once, then one ``execute`` a batch on the step's device; what its code raises is a
-:class:`~pipelines.errors.StepError` naming the pipeline and the step.
+"""One instance of a step as its Triton model holds it, for timing it here; what its code raises is
+a :class:`~pipelines.errors.StepError` naming the pipeline and the step.
 """
 
 from __future__ import annotations
@@ -34,22 +33,14 @@ class StepRunner:
         self.max_batch_size = max_batch_size
         self.batched = batched
         self.gpu = step.options.device == "gpu"
-        config = instance_config(
-            step,
-            pipeline=pipeline,
-            node=name,
-            model_name=model,
-            instance_index=instance_index,
-            device="gpu" if self.gpu else "cpu",
-            max_batch_size=max_batch_size,
-        )
+        config = instance_config(step, pipeline=pipeline, node=name, model_name=model, instance_index=instance_index,
+                                 device="gpu" if self.gpu else "cpu", max_batch_size=max_batch_size)
         with blame(pipeline, name, " (in initialize())"):
             self.instance = step.instantiate(config)
         self._loops: list[asyncio.AbstractEventLoop] = []
 
     def twin(self) -> StepRunner:
-        """A second instance of the step, as a second instance of its model holds it (a class
-        step's state is its own)."""
+        """A second instance, as a second instance of its model holds it (a class step's state is its own)."""
         return StepRunner(self.pipeline, self.name, self.step, model=self.model, max_batch_size=self.max_batch_size,
                           batched=self.batched, instance_index=1)
 
@@ -88,16 +79,14 @@ class StepRunner:
     def call(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """One execution, its outputs checked against the step's declaration."""
         outputs = self.caller(inputs)()
-        batched = self.batched
-        rows = int(next(iter(inputs.values())).shape[0]) if batched and inputs else None
-        check_outputs(self.step, outputs, batched=batched, batch_size=rows)
+        rows = int(next(iter(inputs.values())).shape[0]) if self.batched and inputs else None
+        check_outputs(self.step, outputs, batched=self.batched, batch_size=rows)
         return outputs
 
     def finalize(self, *, quiet: bool = False) -> None:
         """``finalize()`` the instance; ``quiet``: say nothing of its error (another is on its way)."""
-        for loop in self._loops:
-            loop.close()
-        self._loops.clear()
+        while self._loops:
+            self._loops.pop().close()
         try:
             with blame(self.pipeline, self.name, " (in finalize())"):
                 self.instance.finalize()
@@ -111,16 +100,13 @@ def blame(pipeline: str, name: str, what: str = "") -> Iterator[None]:
     """What step ``name``'s own code raises here becomes a StepError naming the pipeline and the step."""
     try:
         yield
-    except PipelinesError as exc:
-        if exc.pipeline == pipeline and exc.step == name:
-            raise
-        raise StepError(f"pipeline {pipeline!r} step {name!r} failed while being profiled{what}: {exc.message}",
-                        pipeline=pipeline, step=name, node=name, tensor=exc.tensor) from exc
     except Exception as exc:
-        raise StepError(
-            f"pipeline {pipeline!r} step {name!r} failed while being profiled{what}: {serving.exception_reason(exc)}",
-            pipeline=pipeline, step=name, node=name,
-        ) from exc
+        ours = isinstance(exc, PipelinesError)
+        if ours and exc.pipeline == pipeline and exc.step == name:
+            raise
+        reason = exc.message if ours else serving.exception_reason(exc)
+        raise StepError(f"pipeline {pipeline!r} step {name!r} failed while being profiled{what}: {reason}",
+                        pipeline=pipeline, step=name, node=name, tensor=exc.tensor if ours else None) from exc
 
 
 def rows_of(arrays: Mapping[str, Any], rows: int, have: int) -> dict[str, Any]:

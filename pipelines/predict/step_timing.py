@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["COLD_BYTES", "MAX_REPEATS", "MIN_REPEATS", "TARGET_S", "evict", "time_call"]
+__all__ = ["COLD_BYTES", "MAX_REPEATS", "MIN_REPEATS", "TARGET_S", "evict", "time_call", "timed_calls"]
 
 #: Seconds of repeats to aim for at each batch size, when ``repeats`` is not given.
 TARGET_S = 0.2
@@ -34,9 +34,17 @@ def evict() -> None:
 
 def time_call(call: Callable[[], Any], repeats: int | None,
               before: Callable[[], None] | None = None) -> tuple[float, float]:
-    """Median wall and CPU seconds of ``call()`` after one warm-up call; ``before()`` runs, untimed,
-    before each timed call."""
+    """Median wall and CPU seconds of ``call()`` after one warm-up call (:func:`timed_calls`)."""
     call()
+    walls, cpus = timed_calls(call, repeats, before)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def timed_calls(call: Callable[[], Any], repeats: int | None, before: Callable[[], None] | None = None, *,
+                target_s: float = TARGET_S, most: int = MAX_REPEATS) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds of each of ``repeats`` calls (``None``: about ``target_s`` of calls, at
+    least :data:`MIN_REPEATS`, at most ``most``); ``before()`` runs, untimed, before each. CPU time
+    is the process's, not the thread's: numpy's own threads (BLAS, OpenMP) keep the cores busy too."""
     walls: list[float] = []
     cpus: list[float] = []
     start = perf_counter()
@@ -49,10 +57,5 @@ def time_call(call: Callable[[], Any], repeats: int | None,
         walls.append(w1 - w0)
         cpus.append(c1 - c0)
         done = len(walls)
-        if repeats is not None:
-            if done >= repeats:
-                break
-        elif done >= MAX_REPEATS or (done >= MIN_REPEATS and w1 - start >= TARGET_S):
-            break
-    return statistics.median(walls), statistics.median(cpus)
-
+        if done >= (repeats or most) or (repeats is None and done >= MIN_REPEATS and w1 - start >= target_s):
+            return walls, cpus
