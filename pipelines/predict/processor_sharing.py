@@ -156,8 +156,10 @@ class Cores:
             used = min(cores, caps)
         else:
             # Newton's method for the share f at which the jobs use the cores: their cores u(f)
-            # fall, convex, so from f = 1 (on its left) it never overshoots.
-            f = 1.0
+            # fall, convex, so from the left of the root it never overshoots. Σcaps / cores is
+            # on its left (each job uses at least cap / f), and the root itself when every job
+            # is of a core or more.
+            f = max(1.0, caps / cores)
             for _ in range(50):
                 used, slope = full / f, full / (f * f)
                 for job in self._partial:
