@@ -60,23 +60,15 @@ class _Payload:
 class ModelScheduler:
     """A model's queue and instances. ``max_batch_size`` 0, or no ``dynamic_batching``: one
     request an execution, in arrival order. Otherwise Triton's dynamic batcher (2.51,
-    ``DynamicBatchScheduler`` and the rate limiter's payload queue), step by step:
-
-    - **A batcher thread** moves requests from the queue into the current *payload*
-      (:meth:`_batch`). A payload that reaches the largest preferred size, or the max batch
-      size, goes at once; one below it goes when its oldest request has waited the queue
-      delay. Without ``preferred_batch_sizes`` the preferred size is ``max_batch_size``
-      (Triton's config normalisation).
-    - **A queued payload keeps growing** while it waits for an instance, but the thread looks
-      at the queue again only when woken: by an arrival once the rows queued reach what the
-      payload lacked of its next preferred size when the thread last counted, by its own
-      timer (the queue delay, or 500 ms on an empty queue), or when a payload is taken or
-      done. Requests that arrive otherwise wait in the queue for a later payload. This is
-      why a server forms smaller batches than "every request waiting when an instance frees":
-      ``capacity:batched`` at concurrency 16 averaged 6.3 rows of 8 on the server, 6.0 here.
-    - **At most two payloads an instance** wait for instances; the thread stops while they do.
-    - **An instance that takes a payload** merges the payloads queued behind it while their
-      rows fit and their oldest request has waited more than the delay.
+    ``DynamicBatchScheduler`` and the rate limiter's payload queue), step by step, as
+    docs/prediction.md, "The queues", tells it: a batcher thread moves requests into a payload
+    (:meth:`_batch`); a queued payload keeps growing, but the thread looks at the queue again
+    only when woken (an arrival that makes up what the payload lacked of its next preferred
+    size, its own timer, a payload taken or done); at most two payloads an instance wait; an
+    instance that takes a payload merges those queued behind it that fit and have waited out
+    the delay. That is why a server forms smaller batches than "every request waiting when an
+    instance frees": ``capacity:batched`` at concurrency 16 averaged 6.3 rows of 8 on the
+    server, 6.0 here.
 
     ``busy()`` is the instance-µs spent so far, for the model's utilisation.
     """

@@ -1,41 +1,23 @@
 """The server's cores as one processor-sharing resource on a SimPy clock. Every CPU cost the
 simulator prices is a job here, so CPU work beyond the cores slows every job down at once, as
-the server's scheduler does, instead of queueing whole jobs behind each other.
+the server's scheduler does, instead of queueing whole jobs behind each other. The model, and
+what was measured for it, is in docs/prediction.md: "The cores, as processor sharing" and
+"The memory bus".
 
-A job has a cap (the cores it uses alone) and a span (how long it takes alone): its demand is
-span × cap CPU µs. While the caps of the active jobs sum to at most the cores, each runs at its
-cap. Beyond, their CPU time stretches by one factor ``f``, the one at which they use exactly
-the cores. Only CPU time stretches: a job below one core spends ``1 - cap`` of its span off
-the cores (asleep, waiting for I/O or a GPU), which no other job slows, so it takes
-``(1 - cap) + cap × f`` times its span, and a job of a core or more ``f`` times. ``f`` solves
-``Σ_full cap / f + Σ_below cap / ((1 - cap) + cap × f) = cores`` (Newton's method: the sum
-falls and is convex in ``f``, so from ``f = 1`` it never overshoots; with no job below a core
-it is ``Σcaps / cores``).
+A job has a cap (the cores it uses alone), a span (how long it takes alone) and a memory share.
+Beyond the cores, CPU time stretches by the factor ``f`` at which the jobs use exactly the
+cores: a job of a core or more takes ``f`` times its span, one below a core ``(1 - cap) +
+cap × f`` (its time off the cores does not stretch). ``f`` solves ``Σ_full cap / f +
+Σ_below cap / ((1 - cap) + cap × f) = cores`` by Newton's method. Jobs that wait on memory
+multiply ``f`` by the mix's mean slowdown ``1 + m × Σm'`` (:meth:`Cores._slowdown`).
 
-The jobs of a core or more all run at ``1 / f``, so they keep one virtual clock (``_v``: how
-far each has got, in µs of its span) and a job ends when ``_v`` reaches its start plus its
-span; a heap of those ends gives the next one in O(log n). A job below a core keeps its own
-end, moved whenever ``f`` changes (there are few: steps that sleep or wait). One pending
-timeout wakes the resource at the next end; whenever the active set changes the end is
-computed again, and a new timeout is set only if it is sooner (a generation number makes the
-one it replaces do nothing). A later end keeps the pending one, which then wakes early, finds
-nothing done, and sets the next: so a burst of new jobs that slows the others costs no event
-each (5-7 % fewer events in all at concurrency 16 than a new timeout at every change, on a
-4-step pipeline).
-
-The cores also share one memory bus. One core streaming memory takes nearly all of it: on this
-project's 2-core VM a 32 MiB copy took 1.4 ms alone and 3.0 ms while the other core made the
-same copy, while a matrix product, pure Python or work on data in the core's own cache took as
-long either way. So a job also has a memory share (0..1): the part of its time that waits on
-memory, measured for a step (:mod:`pipelines.predict.memory_share`) and, for a boundary, the
-part of its cost that is paid per byte (a copy). Jobs that run together slow each other by
-their shares: a job of share ``m`` beside others of shares ``m'`` takes ``1 + m × Σm'`` times as
-long (two copies: twice; a copy beside work in the cache: as long as alone). Where more jobs
-are active than cores, a job runs beside ``cores - 1`` of the others at a time, so the sum is
-scaled by ``(cores - 1) / (active - 1)``. Every job is slowed by the mix's mean factor, weighted
-by cap (a job's own factor differs by the second order of shares that are mostly below 0.2,
-or alike where they are large), so that the one virtual clock holds: the bus's factor
-multiplies ``f``.
+The jobs of a core or more all run at one rate, so they keep one virtual clock (``_v``, in µs
+of span) and a heap of their ends; a job below a core keeps its own end, moved when ``f``
+changes (there are few: steps that sleep or wait). One pending timeout wakes the resource at
+the next end. A new one is set only when an end comes sooner (a generation number makes the
+one it replaces do nothing); a later end keeps the pending one, which wakes early, finds
+nothing done, and sets the next: a burst of new jobs costs no event each (5-7 % fewer events
+at concurrency 16, on a 4-step pipeline).
 """
 
 from __future__ import annotations

@@ -45,36 +45,23 @@ def simulate(spec: SimSpec, load: Load) -> SimResult:
 
 
 class _Server:
-    """The simulated server of one :class:`SimSpec`: its cores (every cost is a job on them,
-    1 core unless said, sharing the memory bus by its memory share: a boundary's part paid per
-    byte, a step's measured), its models (each a queue and instances), and each form's way of
-    taking a request through them (:meth:`request`). Boundary names are the server profile's.
+    """The simulated server of one :class:`SimSpec`: its cores (every cost is a job on them),
+    its models (each a queue and instances: :class:`ModelScheduler`), and each form's way of
+    taking a request through them (:meth:`request`). Boundary names are the server profile's;
+    docs/prediction.md, "Where each cost is paid", is the table of which cost each form pays
+    when, and what it holds meanwhile; "Waking a side that waited" says when :meth:`_woken`
+    pays a wake.
 
-    - A step model's execution of R rows holds an instance for its stub's way in (at R × the
-      step's input bytes), its compute (a job of ``cpu_us(R)`` at ``cpu/wall`` cores, so alone
-      it takes ``wall_us(R)``; a plain delay where it has no CPU time), its stub's way out. An
-      external step has no stub. Steps that name one model share its queue and instances.
-    - **ensemble**: ``request`` + ``ensemble`` in; each step once its deps are done:
-      ``ensemble_step`` in, its model (stub ``ensemble_stub``), ``ensemble_step`` out; with a gate,
-      ``ensemble_step`` in, the gate model (one instance; ``ensemble_stub`` in + out), then
-      ``ensemble_step`` out + ``ensemble_gate``'s fixed cost; then ``request`` + ``ensemble`` out.
-      The ensemble scheduler's own costs hold no instance.
-    - **bls**, **bls-sync**: ``request`` in; a round of the BLS model (one ``execute()``, holding
-      an instance): ``bls_model`` in for its requests (the fixed part once), their steps as calls
-      (``bls_call`` in, the step's model with stub ``bls_stub``, ``bls_call`` out), each request's
-      ``bls_model`` out. Async runs each step once its deps are done and a round's requests side
-      by side; sync one after another. Every answer leaves when its round ends; ``request`` out.
-      The async BLS model's own costs are Python in its stub: one at a time per instance (its GIL).
+    - **ensemble**: each step once its deps are done, its stub's ways in and out holding its
+      instance; the ensemble scheduler's own costs hold no instance.
+    - **bls**, **bls-sync**: a round is one ``execute()`` of the BLS model, holding an instance;
+      its requests' steps are calls (async: side by side, once their deps are done; sync: one
+      after another), and every answer leaves when its round ends. The BLS model's own work is
+      Python in its stub: one at a time per instance (its GIL).
     - **fused**: as bls, but the Python steps run inside the round with no call, stub or queue;
       independent ones overlap but for the GIL (:meth:`_fused_step`). As ``fused_model.py``, a
-      round of several requests runs as one batch where every step batches that far, and side by
-      side otherwise; a step's instance (one per fused instance, shared by the nodes that name
-      its model) takes one call at a time. External steps are called as in bls, without a stub.
-    - **Wakes**: a side that waited for another process pays the profile's ``wake`` for its wait
-      (or its ``wake_idle`` for how long every core idled, where that is more) when the answer
-      comes, while a core idles (:meth:`_woken`): a step model's instance for its
-      stub, a BLS model's stub for its call, the BLS or fused model's instance for its round, and
-      the client for its request.
+      round of several requests runs as one batch where every step batches that far, and side
+      by side otherwise.
     """
 
     def __init__(self, env: simpy.Environment, spec: SimSpec) -> None:
@@ -136,7 +123,13 @@ class _Server:
         self._top_fixed = self._price(top, _IN, 0)
         self._top_in = self._price(top, _IN, in_bytes)
         self._top_out = self._price(top, _OUT, out_bytes)
-        rounds = {"bls": self._bls_round, "bls-sync": self._bls_sync_round, "fused": self._fused_round}[form]
+        work = {"bls": self._bls_round, "bls-sync": self._bls_sync_round, "fused": self._fused_round}[form]
+
+        def rounds(batch: Sequence[Waiting], instance: int) -> Flow:
+            began = self.env.now
+            yield from work(batch, instance)
+            yield from self._woken(began)  # the instance's thread in the server waited for the stub
+
         # The BLS model's own work (its way in and out, its calls' ways) is Python in its stub: one
         # GIL per instance, so a round's requests do it one at a time whatever the cores.
         self._bls_gils = [simpy.Resource(self.env, capacity=1) for _ in range(spec.top_instances)]
@@ -327,11 +320,7 @@ class _Server:
         return self._top_in + (count - 1) * (self._top_in - self._top_fixed)
 
     def _bls_round(self, batch: Sequence[Waiting], instance: int) -> Flow:
-        began = self.env.now
-        yield from self._bls_round_work(batch, self._bls_gils[instance])
-        yield from self._woken(began)  # the instance's thread in the server waited for the BLS stub
-
-    def _bls_round_work(self, batch: Sequence[Waiting], gil: simpy.Resource) -> Flow:
+        gil = self._bls_gils[instance]
         yield from self._in_stub(self._round_in(len(batch)), gil)
         if len(batch) == 1:
             yield from self._bls_request(batch[0].rows, gil)
@@ -344,11 +333,6 @@ class _Server:
         yield from self._in_stub(self._top_out, gil)
 
     def _bls_sync_round(self, batch: Sequence[Waiting], _instance: int) -> Flow:
-        began = self.env.now
-        yield from self._bls_sync_round_work(batch)
-        yield from self._woken(began)
-
-    def _bls_sync_round_work(self, batch: Sequence[Waiting]) -> Flow:
         for i, waiting in enumerate(batch):
             yield self.cores.pay(self._top_in if i == 0 else self._top_in - self._top_fixed)
             drawn: dict[tuple[str, ...], int] = {}
@@ -377,11 +361,6 @@ class _Server:
             yield from self._call(step, held, gil)
 
     def _fused_round(self, batch: Sequence[Waiting], instance: int) -> Flow:
-        began = self.env.now
-        yield from self._fused_round_work(batch, instance)
-        yield from self._woken(began)
-
-    def _fused_round_work(self, batch: Sequence[Waiting], instance: int) -> Flow:
         yield self.cores.pay(self._round_in(len(batch)))
         gil, locks = self._gils[instance], self._step_locks[instance]
         rows = sum(w.rows for w in batch)
