@@ -6,7 +6,6 @@ and since nothing sleeps or runs on a thread the same inputs always give the sam
 from __future__ import annotations
 
 import random
-from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from itertools import chain
@@ -19,7 +18,7 @@ from .batcher import Execute, ModelScheduler, Waiting
 from .clients import Meter, Snapshot, closed_loop, open_loop, run_measured
 from .processor_sharing import Cores, Cost
 from .simulation_checks import CALL, FORMS, STUB, TOP, check
-from .spec import Load, SimResult, SimSpec, StepSpec
+from .spec import Load, SimResult, SimSpec, StepSpec, interp
 
 __all__ = ["FORMS", "simulate"]
 
@@ -422,16 +421,7 @@ def _curve(points: Sequence[tuple[float, float]]) -> tuple[tuple[float, ...], tu
 def _at(curve: tuple[tuple[float, ...], tuple[float, ...]] | None, waited: float) -> float:
     """``curve``'s µs after ``waited`` µs: straight between its points, the first's before them
     and the last one's beyond; none: 0."""
-    if curve is None:
-        return 0.0
-    waits, costs = curve
-    i = bisect_right(waits, waited)
-    if i == 0:
-        return costs[0]
-    if i == len(waits):
-        return costs[-1]
-    share = (waited - waits[i - 1]) / (waits[i] - waits[i - 1])
-    return costs[i - 1] + share * (costs[i] - costs[i - 1])
+    return 0.0 if curve is None else interp(curve[0], curve[1], waited, extend=False)
 
 
 def _compute(step: StepSpec, rows: int) -> tuple[float, float]:

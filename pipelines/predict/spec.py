@@ -8,18 +8,18 @@ Times are microseconds, sizes bytes. Nothing here runs a step or reads a file.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ..errors import PipelinesError
 
-__all__ = ["Curve", "Load", "SimResult", "SimSpec", "StepSpec", "WayCost"]
+__all__ = ["Curve", "Load", "SimResult", "SimSpec", "StepSpec", "WayCost", "interp"]
 
 
-def _interp(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
-    """Linear between points, the first value below the first point, the last slope (never
-    negative) past the last point."""
+def interp(xs: Sequence[float], ys: Sequence[float], x: float, *, extend: bool = True) -> float:
+    """Linear between points, the first value below the first point, past the last point the
+    last slope (never negative) where ``extend``, else the last value."""
     if len(xs) == 1:
         return float(ys[0])
     i = bisect_left(xs, x)
@@ -29,6 +29,8 @@ def _interp(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
         return float(ys[0])
     if i < len(xs):
         return float(ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1]))
+    if not extend:
+        return float(ys[-1])
     slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
     return float(ys[-1] + slope * (x - xs[-1]))
 
@@ -49,7 +51,7 @@ class Curve:
         return cls((1,), (float(us),))
 
     def at(self, rows: int) -> float:
-        return _interp(self.rows, self.us, rows)
+        return interp(self.rows, self.us, rows)
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class WayCost:
     us: tuple[float, ...]
 
     def at(self, nbytes: float) -> float:
-        return _interp(self.sizes, self.us, nbytes)
+        return interp(self.sizes, self.us, nbytes)
 
 
 @dataclass(frozen=True)
