@@ -130,7 +130,7 @@ class Cores:
 
     def _reshare(self) -> None:
         """The cores' share of the active jobs, and the cores they use (see the module's docstring).
-        (Conditionals, not ``min``, on this path and ``run``'s: a call each costs 5 % of a prediction.)"""
+        Conditionals, not ``min``, here and in :meth:`run`: those calls cost 5 % of a prediction."""
         slow = self._slowdown()
         cores, caps, full, was = self.cores, self._caps, self._full, self._share
         if not self._partial or (slow == 1.0 and caps <= cores):
