@@ -7,12 +7,10 @@ At one tensor size, a probe's latency is a sum over the boundaries it crosses:
 - an async BLS model calling ``n`` steps: ``request + bls_model + n * (bls_call + bls_stub)``;
 - a sync BLS model: the same with ``bls_sync_model`` and ``bls_sync_call``.
 
-Each form's stubs are priced by Triton's statistics of its own probes (latency cannot tell a stub
-from the boundary that feeds it), the request by the step probe, and each form's costs per step
-and per request by the slope and intercept of a line over its chain lengths. Each size is fitted
-on its own, since costs per byte grow with the size. :func:`fit_rounds` fits each probe's median
-over the rounds, and bootstraps whole rounds for the intervals. Why each of these, with the
-measurements: docs/server_profiles.md ("Noise by design", and the sections on stubs and probes).
+Each size is fitted on its own (costs per byte grow with it): each form's stubs by Triton's
+statistics of its own probes, the request by the step probe, the rest by a line over chain lengths.
+:func:`fit_rounds` fits each probe's median over the rounds and bootstraps whole rounds. Why, with
+the measurements: docs/server_profiles.md ("Noise by design", "The fit, one size at a time", stubs).
 """
 
 from __future__ import annotations
@@ -64,8 +62,7 @@ def predict_us(costs: dict[str, Cost], kind: str, steps: int, size: int) -> floa
     total = 0.0
     for name, (times, nbytes) in crossings(kind, steps, size).items():
         cost = costs[name]
-        one_way = nbytes // 2
-        total += times * (cost.way_us(one_way, leaving=False) + cost.way_us(one_way, leaving=True))
+        total += times * (cost.way_us(nbytes // 2, leaving=False) + cost.way_us(nbytes // 2, leaving=True))
     return total
 
 
@@ -83,9 +80,8 @@ def _line(points: list[tuple[int, float]]) -> tuple[float, float] | None:
         by_steps[steps].append(latency)
     if len(by_steps) < 2:
         return None
-    n = np.array(sorted(by_steps), float)
-    y = np.array([median(by_steps[k]) for k in sorted(by_steps)])
-    slope, intercept = np.polyfit(n, y, 1)
+    n = sorted(by_steps)
+    slope, intercept = np.polyfit(n, [median(by_steps[k]) for k in n], 1)
     return float(intercept), float(slope)
 
 
@@ -100,7 +96,7 @@ def _at_size(rows: Sequence[Row], *, clip: bool) -> dict[str, tuple[float, float
     step = median(lat for _, lat in latency["step"]) if latency["step"] else None
     if stub_rows:
         # the step probe is the request and its one stub: its own statistics price that stub
-        stub_pair = _stubs(stub_rows, "step") or _stub_pair(stub_rows)
+        stub_pair = _stubs(stub_rows, "step") or _stubs(stub_rows)
         stub = sum(stub_pair)
         request = step - stub if step is not None else (lines["ensemble"] or (0.0, 0.0))[0]
         for kind in ("ensemble", *BLS_KINDS):
@@ -187,16 +183,14 @@ def _gate_from_gated(at: At, by_size: dict[int, list[Row]], *, clip: bool) -> No
             at[size]["ensemble_gate"] = (extra / 2, extra / 2)
 
 
-def _stubs(rows: Sequence[Row], kind: str) -> tuple[float, float] | None:
-    """The stub pair of ``kind``'s own rows, or None where it has none."""
-    own = [r for r in rows if r[0] == kind]
-    return _stub_pair(own) if own else None
-
-
-def _stub_pair(rows: Sequence[Row]) -> tuple[float, float]:
-    """A stub's (way in, way out) µs: the medians of its statistics (compute input on the way in)."""
-    stub_in = median(float(r[5]) if r[5] is not None else r[4] / 2 for r in rows)
-    stub = median(float(r[4]) for r in rows)
+def _stubs(rows: Sequence[Row], kind: str | None = None) -> tuple[float, float] | None:
+    """A stub's (way in, way out) µs from ``kind``'s own rows (None: all of them), or None where there
+    are none: the medians of their statistics (compute input on the way in)."""
+    own = [r for r in rows if kind is None or r[0] == kind]
+    if not own:
+        return None
+    stub_in = median(float(r[5]) if r[5] is not None else r[4] / 2 for r in own)
+    stub = median(float(r[4]) for r in own)
     return min(stub_in, stub), max(0.0, stub - stub_in)  # at least the way in, where noise put the total below it
 
 
@@ -211,10 +205,9 @@ def _summary_line(sizes: Sequence[int], totals: Sequence[float], *, clip: bool) 
     weights = 1.0 / np.maximum(y, max(1.0, 1e-3 * float(y.max())))
     a = np.stack([np.ones_like(x), x], 1)
     free = [0, 1]  # the columns still fitted
-    coef = np.zeros(2)
     while free:
         solution, *_ = np.linalg.lstsq(a[:, free] * weights[:, None], y * weights, rcond=None)
-        coef[:] = 0.0
+        coef = np.zeros(2)
         coef[free] = solution
         if not clip or solution.min() >= 0:
             break
@@ -282,15 +275,12 @@ RoundRow = tuple
 def _by_probe(rows: Sequence[RoundRow]) -> tuple[list[tuple[str, int, int]], np.ndarray]:
     """The probes in the order first seen, and their figures as an array [probe, round, 5] (NaN
     where a figure was not measured, or a probe missed a round)."""
-    probes: dict[tuple[str, int, int], int] = {}
-    rounds: dict[object, int] = {}
-    for r in rows:
-        probes.setdefault((str(r[0]), int(r[1]), int(r[2])), len(probes))
-        rounds.setdefault(r[3], len(rounds))
+    keys = [(str(r[0]), int(r[1]), int(r[2])) for r in rows]
+    probes = {key: i for i, key in enumerate(dict.fromkeys(keys))}
+    rounds = {k: i for i, k in enumerate(dict.fromkeys(r[3] for r in rows))}
     figures = np.full((len(probes), len(rounds), 5), np.nan)
-    for r in rows:
-        values = (tuple(r[4:9]) + (None,) * 5)[:5]
-        figures[probes[str(r[0]), int(r[1]), int(r[2])], rounds[r[3]]] = np.array(values, float)  # None: NaN
+    for key, r in zip(keys, rows, strict=True):
+        figures[probes[key], rounds[r[3]]] = np.array((tuple(r[4:9]) + (None,) * 5)[:5], float)  # None: NaN
     return list(probes), figures
 
 

@@ -29,14 +29,11 @@ _PLAIN = (*_SIMPLE, tuple, frozenset, np.ndarray, np.generic)  # values: data, n
 
 
 def code_digest(step: Step) -> str:
-    """A hex digest of ``step``'s code, of the code it calls, and of the declaration that shapes
-    what it does (signature, parameters, device, external model; not the options that do not
-    change one execution, such as instance count, batching, timeout).
-
-    Followed: the step's function or class, its closures and defaults, and what they reach by name
-    in the user's own code (the step's package, ``__main__``, or anything outside the standard
-    library and installed packages, which count by name only). A mutable global (a list, a dict)
-    is state, not code: only its type counts, so a step that counts its calls in one keeps its digest.
+    """A hex digest of ``step``'s code, of what it reaches by name in the user's code (its package,
+    ``__main__``, anything not installed), and of the declaration that shapes what it does (signature,
+    parameters, device, external model; not the options that do not change one execution, such as
+    instance count, batching, timeout). A mutable global (a list, a dict) is state, not code: only
+    its type counts, so a step that counts its calls in one keeps its digest.
     """
     digest = hashlib.sha256()
     declaration = {
@@ -101,9 +98,8 @@ class _Walker:
             self._code(obj)
         elif isinstance(obj, functools.partial):
             self._feed("partial")
-            self.value(obj.func)
-            self.value(tuple(obj.args))
-            self.value(tuple(sorted(obj.keywords.items())))
+            for part in (obj.func, tuple(obj.args), tuple(sorted(obj.keywords.items()))):
+                self.value(part)
         elif isinstance(obj, types.MethodType):
             self._feed("method")
             self.value(obj.__func__)
@@ -146,11 +142,9 @@ class _Walker:
             return
         for base in cls.__mro__[1:]:
             self.value(base)
-        for key, item in sorted(vars(cls).items()):
-            if key in _CLASS_NOISE:
-                continue
+        for key in sorted(vars(cls).keys() - _CLASS_NOISE):
             self._feed(key)
-            self.value(item)
+            self.value(vars(cls)[key])
 
     def _code(self, code: types.CodeType) -> None:
         self._feed("code", code.co_code.hex(), code.co_names, code.co_varnames, code.co_flags)
@@ -160,9 +154,7 @@ class _Walker:
     def _globals(self, code: types.CodeType, namespace: dict[str, Any]) -> None:
         """The names a function's code reads: the user's functions, classes and constants."""
         names = _names(code)
-        for name in sorted(names):
-            if name not in namespace:
-                continue  # a builtin, an attribute, or a local of a nested scope
+        for name in sorted(names & namespace.keys()):  # not a builtin, an attribute, or a nested scope's local
             item = namespace[name]
             if isinstance(item, types.ModuleType):
                 if self._is_users(item.__name__):  # module.helper: the helpers it names
@@ -182,10 +174,8 @@ class _Walker:
 def _users_module(module_name: str, roots: set[str]) -> bool:
     if module_name.split(".")[0] in roots:
         return True
-    path = getattr(sys.modules.get(module_name), "__file__", None)
-    if not path:
-        return False  # built into the interpreter
-    return not os.path.realpath(path).startswith(_installed_dirs())
+    path = getattr(sys.modules.get(module_name), "__file__", None)  # none: built into the interpreter
+    return bool(path) and not os.path.realpath(path).startswith(_installed_dirs())
 
 
 def _names(code: types.CodeType) -> set[str]:

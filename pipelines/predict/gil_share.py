@@ -30,9 +30,8 @@ def gil_share(first: Callable[[], Any], second: Callable[[], Any], wall_s: float
     """The share (0..1) of a step's CPU time that holds the GIL (or any lock it takes: some BLAS
     builds let one call in at a time), from ``first`` and ``second``, two calls of one execution
     of it on two instances, that take ``wall_s`` seconds alone. The median over pairs of runs
-    (:func:`_lost_share`): a pair's runs follow each other, so other work weighs on both alike,
-    and the median leaves out the pairs it upset. With fewer than two cores free, it reads high.
-    """
+    (:func:`_lost_share`, an upper bound on one core): a pair's runs follow each other, so other
+    work weighs on both alike, and the median leaves out the pairs it upset."""
     calls = math.ceil(GIL_RUN_S / max(wall_s, 1e-9))
     pairs = max(math.ceil(GIL_TARGET_S / (calls * max(wall_s, 1e-9))), GIL_PAIRS)
     cores = usable_cores()
@@ -89,17 +88,12 @@ def _paired(first: Callable[[], Any], second: Callable[[], Any], pairs: int, cal
                for i, c in enumerate((first, second))]
     for t in threads:
         t.start()
-    runs: list[Run] = []
+    cpu = [process_time()]  # at each phase's start, and at the last one's end
     try:
-        for i in range(0, len(phases), 2):
-            c0 = process_time()
+        for _ in phases:
             go.wait()
             done.wait()
-            c1 = process_time()
-            go.wait()
-            done.wait()
-            c2 = process_time()
-            runs.append((spans[0, i], c1 - c0, spans[0, i + 1], spans[1, i + 1], c2 - c1))
+            cpu.append(process_time())
     except threading.BrokenBarrierError:
         pass  # a call raised: its error is raised below
     finally:
@@ -109,7 +103,8 @@ def _paired(first: Callable[[], Any], second: Callable[[], Any], pairs: int, cal
             t.join()
     if errors:
         raise errors[0]
-    return runs
+    return [(spans[0, i], cpu[i + 1] - cpu[i], spans[0, i + 1], spans[1, i + 1], cpu[i + 2] - cpu[i + 1])
+            for i in range(0, len(phases), 2)]
 
 
 def usable_core_ids() -> list[int]:

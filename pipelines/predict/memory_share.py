@@ -1,7 +1,5 @@
-"""How much of a step's time waits on memory: its *memory share*, one call's CPU time while a
-process streams memory on another core over its CPU time alone, less 1, over the part of that
-time the streamer ran (its duty), within 0..1. Why, what it measured, and why CPU time, the
-duty and the pinning to cores: docs/prediction.md, "The memory bus".
+"""How much of a step's time waits on memory, its *memory share*: how it is read, what it measured,
+and why CPU time, the streamer's duty and the pinning to cores, in docs/prediction.md, "The memory bus".
 
 The streamer is a plain interpreter (not :mod:`multiprocessing`'s, whose spawned children import
 the caller's ``__main__`` again and whose forked ones copy its threads), started once a process,
@@ -151,16 +149,6 @@ def _pin(pid: int, index: int) -> set[int] | None:
     return before
 
 
-@contextmanager
-def _on_first_core() -> Iterator[None]:
-    before = _pin(0, 0)
-    try:
-        yield
-    finally:
-        if before is not None:
-            os.sched_setaffinity(0, before)
-
-
 _shared: list[Streamer] = []
 _lock = threading.Lock()
 
@@ -190,15 +178,15 @@ class MemoryShare:
 def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
                          before: Callable[[], None] | None = None, repeats: int | None = None) -> MemoryShare:
     """``call()``'s memory share; 0 where nothing can run beside it (one core) or the machine is
-    too busy to tell (a duty below :data:`MIN_DUTY`). Three rounds of a turn alone and a turn
-    loaded, each of ``repeats`` calls (default: about 0.05 s of calls), ``before()`` running,
-    untimed, before each."""
+    too busy to tell (a duty below :data:`MIN_DUTY`). Each turn alone or loaded is ``repeats``
+    calls (default: by time), ``before()`` running, untimed, before each."""
     if beside is None:
         return MemoryShare(0.0)
     alone: list[float] = []
     loaded: list[float] = []
     wall = streamed = 0.0
-    with _on_first_core():
+    allowed = _pin(0, 0)  # this thread on the first core, the streamer on the last
+    try:
         call()
         for _ in range(_ROUNDS):  # in turns, so that a drift of the machine's speed moves both alike
             alone += timed_calls(call, repeats, before, target_s=_TURN_S, most=_MAX_CALLS)[1]
@@ -206,6 +194,9 @@ def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
                 loaded += timed_calls(call, repeats, before, target_s=_TURN_S, most=_MAX_CALLS)[1]
             wall += took[0]
             streamed += took[1]
+    finally:
+        if allowed is not None:
+            os.sched_setaffinity(0, allowed)
     base = statistics.median(alone)
     duty = min(1.0, streamed / wall) if wall > 0.0 else 0.0
     if base <= 0.0:

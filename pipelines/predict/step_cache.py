@@ -71,10 +71,9 @@ class StepCache:
 def cache_key(digest: str, inputs: Mapping[str, TensorSpec], returns: Sequence[str], sizes: Sequence[int],
               device: str, given: tuple[tuple[int, ...], tuple[float, ...]] | None,
               origins: Mapping[str, str] | None = None) -> str:
-    """The step's code, what it is handed (dtype and dims of a row, and ``origins``: a digest of
-    the request's values, or the key of the step that gave the tensor, since a step's cost can
-    follow its inputs' values), what it hands on, the batch sizes, its device, any cost given, and
-    this machine (docs/prediction.md, "Step profiles")."""
+    """A key of all that decides a step's cost: its code, what it is handed (and ``origins``: where
+    each input came from, since a step's cost can follow its inputs' values), what it hands on, the
+    batch sizes, its device, any cost given, and this machine (docs/prediction.md, "Step profiles")."""
     key = {
         "format": CACHE_FORMAT,
         "digest": digest,

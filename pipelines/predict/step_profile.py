@@ -27,12 +27,11 @@ class StepProfile:
     ``name`` is the node's name, ``step`` the step's own; ``digest`` its code. ``inputs``/``outputs``:
     the dtype and dims of one row of each tensor it was handed and hands on (the whole tensor where
     the pipeline does not batch), ``in_bytes``/``out_bytes`` what they weigh per row.
-    ``wall_us``/``cpu_us``: the median µs of one execution at each of ``rows``. ``gil_share`` and
-    ``memory`` (0..1, at its first batch size; 0 where not measured): the part of its CPU time that
-    holds the GIL, and the share of its time that waits on memory. ``source``: ``"measured"``,
-    ``"stand_in"`` (an external model's stand-in was timed) or ``"given"`` (``costs=``).
-    ``warm_wall_us``/``warm_cpu_us``: timed with its inputs in the caches, as in the fused model;
-    empty where the inputs are too small to be timed out of them.
+    ``wall_us``/``cpu_us``: the median µs of one execution at each of ``rows``; ``warm_wall_us``/
+    ``warm_cpu_us`` with its inputs in the caches, as in the fused model (empty where they are too
+    small to time out of them). ``gil_share`` and ``memory`` (0..1, at its first batch size; 0 where
+    not measured): the part of its CPU time that holds the GIL, and of its time that waits on memory.
+    ``source``: ``"measured"``, ``"stand_in"`` (an external model's stand-in was timed) or ``"given"`` (``costs=``).
     """
 
     name: str

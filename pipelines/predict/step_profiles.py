@@ -43,15 +43,11 @@ def profile_steps(pipeline: Pipeline, inputs: Mapping[str, Any], *, cache: str |
                   batch_sizes: Sequence[int] | None = None, repeats: int | None = None,
                   costs: Mapping[str, float | Mapping[int, float]] | None = None,
                   progress: Progress | None = None) -> dict[str, StepProfile]:
-    """Profile each live step of ``pipeline`` (by node name, in the plan's order), each run as its
-    Triton model runs it, on its device.
-
-    ``inputs``: one request, as :meth:`Pipeline.run` takes it, propagated through the DAG; each
-    step is timed on batches of the rows it was handed repeated: 1, 2, 4, ... and its
-    ``max_batch_size`` (or ``batch_sizes`` up to it), ``repeats`` times (default: by time).
-    ``costs``: ``{"node or step name": µs}`` or ``{name: {rows: µs}}``, used instead of measuring.
-    ``cache``: a JSON file of profiles; a step found there is not run. ``progress(done, total,
-    node)`` is called as each step is done. A step that fails is a
+    """Profile each live step of ``pipeline`` (by node name, in the plan's order) as its Triton model
+    runs it, on its device, on ``inputs`` (one request, as :meth:`Pipeline.run` takes it) propagated
+    through the DAG: at 1, 2, 4, ... rows and its ``max_batch_size`` (or ``batch_sizes`` up to it),
+    ``repeats`` times (default: by time). ``costs`` and ``cache``: docs/prediction.md, "Step profiles".
+    ``progress(done, total, node)`` is called as each step is done; a step that fails is a
     :class:`~pipelines.errors.StepError` naming the pipeline and the step, with its error.
     """
     # The server's stubs keep the memory freed arrays give back (pipelines.freed_memory): a step
@@ -102,9 +98,10 @@ class _Profiler:
             step = self.pipeline.nodes[n.name].step
             if n.name in self.given:
                 continue
-            if step.impl is None:
+            if step.impl is None:  # so an external model, which names a backend or a platform (Step checks both)
+                backend = step.external.backend or step.external.platform
                 raise ArgumentError(
-                    f"pipeline {p!r} step {n.name!r} is an external model ({_backend(step)}) with no Python "
+                    f"pipeline {p!r} step {n.name!r} is an external model ({backend}) with no Python "
                     f"stand-in to profile; pass costs={{{n.name!r}: µs}} (or {{{n.name!r}: {{rows: µs}}}}) with "
                     "what one execution costs, or declare it with external_model(..., stand_in=fn)",
                     pipeline=p, step=n.name, node=n.name)
@@ -224,8 +221,7 @@ class _Profiler:
             except BaseException:
                 runner.finalize(quiet=True)
                 raise
-        for out in n.returns:
-            self.values[(name, out)] = host(outputs[out])
+        self.values.update({(name, out): host(outputs[out]) for out in n.returns})
         if runner is not None and not keep:
             runner.finalize()
             runner = None
@@ -239,11 +235,8 @@ class _Profiler:
             "outputs, with 1 for each variable dim: give it a stand_in to profile them on real values",
             stacklevel=2)
         rows = (self.request_rows,) if self.batched else ()
-        out = {}
-        for o, spec in step.outputs.items():
-            dims = tuple(1 if d == -1 else d for d in spec.dims)
-            out[o] = np.full(rows + dims, b"" if spec.dtype == "BYTES" else 0, dtype=spec.numpy_dtype)
-        return out
+        return {o: np.full(rows + tuple(1 if d == -1 else d for d in spec.dims), b"" if spec.dtype == "BYTES" else 0,
+                           dtype=spec.numpy_dtype) for o, spec in step.outputs.items()}
 
     def _release(self) -> None:
         """Drop the arrays every reader of which has run. A reader found in the cache has not run,
@@ -291,9 +284,7 @@ def _given_costs(plan: ExecutionPlan, costs: Mapping[str, Any] | None) -> dict[s
                 f"costs names {name!r}, which is no live step of pipeline {plan.pipeline!r}; "
                 f"its steps are {list(plan.order)}",
                 pipeline=plan.pipeline, step=str(name))
-        curve = _given_curve(plan.pipeline, name, costs[name])
-        for target in targets:
-            out[target] = curve
+        out.update(dict.fromkeys(targets, _given_curve(plan.pipeline, name, costs[name])))
     return out
 
 
@@ -309,11 +300,6 @@ def _given_curve(pipeline: str, name: str, value: Any) -> Given:
             f"costs[{name!r}] is {value!r}; give µs >= 0 for one execution, or {{rows: µs}} by batch size",
             pipeline=pipeline, step=name)
     return rows, tuple(us for _, us in pairs)
-
-
-def _backend(step: Step) -> str:
-    ext = step.external
-    return (ext.backend or ext.platform or "another backend") if ext is not None else "no Python code"
 
 
 def _row_spec(dtype: str, value: Any, batched: bool) -> TensorSpec:

@@ -1,6 +1,5 @@
-"""One instance of a step as its Triton model holds it, for timing it here; what its code raises is
-a :class:`~pipelines.errors.StepError` naming the pipeline and the step.
-"""
+"""Running a step here as its Triton model runs it, for timing it; what its code raises is a
+:class:`~pipelines.errors.StepError` naming the pipeline and the step."""
 
 from __future__ import annotations
 
