@@ -298,6 +298,30 @@ def test_the_bls_model_pays_its_fixed_cost_once_a_round():
     assert latencies(result) == {100 + 1 + 1 + 1000.0}
 
 
+
+def test_a_bls_instance_has_at_most_its_call_threads_calls_in_flight():
+    # A round of 8 requests, each calling a step of 8 instances: room for every call but for the
+    # stub's 6 threads (async_exec() waits for each answer in one), so 2 calls wait for the first 6.
+    def round_of_8(threads: int, form: str = "bls", **options) -> set[float]:
+        s = step("s", 1000, instances=8, **options)
+        return latencies(simulate(spec(form, s, top_max_batch_size=8, call_threads=threads), closed(8)))
+
+    assert round_of_8(0) == {1000.0}  # no limit
+    assert round_of_8(8) == {1000.0}
+    assert round_of_8(6) == {2000.0}
+    assert round_of_8(6, "bls-sync") == {8000.0}  # a sync call waits in the loop's own thread
+    assert round_of_8(6, "fused", external=True) == {2000.0}  # a fused model's external steps' calls too
+
+
+def test_a_rounds_requests_send_their_calls_request_by_request():
+    # Two requests, each with two independent steps a and b (one instance each), and 2 call
+    # threads: the first request's a and b take both, as the BLS model's tasks send them (each all
+    # it can before the next), and the round ends at 2000. Sent step by step instead (both a's
+    # first), the b's would wait behind the a's, queued at a's one instance, until 3000.
+    a, b = step("a", 1000), step("b", 1000)
+    assert latencies(simulate(spec("bls", a, b, top_max_batch_size=2, call_threads=2), closed(2))) == {2000.0}
+
+
 # ---------------------------------------------------------------------- fused
 
 

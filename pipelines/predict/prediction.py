@@ -182,6 +182,10 @@ class Predictor:
         # between every CPU cost itself (the profile's measured "lanes" fold the client's own
         # one-thread limit into the cores, which the simulation now models apart).
         self.cores = float(cores) if cores is not None else default_lanes(self.server.machine)
+        # The threads of a BLS stub's default executor, which runs its async_exec() calls: Python's
+        # default, by all the machine's CPUs (os.cpu_count(), not those this process may use).
+        cpus = int(cores) if cores is not None else int(self.server.machine.get("cpu_count") or self.cores)
+        self.call_threads = min(32, cpus + 4)
         self.gate, self.ensemble_refused = self._ensemble_shape()
         self.when_rates = self._when_rates(when_rates or {}, module)
 
@@ -344,6 +348,7 @@ class Predictor:
             when_rates=self.when_rates,
             wake=self.server.wake,
             wake_idle=self.server.wake_idle,
+            call_threads=self.call_threads,
         )
 
     def _deps(self, name: str) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from itertools import chain
+from typing import NamedTuple
 
 import numpy as np
 import simpy
@@ -132,6 +133,11 @@ class _Server:
         # The BLS model's own work (its way in and out, its calls' ways) is Python in its stub: one
         # GIL per instance, so a round's requests do it one at a time whatever the cores.
         self._bls_gils = [simpy.Resource(self.env, capacity=1) for _ in range(spec.top_instances)]
+        # async_exec() runs each call in a thread of the stub's default executor, which waits there
+        # for the answer: at most call_threads calls of one instance are in flight (docs/prediction.md,
+        # "BLS rounds"). A sync call waits in the event loop's own thread, one at a time anyway.
+        self._call_threads = [simpy.Resource(self.env, capacity=spec.call_threads) if spec.call_threads else None
+                              for _ in range(spec.top_instances)]
         self._add_model(form, ModelScheduler(
             self.env, instances=spec.top_instances, execute=rounds, max_batch_size=spec.top_max_batch_size,
             dynamic_batching=spec.top_max_batch_size > 0))
@@ -139,10 +145,10 @@ class _Server:
             # One GIL per fused instance: each is a stub process of its own, with an instance of
             # each step, which takes one call at a time (a lock in fused_model.py). Only a model
             # that several nodes share, or a round run side by side, needs that lock.
-            self._gils = [simpy.Resource(self.env, capacity=1) for _ in range(spec.top_instances)]
             python = {s.model_name for s in spec.steps if not s.external}
-            self._step_locks = [{m: simpy.Resource(self.env, capacity=1) for m in python}
-                                for _ in range(spec.top_instances)]
+            self._fused = [_Fused(simpy.Resource(self.env, capacity=1),
+                                  {m: simpy.Resource(self.env, capacity=1) for m in python}, threads)
+                           for threads in self._call_threads]
             nodes = Counter(s.model_name for s in spec.steps)
             self._shared = {m for m in python if nodes[m] > 1}
             # The rows a joined run may hold, as compile/fused.py's _join_rows (0: none; that also
@@ -203,11 +209,12 @@ class _Server:
             if not left[0]:
                 all_done.succeed()
 
-        for root in self._roots[1:]:
+        # Every root starts as a process of its own, so that a round's requests send their first
+        # calls request by request, as a BLS model's tasks do (each sends all it can before the
+        # next runs): that order is the order they take the stub's call threads in.
+        for root in self._roots:
             env.process(strand(root))
-        yield from strand(self._roots[0])
-        if left[0]:
-            yield all_done
+        yield all_done
 
     # ------------------------------------------------------------------ step models
 
@@ -242,8 +249,10 @@ class _Server:
 
         return execute
 
-    def _call(self, step: StepSpec, rows: int, gil: simpy.Resource | None = None) -> Flow:
-        """A BLS call of a step's model: the call's way in, the model, its way out."""
+    def _call(self, step: StepSpec, rows: int, gil: simpy.Resource | None = None,
+              threads: simpy.Resource | None = None) -> Flow:
+        """A BLS call of a step's model: the call's way in, the model, its way out. An async call
+        holds one of its instance's ``threads`` from when it is sent until its answer is back."""
         ways = self._call_memo.get((step.name, rows))
         if ways is None:
             call = CALL[self.spec.form]
@@ -251,9 +260,14 @@ class _Server:
                 self._tensors(call, _IN, rows * step.in_bytes, step.in_tensors),
                 self._tensors(call, _OUT, rows * step.out_bytes, step.out_tensors))
         yield from self._in_stub(ways[0], gil)
+        thread = threads.request() if threads is not None else None
+        if thread is not None:
+            yield thread
         since = self.env.now
         yield self.models[step.model_name].submit(rows, step)
         yield from self._woken(since)  # the BLS model's stub waited for the call's answer
+        if thread is not None:
+            threads.release(thread)  # its thread is free once the answer is back
         yield from self._in_stub(ways[1], gil)
 
     def _in_stub(self, cost: Cost, gil: simpy.Resource | None) -> Flow:
@@ -319,16 +333,16 @@ class _Server:
         return self._top_in + (count - 1) * (self._top_in - self._top_fixed)
 
     def _bls_round(self, batch: Sequence[Waiting], instance: int) -> Flow:
-        gil = self._bls_gils[instance]
+        gil, threads = self._bls_gils[instance], self._call_threads[instance]
         yield from self._in_stub(self._round_in(len(batch)), gil)
         if len(batch) == 1:
-            yield from self._bls_request(batch[0].rows, gil)
+            yield from self._bls_request(batch[0].rows, gil, threads)
         else:
-            yield self.env.all_of([self.env.process(self._bls_request(w.rows, gil)) for w in batch])
+            yield self.env.all_of([self.env.process(self._bls_request(w.rows, gil, threads)) for w in batch])
 
-    def _bls_request(self, rows: int, gil: simpy.Resource) -> Flow:
+    def _bls_request(self, rows: int, gil: simpy.Resource, threads: simpy.Resource | None) -> Flow:
         drawn: dict[tuple[str, ...], int] = {}
-        yield from self._dag(lambda step: self._call_held(step, rows, drawn, gil))
+        yield from self._dag(lambda step: self._call_held(step, rows, drawn, gil, threads))
         yield from self._in_stub(self._top_out, gil)
 
     def _bls_sync_round(self, batch: Sequence[Waiting], _instance: int) -> Flow:
@@ -353,37 +367,36 @@ class _Server:
         return rows
 
     def _call_held(self, step: StepSpec, rows: int, drawn: dict[tuple[str, ...], int],
-                   gil: simpy.Resource | None = None) -> Flow:
+                   gil: simpy.Resource | None = None, threads: simpy.Resource | None = None) -> Flow:
         """A BLS call of ``step`` on the rows its ``when`` blocks hold; none where none does."""
         held = self._held(step, rows, drawn) if step.when else rows
         if held:
-            yield from self._call(step, held, gil)
+            yield from self._call(step, held, gil, threads)
 
     def _fused_round(self, batch: Sequence[Waiting], instance: int) -> Flow:
         yield self.cores.pay(self._round_in(len(batch)))
-        gil, locks = self._gils[instance], self._step_locks[instance]
+        fused = self._fused[instance]
         rows = sum(w.rows for w in batch)
         if len(batch) == 1 or rows <= self._join_rows:
             drawn: dict[tuple[str, ...], int] = {}
-            yield from self._dag(lambda step: self._fused_held(step, rows, drawn, gil, locks, self._shared))
+            yield from self._dag(lambda step: self._fused_held(step, rows, drawn, fused, self._shared))
             yield self.cores.pay(self._top_out * len(batch))
         else:
             # Side by side: every step's instance in this fused instance takes one call at a time.
-            yield self.env.all_of([self.env.process(self._fused_request(w.rows, gil, locks)) for w in batch])
+            yield self.env.all_of([self.env.process(self._fused_request(w.rows, fused)) for w in batch])
 
-    def _fused_request(self, rows: int, gil: simpy.Resource, locks: Mapping[str, simpy.Resource]) -> Flow:
+    def _fused_request(self, rows: int, fused: _Fused) -> Flow:
         drawn: dict[tuple[str, ...], int] = {}
-        yield from self._dag(lambda step: self._fused_held(step, rows, drawn, gil, locks, locks))
+        yield from self._dag(lambda step: self._fused_held(step, rows, drawn, fused, fused.locks))
         yield self.cores.pay(self._top_out)
 
-    def _fused_held(self, step: StepSpec, rows: int, drawn: dict[tuple[str, ...], int], gil: simpy.Resource,
-                    locks: Mapping[str, simpy.Resource], locked: Collection[str]) -> Flow:
+    def _fused_held(self, step: StepSpec, rows: int, drawn: dict[tuple[str, ...], int], fused: _Fused,
+                    locked: Collection[str]) -> Flow:
         held = self._held(step, rows, drawn) if step.when else rows
         if held:
-            yield from self._fused_step(step, held, gil, locks, locked)
+            yield from self._fused_step(step, held, fused, locked)
 
-    def _fused_step(self, step: StepSpec, rows: int, gil: simpy.Resource, locks: Mapping[str, simpy.Resource],
-                    locked: Collection[str]) -> Flow:
+    def _fused_step(self, step: StepSpec, rows: int, fused: _Fused, locked: Collection[str]) -> Flow:
         """A step inside the fused model's process. Its ``gil_share`` of CPU time holds the
         instance's GIL, taken as one phase before the rest: the GIL's total hold, and so how far
         two steps of one instance overlap, is what the profile says, in whatever slices the
@@ -391,18 +404,18 @@ class _Server:
         GIL phase: a step below one core waits, on a GPU say, without the GIL), so alone the step
         takes its wall time."""
         if step.external:
-            yield from self._call(step, rows)
+            yield from self._call(step, rows, threads=fused.threads)
             return
         phases = self._fused_memo.get((step.name, rows))
         if phases is None:
             phases = self._fused_memo[step.name, rows] = _gil_phases(step, rows)
         gil_span, gil_cap, free_span, free_cap = phases
         if step.model_name in locked:
-            with locks[step.model_name].request() as own:
+            with fused.locks[step.model_name].request() as own:
                 yield own
-                yield from self._gil_then_free(gil, gil_span, gil_cap, free_span, free_cap, step.memory)
+                yield from self._gil_then_free(fused.gil, gil_span, gil_cap, free_span, free_cap, step.memory)
         else:
-            yield from self._gil_then_free(gil, gil_span, gil_cap, free_span, free_cap, step.memory)
+            yield from self._gil_then_free(fused.gil, gil_span, gil_cap, free_span, free_cap, step.memory)
 
     def _gil_then_free(self, gil: simpy.Resource, gil_span: float, gil_cap: float, free_span: float,
                        free_cap: float, memory: float) -> Flow:
@@ -411,6 +424,15 @@ class _Server:
                 yield held
                 yield self.cores.run(gil_span, gil_cap, memory)
         yield self.cores.run(free_span, free_cap, memory)
+
+
+class _Fused(NamedTuple):
+    """One fused instance's own: its process's GIL, its step instances' locks (by model), and
+    the threads its external steps' async_exec() calls run in (None: no limit)."""
+
+    gil: simpy.Resource
+    locks: Mapping[str, simpy.Resource]
+    threads: simpy.Resource | None
 
 
 def _curve(points: Sequence[tuple[float, float]]) -> tuple[tuple[float, ...], tuple[float, ...]] | None:

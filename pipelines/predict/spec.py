@@ -129,7 +129,9 @@ class SimSpec:
     holds (0..1); each request's rows are drawn against it, once a request for each block.
     ``wake``: what a hand-off between processes costs once its waiting side has waited a while,
     as ``(waited µs, µs)`` points (the server profile's ``wake``); none: nothing. ``wake_idle``:
-    the same by how long every core has idled (the profile's ``wake_idle``).
+    the same by how long every core has idled (the profile's ``wake_idle``). ``call_threads``:
+    how many ``async_exec()`` calls one BLS or fused instance has in flight at most, the threads
+    of its stub's default executor (Python's ``min(32, cpu_count + 4)``); 0: no limit.
     """
 
     form: str
@@ -146,6 +148,7 @@ class SimSpec:
     when_rates: Mapping[str, float] = field(default_factory=dict)
     wake: tuple[tuple[float, float], ...] = ()
     wake_idle: tuple[tuple[float, float], ...] = ()
+    call_threads: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "costs", MappingProxyType(dict(self.costs)))
