@@ -355,6 +355,22 @@ def test_a_fused_round_runs_its_requests_as_one_batch():
         assert latencies(alone) == {4000.0}
 
 
+def test_side_by_side_fused_requests_of_a_chain_take_turns_on_the_event_loop():
+    # A chain a -> b whose steps do not batch: a round of 2 requests runs side by side, and each
+    # step, the only one ready in its request, runs on the event loop's thread (fused_model.py),
+    # holding up the other request: 4 steps one after another, though neither holds the GIL.
+    a, b = step("a", 1000, gil_share=0.0), step("b", 1000, gil_share=0.0, deps=("a",))
+    assert latencies(simulate(spec("fused", a, b, top_max_batch_size=2), closed(2))) == {4000.0}
+
+
+def test_fused_steps_that_run_together_take_the_step_pool():
+    # Three independent steps, none holding the GIL: with a pool of 3 they all run at once; with
+    # a pool of 2 (step_threads) the third waits for a thread.
+    three = [step(name, 1000, gil_share=0.0) for name in "abc"]
+    assert latencies(simulate(spec("fused", *three, step_threads=3), closed(1))) == {1000.0}
+    assert latencies(simulate(spec("fused", *three, step_threads=2), closed(1))) == {2000.0}
+
+
 def test_nodes_of_one_model_share_its_instances():
     # Two independent nodes of one step compile to one model: its one instance runs them in turn.
     a, b = step("a", 1000, model="m"), step("b", 1000, model="m")

@@ -186,6 +186,9 @@ class Predictor:
         # default, by all the machine's CPUs (os.cpu_count(), not those this process may use).
         cpus = int(cores) if cores is not None else int(self.server.machine.get("cpu_count") or self.cores)
         self.call_threads = min(32, cpus + 4)
+        # fused_model.py's pool for its Python steps: max(2, the widest group's Python steps).
+        python = {n.name for n in self.plan.nodes if n.kind == "step" and not pipeline.nodes[n.name].step.is_external}
+        self.step_threads = max(2, max((sum(1 for n in g if n in python) for g in self.plan.groups), default=1))
         self.gate, self.ensemble_refused = self._ensemble_shape()
         self.when_rates = self._when_rates(when_rates or {}, module)
 
@@ -349,6 +352,7 @@ class Predictor:
             wake=self.server.wake,
             wake_idle=self.server.wake_idle,
             call_threads=self.call_threads,
+            step_threads=self.step_threads,
         )
 
     def _deps(self, name: str) -> tuple[str, ...]:

@@ -147,7 +147,9 @@ class _Server:
             # that several nodes share, or a round run side by side, needs that lock.
             python = {s.model_name for s in spec.steps if not s.external}
             self._fused = [_Fused(simpy.Resource(self.env, capacity=1),
-                                  {m: simpy.Resource(self.env, capacity=1) for m in python}, threads)
+                                  {m: simpy.Resource(self.env, capacity=1) for m in python}, threads,
+                                  simpy.Resource(self.env, capacity=1),
+                                  simpy.Resource(self.env, capacity=spec.step_threads) if spec.step_threads else None)
                            for threads in self._call_threads]
             nodes = Counter(s.model_name for s in spec.steps)
             self._shared = {m for m in python if nodes[m] > 1}
@@ -181,40 +183,51 @@ class _Server:
     def snapshot(self) -> Snapshot:
         return Snapshot(self.env.now, self.cores.busy(), {name: m.busy() for name, m in self.models.items()})
 
-    def _dag(self, run: Callable[[StepSpec], Flow]) -> Flow:
-        """Each step run once the steps it takes from are done, independent ones side by side."""
+    def _dag(self, run: Callable[[StepSpec, bool], Flow]) -> Flow:
+        """Each step run once the steps it takes from are done, independent ones side by side.
+        ``run(step, alone)``: ``alone``, the step was the only one ready with nothing else of this
+        run in flight (as ``run_concurrently`` in ``pipelines/serving/schedule.py`` tells it)."""
         if self._chain:
             for step in self._steps:
-                yield from run(step)
+                yield from run(step, True)
             return
         env = self.env
         waiting = list(self._dep_counts)  # by step index: how many of its deps are not done yet
         left = [len(waiting)]
+        running = [0]
         all_done = env.event()
 
-        def strand(i: int) -> Flow:
+        def strand(i: int, alone: bool) -> Flow:
             # A step goes on in the process of the step that readied it: only a branch starts a
             # process of its own (two events each, at every request).
             while i >= 0:
-                yield from run(self._steps[i])
+                running[0] += 1
+                yield from run(self._steps[i], alone)
+                running[0] -= 1
                 left[0] -= 1
                 i, readied = -1, i
                 for after in self._dependents[readied]:
                     waiting[after] -= 1
                     if waiting[after] == 0:
                         if i < 0:
-                            i = after
+                            i, alone = after, not running[0]
                         else:
-                            env.process(strand(after))
+                            alone = False
+                            env.process(strand(after, False))
             if not left[0]:
                 all_done.succeed()
 
-        # Every root starts as a process of its own, so that a round's requests send their first
-        # calls request by request, as a BLS model's tasks do (each sends all it can before the
-        # next runs): that order is the order they take the stub's call threads in.
-        for root in self._roots:
-            env.process(strand(root))
-        yield all_done
+        roots = self._roots
+        if len(roots) == 1:
+            yield from strand(roots[0], True)
+        else:
+            # Every root starts as a process of its own, so that a round's requests send their
+            # first calls request by request, as a BLS model's tasks do (each sends all it can
+            # before the next runs): that order is the order they take the stub's call threads in.
+            for root in roots:
+                env.process(strand(root, False))
+        if left[0]:
+            yield all_done
 
     # ------------------------------------------------------------------ step models
 
@@ -300,7 +313,7 @@ class _Server:
         yield from self._woken(sent)  # the client's
         yield from self._through_client(self._leave)
 
-    def _ensemble_step(self, step: StepSpec) -> Flow:
+    def _ensemble_step(self, step: StepSpec, _alone: bool) -> Flow:
         way_in, way_out = self._step_ways[step.name]
         yield self.cores.pay(way_in)
         yield self.models[step.model_name].submit(self.spec.rows, step)
@@ -342,7 +355,7 @@ class _Server:
 
     def _bls_request(self, rows: int, gil: simpy.Resource, threads: simpy.Resource | None) -> Flow:
         drawn: dict[tuple[str, ...], int] = {}
-        yield from self._dag(lambda step: self._call_held(step, rows, drawn, gil, threads))
+        yield from self._dag(lambda step, _alone: self._call_held(step, rows, drawn, gil, threads))
         yield from self._in_stub(self._top_out, gil)
 
     def _bls_sync_round(self, batch: Sequence[Waiting], _instance: int) -> Flow:
@@ -379,7 +392,7 @@ class _Server:
         rows = sum(w.rows for w in batch)
         if len(batch) == 1 or rows <= self._join_rows:
             drawn: dict[tuple[str, ...], int] = {}
-            yield from self._dag(lambda step: self._fused_held(step, rows, drawn, fused, self._shared))
+            yield from self._dag(lambda step, alone: self._fused_held(step, rows, drawn, fused, self._shared, alone))
             yield self.cores.pay(self._top_out * len(batch))
         else:
             # Side by side: every step's instance in this fused instance takes one call at a time.
@@ -387,22 +400,24 @@ class _Server:
 
     def _fused_request(self, rows: int, fused: _Fused) -> Flow:
         drawn: dict[tuple[str, ...], int] = {}
-        yield from self._dag(lambda step: self._fused_held(step, rows, drawn, fused, fused.locks))
+        yield from self._dag(lambda step, alone: self._fused_held(step, rows, drawn, fused, fused.locks, alone))
         yield self.cores.pay(self._top_out)
 
     def _fused_held(self, step: StepSpec, rows: int, drawn: dict[tuple[str, ...], int], fused: _Fused,
-                    locked: Collection[str]) -> Flow:
+                    locked: Collection[str], alone: bool) -> Flow:
         held = self._held(step, rows, drawn) if step.when else rows
         if held:
-            yield from self._fused_step(step, held, fused, locked)
+            yield from self._fused_step(step, held, fused, locked, alone)
 
-    def _fused_step(self, step: StepSpec, rows: int, fused: _Fused, locked: Collection[str]) -> Flow:
+    def _fused_step(self, step: StepSpec, rows: int, fused: _Fused, locked: Collection[str], alone: bool) -> Flow:
         """A step inside the fused model's process. Its ``gil_share`` of CPU time holds the
         instance's GIL, taken as one phase before the rest: the GIL's total hold, and so how far
         two steps of one instance overlap, is what the profile says, in whatever slices the
         interpreter hands it out. Both phases run at the step's own cores (at least one for the
         GIL phase: a step below one core waits, on a GPU say, without the GIL), so alone the step
-        takes its wall time."""
+        takes its wall time. As ``fused_model.py``, a step that is ``alone`` in its run runs on
+        the event loop's thread, and holds up the instance's other runs meanwhile; any other
+        takes a thread of the instance's step pool."""
         if step.external:
             yield from self._call(step, rows, threads=fused.threads)
             return
@@ -410,12 +425,19 @@ class _Server:
         if phases is None:
             phases = self._fused_memo[step.name, rows] = _gil_phases(step, rows)
         gil_span, gil_cap, free_span, free_cap = phases
-        if step.model_name in locked:
-            with fused.locks[step.model_name].request() as own:
-                yield own
-                yield from self._gil_then_free(fused.gil, gil_span, gil_cap, free_span, free_cap, step.memory)
-        else:
-            yield from self._gil_then_free(fused.gil, gil_span, gil_cap, free_span, free_cap, step.memory)
+        lock = fused.locks[step.model_name] if step.model_name in locked else None
+        if lock is not None:
+            own = lock.request()
+            yield own
+        thread = fused.loop if alone else fused.pool
+        turn = thread.request() if thread is not None else None
+        if turn is not None:
+            yield turn
+        yield from self._gil_then_free(fused.gil, gil_span, gil_cap, free_span, free_cap, step.memory)
+        if turn is not None:
+            thread.release(turn)
+        if lock is not None:
+            lock.release(own)
 
     def _gil_then_free(self, gil: simpy.Resource, gil_span: float, gil_cap: float, free_span: float,
                        free_cap: float, memory: float) -> Flow:
@@ -427,12 +449,15 @@ class _Server:
 
 
 class _Fused(NamedTuple):
-    """One fused instance's own: its process's GIL, its step instances' locks (by model), and
-    the threads its external steps' async_exec() calls run in (None: no limit)."""
+    """One fused instance's own: its process's GIL, its step instances' locks (by model), the
+    threads its external steps' async_exec() calls run in, its event loop's thread, and the pool
+    of threads its Python steps run in otherwise (None: no limit)."""
 
     gil: simpy.Resource
     locks: Mapping[str, simpy.Resource]
     threads: simpy.Resource | None
+    loop: simpy.Resource
+    pool: simpy.Resource | None
 
 
 def _curve(points: Sequence[tuple[float, float]]) -> tuple[tuple[float, ...], tuple[float, ...]] | None:

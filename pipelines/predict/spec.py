@@ -132,6 +132,9 @@ class SimSpec:
     the same by how long every core has idled (the profile's ``wake_idle``). ``call_threads``:
     how many ``async_exec()`` calls one BLS or fused instance has in flight at most, the threads
     of its stub's default executor (Python's ``min(32, cpu_count + 4)``); 0: no limit.
+    ``step_threads``: the pool a fused instance runs its Python steps in when they do not run
+    on its event loop (``fused_model.py``: ``max(2, the widest group's Python steps)``); 0: no
+    limit.
     """
 
     form: str
@@ -149,6 +152,7 @@ class SimSpec:
     wake: tuple[tuple[float, float], ...] = ()
     wake_idle: tuple[tuple[float, float], ...] = ()
     call_threads: int = 0
+    step_threads: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "costs", MappingProxyType(dict(self.costs)))
