@@ -22,6 +22,7 @@ from pipelines.errors import PipelinesError
 from pipelines.examples import capacity
 from pipelines.examples.basic import make_diamond
 from pipelines.predict import Configuration, ModelChoice, advise, configured, default_configuration, predict
+from pipelines.predict.advise import TIE
 
 
 def flat_profile(us: float = 40.0, *, lanes: float = 2.0) -> Profile:
@@ -177,9 +178,40 @@ def test_advise_finds_batching_or_instances_for_a_step_that_costs_the_same_per_c
     assert slow.dynamic_batching or slow.instance_count > 1
     assert 0 < advice.simulated <= 120
     assert "with_options" in "\n".join(advice.settings(1))
-    # Ranked by p95 without a bound: the list is in that order.
-    p95s = [c.row.p95_ms for c in advice.ranked]
+    # Ranked by p95 without a bound: its ties first (below), fewest changes first; the rest in
+    # order of p95.
+    ties = ties_of(advice.ranked)
+    assert advice.ranked[: len(ties)] == tuple(ties)
+    p95s = [c.row.p95_ms for c in advice.ranked[len(ties):]]
     assert p95s == sorted(p95s)
+    changes = [changed_options(c, advice.defaults) for c in ties]
+    assert changes == sorted(changes)
+
+
+def ties_of(ranked, bound: bool = False) -> list:
+    """What the simulation cannot tell apart from the best: those that meet the bound (without
+    one: a p95 within TIE of the lowest) and have a throughput within TIE of the highest of them."""
+    lowest = min(c.row.p95_ms for c in ranked)
+    near = [c for c in ranked if c.meets_bound and (bound or c.row.p95_ms <= lowest * (1 + TIE))]
+    most = max(c.row.throughput for c in near)
+    return [c for c in ranked if c in near and c.row.throughput >= most * (1 - TIE)]
+
+
+def changed_options(candidate, defaults) -> int:
+    default = defaults[candidate.configuration.form].configuration
+    models = candidate.configuration.models
+    return (sum(1 for name, choice in models.items() if default.models[name] != choice)
+            + (candidate.configuration.top_instances != default.top_instances))
+
+
+def test_advise_proposes_the_simplest_of_the_configurations_it_cannot_tell_apart(profile_path):
+    # On capacity:fixed many configurations batch the slow step and differ only in steps that
+    # are not the bottleneck: the pick changes no option that it does not need.
+    advice = advise(capacity.fixed, profile_path, concurrency=8, forms=["ensemble"], budget=120)
+    best, ties = advice.best, ties_of(advice.ranked)
+    assert best in ties and len(ties) > 1
+    assert changed_options(best, advice.defaults) == min(changed_options(c, advice.defaults) for c in ties)
+    assert changed_options(best, advice.defaults) < max(changed_options(c, advice.defaults) for c in ties)
 
 
 def test_advise_under_a_p95_bound_ranks_by_throughput_among_those_that_meet_it(profile_path):
@@ -187,7 +219,9 @@ def test_advise_under_a_p95_bound_ranks_by_throughput_among_those_that_meet_it(p
     meeting = [c for c in advice.ranked if c.meets_bound]
     assert meeting and all(c.row.p95_ms <= 200.0 for c in meeting)
     assert advice.ranked[: len(meeting)] == tuple(meeting)
-    tputs = [c.row.throughput for c in meeting]
+    ties = ties_of(advice.ranked, bound=True)
+    assert meeting[: len(ties)] == ties  # the ties first, fewest changes first; the rest by throughput
+    tputs = [c.row.throughput for c in meeting[len(ties):]]
     assert tputs == sorted(tputs, reverse=True)
 
 
