@@ -10,7 +10,8 @@ away from the best ones so far (one model's instances or batching, or the top-le
 instances), keeps the best few (a beam), and stops when two rounds in a row find nothing
 better or the budget of simulations is spent. A change that the simulator can tell nothing about is
 never proposed: batching a step whose ``max_batch_size`` is 0, step-model options in the
-fused form, whose Python steps run in its own process.
+fused form, whose Python steps run in its own process. Configurations the simulation cannot
+tell apart (:data:`TIE`) rank simplest first (docs/prediction.md, "The ranking").
 """
 
 from __future__ import annotations
@@ -258,7 +259,8 @@ def advise(
     when_rates: Mapping[str, float] | None = None,
 ) -> Advice:
     """Rank ``pipeline``'s configurations by predicted throughput under ``p95_ms`` (or by p95
-    where no bound is given), at ``concurrency`` clients (default 8) or ``rate`` requests/s.
+    where no bound is given; ties within :data:`TIE` go to the one that changes least), at
+    ``concurrency`` clients (default 8) or ``rate`` requests/s.
     ``cores`` is the server's (default: the profile's). ``when_rates``: the share of rows where
     each `when` condition tensor is true (default: counted over the sample requests)."""
     if concurrency is not None and rate is not None:

@@ -96,7 +96,8 @@ def add_advise_arguments(parser: argparse.ArgumentParser) -> None:
                       help="an open-loop load of R requests/s")
     parser.add_argument("--p95-ms", type=_positive(float, "milliseconds > 0"), default=None, metavar="X",
                         help="rank by throughput among configurations whose p95 is at most X ms "
-                        "(default: rank by p95)")
+                        "(default: rank by p95); configurations within 5%% of the best are ties, and the "
+                        "one that changes least from its form's default comes first")
     parser.add_argument("--top", type=_positive(int, "an int >= 1"), default=5, metavar="K",
                         help="how many configurations to print (default 5)")
     parser.add_argument("--budget", type=_positive(int, "an int >= 1"), default=300, metavar="N",
