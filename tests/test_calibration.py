@@ -26,7 +26,7 @@ from pipelines.calibration import (
 )
 from pipelines.calibration.fit import crossings, predict_us
 from pipelines.calibration.measure import Budget, measure_probes
-from pipelines.calibration.probes import BLS_KINDS, CHAINS, KINDS, SIZES, Probe, probe_plan, probe_repository
+from pipelines.calibration.probes import BLS_KINDS, CHAINS, GROWN_ROW, KINDS, SIZES, Probe, probe_plan, probe_repository
 from pipelines.calibration.profile import BOUNDARIES
 from pipelines.cli import main as cli_main
 from pipelines.errors import ArgumentError, PipelinesError
@@ -61,6 +61,28 @@ def test_the_fit_recovers_known_costs_exactly(stub):
     assert {p.boundary for p in points} == set(BOUNDARIES)
     for p in points:
         assert p.cost_us == pytest.approx(costs[p.boundary].us(p.nbytes), rel=1e-6, abs=1e-3), p
+
+
+def test_what_a_stubs_input_costs_on_its_side_moves_from_its_way_out_to_its_way_in():
+    # The grown probes' shrink step reads an input of the size and answers one byte: what its
+    # stub's side costs above the smallest size is the input's part, which the identity steps
+    # (as much out as in) had put on the way out.
+    rows = [(*r, None, None, None, None) for r in _synthetic()]
+    base, _ = fit_costs(rows)
+    reader = {size: 100.0 + 90.0 * size / MIB for size in SIZES}  # 90 µs a MiB of input
+
+    def with_reader(r):
+        return (*r[:8], reader[r[2]]) if r[0].startswith(GROWN_ROW) else r
+
+    moved, _ = fit_costs([with_reader(r) for r in rows])
+    for name in ("ensemble_stub", "bls_stub", "bls_sync_stub"):
+        for i, size in enumerate(base[name].sizes):
+            shift = min(reader[size] - reader[SIZES[0]], base[name].out_us[i])
+            assert moved[name].in_us[i] == pytest.approx(base[name].in_us[i] + shift), (name, size)
+            assert moved[name].out_us[i] == pytest.approx(base[name].out_us[i] - shift), (name, size)
+        assert moved[name].in_us[-1] > base[name].in_us[-1]  # it moved at the largest size
+    for name in ("request", "stub", "bls_call", "ensemble"):  # nothing else moves
+        assert moved[name].in_us == base[name].in_us and moved[name].out_us == base[name].out_us, name
 
 
 def test_the_fit_stays_close_under_noise_and_never_goes_negative():
@@ -108,7 +130,7 @@ def test_the_estimator_is_each_probes_median_over_the_rounds_so_a_disturbed_roun
         return r[3] * factor, r[4] * factor
 
     per_round = _rounds(rows, 5, spell)
-    assert estimate(per_round) == [(*r[:5], None, None, None) for r in rows]
+    assert estimate(per_round) == [(*r[:5], None, None, None, None) for r in rows]
     costs, _, _ = fit_rounds(per_round, resamples=50)
     exact, _ = fit_costs(rows)
     for name in BOUNDARIES:
@@ -119,7 +141,7 @@ def test_the_estimator_is_each_probes_median_over_the_rounds_so_a_disturbed_roun
         assert costs[name].us_per_mib == pytest.approx(cost.us_per_mib, rel=1e-6), name
     # a figure measured in no round stays unmeasured; a probe with no latency at all is refused
     assert estimate([("step", 1, 1024, 0, 500.0, None, None, None, None)]) == [("step", 1, 1024, 500.0, None, None,
-                                                                                 None, None)]
+                                                                                 None, None, None)]
     with pytest.raises(ArgumentError, match="needs a latency in at least one round"):
         estimate([("step", 1, 1024, 0, None, 20.0, None, None, None)])
 

@@ -143,6 +143,32 @@ def _at_size(rows: Sequence[Row], *, clip: bool) -> dict[str, tuple[float, float
     return pairs
 
 
+def _reads_from_grown(at: At, by_size: dict[int, list[Row]]) -> None:
+    """Each form's step stub (``*_stub``): the part of its way out that its input's size sets,
+    moved to its way in. The grown probe's identity steps take and give the same bytes, so
+    their stub's cost on its own side (compute infer and output) was all priced by the output;
+    its ``shrink`` step reads an input of the size and answers one byte, and what that costs
+    above the smallest size is the input's part (at 4 MiB, 350 µs of an identity's 1000 µs:
+    docs/server_profiles.md, "What a stub's input costs"). A step that takes much and gives
+    little (a sum, NMS) then pays it, and one that gives much from little does not."""
+    smallest = min(by_size)
+    for kind, name in _STUB_OF.items():
+        readers = {}
+        for size, rows in by_size.items():
+            figures = [r[8] for r in rows if r[0] == GROWN_ROW + kind and r[8] is not None]
+            if figures:
+                readers[size] = median(figures)
+        base = readers.get(smallest)
+        if base is None:
+            continue
+        for size, read in readers.items():
+            if size == smallest:
+                continue
+            way_in, way_out = at[size][name]
+            moved = min(max(0.0, read - base), max(0.0, way_out))
+            at[size][name] = (way_in + moved, way_out - moved)
+
+
 # A grown probe's calls: two ways of a few bytes (grow's request, shrink's answer), and every
 # other way carries the intermediate (grow's answer, each identity's both ways, shrink's request).
 _GROWN_WAYS = 2 * GROWN_STEPS + 2
@@ -217,9 +243,10 @@ def _summary_line(sizes: Sequence[int], totals: Sequence[float], *, clip: bool) 
 
 def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...]]:
     """Fit every boundary's cost to ``(kind, steps, size, latency_us[, stub_us[, stub_in_us[, model_us[,
-    steps_us]]]])`` samples: Triton's statistics of one execution of a probe's step and its way in,
-    what a BLS probe's model held its instance (an ensemble probe: its own request time), and what a
-    grown BLS probe's step models held theirs. Returns the costs and the points to plot."""
+    steps_us[, reader_us]]]]])`` samples: Triton's statistics of one execution of a probe's step and its
+    way in, what a BLS probe's model held its instance (an ensemble probe: its own request time), what
+    a grown BLS probe's step models held theirs, and a grown probe's ``shrink`` on its stub's side.
+    Returns the costs and the points to plot."""
     rows = _checked(samples)
     sizes, figures = _fit(rows, clip=True)
     costs: dict[str, Cost] = {}
@@ -239,7 +266,7 @@ def _checked(samples: Sequence[Row]) -> list[Row]:
     """The samples as fit rows, every figure there (None where not measured), every latency > 0."""
     if not samples:
         raise ArgumentError("no samples to fit: give at least one (kind, steps, size, latency_us) row per size")
-    rows = [(str(r[0]), int(r[1]), int(r[2]), float(r[3]), *(tuple(r[4:8]) + (None,) * 4)[:4]) for r in samples]
+    rows = [(str(r[0]), int(r[1]), int(r[2]), float(r[3]), *(tuple(r[4:9]) + (None,) * 5)[:5]) for r in samples]
     if not all(r[3] > 0 for r in rows):
         raise ArgumentError("every latency must be positive (microseconds > 0); a sample of 0 or less was given")
     return rows
@@ -259,6 +286,7 @@ def _fit(rows: Sequence[Row], *, clip: bool) -> tuple[tuple[int, ...], dict[str,
     at = {s: _at_size(by_size[s], clip=clip) for s in sizes}
     _calls_from_grown(at, by_size, clip=clip)
     _gate_from_gated(at, by_size, clip=clip)
+    _reads_from_grown(at, by_size)
     figures = {}
     for name in BOUNDARIES:
         ins, outs = zip(*(at[s][name] for s in sizes), strict=True)
@@ -268,7 +296,7 @@ def _fit(rows: Sequence[Row], *, clip: bool) -> tuple[tuple[int, ...], dict[str,
 
 
 #: A probe's figures in one round: (kind, steps, size, round, latency_us, stub_us, stub_in_us,
-#: model_us, steps_us), the last four None where not measured (see measure.Sample).
+#: model_us, steps_us, reader_us), the last five None where not measured (see measure.Sample).
 RoundRow = tuple
 
 
@@ -278,9 +306,9 @@ def _by_probe(rows: Sequence[RoundRow]) -> tuple[list[tuple[str, int, int]], np.
     keys = [(str(r[0]), int(r[1]), int(r[2])) for r in rows]
     probes = {key: i for i, key in enumerate(dict.fromkeys(keys))}
     rounds = {k: i for i, k in enumerate(dict.fromkeys(r[3] for r in rows))}
-    figures = np.full((len(probes), len(rounds), 5), np.nan)
+    figures = np.full((len(probes), len(rounds), 6), np.nan)
     for key, r in zip(keys, rows, strict=True):
-        figures[probes[key], rounds[r[3]]] = np.array((tuple(r[4:9]) + (None,) * 5)[:5], float)  # None: NaN
+        figures[probes[key], rounds[r[3]]] = np.array((tuple(r[4:10]) + (None,) * 6)[:6], float)  # None: NaN
     return list(probes), figures
 
 
@@ -305,7 +333,7 @@ def _rows_of(probes: Sequence[tuple[str, int, int]], medians: np.ndarray) -> lis
 
 def estimate(rows: Sequence[RoundRow]) -> list[Row]:
     """The estimator: each probe's median over the rounds of each of its figures, as one
-    ``(kind, steps, size, latency_us, stub_us, stub_in_us, model_us, steps_us)`` row for
+    ``(kind, steps, size, latency_us, stub_us, stub_in_us, model_us, steps_us, reader_us)`` row for
     :func:`fit_costs` (a latency of at least 1 µs; no time below zero)."""
     if not rows:
         raise ArgumentError("no rounds to fit: give (kind, steps, size, round, latency_us, ...) rows")

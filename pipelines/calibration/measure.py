@@ -24,9 +24,10 @@ from .probes import BLS_KINDS, Probe
 
 __all__ = ["Budget", "Sample", "measure_lanes", "measure_probes"]
 
-#: What one probe gives in one round: (latency µs, stub µs, of which in, model's hold µs, steps' hold µs),
-#: each the median of the round's requests, its steps' own work taken off; None where not measured.
-Figures = tuple  # (float, float | None, float | None, float | None, float | None)
+#: What one probe gives in one round: (latency µs, stub µs, of which in, model's hold µs, steps' hold µs,
+#: reader µs), each the median of the round's requests, its steps' own work taken off; None where not
+#: measured.
+Figures = tuple  # (float, float | None, float | None, float | None, float | None, float | None)
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,12 @@ class Sample:
     ``steps_us``, for a grown BLS probe, what all its step models (``grow``, the identities,
     ``shrink``) held their instances for one request, less the identities' work: the hold
     less these is what its calls cost, warm, as a user's pipeline makes them.
+    ``reader_us``, for a grown probe, what one execution of its ``shrink`` step model cost in
+    its stub (compute infer + output): a step that reads an input of the size and answers one
+    byte, whose own work is nothing. Above its figure at the smallest size, it is the part of a
+    stub's cost that its input's size sets on the stub's side (docs/server_profiles.md).
 
-    Those five are read per round; the fit (:func:`pipelines.calibration.fit.fit_rounds`)
+    Those six are read per round; the fit (:func:`pipelines.calibration.fit.fit_rounds`)
     takes their medians over the rounds, and bootstraps the rounds for the intervals.
     """
 
@@ -57,8 +62,8 @@ class Sample:
     requests: int
 
     def round_rows(self) -> list[tuple]:
-        """``(kind, steps, bytes, round, latency_us, stub_us, stub_in_us, model_us, steps_us)`` per
-        round: what :func:`pipelines.calibration.fit.fit_rounds` reads."""
+        """``(kind, steps, bytes, round, latency_us, stub_us, stub_in_us, model_us, steps_us,
+        reader_us)`` per round: what :func:`pipelines.calibration.fit.fit_rounds` reads."""
         p = self.probe
         return [(p.row_kind, p.steps, p.size, k, *figures) for k, figures in enumerate(self.rounds)]
 
@@ -189,12 +194,13 @@ def measure_probes(
 class _Measured:
     """One probe's figures in one round: latencies (s), stub figures (µs: what its step models
     held, of which on the way in), the top-level model's holds (µs), all its step models' holds
-    per request (µs)."""
+    per request (µs), and a grown probe's ``shrink`` on its stub's side (µs)."""
 
     times: list[float] = field(default_factory=list)
     stubs: list[tuple[float, float]] = field(default_factory=list)
     holds: list[float] = field(default_factory=list)
     steps: list[float] = field(default_factory=list)
+    readers: list[float] = field(default_factory=list)
 
     def add_statistics(self, probe: Probe, between: Sequence[Any]) -> None:
         """What one request of ``probe`` held, from the breakdown of the statistics around it."""
@@ -203,6 +209,9 @@ class _Measured:
         hold = (_held_us(between, (probe.model,)) if bls
                 else _request_us(between, probe.model) if probe.kind == "ensemble" else None)
         steps = _held_us(between, probe.all_step_models, per_request=True) if bls and probe.grown else None
+        reader = _held_us(between, (f"{probe.pipeline}__shrink",)) if probe.grown else None
+        if reader is not None:
+            self.readers.append(reader[0] - reader[1])  # its stub's side: compute infer + output
         if stub is not None:
             self.stubs.append(stub)
         if hold is not None:
@@ -217,7 +226,8 @@ class _Measured:
         latency_us = median(self.times) * 1e6 - probe.steps * busy_us
         model_us = median(self.holds) - probe.steps * busy_us if self.holds else None
         steps_us = median(self.steps) - probe.steps * busy_us if self.steps else None
-        return (latency_us, stub_us, stub_in_us, model_us, steps_us)
+        reader_us = median(self.readers) if self.readers else None
+        return (latency_us, stub_us, stub_in_us, model_us, steps_us, reader_us)
 
 
 def _request_us(between: Sequence[Any], model: str) -> tuple[float, float] | None:

@@ -95,7 +95,7 @@ class Profile:
 
     ``rounds`` is how many rounds over every probe the calibration measured, and
     ``round_samples`` each probe's figures in each round, ``(kind, steps, bytes, round,
-    latency µs, stub µs, of which in, BLS hold µs, steps' hold µs)``: the costs are the
+    latency µs, stub µs, of which in, BLS hold µs, steps' hold µs, reader µs)``: the costs are the
     fit of their medians over the rounds, and each cost's intervals (``ci_level``, 0.95)
     a bootstrap over the rounds (:func:`pipelines.calibration.fit.fit_rounds`). Older
     profiles have none (0, ``()``).
@@ -226,14 +226,14 @@ class Profile:
                     for p in data.get("points", ())
                 ),
                 samples=tuple(
-                    (str(s[0]), int(s[1]), int(s[2]), float(s[3]), *(None if v is None else float(v) for v in s[4:8]))
+                    (str(s[0]), int(s[1]), int(s[2]), float(s[3]), *(None if v is None else float(v) for v in s[4:9]))
                     for s in data.get("samples", ())
                 ),
                 lanes=None if data.get("lanes") is None else float(data["lanes"]),
                 lanes_by_size=tuple((int(n), float(v)) for n, v in data.get("lanes_by_size", ())),
                 rounds=int(data.get("rounds", 0)),
                 round_samples=tuple(
-                    (str(s[0]), int(s[1]), int(s[2]), int(s[3]), *(None if v is None else float(v) for v in s[4:9]))
+                    (str(s[0]), int(s[1]), int(s[2]), int(s[3]), *(None if v is None else float(v) for v in s[4:10]))
                     for s in data.get("round_samples", ())
                 ),
                 ci_level=float(data.get("ci_level", 0.95)),
