@@ -6,7 +6,7 @@ and since nothing sleeps or runs on a thread the same inputs always give the sam
 from __future__ import annotations
 
 import random
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from itertools import chain
 from typing import NamedTuple
@@ -72,7 +72,7 @@ class _Server:
         # generator's threads: the benchmark's asyncio client has one, so requests that leave
         # together are sent one after another and reach the server staggered, and a BLS round or
         # a dynamic batch gathers fewer of them than if they all arrived at once.
-        self._client = simpy.Resource(env, capacity=spec.client_threads)
+        self._client = _Lock(env, spec.client_threads)
         self.models: dict[str, ModelScheduler] = {}
         self._steps = spec.steps
         names = [s.name for s in spec.steps]
@@ -132,11 +132,11 @@ class _Server:
 
         # The BLS model's own work (its way in and out, its calls' ways) is Python in its stub: one
         # GIL per instance, so a round's requests do it one at a time whatever the cores.
-        self._bls_gils = [simpy.Resource(self.env, capacity=1) for _ in range(spec.top_instances)]
+        self._bls_gils = [_Lock(self.env) for _ in range(spec.top_instances)]
         # async_exec() runs each call in a thread of the stub's default executor, which waits there
         # for the answer: at most call_threads calls of one instance are in flight (docs/prediction.md,
         # "BLS rounds"). A sync call waits in the event loop's own thread, one at a time anyway.
-        self._call_threads = [simpy.Resource(self.env, capacity=spec.call_threads) if spec.call_threads else None
+        self._call_threads = [_Lock(self.env, spec.call_threads) if spec.call_threads else None
                               for _ in range(spec.top_instances)]
         self._add_model(form, ModelScheduler(
             self.env, instances=spec.top_instances, execute=rounds, max_batch_size=spec.top_max_batch_size,
@@ -146,10 +146,8 @@ class _Server:
             # each step, which takes one call at a time (a lock in fused_model.py). Only a model
             # that several nodes share, or a round run side by side, needs that lock.
             python = {s.model_name for s in spec.steps if not s.external}
-            self._fused = [_Fused(simpy.Resource(self.env, capacity=1),
-                                  {m: simpy.Resource(self.env, capacity=1) for m in python}, threads,
-                                  simpy.Resource(self.env, capacity=1),
-                                  simpy.Resource(self.env, capacity=spec.step_threads) if spec.step_threads else None)
+            self._fused = [_Fused(_Lock(self.env), {m: _Lock(self.env) for m in python}, threads, _Lock(self.env),
+                                  _Lock(self.env, spec.step_threads) if spec.step_threads else None)
                            for threads in self._call_threads]
             nodes = Counter(s.model_name for s in spec.steps)
             self._shared = {m for m in python if nodes[m] > 1}
@@ -262,8 +260,7 @@ class _Server:
 
         return execute
 
-    def _call(self, step: StepSpec, rows: int, gil: simpy.Resource | None = None,
-              threads: simpy.Resource | None = None) -> Flow:
+    def _call(self, step: StepSpec, rows: int, gil: _Lock | None = None, threads: _Lock | None = None) -> Flow:
         """A BLS call of a step's model: the call's way in, the model, its way out. An async call
         holds one of its instance's ``threads`` from when it is sent until its answer is back."""
         ways = self._call_memo.get((step.name, rows))
@@ -273,24 +270,23 @@ class _Server:
                 self._tensors(call, _IN, rows * step.in_bytes, step.in_tensors),
                 self._tensors(call, _OUT, rows * step.out_bytes, step.out_tensors))
         yield from self._in_stub(ways[0], gil)
-        thread = threads.request() if threads is not None else None
-        if thread is not None:
-            yield thread
+        if threads is not None:
+            yield from threads.take()
         since = self.env.now
         yield self.models[step.model_name].submit(rows, step)
         yield from self._woken(since)  # the BLS model's stub waited for the call's answer
-        if thread is not None:
-            threads.release(thread)  # its thread is free once the answer is back
+        if threads is not None:
+            threads.give()  # its thread is free once the answer is back
         yield from self._in_stub(ways[1], gil)
 
-    def _in_stub(self, cost: Cost, gil: simpy.Resource | None) -> Flow:
+    def _in_stub(self, cost: Cost, gil: _Lock | None) -> Flow:
         """``cost`` as CPU work, holding ``gil`` (a BLS instance's) where there is one."""
         if gil is None or not cost:
             yield self.cores.pay(cost)
             return
-        with gil.request() as held:
-            yield held
-            yield self.cores.pay(cost)
+        yield from gil.take()
+        yield self.cores.pay(cost)
+        gil.give()
 
     # ------------------------------------------------------------------ ensemble
 
@@ -298,9 +294,9 @@ class _Server:
         """A request's way in or out: its cost is CPU work, done in one of the client's threads."""
         if not cost:
             return
-        with self._client.request() as turn:
-            yield turn
-            yield self.cores.pay(cost)
+        yield from self._client.take()
+        yield self.cores.pay(cost)
+        self._client.give()
 
     def _ensemble_request(self) -> Flow:
         sent = self.env.now
@@ -353,7 +349,7 @@ class _Server:
         else:
             yield self.env.all_of([self.env.process(self._bls_request(w.rows, gil, threads)) for w in batch])
 
-    def _bls_request(self, rows: int, gil: simpy.Resource, threads: simpy.Resource | None) -> Flow:
+    def _bls_request(self, rows: int, gil: _Lock, threads: _Lock | None) -> Flow:
         drawn: dict[tuple[str, ...], int] = {}
         yield from self._dag(lambda step, _alone: self._call_held(step, rows, drawn, gil, threads))
         yield from self._in_stub(self._top_out, gil)
@@ -380,7 +376,7 @@ class _Server:
         return rows
 
     def _call_held(self, step: StepSpec, rows: int, drawn: dict[tuple[str, ...], int],
-                   gil: simpy.Resource | None = None, threads: simpy.Resource | None = None) -> Flow:
+                   gil: _Lock | None = None, threads: _Lock | None = None) -> Flow:
         """A BLS call of ``step`` on the rows its ``when`` blocks hold; none where none does."""
         held = self._held(step, rows, drawn) if step.when else rows
         if held:
@@ -426,26 +422,48 @@ class _Server:
             phases = self._fused_memo[step.name, rows] = _gil_phases(step, rows)
         gil_span, gil_cap, free_span, free_cap = phases
         lock = fused.locks[step.model_name] if step.model_name in locked else None
-        if lock is not None:
-            own = lock.request()
-            yield own
         thread = fused.loop if alone else fused.pool
-        turn = thread.request() if thread is not None else None
-        if turn is not None:
-            yield turn
-        yield from self._gil_then_free(fused.gil, gil_span, gil_cap, free_span, free_cap, step.memory)
-        if turn is not None:
-            thread.release(turn)
         if lock is not None:
-            lock.release(own)
+            yield from lock.take()
+        if thread is not None:
+            yield from thread.take()
+        yield from self._gil_then_free(fused.gil, gil_span, gil_cap, free_span, free_cap, step.memory)
+        if thread is not None:
+            thread.give()
+        if lock is not None:
+            lock.give()
 
-    def _gil_then_free(self, gil: simpy.Resource, gil_span: float, gil_cap: float, free_span: float,
+    def _gil_then_free(self, gil: _Lock, gil_span: float, gil_cap: float, free_span: float,
                        free_cap: float, memory: float) -> Flow:
         if gil_span > 0.0:
-            with gil.request() as held:
-                yield held
-                yield self.cores.run(gil_span, gil_cap, memory)
+            yield from gil.take()
+            yield self.cores.run(gil_span, gil_cap, memory)
+            gil.give()
         yield self.cores.run(free_span, free_cap, memory)
+
+
+class _Lock:
+    """``capacity`` holders at a time, the others waiting in turn: a ``simpy.Resource`` that
+    costs no event when it is free (a third of a BLS prediction's events were its GIL's)."""
+
+    __slots__ = ("env", "free", "waiting")
+
+    def __init__(self, env: simpy.Environment, capacity: int = 1) -> None:
+        self.env, self.free, self.waiting = env, capacity, deque()
+
+    def take(self) -> Flow:
+        if self.free > 0 and not self.waiting:
+            self.free -= 1
+            return
+        turn = self.env.event()
+        self.waiting.append(turn)
+        yield turn
+
+    def give(self) -> None:
+        if self.waiting:
+            self.waiting.popleft().succeed()  # the place passes to the next in turn
+        else:
+            self.free += 1
 
 
 class _Fused(NamedTuple):
@@ -453,11 +471,11 @@ class _Fused(NamedTuple):
     threads its external steps' async_exec() calls run in, its event loop's thread, and the pool
     of threads its Python steps run in otherwise (None: no limit)."""
 
-    gil: simpy.Resource
-    locks: Mapping[str, simpy.Resource]
-    threads: simpy.Resource | None
-    loop: simpy.Resource
-    pool: simpy.Resource | None
+    gil: _Lock
+    locks: Mapping[str, _Lock]
+    threads: _Lock | None
+    loop: _Lock
+    pool: _Lock | None
 
 
 def _curve(points: Sequence[tuple[float, float]]) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
