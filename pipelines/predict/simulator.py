@@ -6,10 +6,9 @@ and since nothing sleeps or runs on a thread the same inputs always give the sam
 from __future__ import annotations
 
 import random
-from collections import Counter, deque
-from collections.abc import Callable, Collection, Generator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Generator, Sequence
 from itertools import chain
-from typing import NamedTuple
 
 import numpy as np
 import simpy
@@ -17,6 +16,7 @@ import simpy
 from ..errors import PipelinesError
 from .batcher import Execute, ModelScheduler, Waiting
 from .clients import Meter, Snapshot, closed_loop, open_loop, run_measured
+from .locks import FusedInstance, Lock
 from .processor_sharing import Cores, Cost
 from .simulation_checks import CALL, FORMS, STUB, TOP, check
 from .spec import Load, SimResult, SimSpec, StepSpec, interp
@@ -72,7 +72,7 @@ class _Server:
         # generator's threads: the benchmark's asyncio client has one, so requests that leave
         # together are sent one after another and reach the server staggered, and a BLS round or
         # a dynamic batch gathers fewer of them than if they all arrived at once.
-        self._client = _Lock(env, spec.client_threads)
+        self._client = Lock(env, spec.client_threads)
         self.models: dict[str, ModelScheduler] = {}
         self._steps = spec.steps
         names = [s.name for s in spec.steps]
@@ -132,11 +132,11 @@ class _Server:
 
         # The BLS model's own work (its way in and out, its calls' ways) is Python in its stub: one
         # GIL per instance, so a round's requests do it one at a time whatever the cores.
-        self._bls_gils = [_Lock(self.env) for _ in range(spec.top_instances)]
+        self._bls_gils = [Lock(self.env) for _ in range(spec.top_instances)]
         # async_exec() runs each call in a thread of the stub's default executor, which waits there
         # for the answer: at most call_threads calls of one instance are in flight (docs/prediction.md,
         # "BLS rounds"). A sync call waits in the event loop's own thread, one at a time anyway.
-        self._call_threads = [_Lock(self.env, spec.call_threads) if spec.call_threads else None
+        self._call_threads = [Lock(self.env, spec.call_threads) if spec.call_threads else None
                               for _ in range(spec.top_instances)]
         self._add_model(form, ModelScheduler(
             self.env, instances=spec.top_instances, execute=rounds, max_batch_size=spec.top_max_batch_size,
@@ -146,8 +146,8 @@ class _Server:
             # each step, which takes one call at a time (a lock in fused_model.py). Only a model
             # that several nodes share, or a round run side by side, needs that lock.
             python = {s.model_name for s in spec.steps if not s.external}
-            self._fused = [_Fused(_Lock(self.env), {m: _Lock(self.env) for m in python}, threads, _Lock(self.env),
-                                  _Lock(self.env, spec.step_threads) if spec.step_threads else None)
+            self._fused = [FusedInstance(Lock(self.env), {m: Lock(self.env) for m in python}, threads, Lock(self.env),
+                                  Lock(self.env, spec.step_threads) if spec.step_threads else None)
                            for threads in self._call_threads]
             nodes = Counter(s.model_name for s in spec.steps)
             self._shared = {m for m in python if nodes[m] > 1}
@@ -260,7 +260,7 @@ class _Server:
 
         return execute
 
-    def _call(self, step: StepSpec, rows: int, gil: _Lock | None = None, threads: _Lock | None = None) -> Flow:
+    def _call(self, step: StepSpec, rows: int, gil: Lock | None = None, threads: Lock | None = None) -> Flow:
         """A BLS call of a step's model: the call's way in, the model, its way out. An async call
         holds one of its instance's ``threads`` from when it is sent until its answer is back."""
         ways = self._call_memo.get((step.name, rows))
@@ -279,7 +279,7 @@ class _Server:
             threads.give()  # its thread is free once the answer is back
         yield from self._in_stub(ways[1], gil)
 
-    def _in_stub(self, cost: Cost, gil: _Lock | None) -> Flow:
+    def _in_stub(self, cost: Cost, gil: Lock | None) -> Flow:
         """``cost`` as CPU work, holding ``gil`` (a BLS instance's) where there is one."""
         if gil is None or not cost:
             yield self.cores.pay(cost)
@@ -349,7 +349,7 @@ class _Server:
         else:
             yield self.env.all_of([self.env.process(self._bls_request(w.rows, gil, threads)) for w in batch])
 
-    def _bls_request(self, rows: int, gil: _Lock, threads: _Lock | None) -> Flow:
+    def _bls_request(self, rows: int, gil: Lock, threads: Lock | None) -> Flow:
         drawn: dict[tuple[str, ...], int] = {}
         yield from self._dag(lambda step, _alone: self._call_held(step, rows, drawn, gil, threads))
         yield from self._in_stub(self._top_out, gil)
@@ -376,7 +376,7 @@ class _Server:
         return rows
 
     def _call_held(self, step: StepSpec, rows: int, drawn: dict[tuple[str, ...], int],
-                   gil: _Lock | None = None, threads: _Lock | None = None) -> Flow:
+                   gil: Lock | None = None, threads: Lock | None = None) -> Flow:
         """A BLS call of ``step`` on the rows its ``when`` blocks hold; none where none does."""
         held = self._held(step, rows, drawn) if step.when else rows
         if held:
@@ -394,18 +394,18 @@ class _Server:
             # Side by side: every step's instance in this fused instance takes one call at a time.
             yield self.env.all_of([self.env.process(self._fused_request(w.rows, fused)) for w in batch])
 
-    def _fused_request(self, rows: int, fused: _Fused) -> Flow:
+    def _fused_request(self, rows: int, fused: FusedInstance) -> Flow:
         drawn: dict[tuple[str, ...], int] = {}
         yield from self._dag(lambda step, alone: self._fused_held(step, rows, drawn, fused, fused.locks, alone))
         yield self.cores.pay(self._top_out)
 
-    def _fused_held(self, step: StepSpec, rows: int, drawn: dict[tuple[str, ...], int], fused: _Fused,
+    def _fused_held(self, step: StepSpec, rows: int, drawn: dict[tuple[str, ...], int], fused: FusedInstance,
                     locked: Collection[str], alone: bool) -> Flow:
         held = self._held(step, rows, drawn) if step.when else rows
         if held:
             yield from self._fused_step(step, held, fused, locked, alone)
 
-    def _fused_step(self, step: StepSpec, rows: int, fused: _Fused, locked: Collection[str], alone: bool) -> Flow:
+    def _fused_step(self, step: StepSpec, rows: int, fused: FusedInstance, locked: Collection[str], alone: bool) -> Flow:
         """A step inside the fused model's process. Its ``gil_share`` of CPU time holds the
         instance's GIL, taken as one phase before the rest: the GIL's total hold, and so how far
         two steps of one instance overlap, is what the profile says, in whatever slices the
@@ -433,49 +433,13 @@ class _Server:
         if lock is not None:
             lock.give()
 
-    def _gil_then_free(self, gil: _Lock, gil_span: float, gil_cap: float, free_span: float,
+    def _gil_then_free(self, gil: Lock, gil_span: float, gil_cap: float, free_span: float,
                        free_cap: float, memory: float) -> Flow:
         if gil_span > 0.0:
             yield from gil.take()
             yield self.cores.run(gil_span, gil_cap, memory)
             gil.give()
         yield self.cores.run(free_span, free_cap, memory)
-
-
-class _Lock:
-    """``capacity`` holders at a time, the others waiting in turn: a ``simpy.Resource`` that
-    costs no event when it is free (a third of a BLS prediction's events were its GIL's)."""
-
-    __slots__ = ("env", "free", "waiting")
-
-    def __init__(self, env: simpy.Environment, capacity: int = 1) -> None:
-        self.env, self.free, self.waiting = env, capacity, deque()
-
-    def take(self) -> Flow:
-        if self.free > 0 and not self.waiting:
-            self.free -= 1
-            return
-        turn = self.env.event()
-        self.waiting.append(turn)
-        yield turn
-
-    def give(self) -> None:
-        if self.waiting:
-            self.waiting.popleft().succeed()  # the place passes to the next in turn
-        else:
-            self.free += 1
-
-
-class _Fused(NamedTuple):
-    """One fused instance's own: its process's GIL, its step instances' locks (by model), the
-    threads its external steps' async_exec() calls run in, its event loop's thread, and the pool
-    of threads its Python steps run in otherwise (None: no limit)."""
-
-    gil: _Lock
-    locks: Mapping[str, _Lock]
-    threads: _Lock | None
-    loop: _Lock
-    pool: _Lock | None
 
 
 def _curve(points: Sequence[tuple[float, float]]) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
