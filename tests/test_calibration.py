@@ -27,7 +27,7 @@ from pipelines.calibration import (
 from pipelines.calibration.fit import crossings, predict_us
 from pipelines.calibration.measure import Budget, measure_probes
 from pipelines.calibration.probes import BLS_KINDS, CHAINS, GROWN_ROW, KINDS, SIZES, Probe, probe_plan, probe_repository
-from pipelines.calibration.profile import BOUNDARIES
+from pipelines.calibration.profile import BOUNDARIES, with_stand_ins
 from pipelines.cli import main as cli_main
 from pipelines.errors import ArgumentError, PipelinesError
 
@@ -41,11 +41,21 @@ TRUE = {
 }
 
 
+def _probe_us(costs, p):
+    """A probe's latency by ``costs``: a grown ensemble's request, answer, stub and hand-offs of a few
+    bytes priced at the smallest size, its three other stubs and hand-offs of its size."""
+    if not (p.grown and p.kind == "ensemble"):
+        return predict_us(costs, p.kind, p.steps, p.size)
+    priced = with_stand_ins(costs)
+    per_step = priced["ensemble_step"].us(2 * p.size) + priced["ensemble_stub"].us(2 * p.size)
+    return predict_us(costs, "ensemble", 1, min(SIZES)) + (p.steps + 1) * per_step
+
+
 def _synthetic(noise: float = 0.0, seed: int = 0, stub: bool = True):
     rows = []
     for p in probe_plan():
         rng = np.random.default_rng((seed, KINDS.index(p.kind), p.steps, p.size))  # a probe's noise is its own
-        latency = predict_us(TRUE, p.kind, p.steps, p.size) * (1 + noise * rng.uniform(-1, 1))
+        latency = _probe_us(TRUE, p) * (1 + noise * rng.uniform(-1, 1))
         stub_us = TRUE["stub"].us(2 * p.size) * (1 + noise * rng.uniform(-1, 1)) if stub else None
         rows.append((p.row_kind, p.steps, p.size, latency, stub_us))
     return rows
@@ -180,7 +190,8 @@ def test_the_interval_of_a_cost_is_the_bootstrap_of_its_median_over_the_rounds()
 
 
 def test_the_bootstrap_draws_whole_rounds_so_a_spell_that_moves_a_sizes_probes_alike_leaves_its_differences():
-    # Each round adds its own delay to every request of 4 MiB (the client's send stalling, say):
+    # Each round adds its own delay to every request of 4 MiB (the client's send stalling, say; the
+    # grown probes' requests are a few bytes):
     # the request absorbs it, and its interval is wide; an ensemble step is the slope of the
     # ensemble's chains, which the delay shifts alike in every draw of whole rounds, so its
     # interval is a point. Drawn probe by probe, the chains would mix rounds and it would not be.
@@ -188,7 +199,7 @@ def test_the_bootstrap_draws_whole_rounds_so_a_spell_that_moves_a_sizes_probes_a
     delays = [0.0, 3000.0, 800.0, 1500.0, 200.0, 2500.0, 100.0]
 
     def stall(k, r):
-        return (r[3] + delays[k], r[4]) if r[2] == 4 * MIB else (r[3], r[4])
+        return (r[3] + delays[k], r[4]) if r[2] == 4 * MIB and r[0] in KINDS else (r[3], r[4])
 
     costs, _, _ = fit_rounds(_rounds(rows, 7, stall), resamples=500)
     i = costs["request"].sizes.index(4 * MIB)
@@ -276,7 +287,7 @@ def test_the_profile_keeps_the_grown_probes_stubs_and_the_calls_are_read_against
     true = dict(TRUE, ensemble_stub=Cost(300.0, 1500.0), bls_stub=Cost(250.0, 1400.0), bls_sync_stub=Cost(250.0, 1400.0))
     warm = {"ensemble": Cost(200.0, 1000.0), "bls": Cost(180.0, 900.0), "bls-sync": Cost(170.0, 950.0)}
     stub_of = {"step": "stub", "ensemble": "ensemble_stub", "bls": "bls_stub", "bls-sync": "bls_sync_stub"}
-    rows = [(p.row_kind, p.steps, p.size, predict_us(true, p.kind, p.steps, p.size),
+    rows = [(p.row_kind, p.steps, p.size, _probe_us(dict(true, ensemble_stub=warm["ensemble"]) if p.grown else true, p),
              (warm[p.kind] if p.grown else true[stub_of[p.kind]]).us(2 * p.size)) for p in probe_plan()]
     assert any(r[0] == "grown bls" for r in rows)
     costs, points = fit_costs(rows)
@@ -303,7 +314,7 @@ def test_a_bls_call_above_the_smallest_size_is_priced_by_the_grown_probe_that_ma
     smallest = min(p.size for p in probe_plan())
     rows = []
     for p in probe_plan():
-        latency = predict_us(true, p.kind, p.steps, p.size)
+        latency = _probe_us(true, p)
         held = steps_held = None
         if p.kind in BLS_KINDS:
             held = latency - true["request"].us(2 * p.size)
@@ -323,15 +334,40 @@ def test_a_bls_call_above_the_smallest_size_is_priced_by_the_grown_probe_that_ma
     assert cold["bls_call"].us_per_mib == pytest.approx(true["bls_call"].us_per_mib, rel=1e-6)
 
 
+def test_an_ensembles_hand_off_above_the_smallest_size_is_priced_by_the_grown_ensemble():
+    # the chains carry the tensor in the request and take turns: their slope less their own stubs
+    # prices a hand-off cold; the grown ensemble's latency less its stubs, above the same at the
+    # smallest size, is six hand-offs of the size made back to back as a user's pipeline makes them
+    warm = Cost(20.0, 700.0)
+    smallest = min(SIZES)
+    rows = []
+    for p in probe_plan():
+        costs = TRUE
+        if p.grown and p.kind == "ensemble":  # its hand-offs are warm, its small ones the chains'
+            costs = dict(TRUE, ensemble_step=Cost(TRUE["ensemble_step"].us(2 * smallest) - warm.us(2 * smallest)
+                                                  + warm.fixed_us, warm.us_per_mib))
+        rows.append((p.row_kind, p.steps, p.size, _probe_us(costs, p), TRUE["stub"].us(2 * p.size)))
+    fitted, _ = fit_costs(rows)
+    step = fitted["ensemble_step"]
+    assert step.way_us(smallest, leaving=True) == pytest.approx(TRUE["ensemble_step"].us(2 * smallest) / 2)
+    for size in sorted(set(SIZES) - {smallest}):
+        expected = (TRUE["ensemble_step"].us(2 * smallest) + warm.us(2 * size) - warm.us(2 * smallest)) / 2
+        for leaving in (False, True):
+            assert step.way_us(size, leaving=leaving) == pytest.approx(expected), size
+    # without the grown ensemble (a profile measured before it), the chains price every size
+    cold, _ = fit_costs([r for r in rows if r[0] != GROWN_ROW + "ensemble"])
+    assert cold["ensemble_step"].us_per_mib == pytest.approx(TRUE["ensemble_step"].us_per_mib, rel=1e-6)
+
+
 def test_a_gated_ensemble_pays_what_the_gated_probe_took_beyond_the_grown_one_and_its_gate():
     # the gated probe is the grown ensemble with one identity model for both identity nodes: its
     # failure tensors and gate model cost the difference, less the gate's step and stub (a few bytes)
     charged = 2 * TRUE["ensemble_step"].us(2 * 1024) + TRUE["stub"].us(2 * 1024)  # every stub priced as "stub"
     rows = []
     for p in probe_plan():
-        latency = predict_us(TRUE, p.kind, p.steps, p.size)
+        latency = _probe_us(TRUE, p)
         if p.gated:
-            latency = predict_us(TRUE, "ensemble", p.steps, p.size) + charged + 900.0
+            latency = _probe_us(TRUE, Probe("ensemble", p.steps, p.size, grown=True)) + charged + 900.0
         rows.append((p.row_kind, p.steps, p.size, latency, None if p.gated else TRUE["stub"].us(2 * p.size)))
     assert sum(r[0] == "gated ensemble" for r in rows) == len({p.size for p in probe_plan()})
     costs, points = fit_costs(rows)

@@ -194,6 +194,37 @@ def _calls_from_grown(at: At, by_size: dict[int, list[Row]], *, clip: bool) -> N
             at[size][call] = (way, way)
 
 
+def _grown_ensemble_left(at: At, by_size: dict[int, list[Row]], size: int) -> float | None:
+    """What the grown ensemble took at ``size`` beyond its four stubs (grow's and shrink's with one way of
+    a few bytes, the identities' with both of the size), or None where it was not measured: its
+    request and answer of a few bytes, and its steps' hand-offs, two of a few bytes and six of the size."""
+    latency = [r[3] for r in by_size[size] if r[0] == GROWN_ROW + "ensemble"]
+    if not latency:
+        return None
+    small = sum(at[min(at)]["ensemble_stub"])
+    return median(latency) - small - (GROWN_STEPS + 1) * sum(at[size]["ensemble_stub"])
+
+
+def _steps_from_grown(at: At, by_size: dict[int, list[Row]], *, clip: bool) -> None:
+    """The ensemble's hand-off of a step's tensors (``ensemble_step``) at each size above the smallest,
+    where the grown ensemble was measured: the smallest size's, and a sixth of what the grown ensemble
+    took beyond its stubs above what it took so at the smallest size (six hand-offs carry the size;
+    its request, answer and two hand-offs of a few bytes are the same at every size). The chains'
+    slope less their own stubs, taken cold and in turns, priced it at nothing at 4 MiB, where the
+    grown ensemble took 370 µs more than the profile priced it by (docs/server_profiles.md,
+    "An ensemble's hand-offs from the grown probe")."""
+    smallest = min(at)
+    base = _grown_ensemble_left(at, by_size, smallest)
+    if base is None:
+        return
+    small_way = sum(at[smallest]["ensemble_step"]) / 2
+    for size in at:
+        left = _grown_ensemble_left(at, by_size, size) if size != smallest else None
+        if left is not None:
+            way = _clipped(small_way + (left - base) / _GROWN_WAYS, clip)
+            at[size]["ensemble_step"] = (way, way)
+
+
 def _gate_from_gated(at: At, by_size: dict[int, list[Row]], *, clip: bool) -> None:
     """What a gated ensemble pays beyond an ungated one, at each size where both grown probes were
     measured: the gated probe's latency less the grown ensemble's, less what the profile already
@@ -285,6 +316,7 @@ def _fit(rows: Sequence[Row], *, clip: bool) -> tuple[tuple[int, ...], dict[str,
     sizes = tuple(sorted(by_size))
     at = {s: _at_size(by_size[s], clip=clip) for s in sizes}
     _calls_from_grown(at, by_size, clip=clip)
+    _steps_from_grown(at, by_size, clip=clip)
     _gate_from_gated(at, by_size, clip=clip)
     _reads_from_grown(at, by_size)
     figures = {}
