@@ -483,16 +483,29 @@ def test_every_round_measures_every_probe_of_every_size_so_a_spell_of_the_machin
 
 def test_the_grown_probes_of_a_size_take_turns_in_bursts_whose_first_request_is_not_timed():
     # back to back, as a pipeline's requests come, yet side by side with the other forms' grown
-    # probes, so that a spell of the machine moves every form's figures alike
+    # probes, so that a spell of the machine moves every form's figures alike; the statistics are
+    # read around the timed requests of a burst whole, as a read between two would part them
     probes = [p for p in probe_plan(chains=(1,), sizes=(1 << 20,)) if p.grown]
     server = _VirtualServer(lambda model, size, call: 0.020 if not server.calls or server.calls[-1][0] != model
                             else 0.002)  # a model called after another one answers late
-    samples = measure_probes(server.infer, probes, Budget(rounds=2, min_requests=2, max_requests=2, seconds=0.0,
-                                                          warmup=0), clock=server.clock)
+
+    def statistics(model):
+        server.calls.append(("statistics", 0))
+        return {"model_stats": []}
+
+    samples = measure_probes(server.infer, probes, Budget(rounds=2, min_requests=4, max_requests=4, seconds=0.0,
+                                                          warmup=0), clock=server.clock, statistics=statistics)
+    burst = 1 + 4  # one untimed, four timed
     models = [p.model for p in probes]
-    assert [m for m, _ in server.calls] == [m for _ in range(2) for m in models for _ in range(3)]  # a burst of three
+    infers = [m for m, _ in server.calls if m != "statistics"]
+    assert infers == [m for _ in range(2) for m in models for _ in range(burst)]
+    reads = [m for m, _ in server.calls]
+    for model in models:  # each burst: untimed, read, four timed with no read between them, read
+        assert reads.count(model) == 2 * burst
+        first = reads.index(model)
+        assert reads[first:first + burst + 2] == [model, "statistics", *[model] * 4, "statistics"]
     for sample in samples:
-        assert sample.requests == 4 and [f[0] for f in sample.rounds] == [pytest.approx(2000.0)] * 2, sample
+        assert sample.requests == 8 and [f[0] for f in sample.rounds] == [pytest.approx(2000.0)] * 2, sample
 
 
 def test_a_budget_must_measure_something():

@@ -97,8 +97,10 @@ class Budget:
 
 
 # A grown probe's requests come in bursts of this many timed ones, after one untimed: back to back,
-# as a pipeline's requests are, and in turns with the other kinds' grown probes of the size.
-_GROWN_BURST = 2
+# as a pipeline's requests are, and in turns with the other kinds' grown probes of the size. Only
+# the first of a burst follows a read of the statistics (which makes a 4 MiB request 4-9 % faster:
+# docs/server_profiles.md, "A burst is read whole").
+_GROWN_BURST = 4
 
 
 def measure_probes(
@@ -131,10 +133,10 @@ def measure_probes(
       4 MiB, 2.0 ms a stub back to back against 2.7 ms taken in turns with other models,
       on the bundled server: docs/server_profiles.md). So the grown probes of one size take
       turns in bursts of :data:`_GROWN_BURST` timed requests after an untimed one, which
-      warms the model again.
+      warms the model again, and the statistics are read around the timed ones whole.
 
     ``statistics(model)`` (Triton's statistics API answer), when given, is read around each
-    timed request for the stub's own cost, and for a BLS or ensemble probe its top-level
+    timed request of a chain (around each burst of a grown probe) for the stub's own cost, and for a BLS or ensemble probe its top-level
     model's (what it holds its instance, or the request; see :class:`Sample`). ``busy_ms`` is
     what each probe step works before it answers (:data:`~pipelines.calibration.probes.BUSY_MS`):
     it is taken off them all, so that a sample holds the server's costs only. ``clock`` is what times requests and rounds
@@ -175,11 +177,16 @@ def measure_probes(
                         t = clock()
                         infer(probe.model, inputs)
                         measured[i].times.append(clock() - t)
-                        if statistics is not None:
-                            # read around every request, so the stub's figure is a median as the latency is
+                        if statistics is not None and not warm:
+                            # a chain's: read around every request, so the stub's figure is a median as the latency is
                             now = parse_statistics(statistics(""))  # every model: the probe's step models in one answer
                             measured[i].add_statistics(probe, breakdown(last, now))
                             last = now
+                    if warm and statistics is not None:
+                        # a burst's: read around it whole, as a read between its requests would part them
+                        now = parse_statistics(statistics(""))
+                        measured[i].add_statistics(probe, breakdown(last, now), requests=timed)
+                        last = now
                 turns += 1
             for i in members:
                 rounds[i].append(measured[i].figures(probes[i], busy_us))
@@ -202,8 +209,9 @@ class _Measured:
     steps: list[float] = field(default_factory=list)
     readers: list[float] = field(default_factory=list)
 
-    def add_statistics(self, probe: Probe, between: Sequence[Any]) -> None:
-        """What one request of ``probe`` held, from the breakdown of the statistics around it."""
+    def add_statistics(self, probe: Probe, between: Sequence[Any], requests: int = 1) -> None:
+        """What one request of ``probe`` held, from the breakdown of the statistics around
+        ``requests`` of its requests (the mean of theirs)."""
         stub = _held_us(between, probe.stub_models)
         bls = probe.kind in BLS_KINDS
         hold = (_held_us(between, (probe.model,)) if bls
@@ -217,7 +225,7 @@ class _Measured:
         if hold is not None:
             self.holds.append(hold[0])
         if steps is not None:
-            self.steps.append(steps[0])
+            self.steps.append(steps[0] / requests)
 
     def figures(self, probe: Probe, busy_us: float) -> Figures:
         """The round's :data:`Figures`: the median of each over its requests, the steps' work taken off."""
