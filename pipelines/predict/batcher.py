@@ -33,8 +33,7 @@ class Waiting(NamedTuple):
     what: Any
 
 
-#: One execution's work, run while it holds an instance: given its requests and the instance's
-#: index, a SimPy process body.
+#: One execution's work while it holds an instance: given its requests and the instance's index, a SimPy process body.
 Execute = Callable[[Sequence[Waiting], int], Generator[simpy.Event, object, None]]
 
 
@@ -47,9 +46,7 @@ class _Payload:
 
     def __init__(self) -> None:
         self.requests: list[Waiting] = []
-        self.rows = 0
-        self.start = 0.0
-        self.state = "forming"
+        self.rows, self.start, self.state = 0, 0.0, "forming"
 
     def add(self, waiting: Waiting) -> None:
         self.start = waiting.since if not self.requests else min(self.start, waiting.since)
@@ -58,32 +55,17 @@ class _Payload:
 
 
 class ModelScheduler:
-    """A model's queue and instances. ``max_batch_size`` 0, or no ``dynamic_batching``: one
-    request an execution, in arrival order. Otherwise Triton's dynamic batcher (2.51,
-    ``DynamicBatchScheduler`` and the rate limiter's payload queue), step by step, as
-    docs/prediction.md, "The queues", tells it: a batcher thread moves requests into a payload
-    (:meth:`_batch`); a queued payload keeps growing, but the thread looks at the queue again
-    only when woken (an arrival that makes up what the payload lacked of its next preferred
-    size, its own timer, a payload taken or done); at most two payloads an instance wait; an
-    instance that takes a payload merges those queued behind it that fit and have waited out
-    the delay. That is why a server forms smaller batches than "every request waiting when an
-    instance frees": ``capacity:batched`` at concurrency 16 averaged 6.3 rows of 8 on the
-    server, 6.0 here.
-
-    ``busy()`` is the instance-µs spent so far, for the model's utilisation.
+    """A model's queue and instances. ``max_batch_size`` 0, or no ``dynamic_batching``: one request an execution,
+    in arrival order. Otherwise Triton's dynamic batcher (2.51, ``DynamicBatchScheduler`` and the rate limiter's
+    payload queue), step by step, as docs/prediction.md, "The queues", tells it, with why a server forms smaller
+    batches than "every request waiting when an instance frees": a batcher thread moves requests into a payload
+    (:meth:`_batch`), which keeps growing while it waits for an instance, but only when the thread is woken (see
+    :meth:`submit`); at most two payloads an instance wait. ``busy()`` is the instance-µs spent so far.
     """
 
-    def __init__(
-        self,
-        env: simpy.Environment,
-        *,
-        instances: int,
-        execute: Execute,
-        max_batch_size: int = 0,
-        dynamic_batching: bool = False,
-        preferred_batch_sizes: Sequence[int] = (),
-        max_queue_delay_us: float = 0.0,
-    ) -> None:
+    def __init__(self, env: simpy.Environment, *, instances: int, execute: Execute, max_batch_size: int = 0,
+                 dynamic_batching: bool = False, preferred_batch_sizes: Sequence[int] = (),
+                 max_queue_delay_us: float = 0.0) -> None:
         self.env = env
         self.instances = instances
         self._execute = execute
@@ -93,15 +75,10 @@ class ModelScheduler:
         self._delay = float(max_queue_delay_us)
         self._queue: deque[Waiting] = deque()
         self._free = list(range(instances - 1, -1, -1))  # pop() hands out instance 0 first
-        self._running = 0
-        self._busy = 0.0
-        self._at = 0.0
-        # the batcher thread's state (Triton's names: curr_payload_, payload_saturated_,
-        # next_preferred_batch_size_, queued_batch_size_) and the payloads waiting for an instance
-        self._payload = _Payload()
-        self._saturated = False
-        self._next_preferred = 0
-        self._queued_rows = 0
+        self._running, self._busy, self._at = 0, 0.0, 0.0  # executions running, instance-µs spent until _at
+        # the batcher thread's state (Triton's curr_payload_, payload_saturated_, next_preferred_batch_size_,
+        # queued_batch_size_) and the payloads waiting for an instance
+        self._payload, self._saturated, self._next_preferred, self._queued_rows = _Payload(), False, 0, 0
         self._waiting: deque[_Payload] = deque()
         self._woken = False
         self._sleep = 0  # a timer wakes the thread only if it still sleeps the sleep it was set for
@@ -139,9 +116,8 @@ class ModelScheduler:
         self._at = now
 
     def _wake(self) -> None:
-        """Look at the queue once everything else of this instant has happened. Triton's batcher
-        is a thread woken by the queue: the requests that reach it together (a batch's answers
-        going on to the next step, clients starting at once) are there when it looks."""
+        """Look at the queue once everything else of this instant has happened: Triton's batcher is a thread woken by
+        the queue, so the requests that reach it together (a batch's answers, clients starting at once) are there."""
         if not self._woken:
             self._woken = True
             self.env.timeout(0).callbacks.append(self._on_wake)
@@ -215,8 +191,7 @@ class ModelScheduler:
             return 0.0, count
         if expired or self._delay == 0.0:
             return 0.0, count
-        above = [p for p in self._preferred if p > in_payload + rows]
-        nearest = above[0] if above else self._preferred[0]
+        nearest = next((p for p in self._preferred if p > in_payload + rows), self._preferred[0])
         self._next_preferred = nearest - in_payload
         if not self._saturated and in_payload and in_payload not in self._preferred:
             return 0.0, count  # a queued payload that can grow takes them now
@@ -255,8 +230,7 @@ class ModelScheduler:
         self._free.append(instance)
         for waiting in batch:
             waiting.done.succeed()
-        # The instance's thread goes straight on to the next payload; the batcher thread, woken
-        # by this payload's callback, looks at the queue after it (requests still in the queue
-        # are not in the payload the instance takes).
+        # The instance's thread goes straight on to the next payload; the batcher thread, woken by this payload's
+        # callback, looks at the queue after it (requests still in the queue are not in the payload it takes).
         self._dispatch()
         self._wake()

@@ -1,7 +1,6 @@
-"""The simulated clients and what they measure. Closed loop as perf_analyzer (each client sends
-its next request when its answer arrives) or open loop (Poisson arrivals from a seeded RNG, so
-a run repeats exactly). Clients never stop: the run ends at the last measured answer, so every
-measured request saw the full load, never the tail of a draining run.
+"""The simulated clients and what they measure. Closed loop as perf_analyzer (each client sends its next request when
+its answer arrives) or open loop (Poisson arrivals from a seeded RNG, so a run repeats exactly). Clients never stop: the
+run ends at the last measured answer, so every measured request saw the full load, never the tail of a draining run.
 """
 
 from __future__ import annotations
@@ -28,18 +27,16 @@ class Snapshot:
 
 
 class Meter:
-    """Counts answers in the order they arrive: the first ``warmup`` are not measured, the next
-    ``requests`` are (their ``latencies``). It snapshots the counters (``snapshot``) where the
-    measured window opens (the last warm-up answer, or the start) and closes (the last measured
-    answer), when ``done`` succeeds.
+    """Counts answers in the order they arrive: the first ``warmup`` are not measured, the next ``requests`` are
+    (their ``latencies``). It snapshots the counters (``snapshot``) where the measured window opens (the last warm-up
+    answer, or the start) and closes (the last measured answer), when ``done`` succeeds.
 
-    ``answers`` counts what the throughput is: the answers after the instant the window opens,
-    to the end of the instant it closes (:func:`run_measured`). A batch's answers arrive in one instant,
-    and counting the window by answers alone would take some of them with no time to it.
+    ``answers`` counts what the throughput is: the answers after the instant the window opens, to the end of the
+    instant it closes (:func:`run_measured`). A batch's answers arrive in one instant, and counting the window by
+    answers alone would take some of them with no time to it.
     """
 
-    def __init__(self, env: simpy.Environment, *, warmup: int, requests: int,
-                 snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(self, env: simpy.Environment, *, warmup: int, requests: int, snapshot: Callable[[], Snapshot]) -> None:
         self.env = env
         self.done = env.event()
         self.latencies: list[float] = []
@@ -69,12 +66,18 @@ class Meter:
 
 
 def run_measured(env: simpy.Environment, meter: Meter) -> None:
-    """Runs until the last measured answer, and on to the end of its instant for the answers
-    that arrive with it (not when nothing took any time: that instant would never end)."""
+    """Runs until the last measured answer, and on to the end of its instant for the answers that arrive with it (not
+    when nothing took any time: that instant would never end)."""
     env.run(until=meter.done)
     if meter.end.at_us > meter.start.at_us:
         while env.peek() <= env.now:
             env.step()
+
+
+def _one_request(env: simpy.Environment, meter: Meter, request: Request) -> Generator[simpy.Event, object, None]:
+    sent = env.now
+    yield from request()
+    meter.answered(env.now - sent)
 
 
 def closed_loop(env: simpy.Environment, meter: Meter, request: Request, *, concurrency: int) -> None:
@@ -82,30 +85,22 @@ def closed_loop(env: simpy.Environment, meter: Meter, request: Request, *, concu
 
     def client() -> Generator[simpy.Event, object, None]:
         while True:
-            sent = env.now
-            yield from request()
-            meter.answered(env.now - sent)
+            yield from _one_request(env, meter, request)
 
     for _ in range(concurrency):
         env.process(client())
 
 
-def open_loop(env: simpy.Environment, meter: Meter, request: Request, *, rate: float, seed: int,
-              limit: int) -> None:
-    """Requests arriving at ``rate`` per second on average, independently (exponential gaps),
-    ``limit`` of them: a rate beyond what the server can answer would otherwise pile up
-    requests without end before the measured ones are answered."""
+def open_loop(env: simpy.Environment, meter: Meter, request: Request, *, rate: float, seed: int, limit: int) -> None:
+    """Requests arriving at ``rate`` per second on average, independently (exponential gaps), ``limit`` of them: a
+    rate beyond what the server can answer would otherwise pile up requests without end before the measured ones are
+    answered."""
     draw = random.Random(seed).expovariate
     per_us = rate / 1e6
-
-    def one() -> Generator[simpy.Event, object, None]:
-        sent = env.now
-        yield from request()
-        meter.answered(env.now - sent)
 
     def arrivals() -> Generator[simpy.Event, object, None]:
         for _ in range(limit):
             yield env.timeout(draw(per_us))
-            env.process(one())
+            env.process(_one_request(env, meter, request))
 
     env.process(arrivals())

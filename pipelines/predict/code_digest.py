@@ -86,9 +86,8 @@ class _Walker:
         if isinstance(obj, _SIMPLE):
             self._feed(type(obj).__name__, repr(obj))
         elif isinstance(obj, (tuple, frozenset)):
-            items = list(obj)
-            self._feed(type(obj).__name__, len(items))
-            for item in (sorted(items, key=repr) if isinstance(obj, frozenset) else items):
+            self._feed(type(obj).__name__, len(obj))
+            for item in (sorted(obj, key=repr) if isinstance(obj, frozenset) else obj):
                 self.value(item)
         elif isinstance(obj, np.ndarray):
             self._feed("ndarray", obj.dtype.str, obj.shape)  # weights change answers, not costs

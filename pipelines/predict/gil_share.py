@@ -1,6 +1,6 @@
-"""How far two threads of one process fail to overlap one step: its GIL share, the part of
-its CPU time that the fused form's threads cannot run side by side. Measured for
-:mod:`pipelines.predict.step_profiles` by running the step in one thread, then in two.
+"""How far two threads of one process fail to overlap one step: its GIL share, the part of its CPU time that the fused
+form's threads cannot run side by side. Measured for :mod:`pipelines.predict.step_profiles` by running the step in one
+thread, then in two.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from typing import Any
 
 __all__ = ["GIL_PAIRS", "GIL_RUN_S", "GIL_TARGET_S", "gil_share", "usable_cores"]
 
-#: Pairs of runs (one thread, then two at once): about this many seconds of runs alone, and
-#: at least :data:`GIL_PAIRS` pairs.
+#: Pairs of runs (one thread, then two at once): about this many seconds of runs alone, and at least :data:`GIL_PAIRS`.
 GIL_TARGET_S = 0.05
 GIL_PAIRS = 5
 #: A run lasts this long at least: a thread takes tens of µs to wake, more on a busy machine.
@@ -27,11 +26,10 @@ Run = tuple[Span, float, Span, Span, float]
 
 
 def gil_share(first: Callable[[], Any], second: Callable[[], Any], wall_s: float) -> float:
-    """The share (0..1) of a step's CPU time that holds the GIL (or any lock it takes: some BLAS
-    builds let one call in at a time), from ``first`` and ``second``, two calls of one execution
-    of it on two instances, that take ``wall_s`` seconds alone. The median over pairs of runs
-    (:func:`_lost_share`, an upper bound on one core): a pair's runs follow each other, so other
-    work weighs on both alike, and the median leaves out the pairs it upset."""
+    """The share (0..1) of a step's CPU time that holds the GIL (or any lock it takes: some BLAS builds let one call
+    in at a time), from ``first`` and ``second``, two calls of one execution of it on two instances, that take
+    ``wall_s`` seconds alone. The median over pairs of runs (:func:`_lost_share`, an upper bound on one core): a
+    pair's runs follow each other, so other work weighs on both alike, and the median leaves out the pairs it upset."""
     calls = math.ceil(GIL_RUN_S / max(wall_s, 1e-9))
     pairs = max(math.ceil(GIL_TARGET_S / (calls * max(wall_s, 1e-9))), GIL_PAIRS)
     cores = usable_cores()
@@ -40,16 +38,15 @@ def gil_share(first: Callable[[], Any], second: Callable[[], Any], wall_s: float
 
 
 def _lost_share(alone: Span, cpu_alone: float, a: Span, b: Span, cpu_both: float, *, cores: int) -> float:
-    """One pair of runs: ``alone`` in one thread, then ``a`` and ``b`` in two at once (start and
-    end, in seconds), and the CPU seconds the process used in each.
+    """One pair of runs: ``alone`` in one thread, then ``a`` and ``b`` in two at once (start and end, in seconds), and
+    the CPU seconds the process used in each.
 
-    Together they take ``t2``, from the first start to the last end (a thread waiting for the GIL
-    cannot even note its start): near ``t1``, the run alone, for work that releases the GIL, near
-    ``2 t1`` for pure Python. ``t2 - t1`` is the time one run held the GIL; over its CPU time (times
-    the cores it keeps busy), the share. What the cores alone explain is not the GIL (``t2`` is
-    compared with ``max(t1, 2 cpu1 / cores)``), and the loss counts up to half the CPU the two used,
-    with CPU at least a tenth of the wall time, so a step that mostly waits is not judged on a busy
-    machine's late wake-ups. On one core the figure is an upper bound.
+    Together they take ``t2``, from the first start to the last end (a thread waiting for the GIL cannot even note
+    its start): near ``t1``, the run alone, for work that releases the GIL, near ``2 t1`` for pure Python.
+    ``t2 - t1`` is the time one run held the GIL; over its CPU time (times the cores it keeps busy), the share. What
+    the cores alone explain is not the GIL (``t2`` is compared with ``max(t1, 2 cpu1 / cores)``), and the loss counts
+    up to half the CPU the two used, with CPU at least a tenth of the wall time, so a step that mostly waits is not
+    judged on a busy machine's late wake-ups. On one core the figure is an upper bound.
     """
     t1 = alone[1] - alone[0]
     t2 = max(a[1], b[1]) - min(a[0], b[0])
@@ -59,9 +56,9 @@ def _lost_share(alone: Span, cpu_alone: float, a: Span, b: Span, cpu_both: float
 
 
 def _paired(first: Callable[[], Any], second: Callable[[], Any], pairs: int, calls: int) -> list[Run]:
-    """``pairs`` times: ``calls`` calls of ``first`` alone, then as many of ``first`` and ``second``
-    at once, each on a thread of its own; for each pair, each run's span and the process's CPU
-    seconds meanwhile. What a call raises is raised here."""
+    """``pairs`` times: ``calls`` calls of ``first`` alone, then as many of ``first`` and ``second`` at once, each on a
+    thread of its own; for each pair, each run's span and the process's CPU seconds meanwhile. What a call raises is
+    raised here."""
     go, done = threading.Barrier(3), threading.Barrier(3)
     spans: dict[tuple[int, int], Span] = {}  # by thread and phase
     errors: list[BaseException] = []

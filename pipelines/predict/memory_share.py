@@ -1,9 +1,8 @@
-"""How much of a step's time waits on memory, its *memory share*: how it is read, what it measured,
-and why CPU time, the streamer's duty and the pinning to cores, in docs/prediction.md, "The memory bus".
+"""How much of a step's time waits on memory, its *memory share*: how it is read, what it measured, and why CPU time,
+the streamer's duty and the pinning to cores, in docs/prediction.md, "The memory bus".
 
-The streamer is a plain interpreter (not :mod:`multiprocessing`'s, whose spawned children import
-the caller's ``__main__`` again and whose forked ones copy its threads), started once a process,
-asleep between measurements, and ended at exit or when this process ends.
+The streamer is a plain interpreter, not :mod:`multiprocessing`'s, whose spawned children import the caller's
+``__main__`` again and whose forked ones copy its threads.
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ from .step_timing import timed_calls
 
 __all__ = ["MIN_CPU_US", "MIN_DUTY", "MemoryShare", "Streamer", "measure_memory_share", "streamer"]
 
-#: Below this much CPU time a call (µs), a step's memory traffic is too small to matter beside
-#: its boundaries' fixed costs, and its share is not measured (0).
+#: Below this much CPU time a call (µs), a step's memory traffic is too small to matter beside its boundaries' fixed
+#: costs, and its share is not measured (0).
 MIN_CPU_US = 50.0
 #: Below this duty (the part of the loaded turns the streamer ran), the machine is too busy to tell.
 MIN_DUTY = 1 / 3
@@ -43,13 +42,12 @@ _MAX_CALLS = 200
 _START_S = 60.0
 _LONGEST_S = 60.0  # the longest the streamer streams without being told to stop (a turn: ~0.1 s)
 
-# SIGUSR1 sets the streamer copying, SIGUSR2 stops it (checked between chunks); it then prints the
-# CPU seconds it streamed. It never streams longer than a minute unbidden, nor once its parent has
-# gone (it checks once a second): a measurement cut short must not leave a core streaming. Each
-# start is answered at its own stop, even one that comes after it stopped by itself or before it
-# began (a loaded machine may run it late), so no stop is left over for the next start. The
-# signals are blocked before numpy starts its threads, which inherit the mask: a thread that did
-# not block them would take one, whose default action ends the process.
+# SIGUSR1 sets the streamer copying, SIGUSR2 stops it (checked between chunks); it then prints the CPU seconds it
+# streamed. It never streams longer than a minute unbidden, nor once its parent has gone (it checks once a second): a
+# measurement cut short must not leave a core streaming. Each start is answered at its own stop, even one that comes
+# after it stopped by itself or before it began (a loaded machine may run it late), so no stop is left over for the
+# next start. The signals are blocked before numpy starts its threads, which inherit the mask: a thread that did not
+# block them would take one, whose default action ends the process.
 _STREAMER = """
 import os, signal, time
 go, stop = signal.SIGUSR1, signal.SIGUSR2
@@ -78,8 +76,7 @@ while os.getppid() == parent:
 
 
 class Streamer:
-    """A process that streams memory while :meth:`streaming` is entered, asleep otherwise;
-    :meth:`close` ends it."""
+    """A process that streams memory while :meth:`streaming` is entered, asleep otherwise; :meth:`close` ends it."""
 
     def __init__(self) -> None:
         code = _STREAMER.format(floats=_STREAM_FLOATS, chunk=_CHUNK_FLOATS, parent=os.getpid(), longest=_LONGEST_S)
@@ -110,8 +107,8 @@ class Streamer:
 
     @contextmanager
     def streaming(self) -> Iterator[list[float]]:
-        """Another core streams memory inside this block; the list it gives holds, after it,
-        the seconds the block took and the CPU seconds the streamer ran meanwhile."""
+        """Another core streams memory inside this block; the list it gives holds, after it, the seconds the block took
+        and the CPU seconds the streamer ran meanwhile."""
         took: list[float] = []
         self._signal(signal.SIGUSR1)
         sleep(_SETTLE_S)
@@ -139,8 +136,8 @@ class Streamer:
 
 
 def _pin(pid: int, index: int) -> set[int] | None:
-    """Keep ``pid`` (0: this thread) to the usable core at ``index``; returns what it was allowed
-    before (``None`` where it is not pinned: one core, or not Linux)."""
+    """Keep ``pid`` (0: this thread) to the usable core at ``index``; returns what it was allowed before (``None``
+    where it is not pinned: one core, or not Linux)."""
     cores = usable_core_ids()
     if len(cores) < 2:
         return None
@@ -154,8 +151,8 @@ _lock = threading.Lock()
 
 
 def streamer() -> Streamer | None:
-    """This process's streamer, started on first use and ended at exit; ``None`` on one core,
-    where nothing runs beside a step."""
+    """This process's streamer, started on first use and ended at exit; ``None`` on one core, where nothing runs
+    beside a step."""
     if usable_cores() < 2:
         return None
     with _lock:
@@ -167,8 +164,8 @@ def streamer() -> Streamer | None:
 
 @dataclass(frozen=True)
 class MemoryShare:
-    """One measurement: ``share`` (0..1, 0 where it could not tell), the ``slowdown`` it was
-    read from (CPU time loaded over alone), and the streamer's ``duty`` (0 where none ran)."""
+    """One measurement: ``share`` (0..1, 0 where it could not tell), the ``slowdown`` it was read from (CPU time
+    loaded over alone), and the streamer's ``duty`` (0 where none ran)."""
 
     share: float
     slowdown: float = 1.0
@@ -177,9 +174,9 @@ class MemoryShare:
 
 def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
                          before: Callable[[], None] | None = None, repeats: int | None = None) -> MemoryShare:
-    """``call()``'s memory share; 0 where nothing can run beside it (one core) or the machine is
-    too busy to tell (a duty below :data:`MIN_DUTY`). Each turn alone or loaded is ``repeats``
-    calls (default: by time), ``before()`` running, untimed, before each."""
+    """``call()``'s memory share; 0 where nothing can run beside it (one core) or the machine is too busy to tell (a
+    duty below :data:`MIN_DUTY`). Each turn alone or loaded is ``repeats`` calls (default: by time), ``before()``
+    running, untimed, before each."""
     if beside is None:
         return MemoryShare(0.0)
     alone: list[float] = []

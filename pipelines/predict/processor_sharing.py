@@ -1,23 +1,18 @@
-"""The server's cores as one processor-sharing resource on a SimPy clock. Every CPU cost the
-simulator prices is a job here, so CPU work beyond the cores slows every job down at once, as
-the server's scheduler does, instead of queueing whole jobs behind each other. The model, and
-what was measured for it, is in docs/prediction.md: "The cores, as processor sharing" and
-"The memory bus".
+"""The server's cores as one processor-sharing resource on a SimPy clock. Every CPU cost the simulator prices is a job
+here, so CPU work beyond the cores slows every job down at once, as the server's scheduler does, instead of queueing
+whole jobs behind each other. The model, and what was measured for it, is in docs/prediction.md: "The cores, as
+processor sharing" and "The memory bus".
 
-A job has a cap (the cores it uses alone), a span (how long it takes alone) and a memory share.
-Beyond the cores, CPU time stretches by the factor ``f`` at which the jobs use exactly the
-cores: a job of a core or more takes ``f`` times its span, one below a core ``(1 - cap) +
-cap × f`` (its time off the cores does not stretch). ``f`` solves ``Σ_full cap / f +
-Σ_below cap / ((1 - cap) + cap × f) = cores`` by Newton's method. Jobs that wait on memory
-multiply ``f`` by the mix's mean slowdown ``1 + m × Σm'`` (:meth:`Cores._slowdown`).
+A job has a cap (the cores it uses alone), a span (how long it takes alone) and a memory share. Beyond the cores, a job
+of a core or more takes ``f`` times its span, one below a core ``(1 - cap) + cap × f`` (its time off the cores does not
+stretch): ``f`` solves ``Σ_full cap / f + Σ_below cap / ((1 - cap) + cap × f) = cores`` by Newton's method. Jobs that
+wait on memory multiply ``f`` by the mix's mean slowdown ``1 + m × Σm'`` (:meth:`Cores._slowdown`).
 
-The jobs of a core or more all run at one rate, so they keep one virtual clock (``_v``, in µs
-of span) and a heap of their ends; a job below a core keeps its own end, moved when ``f``
-changes (there are few: steps that sleep or wait). One pending timeout wakes the resource at
-the next end. A new one is set only when an end comes sooner (a generation number makes the
-one it replaces do nothing); a later end keeps the pending one, which wakes early, finds
-nothing done, and sets the next: a burst of new jobs costs no event each (5-7 % fewer events
-at concurrency 16, on a 4-step pipeline).
+The jobs of a core or more all run at one rate, so they keep one virtual clock (``_v``, in µs of span) and a heap of
+their ends; a job below a core keeps its own end, moved when ``f`` changes (there are few: steps that sleep or wait).
+One pending timeout wakes the resource at the next end. A new one is set only when an end comes sooner (a generation
+number makes the one it replaces do nothing); a later end keeps the pending one, which wakes early, finds nothing done,
+and sets the next: a burst of new jobs costs no event each (5-7 % fewer events at concurrency 16, on a 4-step pipeline).
 """
 
 from __future__ import annotations
@@ -29,16 +24,15 @@ import simpy
 
 __all__ = ["Cores", "Cost"]
 
-# Jobs whose virtual ends lie this close (relative) to the clock end together: the wake-up's time
-# is a float quotient, so the clock may land a rounding short of a job's end.
+# Jobs whose virtual ends lie this close (relative) to the clock end together: the wake-up's time is a float quotient,
+# so the clock may land a rounding short of a job's end.
 _CLOSE = 1e-12
 
 
 @dataclass(frozen=True, slots=True)
 class Cost:
-    """A boundary's price as a job of one core: ``us`` in all, of which ``copied`` µs are paid per
-    byte (a copy through memory, so its memory share is ``copied / us``). Sums and multiples are
-    the costs of several crossings."""
+    """A boundary's price as a job of one core: ``us`` in all, of which ``copied`` µs are paid per byte (a copy
+    through memory, so its memory share is ``copied / us``). Sums and multiples are the costs of several crossings."""
 
     us: float = 0.0
     copied: float = 0.0
@@ -63,8 +57,8 @@ class Cost:
 
 
 class Cores:
-    """``cores`` cores shared by every job on them; :meth:`run` adds a job. Made with a fresh
-    environment, before anything is scheduled on it."""
+    """``cores`` cores shared by every job on them; :meth:`run` adds a job. Made with a fresh environment, before
+    anything is scheduled on it."""
 
     def __init__(self, env: simpy.Environment, cores: float) -> None:
         self.env = env
@@ -86,15 +80,14 @@ class Cores:
         self._generation = 0  # the wake-up that is not stale
         self._wake_at: float | None = None  # when it comes
         self._idle_since = 0.0  # when the last job ended
-        # What a free job returns: an event already processed, so a process that yields it goes on
-        # at once, with nothing queued (a third of all costs are zero in a typical profile).
+        # What a free job returns: an event already processed, so a process that yields it goes on at once, with
+        # nothing queued (a third of all costs are zero in a typical profile).
         self._nothing = env.event().succeed()
         env.run(until=self._nothing)
 
     def run(self, span: float, cap: float = 1.0, memory: float = 0.0) -> simpy.Event:
-        """An event that succeeds when a job that takes ``span`` µs alone at ``cap`` cores, a
-        ``memory`` share of it waiting on memory, is done; ``cap`` 0: a plain delay of ``span``
-        that uses no core. ``span`` 0: already done."""
+        """An event that succeeds when a job that takes ``span`` µs alone at ``cap`` cores, a ``memory`` share of it
+        waiting on memory, is done; ``cap`` 0: a plain delay of ``span`` that uses no core. ``span`` 0: already done."""
         if span <= 0.0:
             return self._nothing
         if cap <= 0.0:
@@ -129,20 +122,18 @@ class Cores:
         return 1.0 + beside * (scale if scale < 1.0 else 1.0)
 
     def _reshare(self) -> None:
-        """The cores' share of the active jobs, and the cores they use (see the module's docstring).
-        Conditionals, not ``min``, here and in :meth:`run`: those calls cost 5 % of a prediction."""
+        """The cores' share of the active jobs, and the cores they use (see the module's docstring). Conditionals, not
+        ``min``, here and in :meth:`run`: those calls cost 5 % of a prediction."""
         slow = self._slowdown()
         cores, caps, full, was = self.cores, self._caps, self._full, self._share
         if not self._partial or (slow == 1.0 and caps <= cores):
-            # No job below a core, or room for every job: one share for all, as in plain
-            # processor sharing.
+            # No job below a core, or room for every job: one share for all, as in plain processor sharing.
             share = (full / cores if full > cores else 1.0) * slow
             used = caps if caps < cores else cores
         else:
-            # Newton's method for the share f at which the jobs use the cores: their cores u(f)
-            # fall, convex, so from the left of the root it never overshoots. Σcaps / cores is
-            # on its left (each job uses at least cap / f), and the root itself when every job
-            # is of a core or more.
+            # Newton's method for the share f at which the jobs use the cores: their cores u(f) fall, convex, so
+            # from the left of the root it never overshoots. Σcaps / cores is on its left (each job uses at least
+            # cap / f), and the root itself when every job is of a core or more.
             f = max(1.0, caps / cores)
             for _ in range(50):
                 used, slope = full / f, full / (f * f)
@@ -185,14 +176,12 @@ class Cores:
         if now > self._at:
             elapsed = now - self._at
             if self._caps > 0.0:
-                share = self._share
-                self._v += elapsed / share
+                self._v += elapsed / self._share
                 self._busy += elapsed * self._used
             self._at = now
 
     def _wake_at_next_end(self) -> None:
-        share = self._share
-        ahead = (self._jobs[0][0] - self._v) * share if self._jobs else None
+        ahead = (self._jobs[0][0] - self._v) * self._share if self._jobs else None
         for job in self._partial:
             if ahead is None or job[0] - self._at < ahead:
                 ahead = job[0] - self._at
@@ -218,13 +207,8 @@ class Cores:
         if self._partial:
             # The clock's float steps grow with the clock, and so does what counts as done.
             close = self._at + _CLOSE * (1.0 + self._at)
-            staying = []
-            for job in self._partial:
-                if job[0] <= close:
-                    ended.append((job[1], job[2], job[3]))
-                else:
-                    staying.append(job)
-            self._partial = staying
+            ended += [(job[1], job[2], job[3]) for job in self._partial if job[0] <= close]
+            self._partial = [job for job in self._partial if job[0] > close]
         for cap, memory, done in ended:
             self._caps -= cap
             self._mem -= cap * memory

@@ -1,6 +1,5 @@
-"""What a simulation needs of its :class:`~pipelines.predict.spec.SimSpec` and load: the forms,
-the boundaries each form pays, and the checks that refuse what the simulation could not run, or
-would run to no end.
+"""What a simulation needs of its :class:`~pipelines.predict.spec.SimSpec` and load: the forms, the boundaries each
+form pays, and the checks that refuse what the simulation could not run, or would run to no end.
 """
 
 from __future__ import annotations
@@ -42,17 +41,15 @@ def check(spec: SimSpec, load: Load) -> None:
         seen.add(step.name)
         first = models.setdefault(step.model_name, step)
         if _model_options(first) != _model_options(step):
-            raise PipelinesError(
-                f"steps {first.name!r} and {step.name!r} share model {step.model_name!r} but not its options "
-                f"({_model_options(first)} against {_model_options(step)}); one model has one configuration",
-                step=step.name)
+            raise PipelinesError(f"steps {first.name!r} and {step.name!r} share model {step.model_name!r} but not its "
+                                 f"options ({_model_options(first)} against {_model_options(step)}); one model has one "
+                                 "configuration", step=step.name)
     _check_when(spec)
     _check_costs(spec)
 
 
 def _model_options(step: StepSpec) -> tuple[object, ...]:
-    """What a model's steps must agree on: (external, instances, max batch size, dynamic
-    batching, preferred batch sizes, queue delay)."""
+    """What the steps of one model must agree on: its options."""
     return (step.external, step.instances, step.max_batch_size, step.dynamic_batching,
             tuple(step.preferred_batch_sizes), step.max_queue_delay_us)
 
@@ -63,8 +60,7 @@ def _check_step(step: StepSpec, earlier: set[str]) -> None:
 
     if step.name in earlier:
         raise refuse("two steps have this name; each step of a SimSpec is named once")
-    later = [d for d in step.deps if d not in earlier]
-    if later:
+    if later := [d for d in step.deps if d not in earlier]:
         raise refuse(f"it takes from {later}, which are not among the steps before it; list SimSpec.steps "
                      "in a topological order")
     if step.instances < 1:
@@ -73,8 +69,7 @@ def _check_step(step: StepSpec, earlier: set[str]) -> None:
         raise refuse("max_batch_size and max_queue_delay_us are >= 0")
     if step.dynamic_batching and step.max_batch_size == 0:
         raise refuse("dynamic batching needs max_batch_size > 0; Triton refuses the configuration")
-    bad = [p for p in step.preferred_batch_sizes if not 1 <= p <= step.max_batch_size]
-    if bad:
+    if bad := [p for p in step.preferred_batch_sizes if not 1 <= p <= step.max_batch_size]:
         raise refuse(f"preferred batch sizes {bad} are outside 1..max_batch_size ({step.max_batch_size})")
     if not 0.0 <= step.gil_share <= 1.0:
         raise refuse(f"gil_share is a share of its CPU time, 0..1; got {step.gil_share}")
@@ -89,8 +84,7 @@ def _check_when(spec: SimSpec) -> None:
     for name, share in spec.when_rates.items():
         if not 0.0 <= share <= 1.0:
             raise PipelinesError(f"when_rates[{name!r}] is the share of rows where it holds, 0..1; got {share!r}")
-    unknown = sorted({c for s in spec.steps for c in s.when} - set(spec.when_rates))
-    if unknown:
+    if unknown := sorted({c for s in spec.steps for c in s.when} - set(spec.when_rates)):
         raise PipelinesError(f"steps run under {unknown}, which when_rates does not give a share for; "
                              "give each condition the share of rows where it holds")
 
@@ -109,8 +103,7 @@ def _check_costs(spec: SimSpec) -> None:
             needed.append(CALL[form])
         if form != "fused" and python:
             needed.append(STUB[form])
-    missing = [name for name in needed if name not in spec.costs]
-    if missing:
+    if missing := [name for name in needed if name not in spec.costs]:
         raise PipelinesError(
             f"the {form} form pays {', '.join(missing)}, which the costs lack (they have "
             f"{', '.join(sorted(spec.costs)) or 'none'}); build the SimSpec from a full server profile")

@@ -1,6 +1,6 @@
-"""What the simulator is given: one configuration of one pipeline in one form, with every
-cost it needs, as plain frozen data. Built by :mod:`pipelines.predict.prediction` from a
-pipeline, a server profile and step profiles; read by :mod:`pipelines.predict.simulator`.
+"""What the simulator is given: one configuration of one pipeline in one form, with every cost it needs, as plain frozen
+data. Built by :mod:`pipelines.predict.prediction` from a pipeline, a server profile and step profiles; read by
+:mod:`pipelines.predict.simulator`.
 
 Times are microseconds, sizes bytes. Nothing here runs a step or reads a file.
 """
@@ -18,14 +18,12 @@ __all__ = ["Curve", "Load", "SimResult", "SimSpec", "StepSpec", "WayCost", "inte
 
 
 def interp(xs: Sequence[float], ys: Sequence[float], x: float, *, extend: bool = True) -> float:
-    """Linear between points, the first value below the first point, past the last point the
-    last slope (never negative) where ``extend``, else the last value."""
-    if len(xs) == 1:
-        return float(ys[0])
+    """Linear between points, the first value below the first point, past the last point the last slope (never
+    negative) where ``extend``, else the last value."""
     i = bisect_left(xs, x)
     if i < len(xs) and xs[i] == x:
         return float(ys[i])
-    if i == 0:
+    if i == 0 or len(xs) == 1:
         return float(ys[0])
     if i < len(xs):
         return float(ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1]))
@@ -56,8 +54,8 @@ class Curve:
 
 @dataclass(frozen=True)
 class WayCost:
-    """One boundary of the server profile, one way: µs at ``sizes`` bytes (linear between,
-    the last slope past the largest). Made from :class:`pipelines.calibration.profile.Cost`."""
+    """One boundary of the server profile, one way: µs at ``sizes`` bytes (linear between, the last slope past the
+    largest). Made from :class:`pipelines.calibration.profile.Cost`."""
 
     sizes: tuple[int, ...]
     us: tuple[float, ...]
@@ -70,21 +68,18 @@ class WayCost:
 class StepSpec:
     """One live step as its Triton model runs it.
 
-    ``deps``: the steps whose outputs it takes (names in :attr:`SimSpec.steps`); a step with
-    none takes only the request's inputs. ``wall_us``/``cpu_us``: one execution of the step's
-    own code for a batch of that many rows (CPU above wall: it runs threads; below: it waits
-    on something else). ``gil_share``: the part of its CPU time that holds Python's GIL
-    (what threads of one process cannot overlap: the fused form). ``in_bytes``/``out_bytes``:
-    what its inputs and outputs weigh per row. ``external``: another backend's model, which
-    has no Python stub. ``max_batch_size`` 0: no batching (one request an execution).
-    ``model``: the Triton model that runs it; steps that name the same model (one step used by
-    several nodes compiles to one model) share its instances and its queue ("" : its own name).
-    ``in_tensors``/``out_tensors``: how many tensors it takes and gives; a stub and a BLS call
-    pay their boundary's fixed cost for each (the profile's probes have one of each).
-    ``when``: the conditions of the ``when`` blocks it sits in, outermost first (keys of
-    :attr:`SimSpec.when_rates`); it runs on the rows where all of them hold, and not at all
-    when none does. ``memory`` (0..1): the share of its own time that waits on memory, which work
-    on other cores that does too stretches (:mod:`pipelines.predict.processor_sharing`).
+    ``deps``: the steps whose outputs it takes (names in :attr:`SimSpec.steps`); a step with none takes only the
+    request's inputs. ``wall_us``/``cpu_us``: one execution of the step's own code for a batch of that many rows (CPU
+    above wall: it runs threads; below: it waits on something else). ``gil_share``: the part of its CPU time that
+    holds Python's GIL (what threads of one process cannot overlap: the fused form). ``in_bytes``/``out_bytes``: what
+    its inputs and outputs weigh per row. ``external``: another backend's model, which has no Python stub.
+    ``max_batch_size`` 0: no batching (one request an execution). ``model``: the Triton model that runs it; steps that
+    name the same model (one step used by several nodes compiles to one model) share its instances and its queue
+    ("" : its own name). ``in_tensors``/``out_tensors``: how many tensors it takes and gives; a stub and a BLS call pay
+    their boundary's fixed cost for each (the profile's probes have one of each). ``when``: the conditions of the
+    ``when`` blocks it sits in, outermost first (keys of :attr:`SimSpec.when_rates`); it runs on the rows where all of
+    them hold, and not at all when none does. ``memory`` (0..1): the share of its own time that waits on memory,
+    which work on other cores that does too stretches (:mod:`pipelines.predict.processor_sharing`).
     """
 
     name: str
@@ -115,26 +110,21 @@ class StepSpec:
 class SimSpec:
     """One configuration to simulate.
 
-    ``form``: ``ensemble``, ``bls``, ``bls-sync`` or ``fused``. ``steps``: the live steps in
-    a topological order. ``rows``: rows per request. ``in_bytes``/``out_bytes``: what the
-    request's inputs and outputs weigh per row. ``top_instances`` and ``top_max_batch_size``:
-    the BLS or fused model's instance count and the rows one ``execute()`` may take.
-    ``gate``: an ensemble that ends in a gate model. ``cores``: the server's cores, shared
-    by every CPU cost (processor sharing). ``costs``: the server profile's boundaries by
-    name (``request``, ``ensemble``, ``ensemble_step``, ``bls_call``, ``bls_stub``, ... see
-    :data:`pipelines.calibration.profile.BOUNDARIES`), each as ``(in, out)`` :class:`WayCost`.
-    ``client_threads``: the load generator's threads, which pay each request's ``request`` cost
-    one at a time (the benchmark's and the calibration's asyncio client has one).
-    ``when_rates``: for each condition a step's ``when`` names, the share of rows where it
-    holds (0..1); each request's rows are drawn against it, once a request for each block.
-    ``wake``: what a hand-off between processes costs once its waiting side has waited a while,
-    as ``(waited µs, µs)`` points (the server profile's ``wake``); none: nothing. ``wake_idle``:
-    the same by how long every core has idled (the profile's ``wake_idle``). ``call_threads``:
-    how many ``async_exec()`` calls one BLS or fused instance has in flight at most, the threads
-    of its stub's default executor (Python's ``min(32, cpu_count + 4)``); 0: no limit.
-    ``step_threads``: the pool a fused instance runs its Python steps in when they do not run
-    on its event loop (``fused_model.py``: ``max(2, the widest group's Python steps)``); 0: no
-    limit.
+    ``form``: ``ensemble``, ``bls``, ``bls-sync`` or ``fused``. ``steps``: the live steps in a topological order.
+    ``rows``: rows per request. ``in_bytes``/``out_bytes``: what the request's inputs and outputs weigh per row.
+    ``top_instances`` and ``top_max_batch_size``: the BLS or fused model's instance count and the rows one ``execute()``
+    may take. ``gate``: an ensemble that ends in a gate model. ``cores``: the server's cores, shared by every CPU cost
+    (processor sharing). ``costs``: the server profile's boundaries by name (``request``, ``ensemble``,
+    ``ensemble_step``, ``bls_call``, ``bls_stub``, ... see :data:`pipelines.calibration.profile.BOUNDARIES`), each as
+    ``(in, out)`` :class:`WayCost`. ``client_threads``: the load generator's threads, which pay each request's
+    ``request`` cost one at a time (the benchmark's and the calibration's asyncio client has one). ``when_rates``: for
+    each condition a step's ``when`` names, the share of rows where it holds (0..1); each request's rows are drawn
+    against it, once a request for each block. ``wake``: what a hand-off between processes costs once its waiting side
+    has waited a while, as ``(waited µs, µs)`` points (the server profile's ``wake``); none: nothing. ``wake_idle``: the
+    same by how long every core has idled (the profile's ``wake_idle``). ``call_threads``: how many ``async_exec()``
+    calls one BLS or fused instance has in flight at most, the threads of its stub's default executor (Python's
+    ``min(32, cpu_count + 4)``); 0: no limit. ``step_threads``: the pool a fused instance runs its Python steps in when
+    they do not run on its event loop (``fused_model.py``: ``max(2, the widest group's Python steps)``); 0: no limit.
     """
 
     form: str
@@ -161,14 +151,13 @@ class SimSpec:
 
 @dataclass(frozen=True)
 class Load:
-    """How clients load the server: ``concurrency`` clients in a closed loop (as
-    perf_analyzer), or Poisson arrivals at ``rate`` requests/s (open loop); one of the two.
-    ``requests`` are measured after ``warmup`` more; ``seed`` makes arrivals repeatable.
+    """How clients load the server: ``concurrency`` clients in a closed loop (as perf_analyzer), or Poisson arrivals
+    at ``rate`` requests/s (open loop); one of the two. ``requests`` are measured after ``warmup`` more; ``seed``
+    makes arrivals repeatable.
 
-    A closed loop on deterministic costs settles into a repeating schedule: 1000 requests give
-    the figures of 8000 within 0.3 % (concurrency 1 to 64), in about 0.1 s a simulation. An open
-    loop's figures are a sample: ask for more requests (p99 varies about 15 % from seed to seed
-    at 5000 requests and 70 % load; p50 1.5 %)."""
+    A closed loop on deterministic costs settles into a repeating schedule: 1000 requests give the figures of 8000
+    within 0.3 % (concurrency 1 to 64), in about 0.1 s a simulation. An open loop's figures are a sample: ask for
+    more requests (p99 varies about 15 % from seed to seed at 5000 requests and 70 % load; p50 1.5 %)."""
 
     concurrency: int | None = None
     rate: float | None = None
@@ -187,10 +176,10 @@ class Load:
 
 @dataclass(frozen=True)
 class SimResult:
-    """What one simulation gives: latency percentiles (µs), throughput (requests/s), the
-    busy share of each model's instances (0..1, by model name: the steps' by step name, the
-    top-level BLS or fused model's under its form's name, an ensemble's gate model under ``"gate"``), the cores' busy share, and the bottleneck's name (the busiest
-    of those, ``"cpu"`` for the cores)."""
+    """What one simulation gives: latency percentiles (µs), throughput (requests/s), the busy share of each model's
+    instances (0..1, by model name: the steps' by step name, the top-level BLS or fused model's under its form's name,
+    an ensemble's gate model under ``"gate"``), the cores' busy share, and the bottleneck's name (the busiest of
+    those, ``"cpu"`` for the cores)."""
 
     p50_us: float
     p95_us: float

@@ -24,14 +24,13 @@ _SOURCES = ("measured", "stand_in", "given")
 class StepProfile:
     """One live step, measured (or given): what one execution costs by batch rows.
 
-    ``name`` is the node's name, ``step`` the step's own; ``digest`` its code. ``inputs``/``outputs``:
-    the dtype and dims of one row of each tensor it was handed and hands on (the whole tensor where
-    the pipeline does not batch), ``in_bytes``/``out_bytes`` what they weigh per row.
-    ``wall_us``/``cpu_us``: the median µs of one execution at each of ``rows``; ``warm_wall_us``/
-    ``warm_cpu_us`` with its inputs in the caches, as in the fused model (empty where they are too
-    small to time out of them). ``gil_share`` and ``memory`` (0..1, at its first batch size; 0 where
-    not measured): the part of its CPU time that holds the GIL, and of its time that waits on memory.
-    ``source``: ``"measured"``, ``"stand_in"`` (an external model's stand-in was timed) or ``"given"`` (``costs=``).
+    ``name`` is the node's name, ``step`` the step's own; ``digest`` its code. ``inputs``/``outputs``: the dtype and
+    dims of one row of each tensor it was handed and hands on (the whole tensor where the pipeline does not batch),
+    ``in_bytes``/``out_bytes`` what they weigh per row. ``wall_us``/``cpu_us``: the median µs of one execution at each
+    of ``rows``; ``warm_wall_us``/``warm_cpu_us`` with its inputs in the caches, as in the fused model (empty where
+    they are too small to time out of them). ``gil_share`` and ``memory`` (0..1, at its first batch size; 0 where not
+    measured): the part of its CPU time that holds the GIL, and of its time that waits on memory. ``source``:
+    ``"measured"``, ``"stand_in"`` (an external model's stand-in was timed) or ``"given"`` (``costs=``).
     """
 
     name: str
@@ -107,8 +106,7 @@ class StepProfile:
         if not isinstance(data, Mapping):
             raise ArgumentError(f"a step profile is a JSON object; got {type(data).__name__}")
         name = data.get("name", "?")
-        missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]
-        if missing:
+        if missing := [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]:
             raise ArgumentError(f"step profile {name!r} has no {missing[0]!r}; profile the step again", step=name)
         try:
             specs = {k: {n: TensorSpec.from_dict(d) for n, d in dict(data[k]).items()} for k in ("inputs", "outputs")}

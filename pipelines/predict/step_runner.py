@@ -25,12 +25,8 @@ class StepRunner:
 
     def __init__(self, pipeline: str, name: str, step: Step, *, model: str, max_batch_size: int, batched: bool,
                  instance_index: int = 0) -> None:
-        self.pipeline = pipeline
-        self.name = name
-        self.step = step
-        self.model = model
-        self.max_batch_size = max_batch_size
-        self.batched = batched
+        self.pipeline, self.name, self.step = pipeline, name, step
+        self.model, self.max_batch_size, self.batched = model, max_batch_size, batched
         self.gpu = step.options.device == "gpu"
         config = instance_config(step, pipeline=pipeline, node=name, model_name=model, instance_index=instance_index,
                                  device="gpu" if self.gpu else "cpu", max_batch_size=max_batch_size)
