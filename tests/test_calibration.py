@@ -772,6 +772,29 @@ def test_the_wake_of_a_side_that_waited_round_trips_and_is_checked(tmp_path):
     assert fit_wake({ms: [300.0 - ms] for ms in WAITS_MS})[-1] == (20_000.0, 0.0)
 
 
+def test_a_sleeping_probes_wake_is_read_against_the_working_probes_own_less_what_it_overslept():
+    from pipelines.calibration.wake import SLEEP_MODEL, WAITS_MS, fit_wake, measure_wake
+
+    # a virtual server: a call costs 300 µs beyond its step's work; the sleeping step oversleeps
+    # 70 µs and says so, and waking a machine whose cores all idled costs 40 µs more (two hand-offs)
+    now = [0.0]
+
+    def infer(model, inputs, say=True):
+        ms = float(inputs["ms"][0])
+        slept = ms + 0.070 if model == SLEEP_MODEL else ms
+        now[0] += (300.0 + (40.0 if model == SLEEP_MODEL else 0.0) + slept * 1e3) / 1e6
+        return {"worked": np.array([slept])} if say else None
+
+    over = measure_wake(infer, rounds=2, clock=lambda: now[0])
+    assert over["busy"][0.5] == [pytest.approx(300.0)] * 6 and over["idle"][2.0] == [pytest.approx(340.0)] * 6
+    assert fit_wake(over["idle"], against=over["busy"]) == tuple((ms * 1e3, pytest.approx(20.0)) for ms in WAITS_MS)
+    # read against its own first figure, the wake it pays at every wait is priced nowhere
+    assert all(us == pytest.approx(0.0) for _, us in fit_wake(over["idle"]))
+    # a probe that does not say how long it slept (written before it did): its oversleep counts
+    silent = measure_wake(lambda model, inputs: infer(model, inputs, say=False), rounds=1, clock=lambda: now[0])
+    assert silent["idle"][0.5] == [pytest.approx(410.0)] * 3
+
+
 def test_calibrate_on_a_remote_server_without_probes_writes_them_to_deploy(tmp_path, capsys):
     from pipelines.endpoint import LocalServer
     from pipelines.examples.basic import chain

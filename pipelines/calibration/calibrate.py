@@ -115,7 +115,7 @@ def calibrate(
         rounds=budget.rounds,
         round_samples=tuple(round_rows),
         wake=fit_wake(woken["busy"]),
-        wake_idle=fit_wake(woken["idle"]),
+        wake_idle=fit_wake(woken["idle"], against=woken["busy"]),
     )
 
 

@@ -13,9 +13,13 @@ profile keeps each one's cost above the 0.5 ms one's as ``wake``: ``(waited µs,
 hand-off. A step that sleeps leaves every core idle, and waking an idle machine costs more (a
 10-step chain of 1 ms sleeps was predicted 1.7 ms low where a working probe priced nothing at 2 ms),
 so a second step model sleeps instead, and its figures are ``wake_idle``, by how long every core
-idled. A direct call has two hand-offs that wait (the server's thread waits for the stub, the
-client for the server), so each costs half the difference. The simulation pays it where a
-request waits for another process, while a core is idle (:mod:`pipelines.predict.simulator`).
+idled. They are read against the working probe's 0.5 ms figure, the probes' own, and less what the
+sleep itself overslept (the step says how long it slept; a step profile holds that part): a step
+that sleeps 0.5 ms already costs 113-119 µs more than one that works as long, 70-80 of them its
+oversleep (docs/prediction.md, "Waking a side that waited"). A direct call has two hand-offs
+that wait (the server's thread waits for the stub, the client for the server), so each costs half
+the difference. The simulation pays it where a request waits for another process, while a core is
+idle (:mod:`pipelines.predict.simulator`).
 """
 
 from __future__ import annotations
@@ -59,9 +63,10 @@ def waiter(ms):
 
 @step(inputs={"ms": MS}, outputs={"worked": MS}, name="sleeper")
 def sleeper(ms):
-    """Sleeps ``ms`` milliseconds, then hands ``ms`` back."""
+    """Sleeps ``ms`` milliseconds, then hands back how many it slept."""
+    began = perf_counter()
     sleep(float(ms.reshape(-1)[0]) / 1e3)
-    return {"worked": ms}
+    return {"worked": np.full_like(ms, (perf_counter() - began) * 1e3)}
 
 
 def wake_pipeline() -> Pipeline:
@@ -86,9 +91,10 @@ def measure_wake(
     clock: Callable[[], float] = perf_counter,
 ) -> dict[str, dict[float, list[float]]]:
     """Each probe's requests at each work time, timed: µs beyond the work, by work time in ms, for
-    the probe that works (``"busy"``) and the one that sleeps (``"idle"``). Rounds over every work
-    time, each ``requests`` in a row after one untimed (which wakes the stub as the first of a
-    pipeline's requests would), so that a slow spell of the machine moves them all alike."""
+    the probe that works (``"busy"``) and the one that sleeps (``"idle"``: beyond the time it says
+    it slept, where its answer says). Rounds over every work time, each ``requests`` in a row after
+    one untimed (which wakes the stub as the first of a pipeline's requests would), so that a slow
+    spell of the machine moves them all alike."""
     over: dict[str, dict[float, list[float]]] = {kind: {ms: [] for ms in WAITS_MS} for kind in ("busy", "idle")}
     for _ in range(rounds):
         for ms in WAITS_MS:
@@ -97,16 +103,25 @@ def measure_wake(
                 infer(model, inputs)
                 for _ in range(requests):
                     started = clock()
-                    infer(model, inputs)
-                    over[kind][ms].append((clock() - started) * 1e6 - ms * 1e3)
+                    answer = infer(model, inputs)
+                    over[kind][ms].append((clock() - started) * 1e6 - _worked_ms(answer, ms) * 1e3)
     return over
 
 
-def fit_wake(over: dict[float, Sequence[float]]) -> tuple[tuple[float, float], ...]:
+def _worked_ms(answer: Any, ms: float) -> float:
+    """How long the probe step worked or slept, in ms: what its answer says, or ``ms`` where it says
+    nothing (a probe written before it did, or a test's server)."""
+    worked = answer.get("worked") if isinstance(answer, dict) else None
+    return float(np.asarray(worked).reshape(-1)[0]) if worked is not None else ms
+
+
+def fit_wake(over: dict[float, Sequence[float]], against: dict[float, Sequence[float]] | None = None
+             ) -> tuple[tuple[float, float], ...]:
     """``(waited µs, µs per hand-off)`` points from :func:`measure_wake`'s figures: each work
-    time's median above the first one's, over the hand-offs, and never below 0 (a wake costs
-    nothing less than the probes' own)."""
-    first = median(over[WAITS_MS[0]])
+    time's median above the first one's (``against``'s first, where given: the sleeping probe's
+    against the working one's, whose 0.5 ms the boundaries were priced with), over the hand-offs,
+    and never below 0 (a wake costs nothing less than the probes' own)."""
+    first = median((against or over)[WAITS_MS[0]])
     return tuple((ms * 1e3, max(0.0, (median(over[ms]) - first) / HANDOFFS)) for ms in WAITS_MS)
 
 
