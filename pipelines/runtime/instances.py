@@ -308,13 +308,16 @@ class StepModel:
         instance = lease.instance
         execute: Callable[[dict[str, Any]], dict[str, Any]] = instance.execute
         isolated = lease.isolated
+        # The pool's work item outlives the call by a moment (the answer wakes the loop first), so
+        # the closure holds the inputs in a box it empties: a tensor is freed once its last step has it.
+        box = [inputs]
 
         def work() -> tuple[dict[str, Any], float] | None:
             if not call.begin():
                 return None
             try:
                 t = perf_counter()
-                outputs = execute(inputs)
+                outputs = execute(box.pop())
                 # In a process: the step's function alone; the rest of the call moved tensors
                 # through shared memory, and the report counts it as overhead.
                 compute = instance.last_compute if isolated else perf_counter() - t
