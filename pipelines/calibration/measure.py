@@ -136,8 +136,8 @@ def measure_probes(
       warms the model again, and the statistics are read around the timed ones whole.
 
     ``statistics(model)`` (Triton's statistics API answer), when given, is read around each
-    timed request of a chain (around each burst of a grown probe) for the stub's own cost, and for a BLS or ensemble probe its top-level
-    model's (what it holds its instance, or the request; see :class:`Sample`). ``busy_ms`` is
+    timed request of a chain (around each burst of a grown probe) for the stub's own cost, and
+    for a BLS or ensemble probe its top-level model's (what it holds its instance, or the request; see :class:`Sample`). ``busy_ms`` is
     what each probe step works before it answers (:data:`~pipelines.calibration.probes.BUSY_MS`):
     it is taken off them all, so that a sample holds the server's costs only. ``clock`` is what times requests and rounds
     (seconds; a virtual one in tests, which then know each figure exactly).
@@ -165,7 +165,8 @@ def measure_probes(
             warm, timed = (1, _GROWN_BURST) if probes[members[0]].grown else (0, 1)
             began = clock()
             turns = 0
-            last = parse_statistics(statistics("")) if statistics is not None else None
+            # a grown probe's bursts read their own, after the untimed request
+            last = parse_statistics(statistics("")) if statistics is not None and not warm else None
             while turns * timed < most and (turns * timed < least or clock() - began < seconds * len(members)):
                 for i in members:
                     probe = probes[i]
