@@ -24,12 +24,12 @@ from pipelines.calibration import (
     fit_rounds,
     load_profile,
 )
-from pipelines.calibration.fit import crossings, predict_us
 from pipelines.calibration.measure import Budget, measure_probes
 from pipelines.calibration.probes import BLS_KINDS, CHAINS, GROWN_ROW, KINDS, SIZES, Probe, probe_plan, probe_repository
 from pipelines.calibration.profile import BOUNDARIES, with_stand_ins
 from pipelines.cli import main as cli_main
 from pipelines.errors import ArgumentError, PipelinesError
+from pipelines.forms import FORMS
 
 MIB = 1 << 20
 TRUE = {
@@ -39,6 +39,17 @@ TRUE = {
     "bls_sync_call": Cost(350.0, 700.0),
     "stub": Cost(150.0, 1200.0),
 }
+
+
+def predict_us(costs, kind, steps, size):
+    """A chained probe's latency by ``costs`` (µs): the sum over the boundaries it crosses, the model
+    that pipelines/calibration/fit.py solves (its docstring), each crossing with the tensor in and out."""
+    priced = with_stand_ins(costs)
+    once = ("request", "stub") if kind == "step" else ("request", FORMS[kind].own_cost)
+    per_step = () if kind == "step" else (FORMS[kind].call_cost, FORMS[kind].stub_cost)
+    both = [priced[name].way_us(size, leaving=False) + priced[name].way_us(size, leaving=True) for name in per_step]
+    return sum(priced[name].way_us(size, leaving=False) + priced[name].way_us(size, leaving=True)
+               for name in once) + steps * sum(both)
 
 
 def _probe_us(costs, p):
@@ -252,16 +263,6 @@ def test_the_top_level_models_own_statistics_price_their_lines_without_the_reque
     blind, _ = fit_costs([r[:6] for r in rows])
     for group in (lines[:2], lines[2:]):
         assert any(blind[name].us(8 * MIB) != pytest.approx(true[name].us(8 * MIB), rel=0.05) for name in group), group
-
-
-def test_crossings_count_the_bls_models_own_stub_and_each_forms_step_stubs():
-    assert crossings("bls", 4, 10) == {"request": (1, 20), "bls_model": (1, 20), "bls_call": (4, 20),
-                                       "bls_stub": (4, 20)}
-    assert crossings("bls-sync", 2, 10) == {"request": (1, 20), "bls_sync_model": (1, 20), "bls_sync_call": (2, 20),
-                                            "bls_sync_stub": (2, 20)}
-    assert crossings("ensemble", 4, 10) == {"request": (1, 20), "ensemble": (1, 20), "ensemble_step": (4, 20),
-                                            "ensemble_stub": (4, 20)}
-    assert crossings("step", 1, 10) == {"request": (1, 20), "stub": (1, 20)}
 
 
 def test_each_forms_step_stubs_are_priced_by_its_own_probes_statistics():

@@ -56,7 +56,7 @@ def test_yolov5_steps_see_the_tensors_the_pipeline_hands_them():
     for p in profiles.values():
         assert p.rows == (1, 2, 4, 8) and p.device == "cpu" and p.source == "measured" and not p.external
         assert all(w > 0 for w in p.wall_us) and 0 <= p.gil_share <= 1
-        assert p.wall_curve() == Curve(p.rows, p.wall_us) and p.cpu_curve().at(8) == p.cpu_us[-1]
+        assert Curve(p.rows, p.wall_us).at(8) == p.wall_us[-1] and Curve(p.rows, p.cpu_us).at(8) == p.cpu_us[-1]
 
 
 def test_bytes_are_per_row_whatever_rows_the_sample_has():
@@ -342,7 +342,7 @@ def test_a_given_cost_is_used_instead_of_measuring():
     assert profiles["post"].source == "measured" and profiles["post"].rows == (1, 2, 4, 8)
 
     by_rows = profile_steps(external_pipeline(lambda x: {"y": x}), X, costs={"scorer": {8: 900, 1: 200}}, repeats=1)
-    assert by_rows["scorer"].wall_curve() == Curve((1, 8), (200.0, 900.0))
+    assert (by_rows["scorer"].rows, by_rows["scorer"].wall_us) == ((1, 8), (200.0, 900.0))
     assert by_rows["scorer"].outputs == {"y": TensorSpec("FP32", [16])}  # the stand-in ran, for what follows
 
     with pytest.raises(ArgumentError, match="'missing', which is no live step"):

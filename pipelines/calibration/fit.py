@@ -26,9 +26,9 @@ import numpy as np
 from ..errors import ArgumentError
 from ..forms import FORMS
 from .probes import BLS_KINDS, GATED_ROW, GROWN_ROW, GROWN_STEPS, KINDS
-from .profile import BOUNDARIES, MIB, STAND_INS, Cost, Point, with_stand_ins
+from .profile import BOUNDARIES, MIB, STAND_INS, Cost, Point
 
-__all__ = ["crossings", "estimate", "fit_costs", "fit_rounds", "predict_us"]
+__all__ = ["estimate", "fit_costs", "fit_rounds"]
 
 # What each chained probe kind (a form) pays once per request, and per step.
 _KINDS_OF = {kind: (FORMS[kind].own_cost, FORMS[kind].call_cost) for kind in KINDS if kind in FORMS}
@@ -43,32 +43,8 @@ Row = tuple  # (kind, steps, size, latency_us[, stub_us[, stub_in_us[, model_us[
 At = dict[int, dict[str, tuple[float, float]]]  # by size, every boundary's (way in, way out) µs
 
 
-def crossings(kind: str, steps: int, size: int) -> dict[str, tuple[int, int]]:
-    """Boundary -> (times crossed, bytes per crossing: the tensor in and back out) for one request of
-    a probe."""
-    both = 2 * size
-    if kind == "step":
-        return {"request": (1, both), "stub": (1, both)}
-    if kind in _KINDS_OF:
-        once, per_step = _KINDS_OF[kind]
-        return {"request": (1, both), once: (1, both), per_step: (steps, both), _STUB_OF[kind]: (steps, both)}
-    raise ArgumentError(f"unknown probe kind {kind!r}; expected one of 'step', {', '.join(map(repr, _KINDS_OF))}")
-
-
-def predict_us(costs: dict[str, Cost], kind: str, steps: int, size: int) -> float:
-    """A probe's latency according to ``costs`` (µs): the line's figures, or the curve's where
-    a cost has one."""
-    costs = with_stand_ins(costs)
-    total = 0.0
-    for name, (times, nbytes) in crossings(kind, steps, size).items():
-        cost = costs[name]
-        total += times * (cost.way_us(nbytes // 2, leaving=False) + cost.way_us(nbytes // 2, leaving=True))
-    return total
-
-
 def _clipped(us: float, clip: bool) -> float:
-    """A cost the fit put below zero as zero, where ``clip``. Bootstrap draws are unclipped, so an
-    interval says how far below zero the data put a cost (issue 43)."""
+    """A cost below zero as zero, where ``clip`` (bootstrap draws are not: an interval says how far)."""
     return max(0.0, us) if clip else us
 
 
@@ -144,13 +120,10 @@ def _at_size(rows: Sequence[Row], *, clip: bool) -> dict[str, tuple[float, float
 
 
 def _reads_from_grown(at: At, by_size: dict[int, list[Row]]) -> None:
-    """Each form's step stub (``*_stub``): the part of its way out that its input's size sets,
-    moved to its way in. The grown probe's identity steps take and give the same bytes, so
-    their stub's cost on its own side (compute infer and output) was all priced by the output;
-    its ``shrink`` step reads an input of the size and answers one byte, and what that costs
-    above the smallest size is the input's part (at 4 MiB, 350 µs of an identity's 1000 µs:
-    docs/server_profiles.md, "What a stub's input costs"). A step that takes much and gives
-    little (a sum, NMS) then pays it, and one that gives much from little does not."""
+    """Each form's step stub (``*_stub``): the part of its way out that its input's size sets, moved to
+    its way in: what the grown probe's ``shrink`` (an input of the size, an answer of one byte) costs on
+    its stub's side above the smallest size. So a step that takes much and gives little (NMS) pays it
+    (at 4 MiB, 350 µs of an identity's 1000: docs/server_profiles.md, "What a stub's input costs")."""
     smallest = min(by_size)
     for kind, name in _STUB_OF.items():
         readers = {}
@@ -208,11 +181,9 @@ def _grown_ensemble_left(at: At, by_size: dict[int, list[Row]], size: int) -> fl
 def _steps_from_grown(at: At, by_size: dict[int, list[Row]], *, clip: bool) -> None:
     """The ensemble's hand-off of a step's tensors (``ensemble_step``) at each size above the smallest,
     where the grown ensemble was measured: the smallest size's, and a sixth of what the grown ensemble
-    took beyond its stubs above what it took so at the smallest size (six hand-offs carry the size;
-    its request, answer and two hand-offs of a few bytes are the same at every size). The chains'
-    slope less their own stubs, taken cold and in turns, priced it at nothing at 4 MiB, where the
-    grown ensemble took 370 µs more than the profile priced it by (docs/server_profiles.md,
-    "An ensemble's hand-offs from the grown probe")."""
+    took beyond its stubs above what it took so at the smallest size (six of its hand-offs carry the
+    size). The chains' slope priced it at nothing at 4 MiB (docs/server_profiles.md, "An ensemble's
+    hand-offs from the grown probe")."""
     smallest = min(at)
     base = _grown_ensemble_left(at, by_size, smallest)
     if base is None:
@@ -226,10 +197,9 @@ def _steps_from_grown(at: At, by_size: dict[int, list[Row]], *, clip: bool) -> N
 
 
 def _gate_from_gated(at: At, by_size: dict[int, list[Row]], *, clip: bool) -> None:
-    """What a gated ensemble pays beyond an ungated one, at each size where both grown probes were
-    measured: the gated probe's latency less the grown ensemble's, less what the profile already
-    prices its gate model by (a step and a stub at the smallest size). Measured: 0.7-1.4 ms a
-    request at any size (docs/server_profiles.md, "Gated ensembles")."""
+    """What a gated ensemble pays beyond an ungated one, where both grown probes were measured: the
+    gated probe's latency less the grown ensemble's, less what the profile prices its gate model by (a
+    step and a stub at the smallest size): docs/server_profiles.md, "Gated ensembles"."""
     smallest = min(at)
     charged = sum(at[smallest]["ensemble_step"]) * 2 + sum(at[smallest]["ensemble_stub"])
     for size, rows in by_size.items():
@@ -274,10 +244,8 @@ def _summary_line(sizes: Sequence[int], totals: Sequence[float], *, clip: bool) 
 
 def fit_costs(samples: Sequence[Row]) -> tuple[dict[str, Cost], tuple[Point, ...]]:
     """Fit every boundary's cost to ``(kind, steps, size, latency_us[, stub_us[, stub_in_us[, model_us[,
-    steps_us[, reader_us]]]]])`` samples: Triton's statistics of one execution of a probe's step and its
-    way in, what a BLS probe's model held its instance (an ensemble probe: its own request time), what
-    a grown BLS probe's step models held theirs, and a grown probe's ``shrink`` on its stub's side.
-    Returns the costs and the points to plot."""
+    steps_us[, reader_us]]]]])`` samples (:data:`RoundRow` says what each figure is). Returns the costs
+    and the points to plot."""
     rows = _checked(samples)
     sizes, figures = _fit(rows, clip=True)
     costs: dict[str, Cost] = {}
@@ -328,7 +296,10 @@ def _fit(rows: Sequence[Row], *, clip: bool) -> tuple[tuple[int, ...], dict[str,
 
 
 #: A probe's figures in one round: (kind, steps, size, round, latency_us, stub_us, stub_in_us,
-#: model_us, steps_us, reader_us), the last five None where not measured (see measure.Sample).
+#: model_us, steps_us, reader_us), the last five None where not measured: Triton's statistics of one
+#: execution of a probe's step and its way in, what a BLS probe's model held its instance (an ensemble
+#: probe: its own request time), what a grown BLS probe's step models held theirs, and a grown
+#: probe's ``shrink`` on its stub's side (see measure.Sample).
 RoundRow = tuple
 
 

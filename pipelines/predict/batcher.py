@@ -1,7 +1,5 @@
-"""Triton's scheduler for one model on a SimPy clock: its instances, each running one execution
-at a time, and the dynamic batcher that forms an execution from the requests waiting. The
-simulator gives every step model, the BLS or fused model and the gate one of these, so they
-queue and batch alike, by the rules of Triton's ``DynamicBatchScheduler::GetDynamicBatch``.
+"""Triton's scheduler for one model on a SimPy clock: its instances, each running one execution at a time, and the
+dynamic batcher that forms an execution from the requests waiting (every model of the simulation has one).
 """
 
 from __future__ import annotations

@@ -28,13 +28,10 @@ class Snapshot:
 
 class Meter:
     """Counts answers in the order they arrive: the first ``warmup`` are not measured, the next ``requests`` are
-    (their ``latencies``). It snapshots the counters (``snapshot``) where the measured window opens (the last warm-up
-    answer, or the start) and closes (the last measured answer), when ``done`` succeeds.
-
-    ``answers`` counts what the throughput is: the answers after the instant the window opens, to the end of the
-    instant it closes (:func:`run_measured`). A batch's answers arrive in one instant, and counting the window by
-    answers alone would take some of them with no time to it.
-    """
+    (their ``latencies``). It snapshots the counters where the measured window opens (the last warm-up answer, or the
+    start) and closes (the last measured answer; ``done`` succeeds). ``answers``, the throughput's count, runs from
+    after the instant the window opens to the end of the instant it closes: a batch's answers arrive in one instant,
+    and counting the window by answers alone would take some of them with no time to it."""
 
     def __init__(self, env: simpy.Environment, *, warmup: int, requests: int, snapshot: Callable[[], Snapshot]) -> None:
         self.env = env

@@ -39,15 +39,7 @@ def gil_share(first: Callable[[], Any], second: Callable[[], Any], wall_s: float
 
 def _lost_share(alone: Span, cpu_alone: float, a: Span, b: Span, cpu_both: float, *, cores: int) -> float:
     """One pair of runs: ``alone`` in one thread, then ``a`` and ``b`` in two at once (start and end, in seconds), and
-    the CPU seconds the process used in each.
-
-    Together they take ``t2``, from the first start to the last end (a thread waiting for the GIL cannot even note
-    its start): near ``t1``, the run alone, for work that releases the GIL, near ``2 t1`` for pure Python.
-    ``t2 - t1`` is the time one run held the GIL; over its CPU time (times the cores it keeps busy), the share. What
-    the cores alone explain is not the GIL (``t2`` is compared with ``max(t1, 2 cpu1 / cores)``), and the loss counts
-    up to half the CPU the two used, with CPU at least a tenth of the wall time, so a step that mostly waits is not
-    judged on a busy machine's late wake-ups. On one core the figure is an upper bound.
-    """
+    the CPU seconds the process used in each; how it reads them: docs/prediction.md, "Step profiles"."""
     t1 = alone[1] - alone[0]
     t2 = max(a[1], b[1]) - min(a[0], b[0])
     expected = max(t1, 2 * cpu_alone / cores) if cores > 1 else t1

@@ -1,18 +1,14 @@
 """The server's cores as one processor-sharing resource on a SimPy clock. Every CPU cost the simulator prices is a job
 here, so CPU work beyond the cores slows every job down at once, as the server's scheduler does, instead of queueing
-whole jobs behind each other. The model, and what was measured for it, is in docs/prediction.md: "The cores, as
-processor sharing" and "The memory bus".
+whole jobs behind each other. The model, and what was measured for it: docs/prediction.md, "The cores, as processor
+sharing" and "The memory bus".
 
 A job has a cap (the cores it uses alone), a span (how long it takes alone) and a memory share. Beyond the cores, a job
-of a core or more takes ``f`` times its span, one below a core ``(1 - cap) + cap × f`` (its time off the cores does not
-stretch): ``f`` solves ``Σ_full cap / f + Σ_below cap / ((1 - cap) + cap × f) = cores`` by Newton's method. Jobs that
-wait on memory multiply ``f`` by the mix's mean slowdown ``1 + m × Σm'`` (:meth:`Cores._slowdown`).
-
-The jobs of a core or more all run at one rate, so they keep one virtual clock (``_v``, in µs of span) and a heap of
-their ends; a job below a core keeps its own end, moved when ``f`` changes (there are few: steps that sleep or wait).
-One pending timeout wakes the resource at the next end. A new one is set only when an end comes sooner (a generation
-number makes the one it replaces do nothing); a later end keeps the pending one, which wakes early, finds nothing done,
-and sets the next: a burst of new jobs costs no event each (5-7 % fewer events at concurrency 16, on a 4-step pipeline).
+of a core or more takes ``f`` times its span, one below a core ``(1 - cap) + cap × f``: ``f`` solves
+``Σ_full cap / f + Σ_below cap / ((1 - cap) + cap × f) = cores`` by Newton's method, times the memory bus's slowdown
+(:meth:`Cores._slowdown`). The jobs of a core or more keep one virtual clock (``_v``) and a heap of their ends; a job
+below a core keeps its own end. One pending timeout wakes the resource at the next end; a later end keeps it (it wakes
+early and sets the next), so a burst of new jobs costs no event each.
 """
 
 from __future__ import annotations

@@ -1,22 +1,17 @@
-"""What a simulation needs of its :class:`~pipelines.predict.spec.SimSpec` and load: the forms, the boundaries each
-form pays, and the checks that refuse what the simulation could not run, or would run to no end.
+"""What a simulation needs of its :class:`~pipelines.predict.spec.SimSpec` and load: the forms, and the checks that
+refuse what the simulation could not run, or would run to no end.
 """
 
 from __future__ import annotations
 
+from .. import forms
 from ..errors import ArgumentError, PipelinesError
 from .spec import Load, SimSpec, StepSpec
 
-__all__ = ["CALL", "FORMS", "STUB", "TOP", "check"]
+__all__ = ["FORMS", "check"]
 
 #: The forms a :class:`SimSpec` may take.
-FORMS = ("ensemble", "bls", "bls-sync", "fused")
-
-# By form: the boundaries of a call to a step model, of a step model's stub, and of the
-# top-level model's own stub (None: the form has none).
-CALL = {"ensemble": None, "bls": "bls_call", "bls-sync": "bls_sync_call", "fused": "bls_call"}
-STUB = {"ensemble": "ensemble_stub", "bls": "bls_stub", "bls-sync": "bls_sync_stub", "fused": None}
-TOP = {"ensemble": None, "bls": "bls_model", "bls-sync": "bls_sync_model", "fused": "bls_model"}
+FORMS = tuple(forms.FORMS)
 
 
 def check(spec: SimSpec, load: Load) -> None:
@@ -98,11 +93,11 @@ def _check_costs(spec: SimSpec) -> None:
         needed += ["ensemble_stub"] if python or spec.gate else []
         needed += ["ensemble_gate"] if spec.gate else []
     else:
-        needed.append(TOP[form])
+        needed.append(forms.FORMS[form].own_cost)
         if any(form != "fused" or s.external for s in spec.steps):
-            needed.append(CALL[form])
+            needed.append(forms.FORMS[form].call_cost)
         if form != "fused" and python:
-            needed.append(STUB[form])
+            needed.append(forms.FORMS[form].stub_cost)
     if missing := [name for name in needed if name not in spec.costs]:
         raise PipelinesError(
             f"the {form} form pays {', '.join(missing)}, which the costs lack (they have "

@@ -14,11 +14,12 @@ import numpy as np
 import simpy
 
 from ..errors import PipelinesError
+from ..forms import FORMS as _FORMS
 from .batcher import Execute, ModelScheduler, Waiting
 from .clients import Meter, Snapshot, closed_loop, open_loop, run_measured
 from .locks import FusedInstance, Lock
 from .processor_sharing import Cores, Cost
-from .simulation_checks import CALL, FORMS, STUB, TOP, check
+from .simulation_checks import FORMS, check
 from .spec import Load, SimResult, SimSpec, StepSpec, interp
 
 __all__ = ["FORMS", "simulate"]
@@ -45,23 +46,13 @@ def simulate(spec: SimSpec, load: Load) -> SimResult:
 
 
 class _Server:
-    """The simulated server of one :class:`SimSpec`: its cores (every cost is a job on them),
-    its models (each a queue and instances: :class:`ModelScheduler`), and each form's way of
-    taking a request through them (:meth:`request`). Boundary names are the server profile's;
-    docs/prediction.md, "Where each cost is paid", is the table of which cost each form pays
-    when, and what it holds meanwhile; "Waking a side that waited" says when :meth:`_woken`
-    pays a wake.
-
-    - **ensemble**: each step once its deps are done, its stub's ways in and out holding its
-      instance; the ensemble scheduler's own costs hold no instance.
-    - **bls**, **bls-sync**: a round is one ``execute()`` of the BLS model, holding an instance;
-      its requests' steps are calls (async: side by side, once their deps are done; sync: one
-      after another), and every answer leaves when its round ends. The BLS model's own work is
-      Python in its stub: one at a time per instance (its GIL).
-    - **fused**: as bls, but the Python steps run inside the round with no call, stub or queue;
-      independent ones overlap but for the GIL (:meth:`_fused_step`). As ``fused_model.py``, a
-      round of several requests runs as one batch where every step batches that far, and side
-      by side otherwise.
+    """The simulated server of one :class:`SimSpec`: its cores (every cost is a job on them), its
+    models (each a queue and instances: :class:`ModelScheduler`), and each form's way of taking a
+    request through them (:meth:`request`), as docs/prediction.md tells it ("Where each cost is
+    paid": which cost each form pays when, and what it holds meanwhile; "Waking a side that
+    waited": :meth:`_woken`). An ensemble runs each step once its deps are done; a BLS or fused
+    round is one ``execute()`` of its model, holding an instance, whose requests' steps are calls
+    (async: side by side; sync: one after another) or, fused, run in its own process.
     """
 
     def __init__(self, env: simpy.Environment, spec: SimSpec) -> None:
@@ -86,7 +77,9 @@ class _Server:
         self._draws = random.Random(0)
         self._call_memo: dict[tuple[str, int], tuple[float, float]] = {}
         self._execution_memo: dict[tuple[str, int], tuple[float, float, float, float]] = {}
-        self._wakes = (_curve(spec.wake), _curve(spec.wake_idle))  # split once: read at every hand-off
+        # split into columns once: read at every hand-off
+        self._wakes = tuple((tuple(w for w, _ in c), tuple(u for _, u in c)) if c else None
+                            for c in (spec.wake, spec.wake_idle))
         for step in spec.steps:
             # Steps that name one model (one step used by several nodes) share its queue and instances.
             if (spec.form != "fused" or step.external) and step.model_name not in self.models:
@@ -119,7 +112,7 @@ class _Server:
         self.request = self._top_request
         self._enter = self._price("request", _IN, in_bytes)
         self._leave = self._price("request", _OUT, out_bytes)
-        top = TOP[form]
+        top = _FORMS[form].own_cost
         self._top_fixed = self._price(top, _IN, 0)
         self._top_in = self._price(top, _IN, in_bytes)
         self._top_out = self._price(top, _OUT, out_bytes)
@@ -238,7 +231,7 @@ class _Server:
         key = (step.name, rows)
         costs = self._execution_memo.get(key)
         if costs is None or any(w.what is not step for w in batch):
-            stub = None if step.external else STUB[self.spec.form]
+            stub = None if step.external else _FORMS[self.spec.form].stub_cost
             in_bytes = sum(w.rows * w.what.in_bytes for w in batch)
             out_bytes = sum(w.rows * w.what.out_bytes for w in batch)
             span, cap = _compute(step, rows)
@@ -265,11 +258,11 @@ class _Server:
         holds one of its instance's ``threads`` from when it is sent until its answer is back."""
         ways = self._call_memo.get((step.name, rows))
         if ways is None:
-            call = CALL[self.spec.form]
+            call = _FORMS[self.spec.form].call_cost
             ways = self._call_memo[step.name, rows] = (
                 self._tensors(call, _IN, rows * step.in_bytes, step.in_tensors),
                 self._tensors(call, _OUT, rows * step.out_bytes, step.out_tensors))
-        yield from self._in_stub(ways[0], gil)
+        yield from self._holding(ways[0], gil)
         if threads is not None:
             yield from threads.take()
         since = self.env.now
@@ -277,37 +270,30 @@ class _Server:
         yield from self._woken(since)  # the BLS model's stub waited for the call's answer
         if threads is not None:
             threads.give()  # its thread is free once the answer is back
-        yield from self._in_stub(ways[1], gil)
+        yield from self._holding(ways[1], gil)
 
-    def _in_stub(self, cost: Cost, gil: Lock | None) -> Flow:
-        """``cost`` as CPU work, holding ``gil`` (a BLS instance's) where there is one."""
-        if gil is None or not cost:
+    def _holding(self, cost: Cost, lock: Lock | None) -> Flow:
+        """``cost`` as CPU work, holding ``lock`` where there is one: a BLS instance's GIL, or one of
+        the client's threads (a request's way in or out)."""
+        if lock is None or not cost:
             yield self.cores.pay(cost)
             return
-        yield from gil.take()
+        yield from lock.take()
         yield self.cores.pay(cost)
-        gil.give()
+        lock.give()
 
     # ------------------------------------------------------------------ ensemble
 
-    def _through_client(self, cost: Cost) -> Flow:
-        """A request's way in or out: its cost is CPU work, done in one of the client's threads."""
-        if not cost:
-            return
-        yield from self._client.take()
-        yield self.cores.pay(cost)
-        self._client.give()
-
     def _ensemble_request(self) -> Flow:
         sent = self.env.now
-        yield from self._through_client(self._enter)
+        yield from self._holding(self._enter, self._client)
         yield from self._dag(self._ensemble_step)
         if self.spec.gate:
             yield self.cores.pay(self._gate_in)
             yield self.models["gate"].submit(self.spec.rows)
             yield self.cores.pay(self._gate_out)
         yield from self._woken(sent)  # the client's
-        yield from self._through_client(self._leave)
+        yield from self._holding(self._leave, self._client)
 
     def _ensemble_step(self, step: StepSpec, _alone: bool) -> Flow:
         way_in, way_out = self._step_ways[step.name]
@@ -332,10 +318,10 @@ class _Server:
 
     def _top_request(self) -> Flow:
         sent = self.env.now
-        yield from self._through_client(self._enter)
+        yield from self._holding(self._enter, self._client)
         yield self.models[self.spec.form].submit(self.spec.rows)
         yield from self._woken(sent)  # the client's
-        yield from self._through_client(self._leave)
+        yield from self._holding(self._leave, self._client)
 
     def _round_in(self, count: int) -> Cost:
         """The top model's way in for a round of ``count`` requests: its fixed part once."""
@@ -343,7 +329,7 @@ class _Server:
 
     def _bls_round(self, batch: Sequence[Waiting], instance: int) -> Flow:
         gil, threads = self._bls_gils[instance], self._call_threads[instance]
-        yield from self._in_stub(self._round_in(len(batch)), gil)
+        yield from self._holding(self._round_in(len(batch)), gil)
         if len(batch) == 1:
             yield from self._bls_request(batch[0].rows, gil, threads)
         else:
@@ -352,7 +338,7 @@ class _Server:
     def _bls_request(self, rows: int, gil: Lock, threads: Lock | None) -> Flow:
         drawn: dict[tuple[str, ...], int] = {}
         yield from self._dag(lambda step, _alone: self._call_held(step, rows, drawn, gil, threads))
-        yield from self._in_stub(self._top_out, gil)
+        yield from self._holding(self._top_out, gil)
 
     def _bls_sync_round(self, batch: Sequence[Waiting], _instance: int) -> Flow:
         for i, waiting in enumerate(batch):
@@ -378,8 +364,7 @@ class _Server:
     def _call_held(self, step: StepSpec, rows: int, drawn: dict[tuple[str, ...], int],
                    gil: Lock | None = None, threads: Lock | None = None) -> Flow:
         """A BLS call of ``step`` on the rows its ``when`` blocks hold; none where none does."""
-        held = self._held(step, rows, drawn) if step.when else rows
-        if held:
+        if held := self._held(step, rows, drawn):
             yield from self._call(step, held, gil, threads)
 
     def _fused_round(self, batch: Sequence[Waiting], instance: int) -> Flow:
@@ -401,19 +386,15 @@ class _Server:
 
     def _fused_held(self, step: StepSpec, rows: int, drawn: dict[tuple[str, ...], int], fused: FusedInstance,
                     locked: Collection[str], alone: bool) -> Flow:
-        held = self._held(step, rows, drawn) if step.when else rows
-        if held:
+        if held := self._held(step, rows, drawn):
             yield from self._fused_step(step, held, fused, locked, alone)
 
     def _fused_step(self, step: StepSpec, rows: int, fused: FusedInstance, locked: Collection[str], alone: bool) -> Flow:
-        """A step inside the fused model's process. Its ``gil_share`` of CPU time holds the
-        instance's GIL, taken as one phase before the rest: the GIL's total hold, and so how far
-        two steps of one instance overlap, is what the profile says, in whatever slices the
-        interpreter hands it out. Both phases run at the step's own cores (at least one for the
-        GIL phase: a step below one core waits, on a GPU say, without the GIL), so alone the step
-        takes its wall time. As ``fused_model.py``, a step that is ``alone`` in its run runs on
-        the event loop's thread, and holds up the instance's other runs meanwhile; any other
-        takes a thread of the instance's step pool."""
+        """A step inside the fused model's process: its ``gil_share`` of CPU time holds the
+        instance's GIL as one phase before the rest, both at the step's own cores (at least one
+        with the GIL), so alone it takes its wall time. A step ``alone`` in its run runs on the
+        event loop's thread, any other in the instance's step pool, as ``fused_model.py``
+        (docs/prediction.md, "Fused, with its GIL share")."""
         if step.external:
             yield from self._call(step, rows, threads=fused.threads)
             return
@@ -427,29 +408,20 @@ class _Server:
             yield from lock.take()
         if thread is not None:
             yield from thread.take()
-        yield from self._gil_then_free(fused.gil, gil_span, gil_cap, free_span, free_cap, step.memory)
+        if gil_span > 0.0:
+            yield from fused.gil.take()
+            yield self.cores.run(gil_span, gil_cap, step.memory)
+            fused.gil.give()
+        yield self.cores.run(free_span, free_cap, step.memory)
         if thread is not None:
             thread.give()
         if lock is not None:
             lock.give()
 
-    def _gil_then_free(self, gil: Lock, gil_span: float, gil_cap: float, free_span: float,
-                       free_cap: float, memory: float) -> Flow:
-        if gil_span > 0.0:
-            yield from gil.take()
-            yield self.cores.run(gil_span, gil_cap, memory)
-            gil.give()
-        yield self.cores.run(free_span, free_cap, memory)
-
-
-def _curve(points: Sequence[tuple[float, float]]) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
-    """``(waited µs, µs)`` points as two columns, split once for :func:`_at`; none: ``None``."""
-    return (tuple(w for w, _ in points), tuple(u for _, u in points)) if points else None
-
 
 def _at(curve: tuple[tuple[float, ...], tuple[float, ...]] | None, waited: float) -> float:
-    """``curve``'s µs after ``waited`` µs: straight between its points, the first's before them
-    and the last one's beyond; none: 0."""
+    """``curve``'s µs after ``waited`` µs (``(waited, µs)`` columns): straight between its points,
+    the first's before them and the last one's beyond; none: 0."""
     return 0.0 if curve is None else interp(curve[0], curve[1], waited, extend=False)
 
 

@@ -1,8 +1,5 @@
 """What the simulator is given: one configuration of one pipeline in one form, with every cost it needs, as plain frozen
-data. Built by :mod:`pipelines.predict.prediction` from a pipeline, a server profile and step profiles; read by
-:mod:`pipelines.predict.simulator`.
-
-Times are microseconds, sizes bytes. Nothing here runs a step or reads a file.
+data (built by :mod:`pipelines.predict.prediction`). Times are microseconds, sizes bytes.
 """
 
 from __future__ import annotations
@@ -153,11 +150,7 @@ class SimSpec:
 class Load:
     """How clients load the server: ``concurrency`` clients in a closed loop (as perf_analyzer), or Poisson arrivals
     at ``rate`` requests/s (open loop); one of the two. ``requests`` are measured after ``warmup`` more; ``seed``
-    makes arrivals repeatable.
-
-    A closed loop on deterministic costs settles into a repeating schedule: 1000 requests give the figures of 8000
-    within 0.3 % (concurrency 1 to 64), in about 0.1 s a simulation. An open loop's figures are a sample: ask for
-    more requests (p99 varies about 15 % from seed to seed at 5000 requests and 70 % load; p50 1.5 %)."""
+    makes arrivals repeatable (how many an open loop needs: docs/prediction.md, "The queues")."""
 
     concurrency: int | None = None
     rate: float | None = None

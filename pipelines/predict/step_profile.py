@@ -13,7 +13,6 @@ from typing import Any
 
 from ..errors import ArgumentError, PipelinesError
 from ..tensor import TensorSpec
-from .spec import Curve
 
 __all__ = ["StepProfile"]
 
@@ -81,14 +80,6 @@ class StepProfile:
         object.__setattr__(self, "external", bool(self.external))
         object.__setattr__(self, "inputs", MappingProxyType(dict(self.inputs)))
         object.__setattr__(self, "outputs", MappingProxyType(dict(self.outputs)))
-
-    def wall_curve(self) -> Curve:
-        """Wall µs of one execution by batch rows, for :attr:`StepSpec.wall_us`."""
-        return Curve(self.rows, self.wall_us)
-
-    def cpu_curve(self) -> Curve:
-        """CPU µs of one execution by batch rows, for :attr:`StepSpec.cpu_us`."""
-        return Curve(self.rows, self.cpu_us)
 
     def to_json(self) -> dict[str, Any]:
         """The profile as JSON-ready data; :meth:`from_json` reads it back equal."""

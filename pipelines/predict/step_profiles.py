@@ -168,9 +168,8 @@ class _Profiler:
                     **common, rows=given_rows, wall_us=given_us, cpu_us=(0.0,) * len(given_us) if gpu else given_us,
                     gil_share=0.0 if step.is_external else 1.0, source="given")
             assert runner is not None
-            # What runs, untimed, before each timed call: on the server, large inputs are not in the caches
-            # (yolov5's detector: 6.3 ms warm, 6.8 ms after 64 MiB of other traffic, 7.5 ms in the server's
-            # statistics). A GPU step's inputs are on its device.
+            # Untimed before each timed call: on the server, large inputs are not in the caches
+            # (docs/prediction.md, "Step profiles"); a GPU step's inputs are on its device.
             colds = [evict if not runner.gpu and common["in_bytes"] * b >= COLD_BYTES else None for b in sizes]
             timed, warm = [], []
             with blame(self.pipeline.name, n.name):
