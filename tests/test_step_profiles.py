@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 
 import numpy as np
@@ -182,6 +183,28 @@ def quiet_share(call, *, above: float) -> float:
 
 @pytest.mark.solo  # the other workers' memory traffic would be measured too
 @pytest.mark.skipif(usable_cores() < 2, reason="nothing streams beside a step on one core")
+def copy_slowdown(copy) -> float:
+    """How much more CPU time ``copy`` takes beside the streamer than alone, read directly (the
+    median of three turns, each of five calls a side, pinned as measure_memory_share pins): the
+    machine's own answer to whether its cores share one memory bus."""
+    from pipelines.predict.memory_share import _pin
+    from pipelines.predict.step_timing import timed_calls
+
+    beside = streamer()
+    allowed = _pin(0, 0)
+    ratios = []
+    try:
+        for _ in range(3):
+            alone = statistics.median(timed_calls(copy, 5)[1])
+            with beside.streaming():
+                loaded = statistics.median(timed_calls(copy, 5)[1])
+            ratios.append(loaded / alone)
+    finally:
+        if allowed is not None:
+            os.sched_setaffinity(0, allowed)
+    return statistics.median(ratios)
+
+
 def test_work_that_copies_memory_waits_on_it_and_work_in_the_cache_does_not():
     # 64 MiB each way a call: beyond the last-level cache, like the process streaming beside it
     # (measured 0.72-0.94 on this project's VM; work in the cache 0-0.12).
@@ -193,9 +216,18 @@ def test_work_that_copies_memory_waits_on_it_and_work_in_the_cache_does_not():
         for _ in range(200):
             np.sqrt(small, out=small)
 
-    copies = quiet_share(lambda: np.copyto(out, big), above=0.4)
-    assert copies > 0.4
-    assert median_share(in_cache) < copies / 2  # on a busy machine, its noise over a duty of 0.5 reads up to 0.27
+    def copy():
+        np.copyto(out, big)
+
+    if copy_slowdown(copy) >= 1.3:  # the cores share a bus, which one stream fills (this project's VM: 2.1x)
+        copies = quiet_share(copy, above=0.4)
+        assert copies > 0.4
+        assert median_share(in_cache) < copies / 2  # on a busy machine, its noise over a duty of 0.5 reads up to 0.27
+    else:
+        # A machine whose bus one stream does not fill (a 2-vCPU VM with a 260 MiB L3 slowed a copy
+        # by 0-2 %): nothing waits on memory there, and the share says so for the copy too.
+        assert median_share(copy) < 0.3
+        assert median_share(in_cache) < 0.3
 
 
 def test_a_stop_that_reaches_the_streamer_with_its_start_ends_that_turn():
