@@ -298,6 +298,21 @@ def test_the_bls_model_pays_its_fixed_cost_once_a_round():
     assert latencies(result) == {100 + 1 + 1 + 1000.0}
 
 
+@pytest.mark.parametrize("form", ["bls", "bls-sync", "fused"])
+def test_a_rounds_answers_pay_the_top_models_fixed_way_out_once(form):
+    # The way out: 300 µs fixed + 1 µs per 1000 bytes, each answer 1000 bytes. A round of two
+    # requests returns both answers in one list from its execute(), so it pays 300 once and
+    # 1 µs each; its answers leave together as the round ends.
+    top = "bls_sync_model" if form == "bls-sync" else "bls_model"
+    priced = costs() | {top: (flat(0), WayCost((0, 1000), (300, 301)))}
+    s = step("s", 1000, instances=2, max_batch_size=2)  # fused: the round runs as one batch of 2 rows
+    result = simulate(spec(form, s, top_max_batch_size=2, costs=priced), closed(2))
+    steps = 2000.0 if form == "bls-sync" else 1000.0  # sync: one request's call after the other's
+    assert latencies(result) == {steps + 300 + 1 + 1}
+    alone = simulate(spec(form, s, top_max_batch_size=2, costs=priced), closed(1))
+    assert latencies(alone) == {1000 + 300 + 1.0}
+
+
 
 def test_a_bls_instance_has_at_most_its_call_threads_calls_in_flight():
     # A round of 8 requests, each calling a step of 8 instances: room for every call but for the

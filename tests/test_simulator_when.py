@@ -76,18 +76,19 @@ def profile_path(tmp_path_factory):
     return path
 
 
-def test_the_predictor_counts_the_share_over_the_samples_and_takes_a_given_one(profile_path):
+def test_the_predictor_counts_the_share_over_the_samples_and_takes_a_given_one(profile_path, tmp_path):
     from pipelines.examples import yolov5_skip_blank as example
 
     p = example.pipeline
-    counted = p.predict(profile_path, concurrency=(4,), forms=("bls", "fused"), module=example, cache=False)
+    steps = tmp_path / "steps.json"  # the yolov5 steps are measured once, for the three predictions
+    counted = p.predict(profile_path, concurrency=(4,), forms=("bls", "fused"), module=example, cache=steps)
     assert any("is_blank.blank is true on 50% of the sample's rows (8 rows)" in n for n in counted.notes)
-    mostly_blank = p.predict(profile_path, concurrency=(4,), forms=("bls", "fused"), module=example, cache=False,
+    mostly_blank = p.predict(profile_path, concurrency=(4,), forms=("bls", "fused"), module=example, cache=steps,
                              when_rates={"is_blank.blank": 0.9})
     by = {r.form: r.throughput for r in counted.rows}
     faster = {r.form: r.throughput for r in mostly_blank.rows}
     assert all(faster[f] > 1.5 * by[f] for f in by)  # the detector runs for a tenth of the frames, not half
     with pytest.raises(ArgumentError, match=r"when_rates names \['blank'\]; the conditions .* are \['is_blank.blank'\]"):
-        p.predict(profile_path, concurrency=(1,), module=example, cache=False, when_rates={"blank": 0.5})
+        p.predict(profile_path, concurrency=(1,), module=example, cache=steps, when_rates={"blank": 0.5})
     with pytest.raises(ArgumentError, match="has no `when` block"):
         example.unconditional.predict(profile_path, concurrency=(1,), cache=False, when_rates={"x": 0.5})

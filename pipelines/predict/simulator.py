@@ -115,12 +115,17 @@ class _Server:
         top = _FORMS[form].own_cost
         self._top_fixed = self._price(top, _IN, 0)
         self._top_in = self._price(top, _IN, in_bytes)
-        self._top_out = self._price(top, _OUT, out_bytes)
+        # A round's answers leave its stub together, as the list its execute() returns: the way
+        # out's fixed part is paid once a round, as the way in's is (docs/prediction.md, "Where
+        # each cost is paid"), and each request pays its bytes.
+        self._top_out_fixed = self._price(top, _OUT, 0)
+        self._top_out = self._price(top, _OUT, out_bytes) - self._top_out_fixed
         work = {"bls": self._bls_round, "bls-sync": self._bls_sync_round, "fused": self._fused_round}[form]
 
         def rounds(batch: Sequence[Waiting], instance: int) -> Flow:
             began = self.env.now
             yield from work(batch, instance)
+            yield self.cores.pay(self._top_out_fixed)
             yield from self._woken(began)  # the instance's thread in the server waited for the stub
 
         # The BLS model's own work (its way in and out, its calls' ways) is Python in its stub: one
