@@ -225,6 +225,27 @@ def test_advise_under_a_p95_bound_ranks_by_throughput_among_those_that_meet_it(p
     assert tputs == sorted(tputs, reverse=True)
 
 
+def test_advise_screens_on_a_shorter_loop_and_shows_the_leaders_on_the_full_one(profile_path):
+    from dataclasses import replace
+
+    from pipelines.predict.advise import CONFIRM, SCREEN, search
+    from pipelines.predict.prediction import CLOSED_LOOP, Predictor
+    from pipelines.predict.spec import Load
+
+    predictor = Predictor(capacity.fixed, profile_path)
+    load = Load(concurrency=8, **CLOSED_LOOP)
+    advice = search(predictor, load, forms=["ensemble", "fused"], budget=40)
+    assert advice.simulated > CONFIRM and advice.load == load
+
+    def on(c, loop):
+        return predictor.row(c.configuration, loop, c.configuration.label())
+
+    for c in (*advice.ranked[:CONFIRM], *advice.defaults.values()):
+        assert c.row == on(c, load), c.configuration.label()
+    rest = [c for c in advice.ranked[CONFIRM:] if c not in advice.defaults.values()]
+    assert rest and all(c.row == on(c, replace(load, **SCREEN)) for c in rest)
+
+
 def test_advise_never_proposes_batching_a_step_that_cannot_batch(profile_path):
     p = make_diamond(ms=5.0, max_batch_size=0, name="flat")
     advice = advise(p, profile_path, concurrency=4, budget=80)

@@ -8,7 +8,9 @@ model's instances), too large to enumerate for more than two or three steps. The
 local search from each form's default: each round simulates every configuration one change
 away from the best ones so far (one model's instances or batching, or the top-level model's
 instances), keeps the best few (a beam), and stops when two rounds in a row find nothing
-better or the budget of simulations is spent. A change that the simulator can tell nothing about is
+better or the budget of simulations is spent. Every configuration is screened on a shorter closed
+loop (:data:`SCREEN`); the leaders, and each form's default, are then simulated again on the
+full one, and only those figures are ranked first and shown. A change that the simulator can tell nothing about is
 never proposed: batching a step whose ``max_batch_size`` is 0, step-model options in the
 fused form, whose Python steps run in its own process. Configurations the simulation cannot
 tell apart (:data:`TIE`) rank simplest first (docs/prediction.md, "The ranking").
@@ -23,7 +25,7 @@ from typing import Any
 from ..errors import ArgumentError
 from ..tables import format_table
 from .configuration import Configuration, ModelChoice
-from .prediction import PredictionRow, Predictor
+from .prediction import CLOSED_LOOP, PredictionRow, Predictor
 from .spec import Load
 
 __all__ = ["Advice", "Candidate", "QUEUE_DELAYS_US", "TIE", "advise", "search"]
@@ -39,6 +41,12 @@ _PATIENCE = 1
 #: does not tell them apart (it meets the server within 5-15 %, and the benchmark calls forms
 #: measured within 5 % a tie too), so the one that changes least ranks first.
 TIE = 0.05
+#: The closed loop a configuration is screened on: 300 measured requests gave the figures of
+#: 8000 within 3.1 % (throughput and p50; most of them exactly) on the benchmark's six
+#: pipelines, at 60 % of the full run's cost (docs/prediction.md, "advise: the search").
+SCREEN = {"requests": 300, "warmup": 30}
+#: How many of the screened leaders are simulated again on the full closed loop.
+CONFIRM = 12
 
 
 @dataclass(frozen=True)
@@ -189,6 +197,7 @@ def search(
     if budget < 1:
         raise ArgumentError(f"the search budget is a number of simulations >= 1; got {budget!r}")
     seen: dict[tuple, Candidate] = {}
+    screen = replace(load, **SCREEN) if load.concurrency is not None else load
 
     def score(c: Candidate) -> tuple:
         # Throughput among those under the bound; without a bound, the lowest p95.
@@ -200,7 +209,7 @@ def search(
         key = _key(configuration)
         found = seen.get(key)
         if found is None:
-            row = predictor.row(configuration, load, configuration.label())
+            row = predictor.row(configuration, screen, configuration.label())
             found = Candidate(configuration, row, p95_ms is None or row.p95_ms <= p95_ms)
             seen[key] = found
             if progress is not None:
@@ -235,7 +244,26 @@ def search(
                 stale += 1
                 if stale > _PATIENCE:
                     break  # rounds that found nothing better: the beam's neighbours are no better either
-    ranked = _simplest_first(sorted(seen.values(), key=score), defaults, p95_ms)
+    candidates = list(seen.values())
+    if screen is not load:
+        full: dict[int, Candidate] = {}  # by the screened candidate's id: its figures on the full loop
+
+        def confirm(c: Candidate) -> None:
+            row = predictor.row(c.configuration, load, c.configuration.label())
+            full[id(c)] = Candidate(c.configuration, row, p95_ms is None or row.p95_ms <= p95_ms)
+
+        for c in defaults.values():  # what each "x N" is read against
+            confirm(c)
+        defaults = {name: full[id(c)] for name, c in defaults.items()}
+        while True:  # until the leaders are all figures of the full loop
+            leaders = sorted(candidates, key=lambda c: score(full.get(id(c), c)))[:CONFIRM]
+            if all(id(c) in full for c in leaders):
+                break
+            for c in leaders:
+                if id(c) not in full:
+                    confirm(c)
+        candidates = [full.get(id(c), c) for c in candidates]
+    ranked = _simplest_first(sorted(candidates, key=score), defaults, p95_ms)
     return Advice(predictor.pipeline.name, load, p95_ms, ranked, defaults, len(seen), predictor.describe(),
                   tuple(predictor.notes))
 
@@ -265,11 +293,7 @@ def advise(
     each `when` condition tensor is true (default: counted over the sample requests)."""
     if concurrency is not None and rate is not None:
         raise ArgumentError("advise takes a concurrency or a rate, not both")
-    # A closed loop settles into a repeating schedule within a few rounds (the same figures as
-    # ten times as many requests, within 0.3 %, from concurrency 1 to 64): half the default run
-    # ranks configurations as well, and lets a search of 250 configurations take ~15 s.
-    load = (Load(rate=float(rate)) if rate is not None
-            else Load(concurrency=int(concurrency or 8), requests=500, warmup=50))
+    load = Load(rate=float(rate)) if rate is not None else Load(concurrency=int(concurrency or 8), **CLOSED_LOOP)
     predictor = Predictor(pipeline, profile, inputs=inputs, module=module, costs=costs, cache=cache, cores=cores,
                           allow_mismatch=allow_mismatch, when_rates=when_rates)
     return search(predictor, load, forms=forms, p95_ms=p95_ms, budget=budget, progress=progress)

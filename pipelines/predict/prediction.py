@@ -31,6 +31,10 @@ from .spec import Curve, Load, SimResult, SimSpec, StepSpec, WayCost
 __all__ = ["Prediction", "PredictionRow", "Predictor", "predict"]
 
 MIB = float(1 << 20)
+#: A closed loop's measured requests and warm-up. It settles into a repeating schedule: 500 give the
+#: figures of 8000 within 0.8 % (throughput) and 1.4 % (p50), most of them exactly, in half the time
+#: of 1000 (docs/prediction.md, "The queues"). An open loop's figures are a sample: it keeps Load's 1000.
+CLOSED_LOOP = {"requests": 500, "warmup": 50}
 
 
 @dataclass(frozen=True)
@@ -422,7 +426,7 @@ def loads(concurrency: Iterable[int] | int | None, rate: Iterable[float] | float
     for c in concurrency or ():
         if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1:
             raise ArgumentError(f"a concurrency is an int >= 1; got {c!r}")
-        out.append(Load(concurrency=int(c)))
+        out.append(Load(concurrency=int(c), **CLOSED_LOOP))
     for r in rate or ():
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0:
             raise ArgumentError(f"a rate is requests/s > 0; got {r!r}")

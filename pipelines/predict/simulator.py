@@ -116,16 +116,16 @@ class _Server:
         self._top_fixed = self._price(top, _IN, 0)
         self._top_in = self._price(top, _IN, in_bytes)
         # A round's answers leave its stub together, as the list its execute() returns: the way
-        # out's fixed part is paid once a round, as the way in's is (docs/prediction.md, "Where
-        # each cost is paid"), and each request pays its bytes.
-        self._top_out_fixed = self._price(top, _OUT, 0)
-        self._top_out = self._price(top, _OUT, out_bytes) - self._top_out_fixed
+        # out's fixed part is the round's, as the way in's is, and each request pays its bytes.
+        # It is paid with the way in, as one job: the round's answers leave as it ends either way
+        # (docs/prediction.md, "Where each cost is paid").
+        self._out_fixed = self._price(top, _OUT, 0)
+        self._top_out = self._price(top, _OUT, out_bytes) - self._out_fixed
         work = {"bls": self._bls_round, "bls-sync": self._bls_sync_round, "fused": self._fused_round}[form]
 
         def rounds(batch: Sequence[Waiting], instance: int) -> Flow:
             began = self.env.now
             yield from work(batch, instance)
-            yield self.cores.pay(self._top_out_fixed)
             yield from self._woken(began)  # the instance's thread in the server waited for the stub
 
         # The BLS model's own work (its way in and out, its calls' ways) is Python in its stub: one
@@ -329,8 +329,9 @@ class _Server:
         yield from self._holding(self._leave, self._client)
 
     def _round_in(self, count: int) -> Cost:
-        """The top model's way in for a round of ``count`` requests: its fixed part once."""
-        return self._top_in + (count - 1) * (self._top_in - self._top_fixed)
+        """The top model's way in for a round of ``count`` requests, and the fixed part of its way
+        out: the fixed parts once."""
+        return self._top_in + self._out_fixed + (count - 1) * (self._top_in - self._top_fixed)
 
     def _bls_round(self, batch: Sequence[Waiting], instance: int) -> Flow:
         gil, threads = self._bls_gils[instance], self._call_threads[instance]
@@ -347,7 +348,7 @@ class _Server:
 
     def _bls_sync_round(self, batch: Sequence[Waiting], _instance: int) -> Flow:
         for i, waiting in enumerate(batch):
-            yield self.cores.pay(self._top_in if i == 0 else self._top_in - self._top_fixed)
+            yield self.cores.pay(self._round_in(1) if i == 0 else self._top_in - self._top_fixed)
             drawn: dict[tuple[str, ...], int] = {}
             for step in self._steps:
                 yield from self._call_held(step, waiting.rows, drawn)
