@@ -9,9 +9,9 @@ local search from each form's default: each round simulates every configuration 
 away from the best ones so far (one model's instances or batching, or the top-level model's
 instances), keeps the best few (a beam), and stops when two rounds in a row find nothing
 better or the budget of simulations is spent. Every configuration is screened on a shorter closed
-loop (:data:`SCREEN`); the leaders, and each form's default, are then simulated again on the
-full one, and only those figures are ranked first and shown. A change that the simulator can tell nothing about is
-never proposed: batching a step whose ``max_batch_size`` is 0, step-model options in the
+loop (:data:`SCREEN`); each form's default, and the leaders until the :data:`CONFIRM` best are
+all such figures, are simulated again on the full one. A change that the simulator can tell
+nothing about is never proposed: batching a step whose ``max_batch_size`` is 0, step-model options in the
 fused form, whose Python steps run in its own process. Configurations the simulation cannot
 tell apart (:data:`TIE`) rank simplest first (docs/prediction.md, "The ranking").
 """
