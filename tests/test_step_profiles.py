@@ -181,8 +181,6 @@ def quiet_share(call, *, above: float) -> float:
     return max(told)
 
 
-@pytest.mark.solo  # the other workers' memory traffic would be measured too
-@pytest.mark.skipif(usable_cores() < 2, reason="nothing streams beside a step on one core")
 def copy_slowdown(copy) -> float:
     """How much more CPU time ``copy`` takes beside the streamer than alone, read directly (the
     median of three turns, each of five calls a side, pinned as measure_memory_share pins): the
@@ -205,6 +203,8 @@ def copy_slowdown(copy) -> float:
     return statistics.median(ratios)
 
 
+@pytest.mark.solo  # the other workers' memory traffic would be measured too
+@pytest.mark.skipif(usable_cores() < 2, reason="nothing streams beside a step on one core")
 def test_work_that_copies_memory_waits_on_it_and_work_in_the_cache_does_not():
     # 64 MiB each way a call: beyond the last-level cache, like the process streaming beside it
     # (measured 0.72-0.94 on this project's VM; work in the cache 0-0.12).
