@@ -225,8 +225,9 @@ def test_work_that_copies_memory_waits_on_it_and_work_in_the_cache_does_not():
         assert median_share(in_cache) < copies / 2  # on a busy machine, its noise over a duty of 0.5 reads up to 0.27
     else:
         # A machine whose bus one stream does not fill (a 2-vCPU VM with a 260 MiB L3 slowed a copy
-        # by 0-2 %): nothing waits on memory there, and the share says so for the copy too.
-        assert median_share(copy) < 0.3
+        # by 0-2 %): nothing waits on memory there, and the share says so for the copy too (below
+        # 1.3x the share reads below 0.3 less its noise: up to 0.27 on a busy machine).
+        assert median_share(copy) < 0.5
         assert median_share(in_cache) < 0.3
 
 
