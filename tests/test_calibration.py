@@ -47,9 +47,11 @@ def predict_us(costs, kind, steps, size):
     priced = with_stand_ins(costs)
     once = ("request", "stub") if kind == "step" else ("request", FORMS[kind].own_cost)
     per_step = () if kind == "step" else (FORMS[kind].call_cost, FORMS[kind].stub_cost)
-    both = [priced[name].way_us(size, leaving=False) + priced[name].way_us(size, leaving=True) for name in per_step]
-    return sum(priced[name].way_us(size, leaving=False) + priced[name].way_us(size, leaving=True)
-               for name in once) + steps * sum(both)
+
+    def crossing(name):
+        return priced[name].way_us(size, leaving=False) + priced[name].way_us(size, leaving=True)
+
+    return sum(map(crossing, once)) + steps * sum(map(crossing, per_step))
 
 
 def _probe_us(costs, p):

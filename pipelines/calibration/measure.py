@@ -137,7 +137,8 @@ def measure_probes(
 
     ``statistics(model)`` (Triton's statistics API answer), when given, is read around each
     timed request of a chain (around each burst of a grown probe) for the stub's own cost, and
-    for a BLS or ensemble probe its top-level model's (what it holds its instance, or the request; see :class:`Sample`). ``busy_ms`` is
+    for a BLS or ensemble probe its top-level model's (what it holds its instance, or the
+    request; see :class:`Sample`). ``busy_ms`` is
     what each probe step works before it answers (:data:`~pipelines.calibration.probes.BUSY_MS`):
     it is taken off them all, so that a sample holds the server's costs only. ``clock`` is what times requests and rounds
     (seconds; a virtual one in tests, which then know each figure exactly).

@@ -205,13 +205,15 @@ def search(
             return (0, c.row.p95_ms, -c.row.throughput)
         return (0 if c.meets_bound else 1, -c.row.throughput if c.meets_bound else c.row.p95_ms, c.row.p95_ms)
 
+    def simulated(configuration: Configuration, on: Load) -> Candidate:
+        row = predictor.row(configuration, on, configuration.label())
+        return Candidate(configuration, row, p95_ms is None or row.p95_ms <= p95_ms)
+
     def run(configuration: Configuration) -> Candidate:
         key = _key(configuration)
         found = seen.get(key)
         if found is None:
-            row = predictor.row(configuration, screen, configuration.label())
-            found = Candidate(configuration, row, p95_ms is None or row.p95_ms <= p95_ms)
-            seen[key] = found
+            found = seen[key] = simulated(configuration, screen)
             if progress is not None:
                 progress(len(seen), budget)
         return found
@@ -249,8 +251,7 @@ def search(
         full: dict[int, Candidate] = {}  # by the screened candidate's id: its figures on the full loop
 
         def confirm(c: Candidate) -> None:
-            row = predictor.row(c.configuration, load, c.configuration.label())
-            full[id(c)] = Candidate(c.configuration, row, p95_ms is None or row.p95_ms <= p95_ms)
+            full[id(c)] = simulated(c.configuration, load)
 
         for c in defaults.values():  # what each "x N" is read against
             confirm(c)
