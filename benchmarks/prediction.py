@@ -12,6 +12,11 @@ server, in one run. It prints the errors against the targets of issue 41:
 - speed: yolov5's four forms at 1, 4 and 16 predicted in <= 2 s once its step profiles
   exist; ``advise`` over >= 200 configurations in <= 30 s.
 
+Beside each figure it shows how far the server's own measurement windows strayed from the
+figure they pool to (a run measures each level in 2 turns of windows): a prediction off by
+less than that is off by no more than the server is from itself within one measurement. It
+is shown, not counted: a target is met or missed on the pooled figure alone.
+
 Exits 1 when a target is missed, so it runs as a check::
 
     .venv/bin/python benchmarks/prediction.py --profile profile.json --out prediction-results
@@ -60,6 +65,8 @@ class Check:
     predicted: float
     measured: float
     tolerance: float
+    # How far the server's windows strayed from ``measured`` (lowest, highest), as fractions of it.
+    windows: tuple[float, float] = (0.0, 0.0)
 
     @property
     def error(self) -> float:
@@ -69,14 +76,30 @@ class Check:
     def ok(self) -> bool:
         return abs(self.error) <= self.tolerance
 
+    @property
+    def within_windows(self) -> bool:
+        """Whether the prediction lies where one of the server's own windows did."""
+        return self.windows[0] <= self.error <= self.windows[1]
+
     def row(self) -> list[str]:
+        low, high = self.windows
         return [self.pipeline, str(self.concurrency), self.figure, f"{self.predicted:.3g}", f"{self.measured:.3g}",
-                f"{self.error:+.1%}", f"±{self.tolerance:.0%}", "ok" if self.ok else "MISSED"]
+                f"{self.error:+.1%}", f"±{self.tolerance:.0%}", f"{low:+.0%}…{high:+.0%}", "ok" if self.ok else "MISSED"]
 
 
-def measured_figures(result) -> dict[tuple[str, int], tuple[float, float]]:
-    """(form, concurrency) -> (p50 ms, infer/s) on the server."""
-    return {(m.config.form, m.concurrency): (m.latency.p50_ms, m.throughput)
+def window_band(throughputs, pooled: float, *, latency: bool = False) -> tuple[float, float]:
+    """How far a measurement's windows strayed from its pooled throughput (lowest, highest), as
+    fractions; ``latency``: as the latency of one request in flight, which is its inverse."""
+    values = [v for v in throughputs if v > 0]
+    if not values or pooled <= 0:
+        return 0.0, 0.0
+    low, high = min(values) / pooled - 1, max(values) / pooled - 1
+    return (1 / (1 + high) - 1, 1 / (1 + low) - 1) if latency else (low, high)
+
+
+def measured_figures(result) -> dict[tuple[str, int], tuple[float, float, tuple[float, ...]]]:
+    """(form, concurrency) -> (p50 ms, infer/s, each window's infer/s) on the server."""
+    return {(m.config.form, m.concurrency): (m.latency.p50_ms, m.throughput, tuple(m.window_throughputs))
             for m in result.measurements if m.config.where == "server"}
 
 
@@ -88,10 +111,13 @@ def checks_of(name: str, predicted, measured) -> tuple[list[Check], list[list[st
         for f in forms:
             if (f, c) not in measured or (f, c) not in by:
                 continue
+            p50, throughput, windows = (*measured[f, c], ())[:3]
             if c == 1:
-                checks.append(Check(name, c, f"{f} p50 ms", by[f, c].p50_ms, measured[f, c][0], LATENCY_C1))
+                checks.append(Check(name, c, f"{f} p50 ms", by[f, c].p50_ms, p50, LATENCY_C1,
+                                    window_band(windows, throughput, latency=True)))
             else:
-                checks.append(Check(name, c, f"{f} infer/s", by[f, c].throughput, measured[f, c][1], THROUGHPUT))
+                checks.append(Check(name, c, f"{f} infer/s", by[f, c].throughput, throughput, THROUGHPUT,
+                                    window_band(windows, throughput)))
         server = {f: measured[f, c][1] for f in forms if (f, c) in measured}
         if server:
             guess = predicted.winner(concurrency=c)
@@ -193,8 +219,8 @@ def main(argv=None) -> int:
         ok = took <= ADVISE_S and advice.simulated >= ADVISE_CONFIGS
         speeds.append([f"yolov5: advise over {advice.simulated} configurations", f"{took:.1f} s",
                        f"<= {ADVISE_S:g} s, >= {ADVISE_CONFIGS}", "ok" if ok else "MISSED"])
-    print(format_table(["pipeline", "conc", "figure", "predicted", "measured", "error", "target", ""],
-                       [c.row() for c in checks]))
+    print(format_table(["pipeline", "conc", "figure", "predicted", "measured", "error", "target",
+                        "server's windows", ""], [c.row() for c in checks]))
     print()
     print(format_table(["pipeline", "conc", "predicted winner", "measured winner", ""], winners))
     print()
@@ -204,18 +230,23 @@ def main(argv=None) -> int:
     total = len(checks) + len(winners) + len(speeds)
     summary = {
         "profile": str(profile_path),
-        "checks": [dict(zip(("pipeline", "conc", "figure", "predicted", "measured", "error", "target", "ok"),
-                            c.row(), strict=True)) for c in checks],
+        "checks": [dict(zip(("pipeline", "conc", "figure", "predicted", "measured", "error", "target", "windows",
+                             "ok"), c.row(), strict=True)) for c in checks],
         "winners": winners,
         "speeds": speeds,
         "results": results,
         "missed": len(missed),
+        "missed_within_windows": sum(c.within_windows for c in checks if not c.ok),
         "seconds": round(time.perf_counter() - began),
     }
     (out / "prediction.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     plot(checks, out / "predicted_vs_measured.png")
     print(f"\n{total - len(missed)} of {total} targets met in {time.perf_counter() - began:.0f} s; "
           f"wrote {out / 'prediction.json'}")
+    figures_missed = [c for c in checks if not c.ok]
+    if figures_missed:
+        inside = sum(c.within_windows for c in figures_missed)
+        print(f"{inside} of the {len(figures_missed)} figures missed lie within the server's own windows' spread")
     return 1 if missed else 0
 
 
