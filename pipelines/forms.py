@@ -72,6 +72,9 @@ class Form:
     # Python steps run inside the top-level model, in its process: no step model, no copy
     # between steps; external model steps are still called through BLS.
     in_process: bool = False
+    # What the top-level model's own Python does around each step it runs in its process (the
+    # fused model's bookkeeping per step): a boundary of the profile, or "" where none runs so.
+    in_process_step_cost: str = ""
 
     def model_name(self, pipeline: str, *, side_by_side: bool) -> str:
         """The top-level model's name: the pipeline's own, or with this form's suffix."""
@@ -130,9 +133,10 @@ FORMS: MappingProxyType[str, Form] = MappingProxyType({
             server_copies=2,  # an external step's BLS call, as in "bls"
             summary="one Python model running the Python steps in-process, concurrently; external models through BLS",
             call_cost="bls_call",  # external models, with async_exec()
-            own_cost="bls_model",
+            own_cost="fused_model",  # its own probes price it: not the BLS model's (docs/server_profiles.md)
             stub_cost="bls_stub",  # paid by none: its Python steps run in-process, external models in no stub
             in_process=True,
+            in_process_step_cost="fused_step",
         ),
     )
 })

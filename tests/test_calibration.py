@@ -6,6 +6,7 @@ real calibration of the bundled server."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 import warnings
@@ -24,7 +25,7 @@ from pipelines.calibration import (
     fit_rounds,
     load_profile,
 )
-from pipelines.calibration.measure import Budget, measure_probes
+from pipelines.calibration.measure import Budget, measure_probes, round_request_us
 from pipelines.calibration.probes import BLS_KINDS, CHAINS, GROWN_ROW, KINDS, SIZES, Probe, probe_plan, probe_repository
 from pipelines.calibration.profile import BOUNDARIES, with_stand_ins
 from pipelines.cli import main as cli_main
@@ -45,8 +46,10 @@ def predict_us(costs, kind, steps, size):
     """A chained probe's latency by ``costs`` (µs): the sum over the boundaries it crosses, the model
     that pipelines/calibration/fit.py solves (its docstring), each crossing with the tensor in and out."""
     priced = with_stand_ins(costs)
-    once = ("request", "stub") if kind == "step" else ("request", FORMS[kind].own_cost)
-    per_step = () if kind == "step" else (FORMS[kind].call_cost, FORMS[kind].stub_cost)
+    form = None if kind == "step" else FORMS[kind]
+    once = ("request", "stub") if form is None else ("request", form.own_cost)
+    per_step = (() if form is None else (form.in_process_step_cost,) if form.in_process
+                else (form.call_cost, form.stub_cost))
 
     def crossing(name):
         return priced[name].way_us(size, leaving=False) + priced[name].way_us(size, leaving=True)
@@ -69,7 +72,8 @@ def _synthetic(noise: float = 0.0, seed: int = 0, stub: bool = True):
     for p in probe_plan():
         rng = np.random.default_rng((seed, KINDS.index(p.kind), p.steps, p.size))  # a probe's noise is its own
         latency = _probe_us(TRUE, p) * (1 + noise * rng.uniform(-1, 1))
-        stub_us = TRUE["stub"].us(2 * p.size) * (1 + noise * rng.uniform(-1, 1)) if stub else None
+        # a fused probe runs no step model whose statistics would price a stub
+        stub_us = TRUE["stub"].us(2 * p.size) * (1 + noise * rng.uniform(-1, 1)) if stub and p.step_models else None
         rows.append((p.row_kind, p.steps, p.size, latency, stub_us))
     return rows
 
@@ -150,7 +154,7 @@ def test_the_estimator_is_each_probes_median_over_the_rounds_so_a_disturbed_roun
 
     def spell(k, r):
         factor = disturbed.get((k, r[0], r[1], r[2]), 1.0)
-        return r[3] * factor, r[4] * factor
+        return r[3] * factor, (r[4] * factor if r[4] is not None else None)
 
     per_round = _rounds(rows, 5, spell)
     assert estimate(per_round) == [(*r[:5], None, None, None, None) for r in rows]
@@ -274,7 +278,7 @@ def test_each_forms_step_stubs_are_priced_by_its_own_probes_statistics():
                 bls_sync_stub=Cost(130.0, 1100.0), bls_model=Cost(400.0, 300.0), bls_sync_model=Cost(250.0, 200.0))
     stub_of = {"step": "stub", "ensemble": "ensemble_stub", "bls": "bls_stub", "bls-sync": "bls_sync_stub"}
     rows = [(p.kind, p.steps, p.size, predict_us(true, p.kind, p.steps, p.size),
-             true[stub_of[p.kind]].us(2 * p.size)) for p in probe_plan()]
+             true[stub_of[p.kind]].us(2 * p.size) if p.step_models else None) for p in probe_plan()]
     costs, _ = fit_costs(rows)
     for name, cost in true.items():
         assert costs[name].fixed_us == pytest.approx(cost.fixed_us, rel=1e-6, abs=1e-6), name
@@ -284,6 +288,47 @@ def test_each_forms_step_stubs_are_priced_by_its_own_probes_statistics():
     assert older.costs["ensemble_stub"] == older.costs["bls_stub"] == older.costs["bls_sync_stub"] == TRUE["stub"]
 
 
+def test_the_fused_models_own_costs_are_priced_by_its_own_probes_not_the_bls_models():
+    # The fused model holds its instance 0.28 ms around a chain of identities on the bundled server
+    # where the BLS model's own stub costs 0.72 (docs/server_profiles.md, "The fused model's own
+    # costs"): its chains price their own line, with no stub per step, and leave the BLS figures be.
+    true = dict(TRUE, bls_model=Cost(700.0, 200.0), bls_stub=Cost(120.0, 1000.0),
+                fused_model=Cost(280.0, 150.0), fused_step=Cost(40.0, 0.0))
+    stub_of = {"step": "stub", "ensemble": "stub", "bls": "bls_stub", "bls-sync": "stub"}
+    rows = [(p.kind, p.steps, p.size, predict_us(true, p.kind, p.steps, p.size),
+             true[stub_of[p.kind]].us(2 * p.size) if p.step_models else None) for p in probe_plan()]
+    assert all(r[4] is None for r in rows if r[0] == "fused")  # its steps run in its process, in no stub
+    costs, _ = fit_costs(rows)
+    for name in ("fused_model", "fused_step", "bls_model", "bls_stub", "bls_call"):
+        assert costs[name].fixed_us == pytest.approx(true[name].fixed_us, rel=1e-6, abs=1e-6), name
+        assert costs[name].us_per_mib == pytest.approx(true[name].us_per_mib, rel=1e-6, abs=1e-6), name
+    # samples from before the fused probes: the fused model stands in by the BLS model, and does
+    # nothing around its steps
+    older, _ = fit_costs([r for r in rows if r[0] != "fused"])
+    assert older["fused_model"] == older["bls_model"]
+    assert older["fused_step"].fixed_us == older["fused_step"].us_per_mib == 0.0
+    assert _profile(**TRUE).costs["fused_model"] == _profile(**TRUE).costs["bls_model"]
+
+
+def test_what_each_request_adds_to_a_fused_round_is_the_slope_of_its_hold_over_its_rows():
+    # batch_stats by rows: (executions, µs held); 800 + 60 a row beyond the first, every size weighted
+    # by how often it ran (a size seen once moves it little)
+    exact = {rows: (count, 800 + 60 * (rows - 1)) for rows, count in ((1, 30), (2, 50), (5, 10), (8, 40))}
+    assert round_request_us(exact) == pytest.approx(60.0)
+    noisy = {**exact, 3: (1, 5000.0)}
+    assert round_request_us(noisy) == pytest.approx(60.0, abs=5.0)  # unweighted, the stray one would set it below 0
+    assert round_request_us({1: (100, 800.0)}) == 0.0  # one size: nothing to tell it by
+    assert round_request_us({1: (50, 900.0), 4: (50, 800.0)}) == 0.0  # noise below zero: none
+    assert round_request_us({}) == 0.0
+    # the profile keeps it, and a profile without it (older ones) prices none
+    profile = _profile(**TRUE)
+    assert profile.round_request_us == 0.0
+    kept = Profile.from_dict(dict(profile.to_dict(), round_request_us=60.0))
+    assert kept.round_request_us == 60.0 and "round_request): 60 µs" in kept.table()
+    with pytest.raises(PipelinesError, match="round_request_us is µs >= 0"):
+        Profile.from_dict(dict(profile.to_dict(), round_request_us=float("nan")))
+
+
 def test_the_profile_keeps_the_grown_probes_stubs_and_the_calls_are_read_against_the_chains_own():
     # the chains' stubs, fed by a request of the tensor's size and measured in turns, cost more than
     # the grown probe's, measured back to back between steps that grow and shrink the tensor
@@ -291,7 +336,8 @@ def test_the_profile_keeps_the_grown_probes_stubs_and_the_calls_are_read_against
     warm = {"ensemble": Cost(200.0, 1000.0), "bls": Cost(180.0, 900.0), "bls-sync": Cost(170.0, 950.0)}
     stub_of = {"step": "stub", "ensemble": "ensemble_stub", "bls": "bls_stub", "bls-sync": "bls_sync_stub"}
     rows = [(p.row_kind, p.steps, p.size, _probe_us(dict(true, ensemble_stub=warm["ensemble"]) if p.grown else true, p),
-             (warm[p.kind] if p.grown else true[stub_of[p.kind]]).us(2 * p.size)) for p in probe_plan()]
+             (warm[p.kind] if p.grown else true[stub_of[p.kind]]).us(2 * p.size) if p.step_models else None)
+            for p in probe_plan()]
     assert any(r[0] == "grown bls" for r in rows)
     costs, points = fit_costs(rows)
     for kind, cost in warm.items():
@@ -458,7 +504,7 @@ class _VirtualServer:
 
 
 def test_every_round_measures_every_probe_of_every_size_so_a_spell_of_the_machine_meets_few_of_its_rounds():
-    probes = [p for p in probe_plan(chains=(1, 2), sizes=(1 << 10, 4 << 20)) if not p.grown]
+    probes = [p for p in probe_plan(chains=(1, 2), sizes=(1 << 10, 4 << 20)) if not p.back_to_back]
     spell = range(36, 48)  # a slow stretch of the machine across two rounds: these calls take three times as long
 
     def cost_of(model, size, call):
@@ -484,11 +530,15 @@ def test_every_round_measures_every_probe_of_every_size_so_a_spell_of_the_machin
     assert slowed == len(spell)
 
 
-def test_the_grown_probes_of_a_size_take_turns_in_bursts_whose_first_request_is_not_timed():
-    # back to back, as a pipeline's requests come, yet side by side with the other forms' grown
-    # probes, so that a spell of the machine moves every form's figures alike; the statistics are
-    # read around the timed requests of a burst whole, as a read between two would part them
-    probes = [p for p in probe_plan(chains=(1,), sizes=(1 << 20,)) if p.grown]
+@pytest.mark.parametrize("which", ["grown", "fused"])
+def test_the_grown_and_fused_probes_of_a_size_take_turns_in_bursts_whose_first_request_is_not_timed(which):
+    # back to back, as a pipeline's requests come (a fused model is the one process they go through),
+    # yet side by side with the probes of their group, so that a spell of the machine moves their
+    # figures alike; the statistics are read around the timed requests of a burst whole, as a read
+    # between two would part them
+    plan = probe_plan(chains=(1, 2), sizes=(1 << 20,))
+    probes = [p for p in plan if (p.grown if which == "grown" else p.kind == "fused")]
+    assert len(probes) >= 2 and all(p.back_to_back for p in probes)
     server = _VirtualServer(lambda model, size, call: 0.020 if not server.calls or server.calls[-1][0] != model
                             else 0.002)  # a model called after another one answers late
 
@@ -559,7 +609,7 @@ def test_a_cost_the_fit_clips_to_zero_keeps_its_interval_in_the_table(tmp_path):
     # the profile uses 0, and its interval, from draws fitted without the clip, reaches below zero.
     def noisy(k, r):
         factor = 1 + 0.02 * ((k * 7 + r[1] * 3 + r[2] % 11) % 5 - 2)
-        return r[3] * factor, r[4] * factor
+        return r[3] * factor, (r[4] * factor if r[4] is not None else None)
 
     costs, points, estimated = fit_rounds(_rounds(_synthetic(noise=0.03, seed=1), 5, noisy), resamples=100)
     ensemble = costs["ensemble"]
@@ -920,18 +970,20 @@ def test_calibrate_the_bundled_server_with_a_tiny_probe_set(tmp_path):
     # the wake probe, at each work time: the probes' own first, which every other is measured against
     assert [w for w, _ in profile.wake] == [ms * 1e3 for ms in WAITS_MS] and profile.wake[0][1] == 0.0
     # per size: the step, two chains of each kind, then each kind's grown probe, and the gated one
-    assert [s[0] for s in profile.samples[:11]] == ["step", *("ensemble",) * 2, *("bls",) * 2, *("bls-sync",) * 2,
-                                                    "grown ensemble", "grown bls", "grown bls-sync", "gated ensemble"]
-    assert len(profile.samples) == 2 * 11
+    assert [s[0] for s in profile.samples[:13]] == [
+        "step", *("ensemble",) * 2, *("bls",) * 2, *("bls-sync",) * 2, *("fused",) * 2,
+        "grown ensemble", "grown bls", "grown bls-sync", "gated ensemble"]
+    assert len(profile.samples) == 2 * 13
     # every probe in every round, and the samples are their medians (the estimator)
-    assert profile.rounds == rounds and len(profile.round_samples) == rounds * 2 * 11
+    assert profile.rounds == rounds and len(profile.round_samples) == rounds * 2 * 13
     assert {r[3] for r in profile.round_samples} == set(range(rounds))
     assert estimate(profile.round_samples) == list(profile.samples)
     assert all(s[3] > 0 for s in profile.samples)
     # stubs are priced by steps whose outputs feed another step, or by the step called alone: an
     # ensemble of one step has none (its one step's output is the answer, copied into the response)
     # (the gated probe has no stub of its own: its figure is its latency, against the grown ensemble's)
-    assert all((s[4] is None) == ((s[0] == "ensemble" and s[1] == 1) or s[0] == "gated ensemble")
+    # (nor the fused chains, whose steps run in the fused model's own process)
+    assert all((s[4] is None) == ((s[0] == "ensemble" and s[1] == 1) or s[0] in ("gated ensemble", "fused"))
                for s in profile.samples)
     assert all(s[4] > 0 for s in profile.samples if s[4] is not None)
     # a BLS probe also tells what its BLS model held its instance, an ensemble its own request time
@@ -940,6 +992,10 @@ def test_calibrate_the_bundled_server_with_a_tiny_probe_set(tmp_path):
     # of the suite on two cores can reorder medians taken moments apart)
     assert all((s[6] is None) == (s[0] == "step") for s in profile.samples)
     assert all(s[6] > 0 for s in profile.samples if s[6] is not None)
+    # the fused model's own costs are its probes' (intervals of their own), not the BLS model's stood in;
+    # and what each request of its rounds adds, from a fused probe driven with requests queued
+    assert profile.costs["fused_model"].total_ci != profile.costs["bls_model"].total_ci
+    assert math.isfinite(profile.round_request_us) and profile.round_request_us >= 0
     # and a grown BLS probe what all its step models held (grow, the identities, shrink)
     assert all((s[7] is not None) == (s[0] in ("grown bls", "grown bls-sync")) for s in profile.samples)
     assert all(s[7] > 0 for s in profile.samples if s[7] is not None)

@@ -12,12 +12,14 @@ import simpy
 from batcher_runs import batches_of
 
 from pipelines.errors import ArgumentError, PipelinesError
+from pipelines.forms import FORMS as FORM_TABLE
 from pipelines.predict.processor_sharing import Cores
 from pipelines.predict.simulator import FORMS, simulate
 from pipelines.predict.spec import Curve, Load, SimSpec, StepSpec, WayCost
 
 #: The server profile's boundaries (pipelines.calibration.profile.BOUNDARIES).
 BOUNDARIES = ("request", "ensemble", "ensemble_step", "bls_call", "bls_model", "bls_sync_call", "bls_sync_model",
+              "fused_model", "fused_step",
               "stub", "ensemble_stub", "bls_stub", "bls_sync_stub", "ensemble_gate")
 
 
@@ -94,10 +96,12 @@ def test_a_chain_alone_takes_the_sum_of_its_costs_in_every_form():
         + at("bls_model", 1, leave) + at("request", 1, leave),
         "bls-sync": at("request", 0, enter) + at("bls_sync_model", 0, enter)
         + called("bls_sync_call", "bls_sync_stub") + at("bls_sync_model", 1, leave) + at("request", 1, leave),
-        # in process: no calls and no stubs, but for the external step
-        "fused": at("request", 0, enter) + at("bls_model", 0, enter) + walls["a"] + walls["b"]
+        # in process: no calls and no stubs, but for the external step; the fused model's own work
+        # around each Python step, which passes no bytes
+        "fused": at("request", 0, enter) + at("fused_model", 0, enter) + walls["a"] + walls["b"]
+        + 2 * (at("fused_step", 0, 0) + at("fused_step", 1, 0))
         + at("bls_call", 0, ins["c"]) + walls["c"] + at("bls_call", 1, outs["c"])
-        + at("bls_model", 1, leave) + at("request", 1, leave),
+        + at("fused_model", 1, leave) + at("request", 1, leave),
     }
     for form in FORMS:
         result = simulate(chain_spec(form), closed(1))
@@ -303,7 +307,7 @@ def test_a_rounds_answers_pay_the_top_models_fixed_way_out_once(form):
     # The way out: 300 µs fixed + 1 µs per 1000 bytes, each answer 1000 bytes. A round of two
     # requests returns both answers in one list from its execute(), so it pays 300 once and
     # 1 µs each; its answers leave together as the round ends.
-    top = "bls_sync_model" if form == "bls-sync" else "bls_model"
+    top = FORM_TABLE[form].own_cost
     priced = costs() | {top: (flat(0), WayCost((0, 1000), (300, 301)))}
     s = step("s", 1000, instances=2, max_batch_size=2)  # fused: the round runs as one batch of 2 rows
     result = simulate(spec(form, s, top_max_batch_size=2, costs=priced), closed(2))
@@ -312,6 +316,17 @@ def test_a_rounds_answers_pay_the_top_models_fixed_way_out_once(form):
     alone = simulate(spec(form, s, top_max_batch_size=2, costs=priced), closed(1))
     assert latencies(alone) == {1000 + 300 + 1.0}
 
+
+
+def test_each_request_of_a_fused_round_beyond_the_first_pays_its_own():
+    # round_request_us 200: a round of two pays it once (for the second), a round of one not at all;
+    # a BLS round pays none (it was measured on the fused model, and priced there only).
+    s = step("s", 1000, instances=2, max_batch_size=2)
+    assert latencies(simulate(spec("fused", s, top_max_batch_size=2, round_request_us=200), closed(2))) == {1200.0}
+    assert latencies(simulate(spec("fused", s, top_max_batch_size=2, round_request_us=200), closed(1))) == {1000.0}
+    assert latencies(simulate(spec("bls", s, top_max_batch_size=2, round_request_us=200), closed(2))) == {1000.0}
+    with pytest.raises(PipelinesError, match="round_request_us is µs >= 0"):
+        simulate(spec("fused", s, round_request_us=-1.0), closed(1))
 
 
 def test_a_bls_instance_has_at_most_its_call_threads_calls_in_flight():
@@ -384,6 +399,19 @@ def test_fused_steps_that_run_together_take_the_step_pool():
     three = [step(name, 1000, gil_share=0.0) for name in "abc"]
     assert latencies(simulate(spec("fused", *three, step_threads=3), closed(1))) == {1000.0}
     assert latencies(simulate(spec("fused", *three, step_threads=2), closed(1))) == {2000.0}
+
+
+def test_the_fused_models_work_around_each_step_holds_its_gil_and_passes_no_bytes():
+    # fused_step: 50 µs in, 50 out at no bytes, 1 µs more per 1000 bytes, which the steps' 1000
+    # bytes do not pay (references in one process). Two steps that hold no GIL overlap, but for that
+    # work: b takes the GIL for its 100 µs once a is done with it.
+    priced = costs() | {"fused_step": (by_bytes(50), by_bytes(50))}
+    two = [step(name, 1000, gil_share=0.0) for name in "ab"]
+    assert latencies(simulate(spec("fused", *two, step_threads=2, costs=priced), closed(1))) == {1200.0}
+    chained = [step("a", 1000, gil_share=0.0), step("b", 1000, deps=("a",), gil_share=0.0)]
+    assert latencies(simulate(spec("fused", *chained, costs=priced), closed(1))) == {2200.0}
+    # an external step is a BLS call: it pays none of it
+    assert latencies(simulate(spec("fused", step("x", 1000, external=True), costs=priced), closed(1))) == {1000.0}
 
 
 def test_nodes_of_one_model_share_its_instances():

@@ -15,7 +15,7 @@ from ..errors import PipelinesError
 from ..freed_memory import keep_freed_memory_here
 from ..output_paths import output_dir
 from .fit import fit_rounds
-from .measure import Budget, measure_lanes, measure_probes
+from .measure import Budget, measure_lanes, measure_probes, measure_rounds, round_request_us
 from .probes import BUSY_MS, CHAINS, SIZES, Probe, probe_plan, probe_repository
 from .profile import Profile
 from .wake import SLEEP_MODEL, WAKE_MODEL, fit_wake, measure_wake
@@ -98,6 +98,9 @@ def calibrate(
         lanes, rows = measure_lanes(connect, lane_probes, cores, budget.lanes_seconds)
         # size by size as well: large copies share the memory bus as well as the cores
         lanes_by_size = tuple((p.size, row[3]) for p, row in zip(lane_probes, rows, strict=True))
+        bar.update("calibrating", "rounds", 1.0, "a fused model's rounds")
+        # The smallest size: a round's bytes are priced by fused_model, what is left is each request's own.
+        rounds = measure_rounds(connect, Probe("fused", chains[0], sizes[0]), seconds=budget.lanes_seconds)
     round_rows = [row for s in samples for row in s.round_rows()]
     costs, points, estimated = fit_rounds(round_rows)
     bar.finish("calibrated", f"{len(samples)} probes, {budget.rounds} rounds, in {perf_counter() - began:.0f} s")
@@ -116,6 +119,7 @@ def calibrate(
         round_samples=tuple(round_rows),
         wake=fit_wake(woken["busy"]),
         wake_idle=fit_wake(woken["idle"], against=woken["busy"]),
+        round_request_us=round_request_us(rounds),
     )
 
 

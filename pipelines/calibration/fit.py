@@ -5,7 +5,8 @@ At one tensor size, a probe's latency is a sum over the boundaries it crosses:
 - a step model called directly: ``request + stub``;
 - an ensemble of ``n`` steps: ``request + ensemble + n * (ensemble_step + ensemble_stub)``;
 - an async BLS model calling ``n`` steps: ``request + bls_model + n * (bls_call + bls_stub)``;
-- a sync BLS model: the same with ``bls_sync_model`` and ``bls_sync_call``.
+- a sync BLS model: the same with ``bls_sync_model`` and ``bls_sync_call``;
+- a fused model running ``n`` steps in its process: ``request + fused_model + n * fused_step``.
 
 Each size is fitted on its own (costs per byte grow with it): each form's stubs by Triton's
 statistics of its own probes, the request by the step probe, the rest by a line over chain lengths.
@@ -25,15 +26,17 @@ import numpy as np
 
 from ..errors import ArgumentError
 from ..forms import FORMS
-from .probes import BLS_KINDS, GATED_ROW, GROWN_ROW, GROWN_STEPS, KINDS
+from .probes import BLS_KINDS, GATED_ROW, GROWN_ROW, GROWN_STEPS, HELD_KINDS, KINDS
 from .profile import BOUNDARIES, MIB, STAND_INS, Cost, Point
 
 __all__ = ["estimate", "fit_costs", "fit_rounds"]
 
-# What each chained probe kind (a form) pays once per request, and per step.
-_KINDS_OF = {kind: (FORMS[kind].own_cost, FORMS[kind].call_cost) for kind in KINDS if kind in FORMS}
-# The stub of each kind's steps, priced from that kind's own probes.
-_STUB_OF = {kind: FORMS[kind].stub_cost for kind in _KINDS_OF}
+# What each chained probe kind (a form) pays once per request, and per step: a call of the step's
+# model, or the fused model's own work around a step it runs in its process.
+_KINDS_OF = {kind: (FORMS[kind].own_cost, FORMS[kind].in_process_step_cost or FORMS[kind].call_cost)
+             for kind in KINDS if kind in FORMS}
+# The stub of each kind's steps, priced from that kind's own probes (none in the fused model's process).
+_STUB_OF = {kind: FORMS[kind].stub_cost for kind in _KINDS_OF if not FORMS[kind].in_process}
 # The kind of probe whose line (over chain lengths) prices each boundary: "slope" or "intercept"
 # (in the kinds' order: a boundary's stand-in is priced before it).
 _FROM_LINE = {name: (kind, part) for kind, (once, per_step) in _KINDS_OF.items()
@@ -75,7 +78,7 @@ def _at_size(rows: Sequence[Row], *, clip: bool) -> dict[str, tuple[float, float
         stub_pair = _stubs(stub_rows, "step") or _stubs(stub_rows)
         stub = sum(stub_pair)
         request = step - stub if step is not None else (lines["ensemble"] or (0.0, 0.0))[0]
-        for kind in ("ensemble", *BLS_KINDS):
+        for kind in ("ensemble", *HELD_KINDS):
             # the top-level model's own hold over chain lengths: its latency's line without the request's noise
             held = _line([(r[1], r[6]) for r in rows if r[0] == kind and r[6] is not None])
             if held is not None:
@@ -87,7 +90,7 @@ def _at_size(rows: Sequence[Row], *, clip: bool) -> dict[str, tuple[float, float
     # Each form's steps priced by its own probes' statistics: an ensemble's stubs cost more than a
     # BLS model's (1.63-1.76 against 1.27-1.44 ms at 4 MiB); what its line leaves per step beyond
     # them is its call (docs/server_profiles.md).
-    stub_of = {kind: _stubs(stub_rows, kind) or stub_pair for kind in _KINDS_OF}
+    stub_of = {kind: (_stubs(stub_rows, kind) or stub_pair) if kind in _STUB_OF else (0.0, 0.0) for kind in _KINDS_OF}
     costs = {"request": _clipped(request, clip), "stub": stub}
     for name, (kind, part) in _FROM_LINE.items():
         line = lines[kind]

@@ -20,9 +20,9 @@ from typing import Any
 
 from ..blocking import run_blocking
 from ..errors import ArgumentError
-from .probes import BLS_KINDS, Probe
+from .probes import BLS_KINDS, HELD_KINDS, Probe
 
-__all__ = ["Budget", "Sample", "measure_lanes", "measure_probes"]
+__all__ = ["Budget", "Sample", "measure_lanes", "measure_probes", "measure_rounds", "round_request_us"]
 
 #: What one probe gives in one round: (latency µs, stub µs, of which in, model's hold µs, steps' hold µs,
 #: reader µs), each the median of the round's requests, its steps' own work taken off; None where not
@@ -38,9 +38,9 @@ class Sample:
     ``latency_us`` is a request's latency less its steps' own work. ``stub_us`` is what one
     execution of the probe's identity step models cost inside the server (Triton's compute
     input + infer + output for them; ``None`` without statistics), of which ``stub_in_us`` on
-    the way in (compute input). ``model_us``, for a BLS probe, is how long one execution of
-    its BLS model held that model's instance, less its steps' own work (its compute input +
-    infer + output, which hold its calls); for an ensemble probe, how long the request was in
+    the way in (compute input). ``model_us``, for a BLS or fused probe, is how long one
+    execution of its top-level model held that model's instance, less its steps' own work (its
+    compute input + infer + output, which hold its calls, or its steps run in its process); for an ensemble probe, how long the request was in
     the ensemble (Triton's own request time for it, from receiving the request to answering
     it), less its steps' work. Neither holds the client's send, which stalls a 4 MiB request
     by 40-60 ms in some requests and not in others (docs/server_profiles.md). ``None`` for the
@@ -133,7 +133,10 @@ def measure_probes(
       4 MiB, 2.0 ms a stub back to back against 2.7 ms taken in turns with other models,
       on the bundled server: docs/server_profiles.md). So the grown probes of one size take
       turns in bursts of :data:`_GROWN_BURST` timed requests after an untimed one, which
-      warms the model again, and the statistics are read around the timed ones whole.
+      warms the model again, and the statistics are read around the timed ones whole. So do
+      the fused chains of one size: a fused model is the one process a pipeline's requests
+      go through, one after another (its own hold, 0.6 ms taken in turns, 0.3 ms back to
+      back: docs/server_profiles.md, "The fused model's own costs").
 
     ``statistics(model)`` (Triton's statistics API answer), when given, is read around each
     timed request of a chain (around each burst of a grown probe) for the stub's own cost, and
@@ -150,7 +153,7 @@ def measure_probes(
     least, most, seconds = budget.min_requests, budget.max_requests, budget.seconds / budget.rounds
     groups: dict[object, list[int]] = {}
     for i, probe in enumerate(probes):
-        groups.setdefault(("grown", probe.size) if probe.grown else probe.size, []).append(i)
+        groups.setdefault((probe.grown, probe.back_to_back, probe.size), []).append(i)
     order = list(groups.values())
     rounds: list[list[Figures]] = [[] for _ in probes]
     requests = [0] * len(probes)
@@ -162,8 +165,8 @@ def measure_probes(
                 for _ in range(budget.warmup if r == 0 else 0):  # the first calls of a stub allocate its shared memory
                     infer(probes[i].model, inputs)
             measured = {i: _Measured() for i in members}
-            # chains: one request each per turn; grown probes: a burst each, its first untimed
-            warm, timed = (1, _GROWN_BURST) if probes[members[0]].grown else (0, 1)
+            # chains: one request each per turn; grown and fused probes: a burst each, its first untimed
+            warm, timed = (1, _GROWN_BURST) if probes[members[0]].back_to_back else (0, 1)
             began = clock()
             turns = 0
             # a grown probe's bursts read their own, after the untimed request
@@ -215,10 +218,10 @@ class _Measured:
         """What one request of ``probe`` held, from the breakdown of the statistics around
         ``requests`` of its requests (the mean of theirs)."""
         stub = _held_us(between, probe.stub_models)
-        bls = probe.kind in BLS_KINDS
-        hold = (_held_us(between, (probe.model,)) if bls
+        hold = (_held_us(between, (probe.model,)) if probe.kind in HELD_KINDS
                 else _request_us(between, probe.model) if probe.kind == "ensemble" else None)
-        steps = _held_us(between, probe.all_step_models, per_request=True) if bls and probe.grown else None
+        grown_bls = probe.grown and probe.kind in BLS_KINDS
+        steps = _held_us(between, probe.all_step_models, per_request=True) if grown_bls else None
         reader = _held_us(between, (f"{probe.pipeline}__shrink",)) if probe.grown else None
         if reader is not None:
             self.readers.append(reader[0] - reader[1])  # its stub's side: compute infer + output
@@ -320,3 +323,68 @@ def measure_lanes(
     rows = run_blocking(main)  # calibrate() from a notebook cell, whose loop is running
     lanes = [row[3] for row in rows]
     return (sum(lanes) / len(lanes) if lanes else 1.0), rows
+
+
+def measure_rounds(connect: Callable[[], Any], probe: Probe, concurrency: int = 8, seconds: float = 1.0
+                   ) -> dict[int, tuple[int, float]]:
+    """How long ``probe``'s top-level model held its instance for a round of each size: ``concurrency``
+    requests kept in flight for ``seconds`` by one asyncio client (``connect()``, as
+    :func:`measure_lanes`), so that those that queue while a round runs reach the model together as
+    the next one. Returns ``{rows: (executions, mean µs held)}`` from Triton's ``batch_stats`` (compute
+    input + infer + output of each execution, by its batch size) over those seconds."""
+    import anyio
+
+    inputs = probe.inputs()
+
+    def held(answer: Any) -> dict[int, tuple[int, float]]:
+        rows = {}
+        for model in answer.get("model_stats", ()) or ():
+            for batch in model.get("batch_stats", ()) or ():
+                parts = [batch.get(k) or {} for k in ("compute_input", "compute_infer", "compute_output")]
+                count = int(parts[1].get("count", 0) or 0)
+                rows[int(batch["batch_size"])] = (count, sum(float(part.get("ns", 0) or 0) for part in parts))
+        return rows
+
+    async def main() -> dict[int, tuple[int, float]]:
+        client = connect()
+        try:
+            async with anyio.create_task_group() as tg:  # warm: every connection opened, the stub awake
+                for _ in range(concurrency):
+                    tg.start_soon(client.infer, probe.model, inputs)
+            before = held(await client.statistics(probe.model))
+            until = perf_counter() + seconds
+
+            async def caller() -> None:
+                while perf_counter() < until:
+                    await client.infer(probe.model, inputs)
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(concurrency):
+                    tg.start_soon(caller)
+            after = held(await client.statistics(probe.model))
+        finally:
+            await client.close()
+        rounds = {}
+        for rows, (count, ns) in after.items():
+            was_count, was_ns = before.get(rows, (0, 0.0))
+            if count > was_count:
+                rounds[rows] = (count - was_count, (ns - was_ns) / (count - was_count) / 1e3)
+        return rounds
+
+    return run_blocking(main)  # calibrate() from a notebook cell, whose loop is running
+
+
+def round_request_us(rounds: dict[int, tuple[int, float]]) -> float:
+    """What each request of a round adds to its hold beyond the first, from :func:`measure_rounds`'
+    ``{rows: (executions, mean µs held)}``: the slope of hold over rows, each size weighted by its
+    executions, at least 0; 0 where fewer than two sizes ran (nothing to tell it by)."""
+    sizes = [(rows, count, us) for rows, (count, us) in sorted(rounds.items()) if count > 0]
+    if len(sizes) < 2:
+        return 0.0
+    weights = [count for _, count, _ in sizes]
+    total = sum(weights)
+    mean_rows = sum(w * rows for (rows, _, _), w in zip(sizes, weights, strict=True)) / total
+    mean_us = sum(w * us for (_, _, us), w in zip(sizes, weights, strict=True)) / total
+    spread = sum(w * (rows - mean_rows) ** 2 for (rows, _, _), w in zip(sizes, weights, strict=True))
+    slope = sum(w * (rows - mean_rows) * (us - mean_us) for (rows, _, us), w in zip(sizes, weights, strict=True))
+    return max(0.0, slope / spread) if spread > 0 else 0.0

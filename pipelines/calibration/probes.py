@@ -31,7 +31,8 @@ from ..step import step
 from ..tensor import TensorSpec
 from .wake import sleep_pipeline, wake_pipeline
 
-__all__ = ["BLS_KINDS", "BUSY_MS", "CHAINS", "GATED_ROW", "GROWN_ROW", "GROWN_STEPS", "KINDS", "SIZES", "Probe", "count", "grow",
+__all__ = ["BLS_KINDS", "BUSY_MS", "CHAINS", "GATED_ROW", "GROWN_KINDS", "GROWN_ROW", "GROWN_STEPS", "HELD_KINDS", "KINDS",
+           "SIZES", "Probe", "count", "grow",
            "grown_pipeline", "identity", "probe_pipeline", "probe_plan", "probe_repository", "shrink", "size_label"]
 
 BYTES = TensorSpec("UINT8", [-1])
@@ -42,9 +43,13 @@ CHAINS = (1, 2, 4, 8)
 #: Tensor sizes in bytes, 1 KiB to 32 MiB.
 SIZES = (1 << 10, 64 << 10, 1 << 20, 4 << 20, 12 << 20, 32 << 20)
 #: ``"step"`` calls a step model directly; the others call a chain's top-level model.
-KINDS = ("step", "ensemble", "bls", "bls-sync")
-#: The kinds whose top-level model is a BLS model: its statistics say what it holds its instance.
+KINDS = ("step", "ensemble", "bls", "bls-sync", "fused")
+#: The kinds whose top-level model is a BLS model, which calls its steps' models.
 BLS_KINDS = ("bls", "bls-sync")
+#: The kinds whose top-level model is a Python model: its statistics say what it holds its instance.
+HELD_KINDS = (*BLS_KINDS, "fused")
+#: The kinds that run ``probe_grown`` (the fused model has no stubs between its steps for it to price).
+GROWN_KINDS = ("ensemble", *BLS_KINDS)
 #: Identity steps between ``grow`` and ``shrink`` in ``probe_grown``.
 GROWN_STEPS = 2
 GROWN = "probe_grown"
@@ -161,6 +166,9 @@ def probe_pipeline(steps: int) -> Pipeline:
     - as an async and a sync BLS model: the same line, through the time the BLS model held
       its instance (its own statistics). Its slope less one stub is ``bls_call`` /
       ``bls_sync_call``, and its intercept is ``bls_model`` / ``bls_sync_model``.
+    - as a fused model: the same line, through the time the fused model held its instance. Its
+      steps run in its process, with no stub, so its slope is ``fused_step`` (its own work around
+      each step) and its intercept ``fused_model``.
     - without statistics, the lines go through the latencies, less the request.
     """
     p = Pipeline(f"probe_{steps}", inputs={"x": BYTES}, max_batch_size=8)
@@ -191,10 +199,16 @@ class Probe:
         return GATED_ROW if self.gated else GROWN_ROW + self.kind if self.grown else self.kind
 
     @property
+    def back_to_back(self) -> bool:
+        """Whether its requests are timed back to back, in bursts: a grown probe's stubs and a fused
+        model serve a pipeline's requests one after another (:func:`~pipelines.calibration.measure.measure_probes`)."""
+        return self.grown or self.kind == "fused"
+
+    @property
     def step_models(self) -> tuple[str, ...]:
         """The identity step models this probe runs (their statistics price a stub; none for the
         gated probe, whose figure is its latency)."""
-        if self.gated:
+        if self.gated or self.kind == "fused":  # a fused model runs its steps in its own process
             return ()
         return _identity_models(self.pipeline, 1 if self.kind == "step" else self.steps)
 
@@ -250,14 +264,15 @@ def probe_plan(chains: tuple[int, ...] = CHAINS, sizes: tuple[int, ...] = SIZES)
         plan.append(Probe("step", 1, size))
         for kind in KINDS[1:]:
             plan += [Probe(kind, n, size) for n in sorted(chains)]
-        plan += [Probe(kind, GROWN_STEPS, size, grown=True) for kind in KINDS[1:]]
+        plan += [Probe(kind, GROWN_STEPS, size, grown=True) for kind in GROWN_KINDS]
         plan.append(Probe("ensemble", GROWN_STEPS, size, grown=True, gated=True))
     return plan
 
 
 def probe_repository(chains: tuple[int, ...] = CHAINS) -> ModelRepository:
-    """The probe pipelines compiled as ensembles and BLS models (async and sync), in one repository."""
-    repos = [p.compile("both") for p in (*(probe_pipeline(n) for n in sorted(chains)), grown_pipeline())]
+    """The probe pipelines in one repository: the chains in every form, the grown probe as an ensemble
+    and BLS models (async and sync)."""
+    repos = [probe_pipeline(n).compile("all") for n in sorted(chains)] + [grown_pipeline().compile("both")]
     repos.append(grown_pipeline(gated=True).compile("ensemble"))
     repos += [wake_pipeline().compile("ensemble"), sleep_pipeline().compile("ensemble")]  # step models called directly
     first, *rest = repos

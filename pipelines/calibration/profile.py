@@ -43,6 +43,9 @@ BOUNDARIES = {
     "bls_model": "the BLS model's own stub taking the request's tensors in and giving them out; bytes in + out",
     "bls_sync_call": "a BLS call made from a stub and its response (sync execute); bytes in + out",
     "bls_sync_model": "the sync BLS model's own stub, as bls_model; bytes in + out",
+    "fused_model": "the fused model's own stub taking the request's tensors in and giving them out; bytes in + out",
+    "fused_step": "the fused model's own work around each Python step it runs in its process (no copy: its "
+    "tensors pass as references); fixed",
     "stub": "a Python step's stub: its inputs in, its fresh outputs out (shared memory, the stub process); "
     "bytes in + out",
     "ensemble_stub": "a Python step's stub as an ensemble runs it (its outputs go to the ensemble's tensors); "
@@ -55,7 +58,8 @@ BOUNDARIES = {
 #: Boundaries a profile may lack (profiles written before they were measured): what stands in for them.
 # In order: a stand-in may itself stand in.
 STAND_INS = {"ensemble": None, "bls_model": "stub", "bls_sync_call": "bls_call", "bls_sync_model": "bls_model",
-             "ensemble_stub": "stub", "bls_stub": "stub", "bls_sync_stub": "bls_stub", "ensemble_gate": None}
+             "fused_model": "bls_model", "fused_step": None, "ensemble_stub": "stub", "bls_stub": "stub",
+             "bls_sync_stub": "bls_stub", "ensemble_gate": None}
 _FORMAT = 1
 
 
@@ -106,6 +110,11 @@ class Profile:
     long enough sleeps, and its core idles; waking them takes longer the longer they slept.
     ``wake_idle`` is the same where every core idled that long (a step that sleeps, or waits
     on a GPU). Profiles without them (older ones) price no wake.
+
+    ``round_request_us`` is what each request of a fused model's round adds to the time the round
+    holds its instance, beyond the first and beyond its bytes (its request read, its answer made):
+    the slope of a fused probe's hold over the rows of its rounds
+    (:func:`pipelines.calibration.measure.measure_rounds`). Profiles without it (older ones) price 0.
     """
 
     costs: Mapping[str, Cost]
@@ -126,6 +135,7 @@ class Profile:
     ci_level: float = 0.95
     wake: tuple[tuple[float, float], ...] = ()
     wake_idle: tuple[tuple[float, float], ...] = ()
+    round_request_us: float = 0.0
 
     def __post_init__(self) -> None:
         if self.protocol not in ("http", "grpc"):
@@ -154,6 +164,12 @@ class Profile:
             raise PipelinesError(f"a profile's rounds is a whole number >= 0; got {self.rounds!r}")
         if not (isinstance(self.ci_level, float) and 0 < self.ci_level < 1):
             raise PipelinesError(f"a profile's ci_level is a fraction between 0 and 1; got {self.ci_level!r}")
+        if isinstance(self.round_request_us, bool) or not (isinstance(self.round_request_us, (int, float))
+                                                            and math.isfinite(self.round_request_us)
+                                                            and self.round_request_us >= 0):
+            raise PipelinesError(f"a profile's round_request_us is µs >= 0 (each request of a fused round beyond "
+                                 f"the first); got {self.round_request_us!r}")
+        object.__setattr__(self, "round_request_us", float(self.round_request_us))
         object.__setattr__(self, "lanes_by_size", by_size)
         object.__setattr__(self, "wake", checked_wake(self.wake))
         object.__setattr__(self, "wake_idle", checked_wake(self.wake_idle))
@@ -194,6 +210,7 @@ class Profile:
             "round_samples": [list(s) for s in self.round_samples],
             "wake": [list(p) for p in self.wake],
             "wake_idle": [list(p) for p in self.wake_idle],
+            "round_request_us": self.round_request_us,
         })
 
     def to_json(self) -> str:
@@ -239,6 +256,7 @@ class Profile:
                 ci_level=float(data.get("ci_level", 0.95)),
                 wake=tuple((float(w), float(us)) for w, us in data.get("wake", ())),
                 wake_idle=tuple((float(w), float(us)) for w, us in data.get("wake_idle", ())),
+                round_request_us=data.get("round_request_us", 0.0),
             )
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             what = f"{exc.args[0]} is missing" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"

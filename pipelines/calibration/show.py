@@ -35,6 +35,8 @@ def profile_table(profile: Profile) -> str:
                          (profile.wake_idle, "the same once every core idled (wake_idle)")):
         if points:
             head += f"{what}: {', '.join(f'{us:.0f} µs after {waited / 1e3:g} ms' for waited, us in points)}\n"
+    if profile.round_request_us:
+        head += f"each request of a fused model's round beyond the first (round_request): {profile.round_request_us:.0f} µs\n"
     rows = []
     for name in BOUNDARIES:
         cost = profile.costs[name]

@@ -357,6 +357,7 @@ class Predictor:
             wake_idle=self.server.wake_idle,
             call_threads=self.call_threads,
             step_threads=self.step_threads,
+            round_request_us=self.server.round_request_us,
         )
 
     def _deps(self, name: str) -> tuple[str, ...]:

@@ -26,6 +26,9 @@ def check(spec: SimSpec, load: Load) -> None:
         raise PipelinesError(f"the {spec.form} model needs top_instances >= 1, top_max_batch_size >= 0, "
                              f"call_threads >= 0 and step_threads >= 0 (0: no limit); got {spec.top_instances}, "
                              f"{spec.top_max_batch_size}, {spec.call_threads} and {spec.step_threads}")
+    if not spec.round_request_us >= 0:
+        raise PipelinesError(f"round_request_us is µs >= 0 (each request of a fused round beyond the first); "
+                             f"got {spec.round_request_us!r}")
     if load.requests < 1 or load.warmup < 0:
         raise PipelinesError(f"a load measures at least one request after warmup >= 0 more; "
                              f"got requests={load.requests}, warmup={load.warmup}")
@@ -98,6 +101,8 @@ def _check_costs(spec: SimSpec) -> None:
             needed.append(forms.FORMS[form].call_cost)
         if form != "fused" and python:
             needed.append(forms.FORMS[form].stub_cost)
+        if form == "fused" and python:
+            needed.append(forms.FORMS[form].in_process_step_cost)
     if missing := [name for name in needed if name not in spec.costs]:
         raise PipelinesError(
             f"the {form} form pays {', '.join(missing)}, which the costs lack (they have "

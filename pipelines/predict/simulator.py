@@ -121,6 +121,7 @@ class _Server:
         # (docs/prediction.md, "Where each cost is paid").
         self._out_fixed = self._price(top, _OUT, 0)
         self._top_out = self._price(top, _OUT, out_bytes) - self._out_fixed
+        self._round_request = Cost(spec.round_request_us if form == "fused" else 0.0)
         work = {"bls": self._bls_round, "bls-sync": self._bls_sync_round, "fused": self._fused_round}[form]
 
         def rounds(batch: Sequence[Waiting], instance: int) -> Flow:
@@ -149,6 +150,10 @@ class _Server:
                            for threads in self._call_threads]
             nodes = Counter(s.model_name for s in spec.steps)
             self._shared = {m for m in python if nodes[m] > 1}
+            # The fused model's own work around each Python step it runs: Python, so under its GIL. Its
+            # tensors pass as references in one process, so no bytes cross: its fixed cost is all of it.
+            step_cost = _FORMS[form].in_process_step_cost
+            self._around_step = (self._price(step_cost, _IN, 0) + self._price(step_cost, _OUT, 0)) if python else Cost()
             # The rows a joined run may hold, as compile/fused.py's _join_rows (0: none; that also
             # refuses an external model of a fixed batch size, which a SimSpec does not tell).
             limits = [spec.top_max_batch_size, *(s.max_batch_size for s in spec.steps)]
@@ -330,8 +335,10 @@ class _Server:
 
     def _round_in(self, count: int) -> Cost:
         """The top model's way in for a round of ``count`` requests, and the fixed part of its way
-        out: the fixed parts once."""
-        return self._top_in + self._out_fixed + (count - 1) * (self._top_in - self._top_fixed)
+        out: the fixed parts once; in the fused model, each request beyond the first adds its own
+        (the profile's ``round_request_us``, measured on a fused probe's rounds)."""
+        each = self._top_in - self._top_fixed + self._round_request
+        return self._top_in + self._out_fixed + (count - 1) * each
 
     def _bls_round(self, batch: Sequence[Waiting], instance: int) -> Flow:
         gil, threads = self._bls_gils[instance], self._call_threads[instance]
@@ -414,8 +421,9 @@ class _Server:
             yield from lock.take()
         if thread is not None:
             yield from thread.take()
-        if gil_span > 0.0:
+        if gil_span > 0.0 or self._around_step:
             yield from fused.gil.take()
+            yield self.cores.pay(self._around_step)
             yield self.cores.run(gil_span, gil_cap, step.memory)
             fused.gil.give()
         yield self.cores.run(free_span, free_cap, step.memory)

@@ -122,6 +122,8 @@ class SimSpec:
     calls one BLS or fused instance has in flight at most, the threads of its stub's default executor (Python's
     ``min(32, cpu_count + 4)``); 0: no limit. ``step_threads``: the pool a fused instance runs its Python steps in when
     they do not run on its event loop (``fused_model.py``: ``max(2, the widest group's Python steps)``); 0: no limit.
+    ``round_request_us``: what each request of a fused round adds to it beyond the first and its bytes (the server
+    profile's ``round_request_us``).
     """
 
     form: str
@@ -140,6 +142,7 @@ class SimSpec:
     wake_idle: tuple[tuple[float, float], ...] = ()
     call_threads: int = 0
     step_threads: int = 0
+    round_request_us: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "costs", MappingProxyType(dict(self.costs)))
