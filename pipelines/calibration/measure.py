@@ -40,9 +40,9 @@ class Sample:
     input + infer + output for them; ``None`` without statistics), of which ``stub_in_us`` on
     the way in (compute input). ``model_us``, for a BLS or fused probe, is how long one
     execution of its top-level model held that model's instance, less its steps' own work (its
-    compute input + infer + output, which hold its calls, or its steps run in its process); for an ensemble probe, how long the request was in
-    the ensemble (Triton's own request time for it, from receiving the request to answering
-    it), less its steps' work. Neither holds the client's send, which stalls a 4 MiB request
+    compute input + infer + output, which hold its calls, or the steps it runs in its process);
+    for an ensemble probe, how long the request was in the ensemble (Triton's own request time
+    for it, from receiving the request to answering it), less its steps' work. Neither holds the client's send, which stalls a 4 MiB request
     by 40-60 ms in some requests and not in others (docs/server_profiles.md). ``None`` for the
     step probe, or without statistics.
     ``steps_us``, for a grown BLS probe, what all its step models (``grow``, the identities,
