@@ -504,7 +504,7 @@ class _VirtualServer:
 
 
 def test_every_round_measures_every_probe_of_every_size_so_a_spell_of_the_machine_meets_few_of_its_rounds():
-    probes = [p for p in probe_plan(chains=(1, 2), sizes=(1 << 10, 4 << 20)) if not p.back_to_back]
+    probes = [p for p in probe_plan(chains=(1, 2), sizes=(1 << 10, 4 << 20)) if not p.grown]
     spell = range(36, 48)  # a slow stretch of the machine across two rounds: these calls take three times as long
 
     def cost_of(model, size, call):
@@ -530,15 +530,11 @@ def test_every_round_measures_every_probe_of_every_size_so_a_spell_of_the_machin
     assert slowed == len(spell)
 
 
-@pytest.mark.parametrize("which", ["grown", "fused"])
-def test_the_grown_and_fused_probes_of_a_size_take_turns_in_bursts_whose_first_request_is_not_timed(which):
-    # back to back, as a pipeline's requests come (a fused model is the one process they go through),
-    # yet side by side with the probes of their group, so that a spell of the machine moves their
-    # figures alike; the statistics are read around the timed requests of a burst whole, as a read
-    # between two would part them
-    plan = probe_plan(chains=(1, 2), sizes=(1 << 20,))
-    probes = [p for p in plan if (p.grown if which == "grown" else p.kind == "fused")]
-    assert len(probes) >= 2 and all(p.back_to_back for p in probes)
+def test_the_grown_probes_of_a_size_take_turns_in_bursts_whose_first_request_is_not_timed():
+    # back to back, as a pipeline's requests come, yet side by side with the other forms' grown
+    # probes, so that a spell of the machine moves every form's figures alike; the statistics are
+    # read around the timed requests of a burst whole, as a read between two would part them
+    probes = [p for p in probe_plan(chains=(1,), sizes=(1 << 20,)) if p.grown]
     server = _VirtualServer(lambda model, size, call: 0.020 if not server.calls or server.calls[-1][0] != model
                             else 0.002)  # a model called after another one answers late
 

@@ -255,6 +255,13 @@ def test_work_that_waits_on_memory_shares_the_memory_bus():
     # Half of it waits on memory, beside the same: 1 + 0.5 × 0.5 as long.
     half = step("s", 1000, instances=2, memory=0.5)
     assert all(v == pytest.approx(1250.0, rel=1e-9) for v in latencies(simulate(spec("ensemble", half, cores=2), closed(2))))
+    # Work that waits on memory but takes little of it (its traffic 0: a cache a neighbour's
+    # stream evicts) beside a copy: each job is slowed by the others' traffic, the copy by none
+    # and the other by the copy's; the mix's mean factor, 1 + (1 × 1 + 1 × 0) / 2, for both.
+    sensitive = step("a", 1000, memory=1.0, traffic=0.0)
+    copy = step("b", 1000, memory=1.0)
+    assert all(v == pytest.approx(1500.0, rel=1e-9)
+               for v in latencies(simulate(spec("ensemble", sensitive, copy, cores=2), closed(1))))
     # On one core they never run at once, so only the cores are shared.
     assert latencies(simulate(spec("ensemble", copies, cores=1), closed(2))) == {2000.0}
     # Four copies on two cores: each runs beside one other at a time, at half the bus, and

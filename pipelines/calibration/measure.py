@@ -133,10 +133,10 @@ def measure_probes(
       4 MiB, 2.0 ms a stub back to back against 2.7 ms taken in turns with other models,
       on the bundled server: docs/server_profiles.md). So the grown probes of one size take
       turns in bursts of :data:`_GROWN_BURST` timed requests after an untimed one, which
-      warms the model again, and the statistics are read around the timed ones whole. So do
-      the fused chains of one size: a fused model is the one process a pipeline's requests
-      go through, one after another (its own hold, 0.6 ms taken in turns, 0.3 ms back to
-      back: docs/server_profiles.md, "The fused model's own costs").
+      warms the model again, and the statistics are read around the timed ones whole. The
+      fused chains take turns as the other chains do (back to back, its own hold measured
+      half as much, and predicted the fused form worse: docs/server_profiles.md, "The fused
+      model's own costs").
 
     ``statistics(model)`` (Triton's statistics API answer), when given, is read around each
     timed request of a chain (around each burst of a grown probe) for the stub's own cost, and
@@ -153,7 +153,7 @@ def measure_probes(
     least, most, seconds = budget.min_requests, budget.max_requests, budget.seconds / budget.rounds
     groups: dict[object, list[int]] = {}
     for i, probe in enumerate(probes):
-        groups.setdefault((probe.grown, probe.back_to_back, probe.size), []).append(i)
+        groups.setdefault(("grown", probe.size) if probe.grown else probe.size, []).append(i)
     order = list(groups.values())
     rounds: list[list[Figures]] = [[] for _ in probes]
     requests = [0] * len(probes)
@@ -165,8 +165,8 @@ def measure_probes(
                 for _ in range(budget.warmup if r == 0 else 0):  # the first calls of a stub allocate its shared memory
                     infer(probes[i].model, inputs)
             measured = {i: _Measured() for i in members}
-            # chains: one request each per turn; grown and fused probes: a burst each, its first untimed
-            warm, timed = (1, _GROWN_BURST) if probes[members[0]].back_to_back else (0, 1)
+            # chains: one request each per turn; grown probes: a burst each, its first untimed
+            warm, timed = (1, _GROWN_BURST) if probes[members[0]].grown else (0, 1)
             began = clock()
             turns = 0
             # a grown probe's bursts read their own, after the untimed request

@@ -199,12 +199,6 @@ class Probe:
         return GATED_ROW if self.gated else GROWN_ROW + self.kind if self.grown else self.kind
 
     @property
-    def back_to_back(self) -> bool:
-        """Whether its requests are timed back to back, in bursts: a grown probe's stubs and a fused
-        model serve a pipeline's requests one after another (:func:`~pipelines.calibration.measure.measure_probes`)."""
-        return self.grown or self.kind == "fused"
-
-    @property
     def step_models(self) -> tuple[str, ...]:
         """The identity step models this probe runs (their statistics price a stub; none for the
         gated probe, whose figure is its latency)."""

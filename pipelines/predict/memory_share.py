@@ -43,7 +43,7 @@ _START_S = 60.0
 _LONGEST_S = 60.0  # the longest the streamer streams without being told to stop (a turn: ~0.1 s)
 
 # SIGUSR1 sets the streamer copying, SIGUSR2 stops it (checked between chunks); it then prints the CPU seconds it
-# streamed. It never streams longer than a minute unbidden, nor once its parent has gone (it checks once a second): a
+# streamed and the chunks it copied. It never streams longer than a minute unbidden, nor once its parent has gone (it checks once a second): a
 # measurement cut short must not leave a core streaming. Each start is answered at its own stop, even one that comes
 # after it stopped by itself or before it began (a loaded machine may run it late), so no stop is left over for the
 # next start. The signals are blocked before numpy starts its threads, which inherit the mask: a thread that did not
@@ -61,17 +61,18 @@ print("ready", flush=True)
 while os.getppid() == parent:
     if signal.sigtimedwait({{go}}, 1.0) is None:
         continue
-    began, until = time.process_time(), time.monotonic() + {longest}
+    began, until, copied = time.process_time(), time.monotonic() + {longest}, 0
     while stop not in signal.sigpending() and os.getppid() == parent and time.monotonic() < until:
         for at in range(0, n, chunk):
             np.copyto(b[at:at + chunk], a[at:at + chunk])
+            copied += 1
             if stop in signal.sigpending():
                 break
         a, b = b, a
     streamed = time.process_time() - began
     while os.getppid() == parent and signal.sigtimedwait({{stop}}, 1.0) is None:
         pass  # a turn ends at its own stop, one that streamed its longest too
-    print(streamed, flush=True)
+    print(streamed, copied, flush=True)
 """
 
 
@@ -107,8 +108,8 @@ class Streamer:
 
     @contextmanager
     def streaming(self) -> Iterator[list[float]]:
-        """Another core streams memory inside this block; the list it gives holds, after it, the seconds the block took
-        and the CPU seconds the streamer ran meanwhile."""
+        """Another core streams memory inside this block; the list it gives holds, after it, the seconds the block took,
+        the CPU seconds the streamer ran meanwhile and the chunks it copied."""
         took: list[float] = []
         self._signal(signal.SIGUSR1)
         sleep(_SETTLE_S)
@@ -118,7 +119,7 @@ class Streamer:
         finally:
             took.append(perf_counter() - began + _SETTLE_S)
             self._signal(signal.SIGUSR2)
-            took.append(self._streamed())
+            took.extend(self._streamed())
             sleep(_SETTLE_S)
 
     def _line(self) -> bytes:
@@ -127,9 +128,10 @@ class Streamer:
         ready, _, _ = select.select([self._proc.stdout], [], [], _START_S)
         return self._proc.stdout.readline() if ready else b""
 
-    def _streamed(self) -> float:
+    def _streamed(self) -> tuple[float, float]:
         try:
-            return float(self._line())
+            cpu, chunks = self._line().split()
+            return float(cpu), float(chunks)
         except ValueError:
             raise PipelinesError(f"the process that streams memory beside a step did not say what it streamed "
                                  f"(exit status {self._proc.poll()})") from None
@@ -165,22 +167,29 @@ def streamer() -> Streamer | None:
 @dataclass(frozen=True)
 class MemoryShare:
     """One measurement: ``share`` (0..1, 0 where it could not tell), the ``slowdown`` it was read from (CPU time
-    loaded over alone), and the streamer's ``duty`` (0 where none ran)."""
+    loaded over alone), the streamer's ``duty`` (0 where none ran), and the step's ``traffic`` (0..1; ``None`` where
+    it could not tell): how much the streamer's copies slowed beside its calls, its inputs in the caches."""
 
     share: float
     slowdown: float = 1.0
     duty: float = 0.0
+    traffic: float | None = None
 
 
 def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
                          before: Callable[[], None] | None = None, repeats: int | None = None) -> MemoryShare:
     """``call()``'s memory share; 0 where nothing can run beside it (one core) or the machine is too busy to tell (a
     duty below :data:`MIN_DUTY`). Each turn alone or loaded is ``repeats`` calls (default: by time), ``before()``
-    running, untimed, before each."""
+    running, untimed, before each. Its traffic is the other way round: the streamer's copies per CPU second alone
+    over those beside its calls, less 1, with no ``before()`` (which streams itself): what the step takes from a
+    neighbour's memory with its inputs in the caches, a stub's copies of them being priced as boundaries of their own
+    (docs/prediction.md, "The memory bus")."""
     if beside is None:
         return MemoryShare(0.0)
     alone: list[float] = []
     loaded: list[float] = []
+    rates_alone: list[float] = []
+    rates_beside: list[float] = []
     wall = streamed = 0.0
     allowed = _pin(0, 0)  # this thread on the first core, the streamer on the last
     try:
@@ -191,6 +200,12 @@ def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
                 loaded += timed_calls(call, repeats, before, target_s=_TURN_S, most=_MAX_CALLS)[1]
             wall += took[0]
             streamed += took[1]
+            with beside.streaming() as took:
+                sleep(_TURN_S)
+            rates_alone.append(took[2] / took[1] if took[1] > 0.0 else 0.0)
+            with beside.streaming() as took:
+                timed_calls(call, repeats, None, target_s=_TURN_S, most=_MAX_CALLS)
+            rates_beside.append(took[2] / took[1] if took[1] > 0.0 else 0.0)
     finally:
         if allowed is not None:
             os.sched_setaffinity(0, allowed)
@@ -200,4 +215,7 @@ def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
         return MemoryShare(0.0, 1.0, duty)
     slowdown = statistics.median(loaded) / base
     share = min(1.0, max(0.0, (slowdown - 1.0) / duty)) if duty >= MIN_DUTY else 0.0
-    return MemoryShare(share, slowdown, duty)
+    rate_alone, rate_beside = statistics.median(rates_alone), statistics.median(rates_beside)
+    traffic = (min(1.0, max(0.0, rate_alone / rate_beside - 1.0))
+               if duty >= MIN_DUTY and rate_alone > 0.0 and rate_beside > 0.0 else None)
+    return MemoryShare(share, slowdown, duty, traffic)

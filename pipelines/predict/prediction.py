@@ -329,6 +329,7 @@ class Predictor:
                     out_bytes=max(0.0, float(measured.out_bytes) - self._on_gpu_bytes(node_name, measured, "out")),
                     gil_share=float(measured.gil_share),
                     memory=float(measured.memory),
+                    traffic=measured.traffic,
                     external=node.step.is_external,
                     instances=choice.instance_count,
                     max_batch_size=choice.max_batch_size,

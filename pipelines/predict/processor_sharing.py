@@ -3,7 +3,8 @@ here, so CPU work beyond the cores slows every job down at once, as the server's
 whole jobs behind each other. The model, and what was measured for it: docs/prediction.md, "The cores, as processor
 sharing" and "The memory bus".
 
-A job has a cap (the cores it uses alone), a span (how long it takes alone) and a memory share. Beyond the cores, a job
+A job has a cap (the cores it uses alone), a span (how long it takes alone), a memory share (how much a stream beside
+it slows it) and a traffic (how much it slows a stream beside it; a copy's is its share). Beyond the cores, a job
 of a core or more takes ``f`` times its span, one below a core ``(1 - cap) + cap × f``: ``f`` solves
 ``Σ_full cap / f + Σ_below cap / ((1 - cap) + cap × f) = cores`` by Newton's method, times the memory bus's slowdown
 (:meth:`Cores._slowdown`). The jobs of a core or more keep one virtual clock (``_v``) and a heap of their ends; a job
@@ -59,14 +60,15 @@ class Cores:
     def __init__(self, env: simpy.Environment, cores: float) -> None:
         self.env = env
         self.cores = float(cores)
-        # Jobs of a core or more: (virtual end, order, cap, memory share, done), on one clock.
-        self._jobs: list[tuple[float, int, float, float, simpy.Event]] = []
-        # Jobs below a core, each on its own: [when it ends at the current share, cap, memory share, done].
+        # Jobs of a core or more: (virtual end, order, cap, memory share, traffic, done), on one clock.
+        self._jobs: list[tuple[float, int, float, float, float, simpy.Event]] = []
+        # Jobs below a core, each on its own: [when it ends at the current share, cap, memory share, traffic, done].
         self._partial: list[list] = []
         self._full = 0.0  # Σ caps of the jobs of a core or more
         self._caps = 0.0  # Σ caps of all active jobs
         self._mem = 0.0  # Σ cap × memory share of the active jobs
-        self._mem2 = 0.0  # Σ cap × memory share²
+        self._traffic = 0.0  # Σ cap × traffic (what a job slows the others by)
+        self._mem_traffic = 0.0  # Σ cap × memory share × traffic
         self._share = 1.0  # how much longer CPU work takes than alone: the cores' share × the bus's
         self._used = 0.0  # the cores in use
         self._v = 0.0  # the clock of the jobs of a core or more, in µs of their spans
@@ -81,9 +83,10 @@ class Cores:
         self._nothing = env.event().succeed()
         env.run(until=self._nothing)
 
-    def run(self, span: float, cap: float = 1.0, memory: float = 0.0) -> simpy.Event:
+    def run(self, span: float, cap: float = 1.0, memory: float = 0.0, traffic: float | None = None) -> simpy.Event:
         """An event that succeeds when a job that takes ``span`` µs alone at ``cap`` cores, a ``memory`` share of it
-        waiting on memory, is done; ``cap`` 0: a plain delay of ``span`` that uses no core. ``span`` 0: already done."""
+        waiting on memory, is done; ``cap`` 0: a plain delay of ``span`` that uses no core. ``span`` 0: already done.
+        ``traffic`` (0..1): how much it slows a copy beside it; ``None``: its memory share, as for a copy."""
         if span <= 0.0:
             return self._nothing
         if cap <= 0.0:
@@ -91,15 +94,17 @@ class Cores:
         done = simpy.Event(self.env)
         self._advance()
         memory = (memory if memory < 1.0 else 1.0) if memory > 0.0 else 0.0
+        traffic = memory if traffic is None else (traffic if traffic < 1.0 else 1.0) if traffic > 0.0 else 0.0
         self._caps += cap
         self._mem += cap * memory
-        self._mem2 += cap * memory * memory
+        self._traffic += cap * traffic
+        self._mem_traffic += cap * memory * traffic
         if cap >= 1.0:
             self._full += cap
             self._order += 1
-            heappush(self._jobs, (self._v + span, self._order, cap, memory, done))
+            heappush(self._jobs, (self._v + span, self._order, cap, memory, traffic, done))
         else:
-            self._partial.append([self._at + span * (1.0 - cap + cap * self._share), cap, memory, done])
+            self._partial.append([self._at + span * (1.0 - cap + cap * self._share), cap, memory, traffic, done])
         self._reshare()
         self._wake_at_next_end()
         return done
@@ -113,7 +118,7 @@ class Cores:
         caps = self._caps
         if self._mem <= 0.0 or caps <= 1.0 or self.cores <= 1.0:
             return 1.0
-        beside = max(0.0, self._mem * self._mem - self._mem2) / caps  # Σ_j cap_j m_j Σ_{k≠j} m_k / Σ caps
+        beside = max(0.0, self._mem * self._traffic - self._mem_traffic) / caps  # Σ_j cap_j m_j Σ_{k≠j} t_k / Σ caps
         scale = (self.cores - 1.0) / (caps - 1.0)
         return 1.0 + beside * (scale if scale < 1.0 else 1.0)
 
@@ -193,25 +198,26 @@ class Cores:
             return
         self._wake_at = None
         self._advance()
-        ended: list[tuple[float, float, simpy.Event]] = []
+        ended: list[tuple[float, float, float, simpy.Event]] = []
         jobs = self._jobs
         limit = self._v + _CLOSE * (1.0 + self._v)
         while jobs and jobs[0][0] <= limit:
-            _, _, cap, memory, done = heappop(jobs)
+            _, _, cap, memory, traffic, done = heappop(jobs)
             self._full -= cap
-            ended.append((cap, memory, done))
+            ended.append((cap, memory, traffic, done))
         if self._partial:
             # The clock's float steps grow with the clock, and so does what counts as done.
             close = self._at + _CLOSE * (1.0 + self._at)
-            ended += [(job[1], job[2], job[3]) for job in self._partial if job[0] <= close]
+            ended += [(job[1], job[2], job[3], job[4]) for job in self._partial if job[0] <= close]
             self._partial = [job for job in self._partial if job[0] > close]
-        for cap, memory, done in ended:
+        for cap, memory, traffic, done in ended:
             self._caps -= cap
             self._mem -= cap * memory
-            self._mem2 -= cap * memory * memory
+            self._traffic -= cap * traffic
+            self._mem_traffic -= cap * memory * traffic
             done.succeed()
         if not jobs and not self._partial:
-            self._full = self._caps = self._mem = self._mem2 = 0.0  # no drift left over from the sums
+            self._full = self._caps = self._mem = self._traffic = self._mem_traffic = 0.0  # no drift left over
             self._idle_since = self.env.now
         if ended:
             self._reshare()

@@ -73,6 +73,8 @@ def _check_step(step: StepSpec, earlier: set[str]) -> None:
         raise refuse(f"gil_share is a share of its CPU time, 0..1; got {step.gil_share}")
     if not 0.0 <= step.memory <= 1.0:
         raise refuse(f"memory is a share of its time, 0..1; got {step.memory}")
+    if step.traffic is not None and not 0.0 <= step.traffic <= 1.0:
+        raise refuse(f"traffic is how much it slows a copy beside it, 0..1 (None: its memory); got {step.traffic}")
 
 
 def _check_when(spec: SimSpec) -> None:

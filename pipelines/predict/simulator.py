@@ -252,7 +252,7 @@ class _Server:
         stub_in, span, cap, stub_out = costs
         began = self.env.now
         yield self.cores.pay(stub_in)
-        yield self.cores.run(span, cap, step.memory)
+        yield self.cores.run(span, cap, step.memory, step.traffic)
         if stub_in:  # the instance's thread in the server waited for its stub, holding the instance
             yield from self._woken(began)
         yield self.cores.pay(stub_out)
@@ -424,9 +424,9 @@ class _Server:
         if gil_span > 0.0 or self._around_step:
             yield from fused.gil.take()
             yield self.cores.pay(self._around_step)
-            yield self.cores.run(gil_span, gil_cap, step.memory)
+            yield self.cores.run(gil_span, gil_cap, step.memory, step.traffic)
             fused.gil.give()
-        yield self.cores.run(free_span, free_cap, step.memory)
+        yield self.cores.run(free_span, free_cap, step.memory, step.traffic)
         if thread is not None:
             thread.give()
         if lock is not None:

@@ -76,7 +76,8 @@ class StepSpec:
     their boundary's fixed cost for each (the profile's probes have one of each). ``when``: the conditions of the
     ``when`` blocks it sits in, outermost first (keys of :attr:`SimSpec.when_rates`); it runs on the rows where all of
     them hold, and not at all when none does. ``memory`` (0..1): the share of its own time that waits on memory,
-    which work on other cores that does too stretches (:mod:`pipelines.predict.processor_sharing`).
+    which work on other cores that does too stretches (:mod:`pipelines.predict.processor_sharing`). ``traffic``
+    (0..1): how much it slows a copy on another core, the memory it takes from others; ``None``: its ``memory``.
     """
 
     name: str
@@ -97,6 +98,7 @@ class StepSpec:
     out_tensors: int = 1
     when: tuple[str, ...] = ()
     memory: float = 0.0
+    traffic: float | None = None
 
     @property
     def model_name(self) -> str:

@@ -28,7 +28,9 @@ class StepProfile:
     ``in_bytes``/``out_bytes`` what they weigh per row. ``wall_us``/``cpu_us``: the median µs of one execution at each
     of ``rows``; ``warm_wall_us``/``warm_cpu_us`` with its inputs in the caches, as in the fused model (empty where
     they are too small to time out of them). ``gil_share`` and ``memory`` (0..1, at its first batch size; 0 where not
-    measured): the part of its CPU time that holds the GIL, and of its time that waits on memory. ``source``:
+    measured): the part of its CPU time that holds the GIL, and of its time that waits on memory. ``traffic`` (0..1,
+    at its first batch size, its inputs in the caches; ``None``: not measured, its ``memory`` stands in): how much it
+    slows a copy on another core. ``source``:
     ``"measured"``, ``"stand_in"`` (an external model's stand-in was timed) or ``"given"`` (``costs=``).
     """
 
@@ -49,6 +51,7 @@ class StepProfile:
     source: str = "measured"
     warm_wall_us: tuple[float, ...] = ()
     warm_cpu_us: tuple[float, ...] = ()
+    traffic: float | None = None
 
     def __post_init__(self) -> None:
         def refuse(what: str) -> ArgumentError:
@@ -72,6 +75,11 @@ class StepProfile:
                 bound = "between 0 and 1" if share else "finite and >= 0"
                 raise refuse(f"{field_name} must be {bound}; got {getattr(self, field_name)!r}")
             object.__setattr__(self, field_name, value)
+        if self.traffic is not None:
+            traffic = float(self.traffic)
+            if not (math.isfinite(traffic) and 0 <= traffic <= 1):
+                raise refuse(f"traffic must be between 0 and 1 (or None: not measured); got {self.traffic!r}")
+            object.__setattr__(self, "traffic", traffic)
         if self.device not in ("cpu", "gpu"):
             raise refuse(f"device must be 'cpu' or 'gpu'; got {self.device!r}")
         if self.source not in _SOURCES:

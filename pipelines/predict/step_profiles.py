@@ -181,14 +181,17 @@ class _Profiler:
                 walls, cpus = zip(*timed, strict=True)
                 # An external model runs in another backend's process: it never holds this one's GIL.
                 gil = 0.0 if step.is_external else self._gil_share(runner, batches[0], walls[0])
-                memory = 0.0  # none on a GPU (its time is its device's), nor for a call too short to tell
+                # none on a GPU (its time is its device's), nor for a call too short to tell
+                memory, traffic = 0.0, None
                 if not runner.gpu and cpus[0] * 1e6 >= MIN_CPU_US:
-                    memory = measure_memory_share(runner.caller(batches[0]), streamer(), before=colds[0],
-                                                  repeats=self.repeats).share
+                    measured = measure_memory_share(runner.caller(batches[0]), streamer(), before=colds[0],
+                                                    repeats=self.repeats)
+                    memory, traffic = measured.share, measured.traffic
             failed = False
             warm_walls, warm_cpus = zip(*warm, strict=True) if any(colds) else ((), ())
             return StepProfile(
                 **common, rows=sizes, wall_us=_us(walls), cpu_us=_us(cpus), gil_share=gil, memory=memory,
+                traffic=traffic,
                 source="stand_in" if step.is_external else "measured",
                 warm_wall_us=_us(warm_walls), warm_cpu_us=_us(warm_cpus))
         finally:
