@@ -188,8 +188,7 @@ def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
         return MemoryShare(0.0)
     alone: list[float] = []
     loaded: list[float] = []
-    rates_alone: list[float] = []
-    rates_beside: list[float] = []
+    rates: tuple[list[float], list[float]] = ([], [])  # the streamer's copies per CPU second: alone, beside warm calls
     wall = streamed = 0.0
     allowed = _pin(0, 0)  # this thread on the first core, the streamer on the last
     try:
@@ -200,12 +199,11 @@ def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
                 loaded += timed_calls(call, repeats, before, target_s=_TURN_S, most=_MAX_CALLS)[1]
             wall += took[0]
             streamed += took[1]
-            with beside.streaming() as took:
-                sleep(_TURN_S)
-            rates_alone.append(took[2] / took[1] if took[1] > 0.0 else 0.0)
-            with beside.streaming() as took:
-                timed_calls(call, repeats, None, target_s=_TURN_S, most=_MAX_CALLS)
-            rates_beside.append(took[2] / took[1] if took[1] > 0.0 else 0.0)
+            for rate, work in zip(rates, (lambda: sleep(_TURN_S), lambda: timed_calls(
+                    call, repeats, None, target_s=_TURN_S, most=_MAX_CALLS)), strict=True):
+                with beside.streaming() as took:
+                    work()
+                rate.append(took[2] / took[1] if took[1] > 0.0 else 0.0)
     finally:
         if allowed is not None:
             os.sched_setaffinity(0, allowed)
@@ -215,7 +213,6 @@ def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
         return MemoryShare(0.0, 1.0, duty)
     slowdown = statistics.median(loaded) / base
     share = min(1.0, max(0.0, (slowdown - 1.0) / duty)) if duty >= MIN_DUTY else 0.0
-    rate_alone, rate_beside = statistics.median(rates_alone), statistics.median(rates_beside)
-    traffic = (min(1.0, max(0.0, rate_alone / rate_beside - 1.0))
-               if duty >= MIN_DUTY and rate_alone > 0.0 and rate_beside > 0.0 else None)
+    rate_alone, rate_beside = (statistics.median(r) for r in rates)
+    traffic = min(1.0, max(0.0, rate_alone / rate_beside - 1.0)) if duty >= MIN_DUTY and rate_beside > 0.0 else None
     return MemoryShare(share, slowdown, duty, traffic)

@@ -22,13 +22,12 @@ def check(spec: SimSpec, load: Load) -> None:
         raise PipelinesError(f"a server has at least one core; got cores={spec.cores!r}")
     if spec.rows < 1:
         raise PipelinesError(f"a request has at least one row; got rows={spec.rows!r}")
-    if spec.top_instances < 1 or spec.top_max_batch_size < 0 or spec.call_threads < 0 or spec.step_threads < 0:
+    if spec.top_instances < 1 or spec.top_max_batch_size < 0 or spec.call_threads < 0 or spec.step_threads < 0 \
+            or not spec.round_request_us >= 0:
         raise PipelinesError(f"the {spec.form} model needs top_instances >= 1, top_max_batch_size >= 0, "
-                             f"call_threads >= 0 and step_threads >= 0 (0: no limit); got {spec.top_instances}, "
-                             f"{spec.top_max_batch_size}, {spec.call_threads} and {spec.step_threads}")
-    if not spec.round_request_us >= 0:
-        raise PipelinesError(f"round_request_us is µs >= 0 (each request of a fused round beyond the first); "
-                             f"got {spec.round_request_us!r}")
+                             f"call_threads >= 0, step_threads >= 0 (0: no limit) and round_request_us is µs >= 0; "
+                             f"got {spec.top_instances}, {spec.top_max_batch_size}, {spec.call_threads}, "
+                             f"{spec.step_threads} and {spec.round_request_us!r}")
     if load.requests < 1 or load.warmup < 0:
         raise PipelinesError(f"a load measures at least one request after warmup >= 0 more; "
                              f"got requests={load.requests}, warmup={load.warmup}")

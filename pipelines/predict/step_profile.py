@@ -68,18 +68,15 @@ class StepProfile:
             if not all(math.isfinite(v) and v >= 0 for v in values):
                 raise refuse(f"{field_name} must be finite µs >= 0; got {list(values)}")
             object.__setattr__(self, field_name, values)
-        for field_name in ("in_bytes", "out_bytes", "gil_share", "memory"):
+        for field_name in ("in_bytes", "out_bytes", "gil_share", "memory", "traffic"):
+            if getattr(self, field_name) is None and field_name == "traffic":  # not measured: memory stands in
+                continue
             value = float(getattr(self, field_name))
-            share = field_name in ("gil_share", "memory")
+            share = field_name in ("gil_share", "memory", "traffic")
             if not math.isfinite(value) or value < 0 or (share and value > 1):
                 bound = "between 0 and 1" if share else "finite and >= 0"
                 raise refuse(f"{field_name} must be {bound}; got {getattr(self, field_name)!r}")
             object.__setattr__(self, field_name, value)
-        if self.traffic is not None:
-            traffic = float(self.traffic)
-            if not (math.isfinite(traffic) and 0 <= traffic <= 1):
-                raise refuse(f"traffic must be between 0 and 1 (or None: not measured); got {self.traffic!r}")
-            object.__setattr__(self, "traffic", traffic)
         if self.device not in ("cpu", "gpu"):
             raise refuse(f"device must be 'cpu' or 'gpu'; got {self.device!r}")
         if self.source not in _SOURCES:
