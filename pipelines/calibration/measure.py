@@ -42,9 +42,9 @@ class Sample:
     execution of its top-level model held that model's instance, less its steps' own work (its
     compute input + infer + output, which hold its calls, or the steps it runs in its process);
     for an ensemble probe, how long the request was in the ensemble (Triton's own request time
-    for it, from receiving the request to answering it), less its steps' work. Neither holds the client's send, which stalls a 4 MiB request
-    by 40-60 ms in some requests and not in others (docs/server_profiles.md). ``None`` for the
-    step probe, or without statistics.
+    for it, from receiving the request to answering it), less its steps' work. Neither holds
+    the client's send, which stalls a 4 MiB request by 40-60 ms in some requests and not in
+    others (docs/server_profiles.md). ``None`` for the step probe, or without statistics.
     ``steps_us``, for a grown BLS probe, what all its step models (``grow``, the identities,
     ``shrink``) held their instances for one request, less the identities' work: the hold
     less these is what its calls cost, warm, as a user's pipeline makes them.

@@ -31,9 +31,9 @@ from ..step import step
 from ..tensor import TensorSpec
 from .wake import sleep_pipeline, wake_pipeline
 
-__all__ = ["BLS_KINDS", "BUSY_MS", "CHAINS", "GATED_ROW", "GROWN_KINDS", "GROWN_ROW", "GROWN_STEPS", "HELD_KINDS", "KINDS",
-           "SIZES", "Probe", "count", "grow",
-           "grown_pipeline", "identity", "probe_pipeline", "probe_plan", "probe_repository", "shrink", "size_label"]
+__all__ = ["BLS_KINDS", "BUSY_MS", "CHAINS", "GATED_ROW", "GROWN_KINDS", "GROWN_ROW", "GROWN_STEPS", "HELD_KINDS",
+           "KINDS", "SIZES", "Probe", "count", "grow", "grown_pipeline", "identity", "probe_pipeline", "probe_plan",
+           "probe_repository", "shrink", "size_label"]
 
 BYTES = TensorSpec("UINT8", [-1])
 NBYTES = TensorSpec("INT64", [1])

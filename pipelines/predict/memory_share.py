@@ -43,10 +43,10 @@ _START_S = 60.0
 _LONGEST_S = 60.0  # the longest the streamer streams without being told to stop (a turn: ~0.1 s)
 
 # SIGUSR1 sets the streamer copying, SIGUSR2 stops it (checked between chunks); it then prints the CPU seconds it
-# streamed and the chunks it copied. It never streams longer than a minute unbidden, nor once its parent has gone (it checks once a second): a
-# measurement cut short must not leave a core streaming. Each start is answered at its own stop, even one that comes
-# after it stopped by itself or before it began (a loaded machine may run it late), so no stop is left over for the
-# next start. The signals are blocked before numpy starts its threads, which inherit the mask: a thread that did not
+# streamed and the chunks it copied. It never streams longer than a minute unbidden, nor once its parent has gone (it
+# checks once a second): a measurement cut short must not leave a core streaming. Each start is answered at its own
+# stop, even one that comes after it stopped by itself or before it began (a loaded machine may run it late), so no stop
+# is left over for the next start. The signals are blocked before numpy starts its threads, which inherit the mask: a thread that did not
 # block them would take one, whose default action ends the process.
 _STREAMER = """
 import os, signal, time

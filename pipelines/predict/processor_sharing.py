@@ -118,7 +118,8 @@ class Cores:
         caps = self._caps
         if self._mem <= 0.0 or caps <= 1.0 or self.cores <= 1.0:
             return 1.0
-        beside = max(0.0, self._mem * self._traffic - self._mem_traffic) / caps  # Σ_j cap_j m_j Σ_{k≠j} t_k / Σ caps
+        # Σ_j cap_j m_j Σ_{k≠j} t_k / Σ caps: each job's share of the others' traffic
+        beside = max(0.0, self._mem * self._traffic - self._mem_traffic) / caps
         scale = (self.cores - 1.0) / (caps - 1.0)
         return 1.0 + beside * (scale if scale < 1.0 else 1.0)
 
