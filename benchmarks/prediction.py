@@ -111,7 +111,7 @@ def checks_of(name: str, predicted, measured) -> tuple[list[Check], list[list[st
         for f in forms:
             if (f, c) not in measured or (f, c) not in by:
                 continue
-            p50, throughput, windows = (*measured[f, c], ())[:3]
+            p50, throughput, windows = measured[f, c]
             if c == 1:
                 checks.append(Check(name, c, f"{f} p50 ms", by[f, c].p50_ms, p50, LATENCY_C1,
                                     window_band(windows, throughput, latency=True)))

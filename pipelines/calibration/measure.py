@@ -18,6 +18,8 @@ from statistics import median
 from time import perf_counter
 from typing import Any
 
+import numpy as np
+
 from ..blocking import run_blocking
 from ..errors import ArgumentError
 from .probes import BLS_KINDS, HELD_KINDS, Probe
@@ -278,7 +280,6 @@ def measure_lanes(
     its own lanes)``: a probe's tensor size sets how many requests' copies the server makes
     at once (docs/server_profiles.md).
     """
-    import anyio
 
     high = min(32, max(4, 2 * cores)) if cores else 8
 
@@ -286,23 +287,9 @@ def measure_lanes(
         return min(float(cores or high), max(1.0, ratio))
 
     async def window(client: Any, probe: Probe, concurrency: int) -> float:
-        inputs = probe.inputs()
-        done = 0
-
-        async def caller(until: float) -> None:
-            nonlocal done
-            while perf_counter() < until:
-                await client.infer(probe.model, inputs)
-                done += 1
-
-        async with anyio.create_task_group() as tg:  # warm: every connection opened, every stub awake
-            for _ in range(concurrency):
-                tg.start_soon(client.infer, probe.model, inputs)
+        await _in_flight(client, probe, concurrency, 0.0)  # warm: every connection opened, every stub awake
         began = perf_counter()
-        async with anyio.create_task_group() as tg:
-            for _ in range(concurrency):
-                tg.start_soon(caller, began + seconds / 2)
-        return done / (perf_counter() - began)
+        return await _in_flight(client, probe, concurrency, seconds / 2) / (perf_counter() - began)
 
     async def main() -> list[tuple[str, float, float, float]]:
         client = connect()
@@ -325,6 +312,29 @@ def measure_lanes(
     return (sum(lanes) / len(lanes) if lanes else 1.0), rows
 
 
+async def _in_flight(client: Any, probe: Probe, concurrency: int, seconds: float) -> int:
+    """Keep ``concurrency`` requests to ``probe``'s model in flight for ``seconds`` (0: one each),
+    each sent as the one before it is answered; returns how many were answered."""
+    import anyio
+
+    inputs = probe.inputs()
+    until = perf_counter() + seconds
+    done = 0
+
+    async def caller() -> None:
+        nonlocal done
+        while True:
+            await client.infer(probe.model, inputs)
+            done += 1
+            if perf_counter() >= until:
+                return
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(concurrency):
+            tg.start_soon(caller)
+    return done
+
+
 def measure_rounds(connect: Callable[[], Any], probe: Probe, concurrency: int = 8, seconds: float = 1.0
                    ) -> dict[int, tuple[int, float]]:
     """How long ``probe``'s top-level model held its instance for a round of each size: ``concurrency``
@@ -332,10 +342,6 @@ def measure_rounds(connect: Callable[[], Any], probe: Probe, concurrency: int = 
     :func:`measure_lanes`), so that those that queue while a round runs reach the model together as
     the next one. Returns ``{rows: (executions, mean µs held)}`` from Triton's ``batch_stats`` (compute
     input + infer + output of each execution, by its batch size) over those seconds."""
-    import anyio
-
-    inputs = probe.inputs()
-
     def held(answer: Any) -> dict[int, tuple[int, float]]:
         rows = {}
         for model in answer.get("model_stats", ()) or ():
@@ -348,19 +354,9 @@ def measure_rounds(connect: Callable[[], Any], probe: Probe, concurrency: int = 
     async def main() -> dict[int, tuple[int, float]]:
         client = connect()
         try:
-            async with anyio.create_task_group() as tg:  # warm: every connection opened, the stub awake
-                for _ in range(concurrency):
-                    tg.start_soon(client.infer, probe.model, inputs)
+            await _in_flight(client, probe, concurrency, 0.0)  # warm: every connection opened, the stub awake
             before = held(await client.statistics(probe.model))
-            until = perf_counter() + seconds
-
-            async def caller() -> None:
-                while perf_counter() < until:
-                    await client.infer(probe.model, inputs)
-
-            async with anyio.create_task_group() as tg:
-                for _ in range(concurrency):
-                    tg.start_soon(caller)
+            await _in_flight(client, probe, concurrency, seconds)
             after = held(await client.statistics(probe.model))
         finally:
             await client.close()
@@ -381,10 +377,6 @@ def round_request_us(rounds: dict[int, tuple[int, float]]) -> float:
     sizes = [(rows, count, us) for rows, (count, us) in sorted(rounds.items()) if count > 0]
     if len(sizes) < 2:
         return 0.0
-    weights = [count for _, count, _ in sizes]
-    total = sum(weights)
-    mean_rows = sum(w * rows for (rows, _, _), w in zip(sizes, weights, strict=True)) / total
-    mean_us = sum(w * us for (_, _, us), w in zip(sizes, weights, strict=True)) / total
-    spread = sum(w * (rows - mean_rows) ** 2 for (rows, _, _), w in zip(sizes, weights, strict=True))
-    slope = sum(w * (rows - mean_rows) * (us - mean_us) for (rows, _, us), w in zip(sizes, weights, strict=True))
-    return max(0.0, slope / spread) if spread > 0 else 0.0
+    rows, counts, us = (np.array(column, float) for column in zip(*sizes, strict=True))
+    # polyfit weighs each residual by w: the square root of the executions weighs each squared one by them
+    return max(0.0, float(np.polyfit(rows, us, 1, w=np.sqrt(counts))[0]))

@@ -188,7 +188,9 @@ def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
         return MemoryShare(0.0)
     alone: list[float] = []
     loaded: list[float] = []
-    rates: tuple[list[float], list[float]] = ([], [])  # the streamer's copies per CPU second: alone, beside warm calls
+    # the streamer's copies per CPU second, alone and beside the step's warm calls
+    rates_alone: list[float] = []
+    rates_beside: list[float] = []
     wall = streamed = 0.0
     allowed = _pin(0, 0)  # this thread on the first core, the streamer on the last
     try:
@@ -199,11 +201,12 @@ def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
                 loaded += timed_calls(call, repeats, before, target_s=_TURN_S, most=_MAX_CALLS)[1]
             wall += took[0]
             streamed += took[1]
-            for rate, work in zip(rates, (lambda: sleep(_TURN_S), lambda: timed_calls(
-                    call, repeats, None, target_s=_TURN_S, most=_MAX_CALLS)), strict=True):
-                with beside.streaming() as took:
-                    work()
-                rate.append(took[2] / took[1] if took[1] > 0.0 else 0.0)
+            with beside.streaming() as took:
+                sleep(_TURN_S)
+            rates_alone.append(_rate(took))
+            with beside.streaming() as took:
+                timed_calls(call, repeats, None, target_s=_TURN_S, most=_MAX_CALLS)
+            rates_beside.append(_rate(took))
     finally:
         if allowed is not None:
             os.sched_setaffinity(0, allowed)
@@ -213,6 +216,11 @@ def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
         return MemoryShare(0.0, 1.0, duty)
     slowdown = statistics.median(loaded) / base
     share = min(1.0, max(0.0, (slowdown - 1.0) / duty)) if duty >= MIN_DUTY else 0.0
-    rate_alone, rate_beside = (statistics.median(r) for r in rates)
+    rate_alone, rate_beside = statistics.median(rates_alone), statistics.median(rates_beside)
     traffic = min(1.0, max(0.0, rate_alone / rate_beside - 1.0)) if duty >= MIN_DUTY and rate_beside > 0.0 else None
     return MemoryShare(share, slowdown, duty, traffic)
+
+
+def _rate(took: list[float]) -> float:
+    """The streamer's copies per CPU second in a turn :meth:`Streamer.streaming` timed."""
+    return took[2] / took[1] if took[1] > 0.0 else 0.0
