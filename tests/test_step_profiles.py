@@ -132,6 +132,31 @@ def test_each_batch_is_made_of_the_rows_the_step_was_handed():
 # ------------------------------------------------------------------ wall, CPU, GIL
 
 
+def test_each_figure_is_the_median_of_rounds_over_the_steps():
+    """Three rounds over the steps, after one run that hands each step its inputs: in the
+    second round ``first`` is slow (the machine held up for a moment), and its figure leaves
+    that round out."""
+    calls = []
+
+    def stretch(name, x):
+        calls.append(name)
+        runs = [name for i, name in enumerate(calls) if i == 0 or calls[i - 1] != name]  # each step's turns, in order
+        time.sleep(0.030 if name == "first" and runs.count("first") == 3 else 0.002)
+        return {"y": x}
+
+    first = step(lambda x: stretch("first", x), inputs={"x": V}, outputs={"y": V}, name="first")
+    second = step(lambda x: stretch("second", x), inputs={"x": V}, outputs={"y": V}, name="second")
+    p = Pipeline("rounds", inputs={"x": V}, max_batch_size=1)
+    p.output("y", p.add(second, x=p.add(first, x=p.input("x"))["y"])["y"])
+    profiles = profile_steps(p, X, repeats=3)
+
+    turns = [name for i, name in enumerate(calls) if i == 0 or calls[i - 1] != name]
+    assert turns == ["first", "second"] * 4  # the run that hands on the inputs, then three rounds
+    assert 2_000 <= profiles["first"].wall_us[0] < 20_000  # 2, 30 and 2 ms: the median
+    assert 2_000 <= profiles["second"].wall_us[0] < 20_000
+
+
+
 def test_a_step_that_sleeps_takes_wall_time_not_cpu_and_holds_no_gil():
     profile = profile_steps(basic.make_chain(steps=1, ms=20, max_batch_size=1), X, repeats=3)["work_0"]
     assert profile.wall_us[0] >= 20_000

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import threading
 from collections.abc import Callable
 from time import perf_counter, process_time
 from typing import Any
 
-__all__ = ["GIL_PAIRS", "GIL_RUN_S", "GIL_TARGET_S", "gil_share", "usable_cores"]
+__all__ = ["GIL_PAIRS", "GIL_RUN_S", "GIL_TARGET_S", "gil_losses", "usable_cores"]
 
 #: Pairs of runs (one thread, then two at once): about this many seconds of runs alone, and at least :data:`GIL_PAIRS`.
 GIL_TARGET_S = 0.05
@@ -25,16 +24,17 @@ Span = tuple[float, float]
 Run = tuple[Span, float, Span, Span, float]
 
 
-def gil_share(first: Callable[[], Any], second: Callable[[], Any], wall_s: float) -> float:
-    """The share (0..1) of a step's CPU time that holds the GIL (or any lock it takes: some BLAS builds let one call
-    in at a time), from ``first`` and ``second``, two calls of one execution of it on two instances, that take
-    ``wall_s`` seconds alone. The median over pairs of runs (:func:`_lost_share`, an upper bound on one core): a
-    pair's runs follow each other, so other work weighs on both alike, and the median leaves out the pairs it upset."""
+def gil_losses(first: Callable[[], Any], second: Callable[[], Any], wall_s: float, *, target_s: float = GIL_TARGET_S,
+               least: int = GIL_PAIRS) -> list[float]:
+    """The share of a step's CPU time that holds the GIL (or any lock it takes: some BLAS builds let one call in at a
+    time) as each pair of runs reads it, from ``first`` and ``second``, two calls of one execution of it on two
+    instances, that take ``wall_s`` seconds alone (about ``target_s`` of runs alone, and ``least`` pairs at least;
+    :func:`_lost_share`, an upper bound on one core). A pair's runs follow each other, so other work weighs on both
+    alike, and a median over pairs leaves out those it upset."""
     calls = math.ceil(GIL_RUN_S / max(wall_s, 1e-9))
-    pairs = max(math.ceil(GIL_TARGET_S / (calls * max(wall_s, 1e-9))), GIL_PAIRS)
+    pairs = max(math.ceil(target_s / (calls * max(wall_s, 1e-9))), least)
     cores = usable_cores()
-    share = statistics.median(_lost_share(*run, cores=cores) for run in _paired(first, second, pairs, calls))
-    return min(max(share, 0.0), 1.0)
+    return [_lost_share(*run, cores=cores) for run in _paired(first, second, pairs, calls)]
 
 
 def _lost_share(alone: Span, cpu_alone: float, a: Span, b: Span, cpu_both: float, *, cores: int) -> float:

@@ -177,10 +177,11 @@ class MemoryShare:
 
 
 def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
-                         before: Callable[[], None] | None = None, repeats: int | None = None) -> MemoryShare:
+                         before: Callable[[], None] | None = None, repeats: int | None = None,
+                         rounds: int = _ROUNDS) -> MemoryShare:
     """``call()``'s memory share; 0 where nothing can run beside it (one core) or the machine is too busy to tell (a
-    duty below :data:`MIN_DUTY`). Each turn alone or loaded is ``repeats`` calls (default: by time), ``before()``
-    running, untimed, before each. Its traffic is the other way round: the streamer's copies per CPU second alone
+    duty below :data:`MIN_DUTY`). It is measured in ``rounds`` rounds of turns; each turn alone or loaded is
+    ``repeats`` calls (default: by time), ``before()`` running, untimed, before each. Its traffic is the other way round: the streamer's copies per CPU second alone
     over those beside its calls, less 1, with no ``before()`` (which streams itself): what the step takes from a
     neighbour's memory with its inputs in the caches, a stub's copies of them being priced as boundaries of their own
     (docs/prediction.md, "The memory bus")."""
@@ -195,7 +196,7 @@ def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
     allowed = _pin(0, 0)  # this thread on the first core, the streamer on the last
     try:
         call()
-        for _ in range(_ROUNDS):  # in turns, so that a drift of the machine's speed moves both alike
+        for _ in range(rounds):  # in turns, so that a drift of the machine's speed moves both alike
             alone += timed_calls(call, repeats, before, target_s=_TURN_S, most=_MAX_CALLS)[1]
             with beside.streaming() as took:
                 loaded += timed_calls(call, repeats, before, target_s=_TURN_S, most=_MAX_CALLS)[1]

@@ -23,8 +23,9 @@ from .step_profile import StepProfile
 __all__ = ["CACHE_FORMAT", "StepCache", "cache_key", "value_digest"]
 
 #: Version of the cache file; a cache of another format is not read (and is replaced).
-# 2: a profile holds its memory share; 3: keys hold where inputs came from; 4: warm timings; 5: its traffic
-CACHE_FORMAT = 5
+# 2: a profile holds its memory share; 3: keys hold where inputs came from; 4: warm timings; 5: its traffic;
+# 6: each figure the median of rounds over the steps
+CACHE_FORMAT = 6
 
 
 class StepCache:

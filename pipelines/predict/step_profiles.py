@@ -8,8 +8,9 @@ import asyncio
 import concurrent.futures
 import math
 import os
+import statistics
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -22,12 +23,12 @@ from ..requests import check_request
 from ..step import Step
 from ..tensor import TensorSpec
 from .code_digest import code_digest
-from .gil_share import gil_share
+from .gil_share import GIL_PAIRS, GIL_TARGET_S, gil_losses
 from .memory_share import MIN_CPU_US, measure_memory_share, streamer
 from .step_cache import StepCache, cache_key, value_digest
 from .step_profile import StepProfile
 from .step_runner import StepRunner, blame, host, rows_of
-from .step_timing import COLD_BYTES, evict, time_call
+from .step_timing import COLD_BYTES, TARGET_S, evict, time_call
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..graph import Pipeline
@@ -38,6 +39,9 @@ Key = tuple["str | None", str]
 Progress = Callable[[int, int, str], Any]
 Given = tuple[tuple[int, ...], tuple[float, ...]]  # a cost given by the user: rows, µs
 
+#: Rounds over a pipeline's steps: each figure of a step is the median of its rounds.
+ROUNDS = 3
+
 
 def profile_steps(pipeline: Pipeline, inputs: Mapping[str, Any], *, cache: str | os.PathLike[str] | None = None,
                   batch_sizes: Sequence[int] | None = None, repeats: int | None = None,
@@ -46,7 +50,7 @@ def profile_steps(pipeline: Pipeline, inputs: Mapping[str, Any], *, cache: str |
     """Profile each live step of ``pipeline`` (by node name, in the plan's order) as its Triton model
     runs it, on its device, on ``inputs`` (one request, as :meth:`Pipeline.run` takes it) propagated
     through the DAG: at 1, 2, 4, ... rows and its ``max_batch_size`` (or ``batch_sizes`` up to it),
-    ``repeats`` times (default: by time). ``costs`` and ``cache``: docs/prediction.md, "Step profiles".
+    ``repeats`` times in each of :data:`ROUNDS` rounds (default: by time). ``costs`` and ``cache``: docs/prediction.md, "Step profiles".
     ``progress(done, total, node)`` is called as each step is done; a step that fails is a
     :class:`~pipelines.errors.StepError` naming the pipeline and the step, with its error.
     """
@@ -114,18 +118,37 @@ class _Profiler:
 
     def run(self) -> dict[str, StepProfile]:
         profiles: dict[str, StepProfile] = {}
+        measuring: dict[str, Generator[StepProfile | None, None, None]] = {}
         try:
-            for done, n in enumerate(self.plan.nodes, 1):
-                profiles[n.name] = self._profile(n)
+            for n in self.plan.nodes:  # each step's cache entry, or its real inputs and a warm instance
+                found = self._profile(n)
+                if isinstance(found, StepProfile):
+                    profiles[n.name] = found
+                    self._done(profiles, n.name)
+                else:
+                    measuring[n.name] = found
                 self._release()
-                if self.progress is not None:
-                    self.progress(done, len(self.plan.nodes), n.name)
+            # In rounds over the steps, each figure the median of its rounds: a moment when the
+            # machine slowed (docs/prediction.md, "Step profiles") then weighs on one round of a step.
+            for _ in range(ROUNDS):
+                for name in list(measuring):
+                    if (profile := next(measuring[name])) is not None:
+                        profiles[name] = profile
+                        measuring.pop(name).close()
+                        self._done(profiles, name)
         finally:
+            for rounds in measuring.values():
+                rounds.close()  # a step not done yet: its instances finalized, quietly (an error is on its way)
             if self.cache is not None:
                 self.cache.write()
-        return profiles
+        return {n.name: profiles[n.name] for n in self.plan.nodes}
 
-    def _profile(self, n: NodePlan) -> StepProfile:
+    def _done(self, profiles: Mapping[str, StepProfile], name: str) -> None:
+        if self.progress is not None:
+            self.progress(len(profiles), len(self.plan.nodes), name)
+
+    def _profile(self, n: NodePlan) -> StepProfile | Generator[StepProfile | None, None, None]:
+        """Node ``n``'s profile where it is given or cached; else its rounds, which yield it last."""
         node = self.pipeline.nodes[n.name]
         step = node.step
         inputs = {s.input: self.shapes[s.key] for s in n.inputs}
@@ -137,17 +160,19 @@ class _Profiler:
                         {s.input: self.origins[s.key] for s in n.inputs})
         found = self.cache.get(key) if self.cache is not None else None
         if found is not None:
-            profile = replace(found, name=n.name, step=step.name)
+            found = replace(found, name=n.name, step=step.name)
+            outputs = found.outputs
         else:
-            profile = self._measure(n, step, digest, inputs, sizes)
-            if self.cache is not None:
-                self.cache.put(key, profile)
-        self.shapes.update({(n.name, out): spec for out, spec in profile.outputs.items()})
-        self.origins.update({(n.name, out): f"{key}/{out}" for out in {*n.returns, *profile.outputs}})
-        return profile
+            found = self._measure(n, step, digest, inputs, sizes, key)
+            outputs = next(found)  # the propagation: what it hands on
+        self.shapes.update({(n.name, out): spec for out, spec in outputs.items()})
+        self.origins.update({(n.name, out): f"{key}/{out}" for out in {*n.returns, *outputs}})
+        return found
 
     def _measure(self, n: NodePlan, step: Step, digest: str, inputs: Mapping[str, TensorSpec],
-                 sizes: tuple[int, ...]) -> StepProfile:
+                 sizes: tuple[int, ...], key: str) -> Generator[Any, None, None]:
+        """Runs the step once on its real inputs and yields what it hands on; then one round a
+        ``next()``, yielding ``None`` after each but the last, and the profile after the last."""
         runner = self._run(n.name, keep=n.name not in self.given)  # the propagation: one call, outputs kept
         failed = True
         try:
@@ -161,42 +186,74 @@ class _Profiler:
                 "in_bytes": sum(_nbytes(v) for v in handed.values()) / rows,
                 "out_bytes": sum(_nbytes(v) for v in outputs.values()) / rows,
             }
+            yield common["outputs"]
             if n.name in self.given:
                 given_rows, given_us = self.given[n.name]
                 gpu = step.options.device == "gpu" or step.options.instance_kind == "gpu"
-                return StepProfile(
+                profile = StepProfile(
                     **common, rows=given_rows, wall_us=given_us, cpu_us=(0.0,) * len(given_us) if gpu else given_us,
                     gil_share=0.0 if step.is_external else 1.0, source="given")
-            assert runner is not None
-            # Untimed before each timed call: on the server, large inputs are not in the caches
-            # (docs/prediction.md, "Step profiles"); a GPU step's inputs are on its device.
-            colds = [evict if not runner.gpu and common["in_bytes"] * b >= COLD_BYTES else None for b in sizes]
-            timed, warm = [], []
-            with blame(self.pipeline.name, n.name):
-                batches = [runner.placed(rows_of(handed, b, rows) if self.batched else handed) for b in sizes]
-                for batch, cold in zip(batches, colds, strict=True):
-                    timed.append(time_call(runner.caller(batch), self.repeats, before=cold))
-                    # and as the fused model's steps read their inputs: just written, in the caches
-                    warm.append(time_call(runner.caller(batch), self.repeats) if cold else timed[-1])
-                walls, cpus = zip(*timed, strict=True)
-                # An external model runs in another backend's process: it never holds this one's GIL.
-                gil = 0.0 if step.is_external else self._gil_share(runner, batches[0], walls[0])
-                # none on a GPU (its time is its device's), nor for a call too short to tell
-                memory, traffic = 0.0, None
-                if not runner.gpu and cpus[0] * 1e6 >= MIN_CPU_US:
-                    measured = measure_memory_share(runner.caller(batches[0]), streamer(), before=colds[0],
-                                                    repeats=self.repeats)
-                    memory, traffic = measured.share, measured.traffic
+            else:
+                assert runner is not None
+                profile = yield from self._rounds(n.name, runner, handed, sizes, common)
+            if self.cache is not None:
+                self.cache.put(key, profile)
             failed = False
-            warm_walls, warm_cpus = zip(*warm, strict=True) if any(colds) else ((), ())
-            return StepProfile(
-                **common, rows=sizes, wall_us=_us(walls), cpu_us=_us(cpus), gil_share=gil, memory=memory,
-                traffic=traffic,
-                source="stand_in" if step.is_external else "measured",
-                warm_wall_us=_us(warm_walls), warm_cpu_us=_us(warm_cpus))
+            yield profile
         finally:
             if runner is not None:
                 runner.finalize(quiet=failed)  # an error in finalize() must not hide the step's own
+
+    def _rounds(self, name: str, runner: StepRunner, handed: Mapping[str, Any], sizes: tuple[int, ...],
+                common: dict[str, Any]) -> Generator[None, None, StepProfile]:
+        """:data:`ROUNDS` rounds of the step's timings at each size, its GIL share and its memory share (a
+        ``yield`` after each but the last); its profile, their medians."""
+        repeats = self.repeats
+        timed, warm, gils, memory = [], [], [], []
+        with blame(self.pipeline.name, name):
+            # An external model runs in another backend's process: it never holds this one's GIL.
+            twin = None if common["external"] else runner.twin()  # as the fused model's two instances
+            try:
+                batches = [runner.placed(rows_of(handed, b, self.request_rows) if self.batched else handed)
+                           for b in sizes]
+                # Untimed before each timed call: on the server, large inputs are not in the caches
+                # (docs/prediction.md, "Step profiles"); a GPU step's inputs are on its device.
+                colds = [evict if not runner.gpu and common["in_bytes"] * b >= COLD_BYTES else None for b in sizes]
+                for round_ in range(ROUNDS):
+                    if round_:
+                        yield
+                    timed.append([time_call(runner.caller(b), repeats, before=c, target_s=TARGET_S / ROUNDS)
+                                  for b, c in zip(batches, colds, strict=True)])
+                    # and as the fused model's steps read their inputs: just written, in the caches
+                    warm.append([time_call(runner.caller(b), repeats, target_s=TARGET_S / ROUNDS) if c else t
+                                 for b, c, t in zip(batches, colds, timed[-1], strict=True)])
+                    if twin is not None:
+                        gils += gil_losses(runner.caller(batches[0]), twin.caller(twin.placed(batches[0])),
+                                           timed[-1][0][0], target_s=GIL_TARGET_S / ROUNDS,
+                                           least=-(-GIL_PAIRS // ROUNDS))
+                    # none on a GPU (its time is its device's), nor for a call too short to tell
+                    if not runner.gpu and timed[-1][0][1] * 1e6 >= MIN_CPU_US:
+                        memory.append(measure_memory_share(runner.caller(batches[0]), streamer(),
+                                                           before=colds[0], repeats=repeats, rounds=1))
+            finally:
+                if twin is not None:
+                    twin.finalize()
+
+        def medians(by_round: list[list[tuple[float, float]]], figure: int) -> tuple[float, ...]:
+            return tuple(statistics.median(r[i][figure] for r in by_round) * 1e6 for i in range(len(sizes)))
+
+        cpus = medians(timed, 1)
+        if cpus[0] < MIN_CPU_US:  # a round or two above it does not make the step one that moves memory
+            memory = []
+        traffics = [m.traffic for m in memory if m.traffic is not None]
+        cold = any(colds)
+        return StepProfile(
+            **common, rows=sizes, wall_us=medians(timed, 0), cpu_us=cpus,
+            gil_share=min(max(statistics.median(gils), 0.0), 1.0) if gils else 0.0,  # over every round's pairs
+            memory=statistics.median(m.share for m in memory) if memory else 0.0,
+            traffic=statistics.median(traffics) if traffics else None,
+            source="stand_in" if common["external"] else "measured",
+            warm_wall_us=medians(warm, 0) if cold else (), warm_cpu_us=medians(warm, 1) if cold else ())
 
     def _run(self, name: str, *, keep: bool) -> StepRunner | None:
         """Run node ``name`` once on its real inputs, after the nodes it needs (a step found in the
@@ -252,14 +309,6 @@ class _Profiler:
         if self.sizes is not None:
             return tuple(b for b in self.sizes if b <= max_batch) or (1,)
         return (*(1 << i for i in range((max_batch - 1).bit_length())), max_batch)  # 1, 2, 4, ... below it
-
-    def _gil_share(self, runner: StepRunner, batch: Mapping[str, Any], wall: float) -> float:
-        """Two instances, as the fused model's two instances (a class step's state is its own)."""
-        twin = runner.twin()
-        try:
-            return gil_share(runner.caller(batch), twin.caller(twin.placed(batch)), wall)
-        finally:
-            twin.finalize()
 
 
 def _batch_sizes(batch_sizes: Sequence[int] | None) -> tuple[int, ...] | None:

@@ -32,11 +32,11 @@ def evict() -> None:
     _evicting[0] += 1
 
 
-def time_call(call: Callable[[], Any], repeats: int | None,
-              before: Callable[[], None] | None = None) -> tuple[float, float]:
+def time_call(call: Callable[[], Any], repeats: int | None, before: Callable[[], None] | None = None, *,
+              target_s: float = TARGET_S) -> tuple[float, float]:
     """Median wall and CPU seconds of ``call()`` after one warm-up call (:func:`timed_calls`)."""
     call()
-    walls, cpus = timed_calls(call, repeats, before)
+    walls, cpus = timed_calls(call, repeats, before, target_s=target_s)
     return statistics.median(walls), statistics.median(cpus)
 
 
