@@ -46,8 +46,8 @@ _LONGEST_S = 60.0  # the longest the streamer streams without being told to stop
 # streamed and the chunks it copied. It never streams longer than a minute unbidden, nor once its parent has gone (it
 # checks once a second): a measurement cut short must not leave a core streaming. Each start is answered at its own
 # stop, even one that comes after it stopped by itself or before it began (a loaded machine may run it late), so no stop
-# is left over for the next start. The signals are blocked before numpy starts its threads, which inherit the mask: a thread that did not
-# block them would take one, whose default action ends the process.
+# is left over for the next start. The signals are blocked before numpy starts its threads, which inherit the mask: a
+# thread that did not block them would take one, whose default action ends the process.
 _STREAMER = """
 import os, signal, time
 go, stop = signal.SIGUSR1, signal.SIGUSR2
@@ -181,10 +181,10 @@ def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
                          rounds: int = _ROUNDS) -> MemoryShare:
     """``call()``'s memory share; 0 where nothing can run beside it (one core) or the machine is too busy to tell (a
     duty below :data:`MIN_DUTY`). It is measured in ``rounds`` rounds of turns; each turn alone or loaded is
-    ``repeats`` calls (default: by time), ``before()`` running, untimed, before each. Its traffic is the other way round: the streamer's copies per CPU second alone
-    over those beside its calls, less 1, with no ``before()`` (which streams itself): what the step takes from a
-    neighbour's memory with its inputs in the caches, a stub's copies of them being priced as boundaries of their own
-    (docs/prediction.md, "The memory bus")."""
+    ``repeats`` calls (default: by time), ``before()`` running, untimed, before each. Its traffic is the other way
+    round: the streamer's copies per CPU second alone over those beside its calls, less 1, with no ``before()`` (which
+    streams itself): what the step takes from a neighbour's memory with its inputs in the caches, a stub's copies of
+    them being priced as boundaries of their own (docs/prediction.md, "The memory bus")."""
     if beside is None:
         return MemoryShare(0.0)
     alone: list[float] = []

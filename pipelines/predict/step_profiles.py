@@ -50,7 +50,8 @@ def profile_steps(pipeline: Pipeline, inputs: Mapping[str, Any], *, cache: str |
     """Profile each live step of ``pipeline`` (by node name, in the plan's order) as its Triton model
     runs it, on its device, on ``inputs`` (one request, as :meth:`Pipeline.run` takes it) propagated
     through the DAG: at 1, 2, 4, ... rows and its ``max_batch_size`` (or ``batch_sizes`` up to it),
-    ``repeats`` times in each of :data:`ROUNDS` rounds (default: by time). ``costs`` and ``cache``: docs/prediction.md, "Step profiles".
+    ``repeats`` times in each of :data:`ROUNDS` rounds (default: by time). ``costs`` and ``cache``:
+    docs/prediction.md, "Step profiles".
     ``progress(done, total, node)`` is called as each step is done; a step that fails is a
     :class:`~pipelines.errors.StepError` naming the pipeline and the step, with its error.
     """
@@ -208,7 +209,7 @@ class _Profiler:
                 common: dict[str, Any]) -> Generator[None, None, StepProfile]:
         """:data:`ROUNDS` rounds of the step's timings at each size, its GIL share and its memory share (a
         ``yield`` after each but the last); its profile, their medians."""
-        repeats = self.repeats
+        repeats = self.repeats  # calls a round
         timed, warm, gils, memory = [], [], [], []
         with blame(self.pipeline.name, name):
             # An external model runs in another backend's process: it never holds this one's GIL.
@@ -365,10 +366,6 @@ def _nbytes(value: Any) -> int:
     if isinstance(value, np.ndarray) and value.dtype.kind in "OSU":
         return sum(4 + len(item if isinstance(item, bytes) else str(item).encode()) for item in value.flat)
     return int(getattr(value, "nbytes", 0))
-
-
-def _us(seconds: Sequence[float]) -> tuple[float, ...]:
-    return tuple(s * 1e6 for s in seconds)
 
 
 def _device(step: Step) -> str:
