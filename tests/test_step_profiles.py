@@ -156,7 +156,6 @@ def test_each_figure_is_the_median_of_rounds_over_the_steps():
     assert 2_000 <= profiles["second"].wall_us[0] < 20_000
 
 
-
 def test_a_step_that_sleeps_takes_wall_time_not_cpu_and_holds_no_gil():
     profile = profile_steps(basic.make_chain(steps=1, ms=20, max_batch_size=1), X, repeats=3)["work_0"]
     assert profile.wall_us[0] >= 20_000
