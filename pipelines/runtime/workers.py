@@ -100,6 +100,8 @@ class StepThreads(concurrent.futures.Executor):
                     future.set_exception(exc)
                 else:
                     future.set_result(result)
+                    # an idle worker must not keep the last answer (a step's tensors) until its next call
+                    del result
             del future, fn, args, kwargs
             if getattr(self._local, "abandoned", False):
                 self._local.abandoned = False
