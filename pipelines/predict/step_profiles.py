@@ -220,22 +220,24 @@ class _Profiler:
                 # Untimed before each timed call: on the server, large inputs are not in the caches
                 # (docs/prediction.md, "Step profiles"); a GPU step's inputs are on its device.
                 colds = [evict if not runner.gpu and common["in_bytes"] * b >= COLD_BYTES else None for b in sizes]
+                # made once for every round: an async step's caller opens an event loop of its own
+                calls = [runner.caller(b) for b in batches]
+                second = twin.caller(twin.placed(batches[0])) if twin is not None else None
                 for round_ in range(ROUNDS):
                     if round_:
                         yield
-                    timed.append([time_call(runner.caller(b), repeats, before=c, target_s=TARGET_S / ROUNDS)
-                                  for b, c in zip(batches, colds, strict=True)])
+                    timed.append([time_call(call, repeats, before=c, target_s=TARGET_S / ROUNDS)
+                                  for call, c in zip(calls, colds, strict=True)])
                     # and as the fused model's steps read their inputs: just written, in the caches
-                    warm.append([time_call(runner.caller(b), repeats, target_s=TARGET_S / ROUNDS) if c else t
-                                 for b, c, t in zip(batches, colds, timed[-1], strict=True)])
-                    if twin is not None:
-                        gils += gil_losses(runner.caller(batches[0]), twin.caller(twin.placed(batches[0])),
-                                           timed[-1][0][0], target_s=GIL_TARGET_S / ROUNDS,
+                    warm.append([time_call(call, repeats, target_s=TARGET_S / ROUNDS) if c else t
+                                 for call, c, t in zip(calls, colds, timed[-1], strict=True)])
+                    if second is not None:
+                        gils += gil_losses(calls[0], second, timed[-1][0][0], target_s=GIL_TARGET_S / ROUNDS,
                                            least=-(-GIL_PAIRS // ROUNDS))
                     # none on a GPU (its time is its device's), nor for a call too short to tell
                     if not runner.gpu and timed[-1][0][1] * 1e6 >= MIN_CPU_US:
-                        memory.append(measure_memory_share(runner.caller(batches[0]), streamer(),
-                                                           before=colds[0], repeats=repeats, rounds=1))
+                        memory.append(measure_memory_share(calls[0], streamer(), before=colds[0], repeats=repeats,
+                                                           rounds=1))
             finally:
                 if twin is not None:
                     twin.finalize()
