@@ -31,8 +31,7 @@ from .profile import BOUNDARIES, MIB, STAND_INS, Cost, Point
 
 __all__ = ["estimate", "fit_costs", "fit_rounds"]
 
-# What each chained probe kind (a form) pays once per request, and per step: a call of the step's
-# model, or the fused model's own work around a step it runs in its process.
+# What each chained probe kind (a form) pays once per request, and per step (a call, or the fused model's own work).
 _KINDS_OF = {kind: (FORMS[kind].own_cost, FORMS[kind].in_process_step_cost or FORMS[kind].call_cost)
              for kind in KINDS if kind in FORMS}
 # The stub of each kind's steps, priced from that kind's own probes (none in the fused model's process).
@@ -87,9 +86,8 @@ def _at_size(rows: Sequence[Row], *, clip: bool) -> dict[str, tuple[float, float
         request = (lines["ensemble"] or (0.0, 0.0))[0]
         stub = _clipped(step - request, clip) if step is not None else 0.0
         stub_pair = (stub / 2, stub / 2)
-    # Each form's steps priced by its own probes' statistics: an ensemble's stubs cost more than a
-    # BLS model's (1.63-1.76 against 1.27-1.44 ms at 4 MiB); what its line leaves per step beyond
-    # them is its call (docs/server_profiles.md).
+    # Each form's steps priced by its own probes' statistics (an ensemble's stubs cost more than a BLS model's); what
+    # its line leaves per step beyond them is its call (docs/server_profiles.md).
     stub_of = {kind: (_stubs(stub_rows, kind) or stub_pair) if kind in _STUB_OF else (0.0, 0.0) for kind in _KINDS_OF}
     costs = {"request": _clipped(request, clip), "stub": stub}
     for name, (kind, part) in _FROM_LINE.items():
@@ -109,53 +107,44 @@ def _at_size(rows: Sequence[Row], *, clip: bool) -> dict[str, tuple[float, float
         costs["bls_model"] = costs["bls_sync_model"] = stub
         costs["ensemble"] = 0.0
     pairs = {name: (_clipped(us, clip) / 2, _clipped(us, clip) / 2) for name, us in costs.items()}
-    # The ensemble's own cost is mostly its answer's copy out of its last step (probes.Probe.stub_models):
-    # it is paid by the request's outputs, on the way out.
+    # The ensemble's: mostly its answer's copy out of its last step (probes.Probe.stub_models), paid on the way out.
     pairs["ensemble"] = (0.0, _clipped(costs["ensemble"], clip))
     pairs["stub"] = stub_pair
     pairs["ensemble_gate"] = (0.0, 0.0)  # read off the gated probe across sizes: _gate_from_gated
-    # A step's stub in a pipeline is the grown probe's, fed warm as a user's steps pass intermediates
-    # (2.0-2.6 ms at 4 MiB where the chains' cost 2.8-3.4); the chains' own (stub_of) stay what their
-    # lines were read against.
+    # A step's stub in a pipeline is the grown probe's, fed warm as a user's steps pass intermediates (2.0-2.6 ms at
+    # 4 MiB where the chains' cost 2.8-3.4); the chains' own (stub_of) stay what their lines were read against.
     for kind, name in _STUB_OF.items():
         pairs[name] = _stubs(stub_rows, GROWN_ROW + kind) or stub_of[kind]
     return pairs
 
 
 def _reads_from_grown(at: At, by_size: dict[int, list[Row]]) -> None:
-    """Each form's step stub (``*_stub``): the part of its way out that its input's size sets, moved to
-    its way in: what the grown probe's ``shrink`` (an input of the size, an answer of one byte) costs on
-    its stub's side above the smallest size. So a step that takes much and gives little (NMS) pays it
-    (at 4 MiB, 350 µs of an identity's 1000: docs/server_profiles.md, "What a stub's input costs")."""
+    """Moves to each form's step stub's (``*_stub``) way in the part of its way out that its input's size sets: what the
+    grown probe's ``shrink`` (an input of the size, an answer of a byte) costs above the smallest size, so that a step
+    that takes much and gives little pays it (docs/server_profiles.md, "What a stub's input costs")."""
     smallest = min(by_size)
     for kind, name in _STUB_OF.items():
-        readers = {}
-        for size, rows in by_size.items():
-            figures = [r[8] for r in rows if r[0] == GROWN_ROW + kind and r[8] is not None]
-            if figures:
-                readers[size] = median(figures)
-        base = readers.get(smallest)
-        if base is None:
+        reads = {size: [r[8] for r in rows if r[0] == GROWN_ROW + kind and r[8] is not None]
+                 for size, rows in by_size.items()}
+        if not reads[smallest]:
             continue
-        for size, read in readers.items():
-            if size == smallest:
-                continue
-            way_in, way_out = at[size][name]
-            moved = min(max(0.0, read - base), max(0.0, way_out))
-            at[size][name] = (way_in + moved, way_out - moved)
+        base = median(reads[smallest])
+        for size, read in reads.items():
+            if size != smallest and read:
+                way_in, way_out = at[size][name]
+                moved = min(max(0.0, median(read) - base), max(0.0, way_out))
+                at[size][name] = (way_in + moved, way_out - moved)
 
 
-# A grown probe's calls: two ways of a few bytes (grow's request, shrink's answer), and every
-# other way carries the intermediate (grow's answer, each identity's both ways, shrink's request).
+# A grown probe's ways: two of a few bytes (grow's request, shrink's answer); every other carries the intermediate.
 _GROWN_WAYS = 2 * GROWN_STEPS + 2
 
 
 def _calls_from_grown(at: At, by_size: dict[int, list[Row]], *, clip: bool) -> None:
-    """Each BLS kind's call cost at each size above the smallest, where its grown probe gave its BLS
-    model's hold and its step models' (``model_us``, ``steps_us``): the hold less theirs and less its
-    own stub, its two small ways and own stub priced at the smallest size. The chains' slope prices
-    calls cold, and too low at large sizes (docs/server_profiles.md, "Calls from the grown probes").
-    """
+    """Each BLS kind's call cost at each size above the smallest, where its grown probe gave its BLS model's hold and
+    its step models' (``model_us``, ``steps_us``): the hold less theirs and less its own stub, its two small ways and
+    own stub priced at the smallest size. The chains' slope prices calls cold, and too low at large sizes
+    (docs/server_profiles.md, "Calls from the grown probes")."""
     smallest = min(at)
     for kind in BLS_KINDS:
         own, call = FORMS[kind].own_cost, FORMS[kind].call_cost
@@ -182,11 +171,9 @@ def _grown_ensemble_left(at: At, by_size: dict[int, list[Row]], size: int) -> fl
 
 
 def _steps_from_grown(at: At, by_size: dict[int, list[Row]], *, clip: bool) -> None:
-    """The ensemble's hand-off of a step's tensors (``ensemble_step``) at each size above the smallest,
-    where the grown ensemble was measured: the smallest size's, and a sixth of what the grown ensemble
-    took beyond its stubs above what it took so at the smallest size (six of its hand-offs carry the
-    size). The chains' slope priced it at nothing at 4 MiB (docs/server_profiles.md, "An ensemble's
-    hand-offs from the grown probe")."""
+    """The ensemble's hand-off of a step's tensors (``ensemble_step``) above the smallest size, where the grown ensemble
+    was measured: the smallest size's, plus a sixth (six of its hand-offs carry the size) of what it took beyond its
+    stubs above that at the smallest (docs/server_profiles.md, "An ensemble's hand-offs from the grown probe")."""
     smallest = min(at)
     base = _grown_ensemble_left(at, by_size, smallest)
     if base is None:
@@ -225,9 +212,8 @@ def _stubs(rows: Sequence[Row], kind: str | None = None) -> tuple[float, float] 
 
 
 def _summary_line(sizes: Sequence[int], totals: Sequence[float], *, clip: bool) -> tuple[float, float]:
-    """Fixed µs and µs per MiB of the straight line through (in + out bytes, µs), weighted least
-    squares with relative errors; with ``clip``, neither below zero (the more negative is zero, and
-    the other is fitted again)."""
+    """Fixed µs and µs per MiB of the straight line through (in + out bytes, µs), weighted least squares with relative
+    errors; with ``clip``, neither below zero (the more negative is zero, and the other is fitted again)."""
     x = np.array([2 * s / MIB for s in sizes])
     y = np.array(totals, float)
     if len(x) == 1:
@@ -298,16 +284,15 @@ def _fit(rows: Sequence[Row], *, clip: bool) -> tuple[tuple[int, ...], dict[str,
     return sizes, figures
 
 
-#: A probe's figures in one round: (kind, steps, size, round, latency_us, stub_us, stub_in_us,
-#: model_us, steps_us, reader_us), the last five None where not measured: Triton's statistics of one
-#: execution of a probe's step and its way in, what a BLS probe's model held its instance (an ensemble
-#: probe: its own request time), what a grown BLS probe's step models held theirs, and a grown
-#: probe's ``shrink`` on its stub's side (see measure.Sample).
+#: A probe's figures in one round: (kind, steps, size, round, latency_us, stub_us, stub_in_us, model_us, steps_us,
+#: reader_us), the last five None where not measured: Triton's statistics of one execution of a probe's step and its
+#: way in, what a BLS probe's model held its instance (an ensemble probe: its own request time), what a grown BLS
+#: probe's step models held theirs, and a grown probe's ``shrink`` on its stub's side (see measure.Sample).
 RoundRow = tuple
 
 
 def _by_probe(rows: Sequence[RoundRow]) -> tuple[list[tuple[str, int, int]], np.ndarray]:
-    """The probes in the order first seen, and their figures as an array [probe, round, 5] (NaN
+    """The probes in the order first seen, and their figures as an array [probe, round, 6] (NaN
     where a figure was not measured, or a probe missed a round)."""
     keys = [(str(r[0]), int(r[1]), int(r[2])) for r in rows]
     probes = {key: i for i, key in enumerate(dict.fromkeys(keys))}
@@ -351,10 +336,9 @@ def estimate(rows: Sequence[RoundRow]) -> list[Row]:
 
 def fit_rounds(rows: Sequence[RoundRow], *, resamples: int = 1000, level: float = 0.95, seed: int = 0
                ) -> tuple[dict[str, Cost], tuple[Point, ...], list[Row]]:
-    """Every boundary's cost from per-round figures (:func:`fit_costs` of :func:`estimate`), with
-    its ``*_ci`` intervals: the middle ``level`` of ``resamples`` draws of whole rounds with
-    replacement, estimated and fitted again. Returns the costs, the points to plot, and the
-    estimator's rows (one per probe)."""
+    """Every boundary's cost from per-round figures (:func:`fit_costs` of :func:`estimate`), with its ``*_ci``
+    intervals: the middle ``level`` of ``resamples`` draws of whole rounds with replacement, estimated and fitted again.
+    Returns the costs, the points to plot, and the estimator's rows (one per probe)."""
     if not 0 < level < 1 or resamples < 1:
         raise ArgumentError(f"an interval needs 0 < level < 1 and resamples >= 1; got level={level}, "
                             f"resamples={resamples}")
@@ -365,14 +349,10 @@ def fit_rounds(rows: Sequence[RoundRow], *, resamples: int = 1000, level: float 
     draws = np.random.default_rng(seed).integers(0, n_rounds, size=(resamples, n_rounds))
     drawn = _medians(figures[:, draws, :])  # [probe, draw, figure]
     names = list(costs)
-    lines = np.empty((resamples, len(names), 2))
-    ways = np.empty((resamples, len(names), 3, len(costs[names[0]].sizes)))  # in, out, in + out by size
-    for b in range(resamples):
-        # Unclipped: a cost's interval reaches below zero where the data do (see _clipped).
-        _, fitted = _fit(_checked(_rows_of(probes, drawn[:, b, :])), clip=False)
-        for j, name in enumerate(names):
-            lines[b, j] = fitted[name][:2]
-            ways[b, j] = fitted[name][2:]
+    # Unclipped: a cost's interval reaches below zero where the data do (see _clipped).
+    fits = [_fit(_checked(_rows_of(probes, drawn[:, b, :])), clip=False)[1] for b in range(resamples)]
+    lines = np.array([[fitted[name][:2] for name in names] for fitted in fits])  # [draw][boundary][fixed, per MiB]
+    ways = np.array([[fitted[name][2:] for name in names] for fitted in fits])  # [draw][boundary][in, out, total][size]
     tails = [(1 - level) / 2, 1 - (1 - level) / 2]
     line_lo, line_hi = np.quantile(lines, tails, axis=0).tolist()  # [boundary][fixed, per MiB]
     way_lo, way_hi = np.quantile(ways, tails, axis=0).tolist()  # [boundary][in, out, total][size]

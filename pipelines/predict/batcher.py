@@ -53,13 +53,12 @@ class _Payload:
 
 
 class ModelScheduler:
-    """A model's queue and instances. ``max_batch_size`` 0, or no ``dynamic_batching``: one request an execution,
-    in arrival order. Otherwise Triton's dynamic batcher (2.51, ``DynamicBatchScheduler`` and the rate limiter's
-    payload queue), step by step, as docs/prediction.md, "The queues", tells it, with why a server forms smaller
-    batches than "every request waiting when an instance frees": a batcher thread moves requests into a payload
-    (:meth:`_batch`), which keeps growing while it waits for an instance, but only when the thread is woken (see
-    :meth:`submit`); at most two payloads an instance wait. ``busy()`` is the instance-µs spent so far.
-    """
+    """A model's queue and instances. ``max_batch_size`` 0, or no ``dynamic_batching``: one request an execution, in
+    arrival order. Otherwise Triton's dynamic batcher (2.51, ``DynamicBatchScheduler`` and the rate limiter's payload
+    queue) step by step, as docs/prediction.md, "The queues", tells it with why a server forms smaller batches than
+    "every request waiting when an instance frees": a batcher thread moves requests into a payload (:meth:`_batch`),
+    which keeps growing while it waits for an instance, but only when the thread is woken (see :meth:`submit`); at
+    most two payloads an instance wait."""
 
     def __init__(self, env: simpy.Environment, *, instances: int, execute: Execute, max_batch_size: int = 0,
                  dynamic_batching: bool = False, preferred_batch_sizes: Sequence[int] = (),
@@ -104,14 +103,11 @@ class ModelScheduler:
         return done
 
     def busy(self) -> float:
-        """Instance-µs spent in executions until now."""
-        self._count_busy()
-        return self._busy
-
-    def _count_busy(self) -> None:
+        """Instance-µs spent in executions until now (brought up to date at each start and end of one)."""
         now = self.env.now
         self._busy += self._running * (now - self._at)
         self._at = now
+        return self._busy
 
     def _wake(self) -> None:
         """Look at the queue once everything else of this instant has happened: Triton's batcher is a thread woken by
@@ -217,13 +213,13 @@ class ModelScheduler:
                 batch = [self._queue.popleft()]
             else:
                 return
-            self._count_busy()
+            self.busy()
             self._running += 1
             self.env.process(self._run(batch, self._free.pop()))
 
     def _run(self, batch: list[Waiting], instance: int) -> Generator[simpy.Event, object, None]:
         yield from self._execute(batch, instance)
-        self._count_busy()
+        self.busy()
         self._running -= 1
         self._free.append(instance)
         for waiting in batch:

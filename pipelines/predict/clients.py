@@ -7,23 +7,22 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import simpy
 
-__all__ = ["Meter", "Snapshot", "closed_loop", "open_loop", "run_measured"]
+__all__ = ["Meter", "Snapshot", "closed_loop", "open_loop"]
 
 #: One request's way through the server, from being sent to its answer: a SimPy process body.
 Request = Callable[[], Generator[simpy.Event, object, None]]
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(NamedTuple):
     """The counters at one moment: the time, the core-µs spent, each model's instance-µs."""
 
     at_us: float
     core_us: float
-    instance_us: Mapping[str, float] = field(default_factory=dict)
+    instance_us: Mapping[str, float]
 
 
 class Meter:
@@ -60,15 +59,6 @@ class Meter:
             if count == self._last:
                 self.end = self._snapshot()
                 self.done.succeed()
-
-
-def run_measured(env: simpy.Environment, meter: Meter) -> None:
-    """Runs until the last measured answer, and on to the end of its instant for the answers that arrive with it (not
-    when nothing took any time: that instant would never end)."""
-    env.run(until=meter.done)
-    if meter.end.at_us > meter.start.at_us:
-        while env.peek() <= env.now:
-            env.step()
 
 
 def _one_request(env: simpy.Environment, meter: Meter, request: Request) -> Generator[simpy.Event, object, None]:

@@ -29,12 +29,11 @@ _PLAIN = (*_SIMPLE, tuple, frozenset, np.ndarray, np.generic)  # values: data, n
 
 
 def code_digest(step: Step) -> str:
-    """A hex digest of ``step``'s code, of what it reaches by name in the user's code (its package,
-    ``__main__``, anything not installed), and of the declaration that shapes what it does (signature,
-    parameters, device, external model; not the options that do not change one execution, such as
-    instance count, batching, timeout). A mutable global (a list, a dict) is state, not code: only
-    its type counts, so a step that counts its calls in one keeps its digest.
-    """
+    """A hex digest of ``step``'s code, of what it reaches by name in the user's code (its package, ``__main__``,
+    anything not installed), and of the declaration that shapes what it does (signature, parameters, device, external
+    model; not the options that do not change one execution, such as instance count, batching, timeout). A mutable
+    global (a list, a dict) is state, not code: only its type counts, so a step that counts its calls in one keeps its
+    digest."""
     digest = hashlib.sha256()
     declaration = {
         "step": step.name,

@@ -1,8 +1,7 @@
 """How much of a step's time waits on memory, its *memory share*: how it is read, what it measured, and why CPU time,
-the streamer's duty and the pinning to cores, in docs/prediction.md, "The memory bus".
-
-The streamer is a plain interpreter, not :mod:`multiprocessing`'s, whose spawned children import the caller's
-``__main__`` again and whose forked ones copy its threads.
+the streamer's duty and the pinning to cores, in docs/prediction.md, "The memory bus". The streamer is a plain
+interpreter, not :mod:`multiprocessing`'s, whose spawned children import the caller's ``__main__`` again and whose
+forked ones copy its threads.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ MIN_DUTY = 1 / 3
 _STREAM_FLOATS = 16 << 20  # 64 MiB arrays: beyond any last-level cache, so every copy goes to memory
 _CHUNK_FLOATS = 1 << 20  # 4 MiB a chunk, about a millisecond: the streamer stops within one
 _SETTLE_S = 0.02  # after a change of load: the streamer wakes up, or finishes its chunk
-_ROUNDS = 3
 _TURN_S = 0.05  # seconds of calls in each turn, alone or loaded, where no count is given
 _MAX_CALLS = 200
 _START_S = 60.0
@@ -177,37 +175,28 @@ class MemoryShare:
 
 
 def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
-                         before: Callable[[], None] | None = None, repeats: int | None = None,
-                         rounds: int = _ROUNDS) -> MemoryShare:
-    """``call()``'s memory share; 0 where nothing can run beside it (one core) or the machine is too busy to tell (a
-    duty below :data:`MIN_DUTY`). It is measured in ``rounds`` rounds of turns; each turn alone or loaded is
-    ``repeats`` calls (default: by time), ``before()`` running, untimed, before each. Its traffic is the other way
-    round: the streamer's copies per CPU second alone over those beside its calls, less 1, with no ``before()`` (which
-    streams itself): what the step takes from a neighbour's memory with its inputs in the caches, a stub's copies of
-    them being priced as boundaries of their own (docs/prediction.md, "The memory bus")."""
+                         before: Callable[[], None] | None = None, repeats: int | None = None) -> MemoryShare:
+    """``call()``'s memory share and traffic (docs/prediction.md, "The memory bus"); 0 and ``None`` where nothing can
+    run beside it (one core) or the machine is too busy to tell (a duty below :data:`MIN_DUTY`). A turn alone and one
+    loaded follow each other, so that a drift of the machine's speed moves both alike, each ``repeats`` calls (default:
+    by time) with ``before()`` untimed before each; the traffic's turns run no ``before()`` (it streams itself), so the
+    step's inputs are in the caches (a stub's copies of them are boundaries of their own)."""
     if beside is None:
         return MemoryShare(0.0)
-    alone: list[float] = []
-    loaded: list[float] = []
-    # the streamer's copies per CPU second, alone and beside the step's warm calls
-    rates_alone: list[float] = []
-    rates_beside: list[float] = []
-    wall = streamed = 0.0
     allowed = _pin(0, 0)  # this thread on the first core, the streamer on the last
     try:
         call()
-        for _ in range(rounds):  # in turns, so that a drift of the machine's speed moves both alike
-            alone += timed_calls(call, repeats, before, target_s=_TURN_S, most=_MAX_CALLS)[1]
-            with beside.streaming() as took:
-                loaded += timed_calls(call, repeats, before, target_s=_TURN_S, most=_MAX_CALLS)[1]
-            wall += took[0]
-            streamed += took[1]
-            with beside.streaming() as took:
-                sleep(_TURN_S)
-            rates_alone.append(_rate(took))
-            with beside.streaming() as took:
-                timed_calls(call, repeats, None, target_s=_TURN_S, most=_MAX_CALLS)
-            rates_beside.append(_rate(took))
+        alone = timed_calls(call, repeats, before, target_s=_TURN_S, most=_MAX_CALLS)[1]
+        with beside.streaming() as took:
+            loaded = timed_calls(call, repeats, before, target_s=_TURN_S, most=_MAX_CALLS)[1]
+        wall, streamed = took[0], took[1]
+        # the streamer's copies per CPU second, alone and beside the step's warm calls
+        with beside.streaming() as took:
+            sleep(_TURN_S)
+        rate_alone = _rate(took)
+        with beside.streaming() as took:
+            timed_calls(call, repeats, None, target_s=_TURN_S, most=_MAX_CALLS)
+        rate_beside = _rate(took)
     finally:
         if allowed is not None:
             os.sched_setaffinity(0, allowed)
@@ -217,7 +206,6 @@ def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
         return MemoryShare(0.0, 1.0, duty)
     slowdown = statistics.median(loaded) / base
     share = min(1.0, max(0.0, (slowdown - 1.0) / duty)) if duty >= MIN_DUTY else 0.0
-    rate_alone, rate_beside = statistics.median(rates_alone), statistics.median(rates_beside)
     traffic = min(1.0, max(0.0, rate_alone / rate_beside - 1.0)) if duty >= MIN_DUTY and rate_beside > 0.0 else None
     return MemoryShare(share, slowdown, duty, traffic)
 

@@ -1,15 +1,13 @@
 """The server's cores as one processor-sharing resource on a SimPy clock. Every CPU cost the simulator prices is a job
 here, so CPU work beyond the cores slows every job down at once, as the server's scheduler does, instead of queueing
-whole jobs behind each other. The model, and what was measured for it: docs/prediction.md, "The cores, as processor
-sharing" and "The memory bus".
+whole jobs behind each other. The model (a job's span, cap, memory share and traffic), and what was measured for it:
+docs/prediction.md, "The cores, as processor sharing" and "The memory bus".
 
-A job has a cap (the cores it uses alone), a span (how long it takes alone), a memory share (how much a stream beside
-it slows it) and a traffic (how much it slows a stream beside it; a copy's is its share). Beyond the cores, a job
-of a core or more takes ``f`` times its span, one below a core ``(1 - cap) + cap × f``: ``f`` solves
-``Σ_full cap / f + Σ_below cap / ((1 - cap) + cap × f) = cores`` by Newton's method, times the memory bus's slowdown
-(:meth:`Cores._slowdown`). The jobs of a core or more keep one virtual clock (``_v``) and a heap of their ends; a job
-below a core keeps its own end. One pending timeout wakes the resource at the next end; a later end keeps it (it wakes
-early and sets the next), so a burst of new jobs costs no event each.
+Beyond the cores, a job of a core or more takes ``f`` times its span, one below a core ``(1 - cap) + cap × f``: ``f``
+solves ``Σ_full cap / f + Σ_below cap / ((1 - cap) + cap × f) = cores`` by Newton's method, times the memory bus's
+slowdown (:meth:`Cores._slowdown`). The jobs of a core or more keep one virtual clock (``_v``) and a heap of their ends;
+a job below a core keeps its own end. One pending timeout wakes the resource at the next end; a later end keeps it (it
+wakes early and sets the next), so a burst of new jobs costs no event each.
 """
 
 from __future__ import annotations
@@ -64,11 +62,9 @@ class Cores:
         self._jobs: list[tuple[float, int, float, float, float, simpy.Event]] = []
         # Jobs below a core, each on its own: [when it ends at the current share, cap, memory share, traffic, done].
         self._partial: list[list] = []
-        self._full = 0.0  # Σ caps of the jobs of a core or more
-        self._caps = 0.0  # Σ caps of all active jobs
-        self._mem = 0.0  # Σ cap × memory share of the active jobs
-        self._traffic = 0.0  # Σ cap × traffic (what a job slows the others by)
-        self._mem_traffic = 0.0  # Σ cap × memory share × traffic
+        # Σ over the active jobs: the caps of those of a core or more (_full), all caps, cap × memory share, cap ×
+        # traffic (what a job slows the others by), and cap × memory share × traffic
+        self._full = self._caps = self._mem = self._traffic = self._mem_traffic = 0.0
         self._share = 1.0  # how much longer CPU work takes than alone: the cores' share × the bus's
         self._used = 0.0  # the cores in use
         self._v = 0.0  # the clock of the jobs of a core or more, in µs of their spans
@@ -78,8 +74,7 @@ class Cores:
         self._generation = 0  # the wake-up that is not stale
         self._wake_at: float | None = None  # when it comes
         self._idle_since = 0.0  # when the last job ended
-        # What a free job returns: an event already processed, so a process that yields it goes on at once, with
-        # nothing queued (a third of all costs are zero in a typical profile).
+        # A free job's event, already processed: a process that yields it goes on at once (a third of costs are zero).
         self._nothing = env.event().succeed()
         env.run(until=self._nothing)
 

@@ -89,22 +89,15 @@ def _check_when(spec: SimSpec) -> None:
 
 
 def _check_costs(spec: SimSpec) -> None:
-    form = spec.form
+    form, fused = forms.FORMS[spec.form], spec.form == "fused"
     python = any(not s.external for s in spec.steps)
-    needed = ["request"]
-    if form == "ensemble":
-        needed += ["ensemble", "ensemble_step"]
-        needed += ["ensemble_stub"] if python or spec.gate else []
-        needed += ["ensemble_gate"] if spec.gate else []
-    else:
-        needed.append(forms.FORMS[form].own_cost)
-        if any(form != "fused" or s.external for s in spec.steps):
-            needed.append(forms.FORMS[form].call_cost)
-        if form != "fused" and python:
-            needed.append(forms.FORMS[form].stub_cost)
-        if form == "fused" and python:
-            needed.append(forms.FORMS[form].in_process_step_cost)
-    if missing := [name for name in needed if name not in spec.costs]:
+    if spec.form == "ensemble":  # a gate's hand-offs are a step's, and its model runs in a stub
+        pays = {form.own_cost: True, form.call_cost: True, form.stub_cost: python or spec.gate,
+                "ensemble_gate": spec.gate}
+    else:  # the fused model runs its Python steps in its process, and calls only the external ones
+        pays = {form.own_cost: True, form.call_cost: any(not fused or s.external for s in spec.steps),
+                form.stub_cost: python and not fused, form.in_process_step_cost: python and fused}
+    if missing := [name for name, paid in {"request": True, **pays}.items() if paid and name not in spec.costs]:
         raise PipelinesError(
-            f"the {form} form pays {', '.join(missing)}, which the costs lack (they have "
+            f"the {spec.form} form pays {', '.join(missing)}, which the costs lack (they have "
             f"{', '.join(sorted(spec.costs)) or 'none'}); build the SimSpec from a full server profile")

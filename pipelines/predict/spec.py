@@ -65,19 +65,18 @@ class WayCost:
 class StepSpec:
     """One live step as its Triton model runs it.
 
-    ``deps``: the steps whose outputs it takes (names in :attr:`SimSpec.steps`); a step with none takes only the
-    request's inputs. ``wall_us``/``cpu_us``: one execution of the step's own code for a batch of that many rows (CPU
-    above wall: it runs threads; below: it waits on something else). ``gil_share``: the part of its CPU time that
-    holds Python's GIL (what threads of one process cannot overlap: the fused form). ``in_bytes``/``out_bytes``: what
-    its inputs and outputs weigh per row. ``external``: another backend's model, which has no Python stub.
-    ``max_batch_size`` 0: no batching (one request an execution). ``model``: the Triton model that runs it; steps that
-    name the same model (one step used by several nodes compiles to one model) share its instances and its queue
-    ("" : its own name). ``in_tensors``/``out_tensors``: how many tensors it takes and gives; a stub and a BLS call pay
-    their boundary's fixed cost for each (the profile's probes have one of each). ``when``: the conditions of the
-    ``when`` blocks it sits in, outermost first (keys of :attr:`SimSpec.when_rates`); it runs on the rows where all of
-    them hold, and not at all when none does. ``memory`` (0..1): the share of its own time that waits on memory,
-    which work on other cores that does too stretches (:mod:`pipelines.predict.processor_sharing`). ``traffic``
-    (0..1): how much it slows a copy on another core, the memory it takes from others; ``None``: its ``memory``.
+    ``deps``: the steps whose outputs it takes (names in :attr:`SimSpec.steps`). ``wall_us``/``cpu_us``: one execution
+    of the step's own code by batch rows (CPU above wall: it runs threads; below: it waits on something else).
+    ``gil_share``: the part of its CPU time that holds Python's GIL (what threads of one process cannot overlap: the
+    fused form). ``in_bytes``/``out_bytes``: what its inputs and outputs weigh per row. ``external``: another backend's
+    model, which has no Python stub. ``max_batch_size`` 0: one request an execution. ``model``: the Triton model that
+    runs it ("": its own name); steps that name one model (a step used by several nodes) share its instances and queue.
+    ``in_tensors``/``out_tensors``: how many tensors it takes and gives; a stub and a BLS call pay their boundary's
+    fixed cost for each (the profile's probes have one of each). ``when``: the conditions of the ``when`` blocks it sits
+    in, outermost first (keys of :attr:`SimSpec.when_rates`); it runs on the rows where all of them hold, not at all
+    where none does. ``memory`` (0..1): the share of its own time that waits on memory, which such work on other cores
+    stretches (:mod:`pipelines.predict.processor_sharing`). ``traffic`` (0..1): how much it slows a copy on another
+    core; ``None``: its ``memory``.
     """
 
     name: str
@@ -112,20 +111,18 @@ class SimSpec:
     ``form``: ``ensemble``, ``bls``, ``bls-sync`` or ``fused``. ``steps``: the live steps in a topological order.
     ``rows``: rows per request. ``in_bytes``/``out_bytes``: what the request's inputs and outputs weigh per row.
     ``top_instances`` and ``top_max_batch_size``: the BLS or fused model's instance count and the rows one ``execute()``
-    may take. ``gate``: an ensemble that ends in a gate model. ``cores``: the server's cores, shared by every CPU cost
-    (processor sharing). ``costs``: the server profile's boundaries by name (``request``, ``ensemble``,
-    ``ensemble_step``, ``bls_call``, ``bls_stub``, ... see :data:`pipelines.calibration.profile.BOUNDARIES`), each as
+    may take. ``gate``: an ensemble that ends in a gate model. ``cores``: the server's cores, shared by every CPU cost.
+    ``costs``: the server profile's boundaries by name (:data:`pipelines.calibration.profile.BOUNDARIES`), each as
     ``(in, out)`` :class:`WayCost`. ``client_threads``: the load generator's threads, which pay each request's
     ``request`` cost one at a time (the benchmark's and the calibration's asyncio client has one). ``when_rates``: for
-    each condition a step's ``when`` names, the share of rows where it holds (0..1); each request's rows are drawn
-    against it, once a request for each block. ``wake``: what a hand-off between processes costs once its waiting side
-    has waited a while, as ``(waited µs, µs)`` points (the server profile's ``wake``); none: nothing. ``wake_idle``: the
-    same by how long every core has idled (the profile's ``wake_idle``). ``call_threads``: how many ``async_exec()``
-    calls one BLS or fused instance has in flight at most, the threads of its stub's default executor (Python's
-    ``min(32, cpu_count + 4)``); 0: no limit. ``step_threads``: the pool a fused instance runs its Python steps in when
-    they do not run on its event loop (``fused_model.py``: ``max(2, the widest group's Python steps)``); 0: no limit.
-    ``round_request_us``: what each request of a fused round adds to it beyond the first and its bytes (the server
-    profile's ``round_request_us``).
+    each condition a step's ``when`` names, the share of rows where it holds (0..1), against which each request's rows
+    are drawn, once a request for each block. ``wake`` and ``wake_idle`` (the server profile's): what a hand-off between
+    processes costs once its waiting side has waited, or every core has idled, a while, as ``(waited µs, µs)`` points;
+    none: nothing. ``call_threads``: how many ``async_exec()`` calls one BLS or fused instance has in flight at most,
+    the threads of its stub's default executor (Python's ``min(32, cpu_count + 4)``); 0: no limit. ``step_threads``: the
+    pool a fused instance runs its Python steps in off its event loop (``fused_model.py``: ``max(2, the widest group's
+    Python steps)``); 0: no limit. ``round_request_us`` (the server profile's): what each request of a fused round adds
+    to it beyond the first and its bytes.
     """
 
     form: str
@@ -174,10 +171,9 @@ class Load:
 
 @dataclass(frozen=True)
 class SimResult:
-    """What one simulation gives: latency percentiles (µs), throughput (requests/s), the busy share of each model's
-    instances (0..1, by model name: the steps' by step name, the top-level BLS or fused model's under its form's name,
-    an ensemble's gate model under ``"gate"``), the cores' busy share, and the bottleneck's name (the busiest of
-    those, ``"cpu"`` for the cores)."""
+    """What one simulation gives: latency percentiles (µs), throughput (requests/s), the busy share (0..1) of each
+    model's instances by model name (the BLS or fused model's under its form's name, an ensemble's gate model's under
+    ``"gate"``), the cores' busy share, and the bottleneck's name (the busiest of those, ``"cpu"`` for the cores)."""
 
     p50_us: float
     p95_us: float

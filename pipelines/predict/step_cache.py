@@ -71,8 +71,7 @@ class StepCache:
 
 
 def cache_key(digest: str, inputs: Mapping[str, TensorSpec], returns: Sequence[str], sizes: Sequence[int],
-              device: str, given: tuple[tuple[int, ...], tuple[float, ...]] | None,
-              origins: Mapping[str, str] | None = None) -> str:
+              device: str, given: tuple[tuple[int, ...], tuple[float, ...]] | None, origins: Mapping[str, str]) -> str:
     """A key of all that decides a step's cost: its code, what it is handed (and ``origins``: where
     each input came from, since a step's cost can follow its inputs' values), what it hands on, the
     batch sizes, its device, any cost given, and this machine (docs/prediction.md, "Step profiles")."""
@@ -80,7 +79,7 @@ def cache_key(digest: str, inputs: Mapping[str, TensorSpec], returns: Sequence[s
         "format": CACHE_FORMAT,
         "digest": digest,
         "inputs": {n: s.to_dict() for n, s in inputs.items()},
-        "origins": dict(origins or {}),
+        "origins": dict(origins),
         "returns": list(returns),
         "rows": list(sizes),
         "device": device,

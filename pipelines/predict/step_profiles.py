@@ -47,16 +47,13 @@ def profile_steps(pipeline: Pipeline, inputs: Mapping[str, Any], *, cache: str |
                   batch_sizes: Sequence[int] | None = None, repeats: int | None = None,
                   costs: Mapping[str, float | Mapping[int, float]] | None = None,
                   progress: Progress | None = None) -> dict[str, StepProfile]:
-    """Profile each live step of ``pipeline`` (by node name, in the plan's order) as its Triton model
-    runs it, on its device, on ``inputs`` (one request, as :meth:`Pipeline.run` takes it) propagated
-    through the DAG: at 1, 2, 4, ... rows and its ``max_batch_size`` (or ``batch_sizes`` up to it),
-    ``repeats`` times in each of :data:`ROUNDS` rounds (default: by time). ``costs`` and ``cache``:
-    docs/prediction.md, "Step profiles".
+    """Profile each live step of ``pipeline`` (by node name, in the plan's order) as its Triton model runs it, on its
+    device, on ``inputs`` (one request, as :meth:`Pipeline.run` takes it) propagated through the DAG: at 1, 2, 4, ...
+    rows and its ``max_batch_size`` (or ``batch_sizes`` up to it), ``repeats`` times in each of :data:`ROUNDS` rounds
+    (default: by time). ``costs`` and ``cache``: docs/prediction.md, "Step profiles".
     ``progress(done, total, node)`` is called as each step is done; a step that fails is a
-    :class:`~pipelines.errors.StepError` naming the pipeline and the step, with its error.
-    """
-    # The server's stubs keep the memory freed arrays give back (pipelines.freed_memory): a step
-    # measured here must not page-fault its fresh arrays in on every call when there it does not.
+    :class:`~pipelines.errors.StepError` naming the pipeline and the step, with its error."""
+    # As the server's stubs do (pipelines.freed_memory): a step must not page-fault its fresh arrays in at every call.
     keep_freed_memory_here()
     profiler = _Profiler(pipeline, inputs, cache, batch_sizes, repeats, costs, progress)
     try:
@@ -79,12 +76,17 @@ class _Profiler:
         request = check_request(inputs, pipeline.inputs, pipeline=pipeline.name, max_batch_size=pipeline.max_batch_size)
         self.batched = pipeline.batched
         self.request_rows = int(next(iter(request.values())).shape[0]) if self.batched and request else 1
-        self.sizes = _batch_sizes(batch_sizes)
+        self.sizes: tuple[int, ...] | None = None  # None: by each step's max_batch_size
+        if batch_sizes is not None:
+            sizes = list(batch_sizes) if not isinstance(batch_sizes, (int, str)) else [batch_sizes]
+            if not sizes or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in sizes):
+                raise ArgumentError(f"batch_sizes are ints >= 1, such as (1, 2, 4, 8); got {batch_sizes!r}")
+            self.sizes = tuple(sorted({int(b) for b in sizes}))
         if repeats is not None and (isinstance(repeats, bool) or int(repeats) < 1):
             raise ArgumentError(f"repeats is an int >= 1, or None to choose by time; got {repeats!r}")
-        self.repeats = None if repeats is None else int(repeats)
+        self.repeats = None if repeats is None else int(repeats)  # calls a round
         self.given = _given_costs(self.plan, costs)
-        self.progress = progress
+        self.progress = progress if progress is not None else lambda done, total, node: None
         self.cache = StepCache(cache) if cache is not None else None
         self._refuse_what_cannot_run()
         # Arrays flow as in the local runtime: by (producing node or None, tensor name).
@@ -125,18 +127,17 @@ class _Profiler:
                 found = self._profile(n)
                 if isinstance(found, StepProfile):
                     profiles[n.name] = found
-                    self._done(profiles, n.name)
+                    self.progress(len(profiles), len(self.plan.nodes), n.name)
                 else:
                     measuring[n.name] = found
                 self._release()
-            # In rounds over the steps, each figure the median of its rounds: a moment when the
-            # machine slowed (docs/prediction.md, "Step profiles") then weighs on one round of a step.
+            # Rounds over the steps: a moment the machine slowed weighs on one round of a step, not on its median.
             for _ in range(ROUNDS):
                 for name in list(measuring):
                     if (profile := next(measuring[name])) is not None:
                         profiles[name] = profile
                         measuring.pop(name).close()
-                        self._done(profiles, name)
+                        self.progress(len(profiles), len(self.plan.nodes), name)
         finally:
             for rounds in measuring.values():
                 rounds.close()  # a step not done yet: its instances finalized, quietly (an error is on its way)
@@ -144,18 +145,13 @@ class _Profiler:
                 self.cache.write()
         return {n.name: profiles[n.name] for n in self.plan.nodes}
 
-    def _done(self, profiles: Mapping[str, StepProfile], name: str) -> None:
-        if self.progress is not None:
-            self.progress(len(profiles), len(self.plan.nodes), name)
-
     def _profile(self, n: NodePlan) -> StepProfile | Generator[StepProfile | None, None, None]:
         """Node ``n``'s profile where it is given or cached; else its rounds, which yield it last."""
         node = self.pipeline.nodes[n.name]
         step = node.step
         inputs = {s.input: self.shapes[s.key] for s in n.inputs}
         sizes = self._sizes_of(node.max_batch_size) if n.name not in self.given else self.given[n.name][0]
-        digest = self.digests.get(id(step))
-        if digest is None:
+        if (digest := self.digests.get(id(step))) is None:
             digest = self.digests[id(step)] = code_digest(step)
         key = cache_key(digest, inputs, n.returns, sizes, _device(step), self.given.get(n.name),
                         {s.input: self.origins[s.key] for s in n.inputs})
@@ -179,13 +175,12 @@ class _Profiler:
         try:
             handed = {s.input: self.values[s.key] for s in n.inputs}
             outputs = {out: self.values[(n.name, out)] for out in n.returns}
-            rows = self.request_rows
             common = {
                 "name": n.name, "step": step.name, "digest": digest, "inputs": inputs,
                 "outputs": {out: _row_spec(step.outputs[out].dtype, v, self.batched) for out, v in outputs.items()},
                 "device": _device(step), "external": step.is_external,
-                "in_bytes": sum(_nbytes(v) for v in handed.values()) / rows,
-                "out_bytes": sum(_nbytes(v) for v in outputs.values()) / rows,
+                "in_bytes": sum(_nbytes(v) for v in handed.values()) / self.request_rows,
+                "out_bytes": sum(_nbytes(v) for v in outputs.values()) / self.request_rows,
             }
             yield common["outputs"]
             if n.name in self.given:
@@ -209,7 +204,6 @@ class _Profiler:
                 common: dict[str, Any]) -> Generator[None, None, StepProfile]:
         """:data:`ROUNDS` rounds of the step's timings at each size, its GIL share and its memory share (a
         ``yield`` after each but the last); its profile, their medians."""
-        repeats = self.repeats  # calls a round
         timed, warm, gils, memory = [], [], [], []
         with blame(self.pipeline.name, name):
             # An external model runs in another backend's process: it never holds this one's GIL.
@@ -226,18 +220,17 @@ class _Profiler:
                 for round_ in range(ROUNDS):
                     if round_:
                         yield
-                    timed.append([time_call(call, repeats, before=c, target_s=TARGET_S / ROUNDS)
+                    timed.append([time_call(call, self.repeats, before=c, target_s=TARGET_S / ROUNDS)
                                   for call, c in zip(calls, colds, strict=True)])
                     # and as the fused model's steps read their inputs: just written, in the caches
-                    warm.append([time_call(call, repeats, target_s=TARGET_S / ROUNDS) if c else t
+                    warm.append([time_call(call, self.repeats, target_s=TARGET_S / ROUNDS) if c else t
                                  for call, c, t in zip(calls, colds, timed[-1], strict=True)])
                     if second is not None:
                         gils += gil_losses(calls[0], second, timed[-1][0][0], target_s=GIL_TARGET_S / ROUNDS,
                                            least=-(-GIL_PAIRS // ROUNDS))
                     # none on a GPU (its time is its device's), nor for a call too short to tell
                     if not runner.gpu and timed[-1][0][1] * 1e6 >= MIN_CPU_US:
-                        memory.append(measure_memory_share(calls[0], streamer(), before=colds[0], repeats=repeats,
-                                                           rounds=1))
+                        memory.append(measure_memory_share(calls[0], streamer(), before=colds[0], repeats=self.repeats))
             finally:
                 if twin is not None:
                     twin.finalize()
@@ -314,15 +307,6 @@ class _Profiler:
         return (*(1 << i for i in range((max_batch - 1).bit_length())), max_batch)  # 1, 2, 4, ... below it
 
 
-def _batch_sizes(batch_sizes: Sequence[int] | None) -> tuple[int, ...] | None:
-    if batch_sizes is None:
-        return None
-    sizes = list(batch_sizes) if not isinstance(batch_sizes, (int, str)) else [batch_sizes]
-    if not sizes or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in sizes):
-        raise ArgumentError(f"batch_sizes are ints >= 1, such as (1, 2, 4, 8); got {batch_sizes!r}")
-    return tuple(sorted({int(b) for b in sizes}))
-
-
 def _given_costs(plan: ExecutionPlan, costs: Mapping[str, Any] | None) -> dict[str, Given]:
     """``costs=`` by live node: a node's own name wins over its step's name."""
     if not costs:
@@ -338,22 +322,19 @@ def _given_costs(plan: ExecutionPlan, costs: Mapping[str, Any] | None) -> dict[s
                 f"costs names {name!r}, which is no live step of pipeline {plan.pipeline!r}; "
                 f"its steps are {list(plan.order)}",
                 pipeline=plan.pipeline, step=str(name))
-        out.update(dict.fromkeys(targets, _given_curve(plan.pipeline, name, costs[name])))
+        value = costs[name]
+        points = value if isinstance(value, Mapping) else {1: value}
+        try:
+            pairs = sorted((int(r), float(us)) for r, us in points.items())
+        except (TypeError, ValueError):
+            pairs = []
+        rows = tuple(r for r, _ in pairs)
+        if not pairs or any(r < 1 or not math.isfinite(us) or us < 0 for r, us in pairs) or len(set(rows)) != len(rows):
+            raise ArgumentError(
+                f"costs[{name!r}] is {value!r}; give µs >= 0 for one execution, or {{rows: µs}} by batch size",
+                pipeline=plan.pipeline, step=name)
+        out.update(dict.fromkeys(targets, (rows, tuple(us for _, us in pairs))))
     return out
-
-
-def _given_curve(pipeline: str, name: str, value: Any) -> Given:
-    points = value if isinstance(value, Mapping) else {1: value}
-    try:
-        pairs = sorted((int(r), float(us)) for r, us in points.items())
-    except (TypeError, ValueError):
-        pairs = []
-    rows = tuple(r for r, _ in pairs)
-    if not pairs or any(r < 1 or not math.isfinite(us) or us < 0 for r, us in pairs) or len(set(rows)) != len(rows):
-        raise ArgumentError(
-            f"costs[{name!r}] is {value!r}; give µs >= 0 for one execution, or {{rows: µs}} by batch size",
-            pipeline=pipeline, step=name)
-    return rows, tuple(us for _, us in pairs)
 
 
 def _row_spec(dtype: str, value: Any, batched: bool) -> TensorSpec:
