@@ -155,14 +155,17 @@ def checks_of(name: str, predicted, measured) -> tuple[list[Check], list[list[st
     return checks, winners
 
 
-def plot(checks: list[Check], path: Path) -> None:
+def plot(checks: list[Check], path: Path, *, guess: str = "predicted by the simulation",
+         truth: str = "measured on the server") -> None:
     """Predicted against measured, one point per figure (p50 at concurrency 1, throughput at 4
-    and 16), on log axes, with the targets' bands around the diagonal."""
+    and 16), on log axes, with the targets' bands around the diagonal (``guess`` and ``truth``
+    name the axes: the server's second pass against its first, for ``--repeat``)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:  # the plot is a nicety; prediction.json has the figures
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 5))
@@ -181,8 +184,10 @@ def plot(checks: list[Check], path: Path) -> None:
                         color="grey", alpha=0.15, label=f"±{tolerance:.0%}")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel(f"measured on the server ({kind})")
-        ax.set_ylabel(f"predicted by the simulation ({kind})")
+        for axis in (ax.xaxis, ax.yaxis):  # the decades' labels only: the minor ones overlap
+            axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlabel(f"{truth} ({kind})")
+        ax.set_ylabel(f"{guess} ({kind})")
         ax.set_title("p50 at concurrency 1" if kind == "p50 ms" else "throughput at concurrency 4 and 16")
         ax.legend()
     fig.tight_layout()
@@ -205,7 +210,7 @@ def score_repeat(names, predictions, firsts, results, settings, out: Path, *, pr
     """Measures each pipeline again and scores the first pass against the second (the server
     against itself) and the prediction against the second pass."""
     scores = {"server_against_itself": [0, 0], "prediction_against_second": [0, 0], "prediction_against_both": [0, 0]}
-    rows = []
+    rows, itself_checks = [], []
     for name in names:
         result = run_benchmark(PIPELINES[name], settings, out=out / name / "repeat", progress=progress, echo=False)
         second = measured_figures(result)
@@ -217,10 +222,13 @@ def score_repeat(names, predictions, firsts, results, settings, out: Path, *, pr
             got, of = met(checks, winners)
             scores[key][0] += got
             scores[key][1] += of
+        itself_checks += itself[0]
         rows += [c.row() for c in itself[0]] + [[*w[:2], "winner", w[2], w[3], "", "", "", w[4]] for w in itself[1]]
         results[name]["measured_again"] = {f"{f} {c}": list(v) for (f, c), v in sorted(second.items())}
     print(format_table(["pipeline", "conc", "figure", "first pass", "second pass", "error", "target",
                         "windows", ""], rows))
+    plot(itself_checks, out / "server_against_itself.png", guess="the server's first pass",
+         truth="the server's second pass")
     for key, (got, of) in scores.items():
         print(f"{key.replace('_', ' ')}: {got} of {of} figures and winners")
     return scores
