@@ -103,11 +103,15 @@ class ModelScheduler:
         return done
 
     def busy(self) -> float:
-        """Instance-µs spent in executions until now (brought up to date at each start and end of one)."""
+        """Instance-µs spent in executions until now."""
+        self._count_busy()
+        return self._busy
+
+    def _count_busy(self) -> None:
+        """Brings the instance-µs up to date: at each start and end of an execution, and at each reading."""
         now = self.env.now
         self._busy += self._running * (now - self._at)
         self._at = now
-        return self._busy
 
     def _wake(self) -> None:
         """Look at the queue once everything else of this instant has happened: Triton's batcher is a thread woken by
@@ -213,13 +217,13 @@ class ModelScheduler:
                 batch = [self._queue.popleft()]
             else:
                 return
-            self.busy()
+            self._count_busy()
             self._running += 1
             self.env.process(self._run(batch, self._free.pop()))
 
     def _run(self, batch: list[Waiting], instance: int) -> Generator[simpy.Event, object, None]:
         yield from self._execute(batch, instance)
-        self.busy()
+        self._count_busy()
         self._running -= 1
         self._free.append(instance)
         for waiting in batch:

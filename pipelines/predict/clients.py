@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Generator, Mapping
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import simpy
 
@@ -17,7 +17,8 @@ __all__ = ["Meter", "Snapshot", "closed_loop", "open_loop"]
 Request = Callable[[], Generator[simpy.Event, object, None]]
 
 
-class Snapshot(NamedTuple):
+@dataclass(frozen=True)
+class Snapshot:
     """The counters at one moment: the time, the core-µs spent, each model's instance-µs."""
 
     at_us: float
