@@ -15,6 +15,7 @@ from ..input_files import parse_forms, parse_inputs, parse_levels
 from ..interrupts import sigterm_as_interrupt
 from ..loading import load_pipeline_and_module
 from ..runtime.step_process import ISOLATIONS
+from ..triton.async_client import COMPRESSIONS
 from .measurement import FORMS
 from .runner import run_benchmark
 from .settings import DEFAULT_PIPELINE, BenchSettings
@@ -79,6 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the local runtime runs each step instance: in this process's threads, or in "
                         "a forked process of its own, as Triton runs each Python model instance in a stub "
                         "('process' keeps steps from waiting for each other's GIL; default: thread)")
+    parser.add_argument("--compression", choices=COMPRESSIONS, default=None,
+                        help="compress the server's requests and responses with this algorithm, to measure "
+                        "what compression costs (default: none, as tritonclient's blocking client and "
+                        "perf_analyzer send them)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -31,7 +31,9 @@ def render(result: BenchmarkResult, *, tables: bool = True, files: bool = True) 
         window = f"{s['requests']} requests" if s.get("requests") else f"{s.get('duration')} s"
         parts += [
             f"\npipeline {result.pipeline}: {', '.join(s.get('forms') or ())}, batch {s.get('batch')}, "
-            f"windows of {window}, stability ±{s.get('stability', 0):.0%}\n",
+            f"windows of {window}, stability ±{s.get('stability', 0):.0%}"
+            + (f", server requests and responses compressed with {s['compression']} (--compression)"
+               if s.get("compression") else "") + "\n",
             results_table(result.measurements),
         ]
         server = [m for m in result.measurements if m.breakdown]

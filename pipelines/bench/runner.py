@@ -401,14 +401,14 @@ def _server(
         url = settings.url
         bar.note(f"measuring the Triton server at {url} ({settings.protocol})")
         versions["tritonserver"] = _version_at(url, settings.protocol, 10)  # one it cannot reach fails now, not last
-        return lambda: AsyncTritonClient(url, settings.protocol)
+        return lambda: AsyncTritonClient(url, settings.protocol, compression=settings.compression)
     server = _start_server(pipeline, out_dir, stack, bar)
     for stand_in in server.stand_ins.values():
         notes.append(f"server figures measured with a STAND-IN for {stand_in.model!r}: {stand_in.label}; "
                      "measure a full Triton with --url HOST:PORT for that model's own")
         bar.note(notes[-1])
     versions["tritonserver"] = _server_version(server.http_url, "http")
-    return lambda: server.async_client(settings.protocol)  # fails fast if the server dies
+    return lambda: server.async_client(settings.protocol, compression=settings.compression)  # fails fast if it dies
 
 
 def _ensemble_left_out(pipeline: Pipeline, settings: BenchSettings) -> str | None:

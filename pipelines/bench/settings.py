@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import PipelinesError
 from ..runtime.step_process import ISOLATIONS
+from ..triton.async_client import COMPRESSIONS
 from .loadgen import LoadPlan
 from .measurement import FORMS
 from .stability import StabilityRule
@@ -39,6 +40,8 @@ class BenchSettings:
     then moves every form alike, and the ratios between forms hold still.
     ``isolation`` is where the local runtime runs step instances: ``"thread"`` (the
     default) or ``"process"`` (one forked process each, as Triton's stubs; see ``LocalRuntime``).
+    ``compression`` ("gzip" or "deflate") compresses the server's requests and responses on
+    purpose; by default neither is, as with tritonclient's blocking client and perf_analyzer.
     """
 
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -60,10 +63,13 @@ class BenchSettings:
     allow_mismatch: bool = False
     turns: int = 1
     isolation: str = "thread"
+    compression: str | None = None
 
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATIONS:
             raise PipelinesError(f"isolation must be one of {', '.join(ISOLATIONS)}; got {self.isolation!r}")
+        if self.compression is not None and self.compression not in COMPRESSIONS:
+            raise PipelinesError(f"--compression must be one of {', '.join(COMPRESSIONS)}; got {self.compression!r}")
         if isinstance(self.profile, (str, os.PathLike)) and not Path(self.profile).is_file():
             raise PipelinesError(
                 f"--profile {os.fspath(self.profile)}: no such file; measure a server into one with "

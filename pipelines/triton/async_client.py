@@ -15,7 +15,29 @@ from .connection import ClientBase, grpc_channel_args, rejected
 from .payloads import InferRequest, message_to_dict, result_arrays
 from .rejections import explain_rejection
 
-__all__ = ["AsyncTritonClient"]
+__all__ = ["COMPRESSIONS", "AsyncTritonClient", "infer_headers"]
+
+#: What ``compression`` may name: the algorithms Triton's HTTP and gRPC endpoints both take.
+COMPRESSIONS = ("gzip", "deflate")
+
+
+def infer_headers(compression: str | None) -> dict[str, str]:
+    """The HTTP headers every request carries, for ``compression`` (None: none).
+
+    aiohttp, under ``tritonclient.http.aio``, asks for ``gzip, deflate, br`` unless told
+    otherwise, and Triton then compresses every response: about 12.5 ms of CPU per 256 KiB
+    on a small machine, which tritonclient's blocking client and perf_analyzer never pay
+    (they send no ``Accept-Encoding``). ``identity`` is the header's own word for none.
+    """
+    return {"Accept-Encoding": compression or "identity"}
+
+
+def _check_compression(compression: str | None) -> str | None:
+    if compression is not None and compression not in COMPRESSIONS:
+        raise PipelinesError(
+            f"compression must be one of {', '.join(COMPRESSIONS)} (or none); got {compression!r}"
+        )
+    return compression
 
 
 class AsyncTritonClient(ClientBase):
@@ -23,13 +45,23 @@ class AsyncTritonClient(ClientBase):
 
     Made anywhere, it connects on first use inside the running event loop. Use it from one
     loop; many concurrent ``infer`` calls share its connections (no limit on their number).
+
+    Requests and responses travel uncompressed, as with the blocking client and perf_analyzer,
+    unless ``compression`` ("gzip" or "deflate") asks for both to be compressed.
     """
+
+    def __init__(self, url: str, protocol: str = "http", *, compression: str | None = None, **options: Any) -> None:
+        self.compression = _check_compression(compression)
+        super().__init__(url, protocol, **options)
 
     def _init_connection(self) -> None:
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._generation = 0  # the server's restarts this connection was made after
+
+    def _headers(self) -> dict[str, str]:
+        return infer_headers(self.compression)  # a new dict each call: tritonclient adds to it
 
     def _get(self) -> Any:
         if self._closed:
@@ -84,11 +116,15 @@ class AsyncTritonClient(ClientBase):
         timeout = self.timeout if timeout is None else timeout
         request = InferRequest(model, inputs, outputs)
 
+        compression = self.compression
+
         async def over_http(c: Any) -> dict[str, np.ndarray]:
-            return result_arrays(await c.infer(**request.http()), "http")
+            answer = await c.infer(**request.http(), headers=self._headers(),
+                                   request_compression_algorithm=compression)
+            return result_arrays(answer, "http")
 
         async def over_grpc(c: Any, t: float | None) -> dict[str, np.ndarray]:
-            return result_arrays(await c.infer(**request.grpc(t)), "grpc")
+            return result_arrays(await c.infer(**request.grpc(t), compression_algorithm=compression), "grpc")
 
         try:
             return await self._call("infer on", model, timeout, over_http, over_grpc)
@@ -109,7 +145,7 @@ class AsyncTritonClient(ClientBase):
             "statistics of",
             model or None,
             self.timeout,
-            lambda c: c.get_inference_statistics(model_name=model),
+            lambda c: c.get_inference_statistics(model_name=model, headers=self._headers()),
             over_grpc,
         )
 
@@ -121,8 +157,12 @@ class AsyncTritonClient(ClientBase):
         """
         if self._known_broken(model):
             return False
+        def over_http(c: Any) -> Any:
+            headers = self._headers()
+            return c.is_model_ready(model, headers=headers) if model else c.is_server_ready(headers=headers)
+
         try:
-            answer = bool(await self._call("readiness of", model, self.timeout, *self._readiness(model)))
+            answer = bool(await self._call("readiness of", model, self.timeout, over_http, self._readiness(model)[1]))
         except (ServerError, InferenceError):
             return False
         return answer and not self._known_broken(model)
@@ -131,13 +171,14 @@ class AsyncTritonClient(ClientBase):
         async def over_grpc(c: Any, t: float | None) -> dict:
             return message_to_dict(await c.get_server_metadata(client_timeout=t))
 
-        return await self._call("metadata of", None, self.timeout, lambda c: c.get_server_metadata(), over_grpc)
+        return await self._call("metadata of", None, self.timeout, lambda c: c.get_server_metadata(headers=self._headers()), over_grpc)
 
     async def model_config(self, model: str) -> dict:
         async def over_grpc(c: Any, t: float | None) -> dict:
             return message_to_dict((await c.get_model_config(model, client_timeout=t)).config, skip_unset_messages=True)
 
-        return await self._call("config of", model, self.timeout, lambda c: c.get_model_config(model), over_grpc)
+        return await self._call("config of", model, self.timeout, lambda c: c.get_model_config(model, headers=self._headers()),
+                                over_grpc)
 
     async def close(self) -> None:
         self._closed = True
@@ -165,4 +206,5 @@ class AsyncTritonClient(ClientBase):
         await self.close()
 
     def __repr__(self) -> str:
-        return f"AsyncTritonClient({self.url!r}, {self.protocol!r})"
+        extra = f", compression={self.compression!r}" if self.compression else ""
+        return f"AsyncTritonClient({self.url!r}, {self.protocol!r}{extra})"

@@ -359,12 +359,15 @@ class TritonServer:
         self._clients.add(client)
         return client
 
-    def async_client(self, protocol: str = "http", *, timeout: float | None = None) -> AsyncTritonClient:
-        """An asyncio client of this server, failing fast like :meth:`client`."""
+    def async_client(
+        self, protocol: str = "http", *, timeout: float | None = None, compression: str | None = None
+    ) -> AsyncTritonClient:
+        """An asyncio client of this server, failing fast like :meth:`client` (``compression``: see
+        :class:`AsyncTritonClient`)."""
         from .async_client import AsyncTritonClient
 
         url = self.http_url if protocol == "http" else self.grpc_url
-        client = AsyncTritonClient(url, protocol, timeout=timeout, liveness=_Liveness(self))
+        client = AsyncTritonClient(url, protocol, timeout=timeout, liveness=_Liveness(self), compression=compression)
         self._clients.add(client)
         return client
 
