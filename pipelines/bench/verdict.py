@@ -14,7 +14,7 @@ from typing import Any
 
 from .measurement import FORMS, Measurement
 
-__all__ = ["RatioComparison", "compare_ratios", "verdict"]
+__all__ = ["LevelVerdict", "RatioComparison", "compare_ratios", "level_verdicts", "verdict"]
 
 #: Throughputs closer than this are called a tie: below it, windows disagree by as much.
 TIE = 0.05
@@ -77,42 +77,68 @@ def _served(measurements: Sequence[Measurement], where: str) -> list[Measurement
     return [m for m in measurements if m.config.where == where and m.throughput > 0]
 
 
-def _winners(measurements: Sequence[Measurement], where: str) -> list[str]:
-    """Sentences naming, for each run of concurrency levels, the form with the most throughput."""
+@dataclass(frozen=True)
+class LevelVerdict:
+    """What one concurrency level's measurements say: a ``winner`` (a form), a tie between
+    ``tied`` forms (throughputs within :data:`TIE`), or neither (``unsettled``: the margin is
+    inside what unsettled windows moved by). Both the bench's sentence and the prediction's
+    score are read from this one judgement, so that they never disagree."""
+
+    concurrency: int
+    winner: str | None
+    tied: tuple[str, ...]
+    unsettled: bool
+    note: str
+
+    @property
+    def kind(self) -> str:
+        return "no clear winner" if self.unsettled else self.winner or "a tie between " + " and ".join(self.tied)
+
+
+def level_verdicts(measurements: Sequence[Measurement], where: str) -> dict[int, LevelVerdict]:
+    """The judgement at each level where two forms or more served requests ``where``."""
     by_level: dict[int, list[Measurement]] = {}
     for m in _served(measurements, where):
         by_level.setdefault(m.concurrency, []).append(m)
-    runs: list[tuple[str, list[int], list[str]]] = []  # winner, levels, "1.23× bls" per level
+    out = {}
     for c in sorted(by_level):
         ranked = sorted(by_level[c], key=lambda m: m.throughput, reverse=True)
-        best = ranked[0]
         if len(ranked) < 2:
             continue
-        second = ranked[1]
+        best, second = ranked[0], ranked[1]
         ratio = best.throughput / second.throughput
         wobble = max(_wobble(best), _wobble(second))
+        tied = tuple(sorted(m.config.form for m in ranked if m.throughput * (1 + TIE) > best.throughput))
         if ratio >= 1 + TIE and ratio - 1 <= wobble and not (best.stable and second.stable):
             # The margin is inside what the unsettled windows moved by: another run may reverse it.
-            winner = "no clear winner"
-            note = (f"{best.config.form} leads {second.config.form} by {ratio - 1:.0%}, but their windows "
-                    f"varied by up to {wobble:.0%}")
+            out[c] = LevelVerdict(c, None, (best.config.form, second.config.form), True,
+                                  f"{best.config.form} leads {second.config.form} by {ratio - 1:.0%}, but their "
+                                  f"windows varied by up to {wobble:.0%}")
+        elif ratio >= 1 + TIE:
+            out[c] = LevelVerdict(c, best.config.form, (best.config.form,), False, f"{ratio:.2f}× {second.config.form}")
         else:
-            winner = best.config.form if ratio >= 1 + TIE else f"a tie between {best.config.form} and {second.config.form}"
-            note = f"{ratio:.2f}× {second.config.form}"
-        if runs and runs[-1][0] == winner:
+            out[c] = LevelVerdict(c, None, tied, False, f"{ratio:.2f}× {second.config.form}")
+    return out
+
+
+def _winners(measurements: Sequence[Measurement], where: str) -> list[str]:
+    """Sentences naming, for each run of concurrency levels with one judgement, the winner."""
+    runs: list[tuple[str, list[int], list[str]]] = []  # judgement, levels, one note per level
+    for c, judged in level_verdicts(measurements, where).items():
+        if runs and runs[-1][0] == judged.kind:
             runs[-1][1].append(c)
-            runs[-1][2].append(note)
+            runs[-1][2].append(judged.note)
         else:
-            runs.append((winner, [c], [note]))
+            runs.append((judged.kind, [c], [judged.note]))
     sentences = []
-    for winner, levels, notes in runs:
-        if winner == "no clear winner":
+    for kind, levels, notes in runs:
+        if kind == "no clear winner":
             sentences.append(f"there is no clear winner at {_levels(levels)} ({'; '.join(notes)}; lengthen "
                              "--duration, or measure in turns with --turns 3, to settle it)")
-        elif winner.startswith("a tie"):
-            sentences.append(f"{_levels(levels)} is {winner} (throughput within {TIE:.0%}: {', '.join(notes)})")
+        elif kind.startswith("a tie"):
+            sentences.append(f"{_levels(levels)} is {kind} (throughput within {TIE:.0%}: {', '.join(notes)})")
         else:
-            sentences.append(f"{winner} wins at {_levels(levels)} ({', '.join(notes)} in throughput)")
+            sentences.append(f"{kind} wins at {_levels(levels)} ({', '.join(notes)} in throughput)")
     return sentences
 
 
@@ -184,19 +210,23 @@ def _alone(measurements: Sequence[Measurement], where: str) -> str | None:
 
 
 def _prediction_verdict(predictions: Sequence[Mapping[str, Any]], measurements: Sequence[Measurement]) -> str:
-    """Whether the simulation named the server's winner (the highest throughput) at each level
-    where both exist; forms measured within 5 % of the best are a tie, either one the winner."""
-    server = {(m.config.form, m.concurrency): m.throughput for m in measurements if m.config.where == "server"}
+    """Whether the simulation named the server's winner at each level where both exist, judged
+    against the same per-level verdict the bench states: a tie accepts any of its forms, and a
+    level with no clear winner is not scored."""
+    judged = level_verdicts(measurements, "server")
+    server_forms = {(m.config.form, m.concurrency) for m in _served(measurements, "server")}
     said = []
     for c in sorted({int(r["concurrency"]) for r in predictions if r.get("concurrency") is not None}):
-        rows = [r for r in predictions if r.get("concurrency") == c and (r["form"], c) in server]
-        if len(rows) < 2:
+        rows = [r for r in predictions if r.get("concurrency") == c and (r["form"], c) in server_forms]
+        level = judged.get(c)
+        if len(rows) < 2 or level is None:
             continue
         guess = max(rows, key=lambda r: float(r["throughput"]))["form"]
-        best = max(server[(r["form"], c)] for r in rows)
-        tied = sorted(r["form"] for r in rows if server[(r["form"], c)] >= best * 0.95)
-        said.append(f"at concurrency {c} it named {guess}, the server's winner {'/'.join(tied)}: "
-                    f"{'right' if guess in tied else 'WRONG'}")
+        if level.unsettled:
+            said.append(f"at concurrency {c} it named {guess}, where the server has no clear winner (not scored)")
+            continue
+        said.append(f"at concurrency {c} it named {guess}, the server's winner {'/'.join(level.tied)}: "
+                    f"{'right' if guess in level.tied else 'WRONG'}")
     if not said:
         return "The prediction has no level measured on the server beside it."
     return "The simulation's prediction (--profile) " + "; ".join(said) + "."
