@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from collections.abc import Sequence
 from contextlib import ExitStack
 from datetime import datetime, timezone
@@ -16,13 +17,18 @@ from ..freed_memory import keep_freed_memory_here
 from ..output_paths import output_dir
 from .fit import fit_rounds
 from .measure import Budget, measure_lanes, measure_probes, measure_rounds, round_request_us
+from .noise import NoiseWatch, round_disagreement
 from .probes import BUSY_MS, CHAINS, SIZES, Probe, probe_plan, probe_repository
 from .profile import Profile
 from .wake import SLEEP_MODEL, WAKE_MODEL, fit_wake, measure_wake
 
-__all__ = ["ProbesNotDeployed", "calibrate"]
+__all__ = ["MachineBusyWarning", "ProbesNotDeployed", "calibrate"]
 
 PROTOCOLS = ("http", "grpc")
+
+
+class MachineBusyWarning(UserWarning):
+    """The machine was busy while it was calibrated: the profile is still used, its ranges widened."""
 
 
 class ProbesNotDeployed(PipelinesError):
@@ -67,6 +73,7 @@ def calibrate(
     machine = machine_info()
     bar = Progress(enabled=progress)
     began = perf_counter()
+    watch = NoiseWatch()  # the server is this process's child: what the machine spent beyond them is others'
     with ExitStack() as stack:
         if url is None:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pipelines-calibrate-")))
@@ -101,9 +108,17 @@ def calibrate(
         bar.update("calibrating", "rounds", 1.0, "a fused model's rounds")
         # The smallest size: a round's bytes are priced by fused_model, what is left is each request's own.
         rounds = measure_rounds(connect, Probe("fused", chains[0], sizes[0]), seconds=budget.lanes_seconds)
-    round_rows = [row for s in samples for row in s.round_rows()]
+        round_rows = [row for s in samples for row in s.round_rows()]
+        # While the server still runs: its CPU time is ours only while it is our child.
+        noise = watch.stop(disagreement=round_disagreement(round_rows))
     costs, points, estimated = fit_rounds(round_rows)
     bar.finish("calibrated", f"{len(samples)} probes, {budget.rounds} rounds, in {perf_counter() - began:.0f} s")
+    if noise.busy:
+        line = noise.line("the machine")
+        if bar.enabled:
+            bar.note(line)
+        else:
+            warnings.warn(line, MachineBusyWarning, stacklevel=2)
     return Profile(
         costs=costs,
         server_version=version,
@@ -120,6 +135,7 @@ def calibrate(
         wake=fit_wake(woken["busy"]),
         wake_idle=fit_wake(woken["idle"], against=woken["busy"]),
         round_request_us=round_request_us(rounds),
+        noise=noise,
     )
 
 

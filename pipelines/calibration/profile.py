@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import PipelinesError, ProfileMismatchError
 from ..output_paths import replace_text
 from .cost import MIB, Cost, cost_from_json
+from .noise import MachineNoise, round_disagreement
 from .wake import checked_wake
 
 __all__ = [
@@ -115,6 +116,10 @@ class Profile:
     holds its instance, beyond the first and beyond its bytes (its request read, its answer made):
     the slope of a fused probe's hold over the rows of its rounds
     (:func:`pipelines.calibration.measure.measure_rounds`). Profiles without it (older ones) price 0.
+
+    ``noise`` is how steady the machine was while it was calibrated (:class:`~pipelines.calibration.noise.MachineNoise`):
+    a profile calibrated on a busy machine is still used, and every table it feeds says so. ``None`` (older
+    profiles): unknown.
     """
 
     costs: Mapping[str, Cost]
@@ -136,6 +141,7 @@ class Profile:
     wake: tuple[tuple[float, float], ...] = ()
     wake_idle: tuple[tuple[float, float], ...] = ()
     round_request_us: float = 0.0
+    noise: MachineNoise | None = None
 
     def __post_init__(self) -> None:
         if self.protocol not in ("http", "grpc"):
@@ -170,11 +176,20 @@ class Profile:
             raise PipelinesError(f"a profile's round_request_us is µs >= 0 (each request of a fused round beyond "
                                  f"the first); got {self.round_request_us!r}")
         object.__setattr__(self, "round_request_us", float(self.round_request_us))
+        if self.noise is not None and not isinstance(self.noise, MachineNoise):
+            raise PipelinesError(f"a profile's noise is a MachineNoise or None; got {type(self.noise).__name__}")
         object.__setattr__(self, "lanes_by_size", by_size)
         object.__setattr__(self, "wake", checked_wake(self.wake))
         object.__setattr__(self, "wake_idle", checked_wake(self.wake_idle))
         object.__setattr__(self, "costs", MappingProxyType(dict(self.costs)))
         object.__setattr__(self, "machine", MappingProxyType(dict(self.machine)))
+
+    def window_spread(self) -> float | None:
+        """How far the server's own figures moved from one measuring window to the next: its probes' disagreement
+        over the calibration's rounds (the noise record's, else read off ``round_samples``); None where unknown."""
+        if self.noise is not None and self.noise.disagreement is not None:
+            return self.noise.disagreement
+        return round_disagreement(self.round_samples)
 
     def cost(self, boundary: str) -> Cost:
         return self.costs[boundary]
@@ -211,6 +226,7 @@ class Profile:
             "wake": [list(p) for p in self.wake],
             "wake_idle": [list(p) for p in self.wake_idle],
             "round_request_us": self.round_request_us,
+            "noise": None if self.noise is None else self.noise.to_dict(),
         })
 
     def to_json(self) -> str:
@@ -257,6 +273,7 @@ class Profile:
                 wake=tuple((float(w), float(us)) for w, us in data.get("wake", ())),
                 wake_idle=tuple((float(w), float(us)) for w, us in data.get("wake_idle", ())),
                 round_request_us=data.get("round_request_us", 0.0),
+                noise=MachineNoise.from_dict(data.get("noise")),
             )
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             what = f"{exc.args[0]} is missing" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"

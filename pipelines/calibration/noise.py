@@ -1,0 +1,214 @@
+"""How steady the machine was while a calibration or a prediction worked: the CPU that other processes used, the
+time the hypervisor stole, and repeated measurements that disagreed. A busy machine's figures are still used, but
+said to be, and a prediction's ranges widen to match (docs/prediction.md, "Ranges, winners and a busy machine").
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from time import perf_counter
+from typing import Any
+
+from ..errors import PipelinesError
+
+__all__ = ["BUSY", "MAX_WIDENING", "MachineNoise", "NoiseWatch", "round_disagreement"]
+
+#: What makes a machine busy: other processes using this share of its cores, the hypervisor stealing this share of
+#: its CPU time, or repeated measurements of one thing disagreeing by this much (half their range over their median).
+BUSY = {"load_share": 0.25, "steal": 0.05, "disagreement": 0.10}
+#: The most a busy machine widens a range by, either way: beyond it a range says nothing a table could use.
+MAX_WIDENING = 0.5
+
+
+@dataclass(frozen=True)
+class MachineNoise:
+    """What one calibration or prediction saw of the machine while it worked; ``None``: not measured.
+
+    ``other_load``: the cores' worth of CPU that other processes used on average (the machine's CPU time, from
+    ``/proc/stat``, less this process's and its children's). ``steal``: the share of CPU time the hypervisor took.
+    ``disagreement``: how far repeated measurements of one thing disagreed, half their range over their median (the
+    median over what was repeated: the calibration's probes over its rounds, a prediction's steps over theirs).
+    ``cores``: the machine's; ``seconds``: how long it watched.
+    """
+
+    other_load: float | None = None
+    steal: float | None = None
+    disagreement: float | None = None
+    cores: float | None = None
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise PipelinesError(f"a noise record's {f.name} is a finite number >= 0 (or null: not measured); "
+                                     f"got {value!r}")
+            object.__setattr__(self, f.name, float(value))
+
+    @property
+    def known(self) -> bool:
+        return any(v is not None for v in (self.other_load, self.steal, self.disagreement))
+
+    @property
+    def load_share(self) -> float | None:
+        """The share of the machine's cores that other processes used."""
+        if self.other_load is None:
+            return None
+        return self.other_load / self.cores if self.cores else self.other_load
+
+    def _seen(self) -> dict[str, float]:
+        return {k: v for k, v in (("load_share", self.load_share), ("steal", self.steal),
+                                  ("disagreement", self.disagreement)) if v is not None}
+
+    @property
+    def busy(self) -> bool:
+        """Whether any of what it saw passes :data:`BUSY`."""
+        return any(v >= BUSY[k] for k, v in self._seen().items())
+
+    def widening(self) -> float:
+        """The share by which a figure measured or predicted on this machine may be off either way, from the noise:
+        the largest of what it saw (other processes' share of the cores take that share of the server's; stolen time
+        slows every job by its share; repeated measurements differ by their disagreement), at most
+        :data:`MAX_WIDENING`."""
+        return min(MAX_WIDENING, max(self._seen().values(), default=0.0))
+
+    def describe(self) -> str:
+        """What it saw, in words: ``load 1.3 from other processes, 4 % steal, probes disagreed by 18 %``."""
+        parts = []
+        if self.other_load is not None:
+            parts.append(f"load {self.other_load:.1f} from other processes"
+                         + (f" (of {self.cores:g} cores)" if self.cores else ""))
+        if self.steal is not None and self.steal >= 0.005:
+            parts.append(f"{self.steal:.0%} of CPU time stolen")
+        if self.disagreement is not None:
+            parts.append(f"repeated measurements disagreed by {self.disagreement:.0%}")
+        return ", ".join(parts) or "nothing measured"
+
+    def line(self, what: str = "the machine") -> str:
+        """One line for a busy machine (empty for a quiet one): what it saw, and that ranges widened to match."""
+        if not self.busy:
+            return ""
+        return f"{what} was busy: {self.describe()}; ranges widened by ±{self.widening():.0%} to match"
+
+    def combined(self, other: MachineNoise | None) -> MachineNoise:
+        """The noisier of the two, figure by figure (a prediction's own watch and its profile's)."""
+        if other is None:
+            return self
+
+        def worst(a: float | None, b: float | None) -> float | None:
+            return b if a is None else a if b is None else max(a, b)
+
+        if (self.load_share or 0.0) >= (other.load_share or 0.0):
+            load, cores = self.other_load, self.cores
+        else:
+            load, cores = other.other_load, other.cores
+        return MachineNoise(load if load is not None else worst(self.other_load, other.other_load),
+                            worst(self.steal, other.steal), worst(self.disagreement, other.disagreement),
+                            cores if cores is not None else worst(self.cores, other.cores),
+                            self.seconds + other.seconds)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> MachineNoise | None:
+        """The record a profile holds, or ``None`` (an older profile: unknown)."""
+        if data is None:
+            return None
+        if not isinstance(data, Mapping):
+            raise PipelinesError(f"a profile's noise is an object (other_load, steal, disagreement, cores, seconds) "
+                                 f"or null; got {type(data).__name__}")
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise PipelinesError(f"a profile's noise has no field {unknown[0]!r}; its fields are "
+                                 f"{', '.join(f.name for f in fields(cls))}")
+        return cls(**data)
+
+
+def round_disagreement(rows: Iterable[tuple]) -> float | None:
+    """The calibration's probes' disagreement over their rounds: for each probe, half the range of its latencies
+    over their median; the median over the probes. ``rows``: a profile's ``round_samples`` (kind, steps, bytes,
+    round, latency µs, ...). ``None`` with fewer than two rounds of any probe."""
+    by_probe: dict[tuple, list[float]] = {}
+    for row in rows:
+        if len(row) > 4 and row[4] is not None and row[4] > 0:
+            by_probe.setdefault(tuple(row[:3]), []).append(float(row[4]))
+    spreads = [(max(v) - min(v)) / 2 / statistics.median(v) for v in by_probe.values() if len(v) > 1]
+    return statistics.median(spreads) if spreads else None
+
+
+class NoiseWatch:
+    """Watches the machine from when it is made until :meth:`stop`: the CPU time the machine spent (``/proc/stat``)
+    against what this process and its descendants spent (``/proc/PID/stat``, with their reaped children's), and the
+    steal. Off Linux it measures nothing (every figure ``None``)."""
+
+    def __init__(self) -> None:
+        self._began = perf_counter()
+        self._machine = _machine_ticks()
+        self._ours = _tree_ticks()
+
+    def stop(self, *, disagreement: float | None = None) -> MachineNoise:
+        seconds = perf_counter() - self._began
+        machine, ours = _machine_ticks(), _tree_ticks()
+        cores = float(os.cpu_count() or 1)
+        if machine is None or self._machine is None or ours is None or self._ours is None or seconds <= 0:
+            return MachineNoise(disagreement=disagreement, cores=cores, seconds=seconds)
+        tick = float(os.sysconf("SC_CLK_TCK"))
+        busy = machine[0] - self._machine[0]
+        total = machine[2] - self._machine[2]
+        # Ticks are coarse (10 ms): a short watch reads a core's worth of rounding, so the load is not below 0.
+        other = max(0.0, (busy - (ours - self._ours)) / tick / seconds)
+        steal = (machine[1] - self._machine[1]) / total if total > 0 else 0.0
+        return MachineNoise(other_load=other, steal=steal, disagreement=disagreement, cores=cores, seconds=seconds)
+
+
+def _machine_ticks() -> tuple[float, float, float] | None:
+    """The machine's (busy, steal, total) clock ticks since boot, from ``/proc/stat``'s first line; None off Linux."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            values = [float(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (values + [0.0] * 8)[:8]
+    return user + nice + system + irq + softirq, steal, sum(values)
+
+
+def _tree_ticks() -> float | None:
+    """The CPU clock ticks this process and its descendants have used, with the children each has reaped."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    parents: dict[int, int] = {}
+    ticks: dict[int, float] = {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue  # gone since the listing
+        # the command name is in parentheses and may hold spaces: the fields follow its last ')'
+        rest = text[text.rfind(")") + 2:].split()
+        try:
+            parents[int(name)] = int(rest[1])
+            ticks[int(name)] = sum(float(v) for v in rest[11:15])  # utime, stime, cutime, cstime
+        except (IndexError, ValueError):
+            continue
+    ours, frontier = {os.getpid()}, [os.getpid()]
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    while frontier:
+        for child in children.get(frontier.pop(), ()):
+            if child not in ours:
+                ours.add(child)
+                frontier.append(child)
+    return sum(ticks.get(pid, 0.0) for pid in ours)
