@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import InferenceError, StepError
+from pipelines import CompileError, InferenceError, StepError
 from pipelines.compile.step_models import StepByValueWarning
 from pipelines.forms import model_name
 from pipelines.loading import load_pipeline
@@ -167,19 +167,14 @@ def test_top_level_code_that_computes_with_pipelines_fails_to_load_and_says_wher
         p = Pipeline("computes", inputs={"x": F4}, max_batch_size=4)
         p.output("y", p.add(reshaped, x=p.input("x"))["y"])
     """))
-    root = load_pipeline(f"{folder / 'computes.py'}:p").compile("ensemble").write(tmp_path / "models")
-    version = root / "computes__reshaped" / "1"
-    probe = textwrap.dedent(f"""
-        import json, sys
-        sys.path.insert(0, {str(version)!r})
-        import serving
-        serving.load_impl(json.load(open({str(version / "step.json")!r}))["impl"], {str(version)!r})
-    """)
-    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
-    assert ran.returncode != 0
-    assert ("RuntimeError: importing computes.py, the step's source file, failed on the server: RuntimeError: "
-            "pipelines.TensorSpec(...).dims was used as a value") in ran.stderr
-    assert "move that code under `if __name__ == '__main__':` or into a function" in ran.stderr
+    # Compiling loads the file as a server would (issue 60): it refuses, and writes nothing.
+    with pytest.raises(CompileError) as refused:
+        load_pipeline(f"{folder / 'computes.py'}:p").compile("ensemble").write(tmp_path / "models")
+    assert ("step 'reshaped' (model 'computes__reshaped') would fail to load on the server" in str(refused.value)
+            and "computes.py, line 6 (`DIMS = tuple(F4.dims)" in str(refused.value))
+    assert ("RuntimeError: pipelines.TensorSpec(...).dims was used as a value") in str(refused.value)
+    assert "move that code under `if __name__ == '__main__':` or into a function" in str(refused.value)
+    assert not (tmp_path / "models").exists()
 
 
 def test_a_step_typed_into_main_still_travels_by_value_and_compiling_says_so(tmp_path):

@@ -18,6 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import CompileError, InvalidNameError, NotFoundError, RepositoryWriteError
 from .configs import config_text
+from .import_check import check_steps_import
 from .repository_disk import REQUIREMENTS_FILE, remove_pipelines, repository_pipelines, write_repository
 from .requirements import ServerNeeds
 
@@ -189,7 +190,9 @@ class ModelRepository:
         own, or a ``path`` that is a file or a non-repository directory, is
         refused unless ``overwrite=True``. Each model is swapped in atomically; a
         write that fails or is killed leaves every model old or new, and the next
-        write finishes or discards what was left.
+        write finishes or discards what was left. Before anything is written, each step's code
+        is loaded in a clean interpreter as a server would load it; a step that would fail to
+        load is a :class:`CompileError` naming its file, line and missing module.
         """
         return write_models(self, path, overwrite=overwrite)
 
@@ -197,7 +200,12 @@ class ModelRepository:
 def write_models(
     repo: ModelRepository, path: str | os.PathLike[str], *, overwrite: bool = False, overwrite_hint: str | None = "overwrite=True"
 ) -> Path:
-    """:meth:`ModelRepository.write`, where a refusal names ``overwrite_hint`` as the way to ask (``None``: no way)."""
+    """:meth:`ModelRepository.write`, where a refusal names ``overwrite_hint`` as the way to ask (``None``: no way).
+
+    First every step's code is loaded as a server would load it (:mod:`.import_check`): a step
+    that would fail to load is refused before anything is written.
+    """
+    check_steps_import(repo)
     return write_repository(repo, path, overwrite=overwrite, overwrite_hint=overwrite_hint, write_model=_write_model)
 
 

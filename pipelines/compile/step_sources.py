@@ -9,8 +9,9 @@ then travels by value, :mod:`.step_pickle`). A file travels when a server can im
   not a module of a package, and the step is found in it by its qualified name;
 - what runs when it is imported needs only the standard library, installed distributions
   (they go into ``requirements.txt``), modules beside it (copied too, under the same rules),
-  and ``pipelines``' public names (``from pipelines import step, Pipeline…``), which the
-  server stands in for with declarations that do nothing;
+  and the public names of ``pipelines`` and of its helpers' package ``pipelines.steps``
+  (``from pipelines import step, Pipeline…``, ``from pipelines.steps import onnx_model``),
+  which the server stands in for with declarations that do nothing;
 - it does no work when imported, outside its ``if __name__ == "__main__":`` block
   (compiling, running or writing a pipeline, reading ``sys.argv``): a server would do it again;
 - the step's own code (and the functions, classes and values of these files it reaches) uses
@@ -49,6 +50,26 @@ class StepByValueWarning(UserWarning):
 def is_ours(name: object) -> bool:
     """Whether ``name`` is ``pipelines`` or one of its modules."""
     return isinstance(name, str) and (name == _PACKAGE or name.startswith(_PACKAGE + "."))
+
+
+#: The library's helpers for declaring steps: a file may import their public names, as it may
+#: ``pipelines``' own, and a server stands in for them (``serving/sources.py``).
+_HELPERS = _PACKAGE + ".steps"
+
+
+def public_names(module_name: str) -> frozenset[str] | None:
+    """The names a step's file may import from ``module_name`` (``pipelines``, ``pipelines.steps``
+    or one of its public modules), for a server to stand in for; ``None``: none, it is internal."""
+    if module_name != _PACKAGE and module_name != _HELPERS and not (
+        module_name.startswith(_HELPERS + ".") and not module_name.rpartition(".")[2].startswith("_")
+    ):
+        return None
+    module = sys.modules.get(module_name)
+    if module is None:
+        return None
+    exported = getattr(module, "__all__", None)
+    names = exported if exported is not None else [n for n in vars(module) if not n.startswith("_")]
+    return frozenset(names)
 
 
 @dataclass(frozen=True)
@@ -243,7 +264,7 @@ class _TopLevel(ast.NodeVisitor):
         self.problem: str | None = None
         self.work: list[str] = []
         self._optional = 0
-        self._aliases: set[str] = set()
+        self._aliases: dict[str, str] = {}  # a name the file binds to a module of pipelines: that module
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
@@ -268,15 +289,18 @@ class _TopLevel(ast.NodeVisitor):
 
     def _refuse(self, what: str) -> None:
         self.problem = self.problem or (f"{self.filename} {what}; on a server, where pipelines need not be, "
-                                        "only the names `from pipelines import ...` gives are stood in for")
+                                        "only the public names of pipelines and pipelines.steps "
+                                        "(`from pipelines import ...`, `from pipelines.steps import ...`) "
+                                        "are stood in for")
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
             top = alias.name.partition(".")[0]
             if top == _PACKAGE:
-                if alias.name != _PACKAGE:
+                if public_names(alias.name) is None:
                     self._refuse(f"imports {alias.name}")
-                self._aliases.add(alias.asname or _PACKAGE)
+                # `import pipelines.steps` binds `pipelines`; `import pipelines.steps as s`, the module.
+                self._aliases[alias.asname or _PACKAGE] = alias.name if alias.asname else _PACKAGE
             self.imports.append((top, not self._optional))
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
@@ -287,20 +311,27 @@ class _TopLevel(ast.NodeVisitor):
         if node.module == "sys" and any(alias.name == "argv" for alias in node.names):
             self.work.append(f"sys.argv at line {node.lineno}")
         if top == _PACKAGE:
-            public = set(getattr(sys.modules.get(_PACKAGE), "__all__", ()))
-            if node.module != _PACKAGE:
+            public = public_names(node.module or "")
+            if public is None:
                 self._refuse(f"imports from {node.module}")
-            for alias in node.names:
-                if alias.name not in public:
-                    self._refuse(f"imports {alias.name!r} from pipelines")
+            else:
+                for alias in node.names:
+                    if alias.name not in public and public_names(f"{node.module}.{alias.name}") is None:
+                        self._refuse(f"imports {alias.name!r} from {node.module}")
         self.imports.append((top, not self._optional))
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if isinstance(node.value, ast.Name) and node.value.id == "sys" and node.attr == "argv":
             self.work.append(f"sys.argv at line {node.lineno}")
-        if isinstance(node.value, ast.Name) and node.value.id in self._aliases:
-            if node.attr not in set(getattr(sys.modules.get(_PACKAGE), "__all__", ())):
-                self._refuse(f"uses pipelines.{node.attr}")
+        chain = _dotted(node)
+        if chain is not None and chain[0] in self._aliases:
+            # The longest public module the chain names, then one public name of it.
+            module, rest = self._aliases[chain[0]], list(chain[1:])
+            while rest and public_names(f"{module}.{rest[0]}") is not None:
+                module = f"{module}.{rest.pop(0)}"
+            if rest and rest[0] not in (public_names(module) or ()):
+                self._refuse(f"uses {module}.{rest[0]}")
+            return
         self.generic_visit(node)
 
     def visit_If(self, node: ast.If) -> None:
@@ -332,6 +363,15 @@ class _TopLevel(ast.NodeVisitor):
             self.visit(expr)
 
     visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _definition
+
+
+def _dotted(node: ast.expr) -> tuple[str, ...] | None:
+    """``a.b.c`` as ``("a", "b", "c")``; ``None`` for anything but names and attributes."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return (node.id, *reversed(parts)) if isinstance(node, ast.Name) else None
 
 
 def _is_main_guard(test: ast.expr) -> bool:

@@ -1,12 +1,14 @@
 """A step's own source file, imported inside a Triton stub: the file and the modules beside it
-that the compiler copied into ``steps_src/``, with ``pipelines`` stood in for, since a server
-need not have the package (docs/compiling.md, "How a step reaches the server").
+that the compiler copied into ``steps_src/``, with ``pipelines`` (and its public modules, such as
+``pipelines.steps``) stood in for, since a server need not have the package (docs/compiling.md,
+"How a step reaches the server").
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
@@ -92,7 +94,8 @@ def _imported(path: str, name: str, digest: str) -> types.ModuleType:
 
 @contextlib.contextmanager
 def _pipelines_stood_in() -> Iterator[None]:
-    """``import pipelines`` gives the stand-in while the file (and what it imports) runs.
+    """``import pipelines`` (and ``import pipelines.steps``, ``from pipelines.steps.nms import nms``…)
+    gives stand-ins while the file (and what it imports) runs.
 
     In a stub, where nothing imported the package, the stand-in stays, for the imports the
     step's modules make later. In a process that has the real package (a test), it comes back.
@@ -100,9 +103,10 @@ def _pipelines_stood_in() -> Iterator[None]:
     ours = [k for k in sys.modules if k == _PACKAGE or k.startswith(_PACKAGE + ".")]
     real = {k: sys.modules.pop(k) for k in ours} if not isinstance(sys.modules.get(_PACKAGE), _StandIn) else {}
     if _PACKAGE not in sys.modules:
-        stand_in = _StandIn(_PACKAGE)
-        stand_in.__spec__ = importlib.machinery.ModuleSpec(_PACKAGE, None)  # find_spec() asks every module for one
-        sys.modules[_PACKAGE] = stand_in
+        sys.modules[_PACKAGE] = _FINDER.create_module(importlib.machinery.ModuleSpec(_PACKAGE, _FINDER,
+                                                                                     is_package=True))
+    if not any(isinstance(f, _StandInFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _FINDER)
     try:
         yield
     finally:
@@ -110,6 +114,30 @@ def _pipelines_stood_in() -> Iterator[None]:
             for k in [k for k in sys.modules if k == _PACKAGE or k.startswith(_PACKAGE + ".")]:
                 del sys.modules[k]
             sys.modules.update(real)
+            sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _StandInFinder)]
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds ``pipelines.<module>`` while ``pipelines`` is the stand-in: another stand-in, so that a
+    file that declares with the library's helpers (``from pipelines.steps import onnx_model``)
+    imports on a server that has no package. The compiler lets only public modules' names through."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname.startswith(_PACKAGE + ".") and isinstance(sys.modules.get(_PACKAGE), _StandIn):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = _StandIn(spec.name)
+        module.__spec__ = spec  # find_spec() asks every module for one
+        module.__path__ = []  # a package, so that its own modules are found here too
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+_FINDER = _StandInFinder()
 
 
 def _step(impl: Any = None, **_options: Any) -> Any:
@@ -122,10 +150,12 @@ def _same(obj: Any) -> Any:
 
 
 class _StandIn(types.ModuleType):
-    """``pipelines`` on a server: ``step`` hands back what it decorates; every other name is inert.
+    """``pipelines`` (or one of its modules) on a server: ``pipelines.step`` hands back what it
+    decorates; every other name is inert.
 
-    The compiler lets a file travel this way only when it imports nothing but ``pipelines``'
-    public names and the step's code uses none of them (else the step goes by value).
+    The compiler lets a file travel this way only when it imports nothing but the public names
+    of ``pipelines`` and ``pipelines.steps`` and the step's code uses none of them (else the
+    step goes by value).
     """
 
     __all__: list[str] = []
@@ -133,7 +163,7 @@ class _StandIn(types.ModuleType):
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("__"):
             raise AttributeError(attr)
-        return _step if attr == "step" else _Inert(f"pipelines.{attr}")
+        return _step if attr == "step" and self.__name__ == _PACKAGE else _Inert(f"{self.__name__}.{attr}")
 
 
 def _refused(self: _Inert, *_: Any) -> Any:

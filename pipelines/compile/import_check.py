@@ -1,0 +1,202 @@
+"""Proof, before a repository is written, that every step's code loads on a server: one clean
+interpreter (``python -I -S``, run on :mod:`.import_probe`) loads each step as its stub would, from a
+copy of the files that travel, with only the standard library and the distributions that
+``requirements.txt`` names (and what they depend on) to import from; never the user's folder, never
+``pipelines``. A step that would fail to load is a :class:`CompileError`, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CompileError
+from .requirements import one_line_each
+
+if TYPE_CHECKING:
+    from .repository import ModelRepository
+
+__all__ = ["check_steps_import"]
+
+_PROBE = Path(__file__).with_name("import_probe.py")
+_PLAN = "step.json"
+#: A step file that does real work when imported (loads weights, say) may take a while; a hung one must not hang compile.
+_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class _Load:
+    """One step's code to load: the model and step that hold it, its ``impl`` record, its files."""
+
+    pipeline: str
+    step: str
+    model: str
+    source: str
+    impl: dict[str, Any]
+    files: dict[str, bytes]
+
+    @property
+    def key(self) -> str:
+        return json.dumps(self.impl, sort_keys=True)
+
+
+#: The loads proven in this process, with the requirements they were proven under.
+_PROVEN: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def check_steps_import(repo: ModelRepository) -> None:
+    """Raise :class:`CompileError` for the first step of ``repo`` whose code would not load on a server."""
+    requirements = one_line_each({r for m in repo.models.values() for r in _needs(m)})
+    # What loaded once loads again: the record holds the digest of every file, and the same
+    # requirements give the same modules (tests and notebooks write one pipeline many times).
+    loads = [load for load in _loads(repo) if (load.key, tuple(requirements)) not in _PROVEN]
+    if not loads:
+        return
+    with tempfile.TemporaryDirectory(prefix="pipelines-import-check-") as tmp:
+        root = Path(tmp) / "repo"
+        serving = root / "serving"
+        serving.mkdir(parents=True)
+        for module in resources.files("pipelines.serving").iterdir():
+            if module.name.endswith(".py"):
+                (serving / module.name).write_bytes(module.read_bytes())
+        steps = {}
+        for index, load in enumerate(loads):
+            folder = f"s{index}"
+            for rel, data in load.files.items():
+                (root / folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                (root / folder / rel).write_bytes(data)
+            steps[str(index)] = {"folder": folder, "impl": load.impl}
+        job = Path(tmp) / "job.json"
+        result = Path(tmp) / "result.json"
+        job.write_text(json.dumps({
+            "root": str(root), "sites": _sites(), "allowed": sorted(_allowed_modules(tuple(requirements))),
+            "steps": steps, "result": str(result),
+        }))
+        try:
+            ran = subprocess.run([sys.executable, "-I", "-S", str(_PROBE), str(job)], capture_output=True,
+                                 text=True, timeout=_TIMEOUT_S, cwd=tmp, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise CompileError(
+                f"loading the steps' code as a server would took over {_TIMEOUT_S} s (pipelines "
+                f"{', '.join(sorted({ld.pipeline for ld in loads}))}); a step's file must not do long work when "
+                "imported: move it under `if __name__ == \"__main__\":` or into initialize(). Nothing was written"
+            ) from None
+        if ran.returncode != 0 or not result.is_file():
+            raise CompileError(
+                f"the check that every step's code loads on a server could not run ({sys.executable} -I -S "
+                f"exited with {ran.returncode}): {ran.stderr.strip()[-2000:]}. Nothing was written"
+            )
+        failures = json.loads(result.read_text())
+    _PROVEN.update((load.key, tuple(requirements)) for i, load in enumerate(loads) if str(i) not in failures)
+    for index in sorted(failures, key=int):
+        raise _error(loads[int(index)], failures[index], requirements)
+
+
+def _needs(model: Any) -> tuple[str, ...]:
+    try:
+        return model.server_needs().requirements
+    except CompileError:  # a step that cannot be exported by value: the write says so, in its own words
+        return ()
+
+
+def _loads(repo: ModelRepository) -> list[_Load]:
+    """Each distinct step code of ``repo``'s models (a fused model carries the same as the step's model)."""
+    found: dict[str, _Load] = {}
+    for name in repo.names:
+        model = repo[name]
+        for rel in sorted(model.files):
+            if rel.rpartition("/")[2] != _PLAN:
+                continue
+            folder = rel.rpartition("/")[0]
+            try:
+                plan = json.loads(model.files[rel])
+                impl = plan["impl"]
+                wanted = list(impl["sha256"]) if "path" in impl else [impl["pickle"]] if "pickle" in impl else []
+                files = {w: model.files[f"{folder}/{w}"] for w in wanted}
+            except CompileError:
+                continue  # a step that cannot be exported by value: the write says so, in its own words
+            key = json.dumps(impl, sort_keys=True)
+            found.setdefault(key, _Load(plan.get("pipeline") or model.pipeline or name, plan.get("step") or name,
+                                        name, plan.get("source", "module"), impl, files))
+    return list(found.values())
+
+
+def _sites() -> list[str]:
+    """The site-packages this Python imports installed distributions from (no user folder, no editable path)."""
+    paths = sysconfig.get_paths()
+    candidates = [*sys.path, paths.get("purelib", ""), paths.get("platlib", "")]
+    parts = ("site-packages", "dist-packages")
+    return list(dict.fromkeys(p for p in candidates if p and any(x in Path(p).parts for x in parts)
+                              and os.path.isdir(p)))
+
+
+_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@functools.lru_cache(maxsize=32)
+def _allowed_modules(requirements: tuple[str, ...]) -> frozenset[str]:
+    """The top-level modules that ``pip install`` of ``requirements`` gives a server: those of the
+    distributions named, and of what they require (extras left out), as installed here."""
+    todo = [m.group(1) for m in map(_NAME.match, requirements) if m]
+    seen: set[str] = set()
+    while todo:
+        dist = _key(todo.pop())
+        if dist in seen:
+            continue
+        seen.add(dist)
+        try:
+            needs = importlib.metadata.requires(dist) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        todo += [m.group(1) for m in map(_NAME.match, (r for r in needs if "extra ==" not in r.replace("'", '"')
+                                                          and "extra==" not in r)) if m]
+    return frozenset(top for top, dists in _top_levels().items() if any(_key(d) in seen for d in dists))
+
+
+@functools.lru_cache(maxsize=1)
+def _top_levels() -> dict[str, list[str]]:
+    return dict(importlib.metadata.packages_distributions())
+
+
+def _error(load: _Load, failure: dict[str, Any], requirements: Iterable[str]) -> CompileError:
+    where = (f"{Path(failure['file']).name}, line {failure['line']} (`{failure['code']}`)" if failure.get("file")
+             else "loading it")
+    travels = {"file": f"as its file{'s' if len(load.files) > 1 else ''} "
+                       f"{', '.join(Path(f).name for f in load.files)}",
+               "pickle": "by value in step.pkl",
+               }.get(load.source, f"by reference to the installed module {load.impl.get('module')!r}")
+    required = ", ".join(requirements) or "nothing"
+    module = failure.get("module")
+    if module and failure.get("installed"):
+        fix = (f"{module!r} is installed here, but only an import at the top of a travelling file (or in the "
+               f"step's code) puts its distribution into requirements.txt: import {module} at the top of "
+               f"{Path(failure.get('file') or 'the file').name}")
+    elif module:
+        fix = (f"the server has only the files that travel and what requirements.txt installs, so {module!r} "
+               f"must be one of them: pip install it here as a distribution (requirements.txt then names it), "
+               f"or make it a single-file module beside the step's file, or import it inside the step's "
+               f"function instead of when the file is imported")
+    else:
+        fix = "make the file import on a server: keep the script's own work under `if __name__ == \"__main__\":`"
+    return CompileError(
+        f"pipeline {load.pipeline!r}: step {load.step!r} (model {load.model!r}) would fail to load on the "
+        f"server: its code travels {travels}, and loading it failed at {where} with {failure['error']}. "
+        f"requirements.txt installs {required}; {fix}. Nothing was written",
+        pipeline=load.pipeline, step=load.step,
+    )
