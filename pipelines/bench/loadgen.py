@@ -274,6 +274,8 @@ async def run_load(
         elapsed = perf_counter() - current.start
         rate = len(current.latencies) / elapsed if elapsed > 0 else 0.0
         errors = f", {current.errors} errors" if current.errors else ""
+        if not (current.latencies or current.errors):  # the window has just begun: no rate to show yet
+            return f"window {len(windows) + 1}/{rule.max_trials}"
         return f"window {len(windows) + 1}/{rule.max_trials}: {rate:,.1f} infer/s{errors}"
 
     fatal: ServerDiedError | None = None

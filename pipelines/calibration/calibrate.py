@@ -92,20 +92,21 @@ def calibrate(
         version = client.metadata().get("version")
 
         def tick(done: int, total: int, probe: Probe) -> None:
-            bar.update("calibrating", probe.label, done / total, f"{done}/{total} probes x rounds")
+            # one stage for all probes: without a terminal, a line for it (and one every 30 s), not per probe
+            bar.update("calibrating", "probes", done / total, f"{done}/{total} probes x rounds ({probe.label})")
 
         samples = measure_probes(
             lambda model, inputs: client.infer(model, inputs), probes, budget, tick, statistics=client.statistics,
             busy_ms=BUSY_MS,
         )
-        bar.update("calibrating", "wake", 1.0, "hand-offs after a wait")
+        bar.update("calibrating", "wake", 0.0, "hand-offs after a wait")
         woken = measure_wake(lambda model, inputs: client.infer(model, inputs), rounds=budget.rounds)
-        bar.update("calibrating", "lanes", 1.0, "requests at once")
+        bar.update("calibrating", "lanes", 0.0, "requests at once")
         lane_probes = _lane_probes(chains, sizes)
         lanes, rows = measure_lanes(connect, lane_probes, cores, budget.lanes_seconds)
         # size by size as well: large copies share the memory bus as well as the cores
         lanes_by_size = tuple((p.size, row[3]) for p, row in zip(lane_probes, rows, strict=True))
-        bar.update("calibrating", "rounds", 1.0, "a fused model's rounds")
+        bar.update("calibrating", "rounds", 0.0, "a fused model's rounds")
         # The smallest size: a round's bytes are priced by fused_model, what is left is each request's own.
         rounds = measure_rounds(connect, Probe("fused", chains[0], sizes[0]), seconds=budget.lanes_seconds)
         round_rows = [row for s in samples for row in s.round_rows()]
