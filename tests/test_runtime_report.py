@@ -88,7 +88,8 @@ def test_compare_sets_ensemble_against_bls_sync_with_ratios():
     assert cmp.ratio("latency_us") == sync.latency_us / ensemble.latency_us
     assert sync.parallelism <= 1.0 + 1e-6  # one step at a time: step time cannot exceed wall time
     text = str(cmp)
-    assert "ensemble" in text and "bls-sync" in text and "b / a" in text and "slow.compute_us" in text
+    assert "ensemble" in text and "bls-sync" in text and "b / a" in text and "slow.compute " in text
+    assert "_us" not in text  # each value names its own unit: no "latency_us 24.18 ms"
     data = cmp.to_dict()
     assert data["a"] == "ensemble" and data["b"] == "bls-sync"
     assert data["figures"]["latency_us"]["ratio"] == cmp.ratio("latency_us")

@@ -166,7 +166,9 @@ class Comparison:
         for name, x, y in self.rows:
             ratio = y / x if x else math.nan
             fmt = _bytes if "bytes" in name else (_us if name.endswith("_us") else (lambda v: f"{v:.2f}"))
-            out.append((name, fmt(x), fmt(y), "–" if math.isnan(ratio) else f"{ratio:.2f}"))
+            # the value carries its own unit (µs, ms, s), so the name does not: no "latency_us 24.18 ms"
+            shown = name.removesuffix("_us")
+            out.append((shown, fmt(x), fmt(y), "–" if math.isnan(ratio) else f"{ratio:.2f}"))
         title = f"pipeline {self.a.pipeline!r}: {self.a.mode} (a) against {self.b.mode} (b)\n"
         return title + _table(("figure", self.a.mode, self.b.mode, "b / a"), out)
 
