@@ -248,9 +248,18 @@ def test_a_model_exported_with_a_fixed_batch_runs_locally_a_row_at_a_time(tmp_pa
     np.testing.assert_allclose(p.run({"x": x})["z"], onnxruntime_answers(path, x)["z"], rtol=1e-6)
 
 
-def test_a_local_onnx_step_that_drifted_fails_as_its_step(model_file):
-    wrong = onnx_model("affine", model_file, inputs={"x": TensorSpec("FP32", [5])}, outputs={"scores": SCORES})
-    with pytest.raises(StepError, match=r"step 'affine': input 'x' has dims \[-1, 4\]") as info:
+def test_a_local_onnx_step_that_drifted_fails_as_its_step(model_file, tmp_path):
+    # The file changed after the step was declared (declaring checks it: tests/test_onnx_declared.py).
+    drifting = tmp_path / "affine.onnx"
+    drifting.write_bytes(model_file.read_bytes())
+    wrong = onnx_model("affine", drifting, inputs={"x": X}, outputs={"scores": SCORES})
+    from onnx import TensorProto, helper
+
+    wide = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 5]) for n in ("x", "scores")]
+    onnx.save(helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["scores"])], "wide",
+                                                  wide[:1], wide[1:]),
+                                opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(drifting))
+    with pytest.raises(StepError, match=r"step 'affine': input 'x' has dims \[-1, 5\]") as info:
         wrong.instantiate()
     assert info.value.step == "affine"
 

@@ -1,6 +1,7 @@
 """A real yolov5 ``.onnx`` file as a detector step: :func:`onnx_detector` declares it
 from the file's own shapes as an external Triton model (backend ``onnxruntime``), and
-:class:`OnnxRuntimeDetector` runs it locally through onnxruntime.
+:class:`OnnxRuntimeDetector` runs it locally through onnxruntime. :func:`check_onnx_declared`
+checks the tensors declared for any ONNX file (``onnx_model``) against the file's own.
 
 The weight-free stand-in with the same layout is :mod:`pipelines.steps.detector`.
 """
@@ -14,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StepDeclarationError, StepError
+from ..errors import DtypeMismatchError, ShapeMismatchError, StepDeclarationError, StepError, UnknownTensorError
 from ..step import Step, external_model
 from ..tensor import TensorSpec
 from ._xp import array_namespace, to_numpy
 
-__all__ = ["OnnxRuntimeDetector", "OnnxTensor", "onnx_detector", "read_onnx_signature"]
+__all__ = ["OnnxRuntimeDetector", "OnnxTensor", "check_onnx_declared", "onnx_detector", "read_onnx_signature"]
 
 
 class OnnxRuntimeDetector:
@@ -79,11 +80,15 @@ class OnnxRuntimeDetector:
 
 @dataclass(frozen=True)
 class OnnxTensor:
-    """One input or output of an ONNX file: its dtype and dims (``None`` where not a fixed size)."""
+    """One input or output of an ONNX file: its dtype and dims (``None`` where not a fixed size).
+
+    ``datatype`` is the dtype as Triton names it (``FP32``, ``BYTES``…), as a ``TensorSpec`` does.
+    """
 
     name: str
     dtype: np.dtype
     dims: tuple[int | None, ...]
+    datatype: str = ""
 
 
 def read_onnx_signature(model_file: str | os.PathLike[str]) -> tuple[list[OnnxTensor], list[OnnxTensor]]:
@@ -109,10 +114,126 @@ def read_onnx_signature(model_file: str | os.PathLike[str]) -> tuple[list[OnnxTe
                 continue
             t = v.type.tensor_type
             dims = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in t.shape.dim)
-            out.append(OnnxTensor(v.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)), dims))
+            kind = onnx.TensorProto.DataType.Name(t.elem_type)
+            out.append(OnnxTensor(v.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)), dims,
+                                  _ONNX_TYPES.get(kind, kind)))
         return out
 
     return tensors(model.graph.input), tensors(model.graph.output)
+
+
+#: ONNX's element types, as Triton's datatype names.
+_ONNX_TYPES = {"FLOAT": "FP32", "DOUBLE": "FP64", "FLOAT16": "FP16", "BFLOAT16": "BF16", "STRING": "BYTES",
+               "BOOL": "BOOL", **{k: k for k in ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32",
+                                                 "UINT64")}}
+
+
+def check_onnx_declared(
+    name: str,
+    model_file: str,
+    inputs: Mapping[str, TensorSpec],
+    outputs: Mapping[str, TensorSpec],
+    *,
+    fixed_batch: int | None = None,
+    max_batch_size: int | None = None,
+) -> None:
+    """Raise a :class:`~pipelines.DeclarationError` where the tensors declared for the ONNX file
+    ``model_file`` are not the file's own: a name it lacks (or an input of it left out), another
+    element type, another rank, or another static size.
+
+    Declared dims leave out the batch axis when the pipeline batches; the step does not know
+    yet whether it will (``max_batch_size`` ``None``), so a file of one more axis than a spec
+    must have a free first axis (or a ``fixed_batch`` of its size), and a file of the spec's own
+    rank is one for a pipeline that does not batch. ``-1`` and a symbolic dim match any size.
+    Without ``onnx`` installed, nothing is read, and the file is checked when the step runs.
+    """
+    try:
+        file_inputs, file_outputs = read_onnx_signature(model_file)
+    except StepDeclarationError as exc:
+        if "needs the onnx package" in str(exc):
+            return
+        raise StepDeclarationError(f"step {name!r}: {exc}", step=name) from None
+    for kind, declared, tensors in (("input", inputs, file_inputs), ("output", outputs, file_outputs)):
+        by_name = {t.name: t for t in tensors}
+        for tensor_name, spec in declared.items():
+            tensor = by_name.get(tensor_name)
+            if tensor is None:
+                raise UnknownTensorError(
+                    f"step {name!r} declares {kind} {tensor_name!r}, which {model_file!r} does not have; its "
+                    f"{kind}s are {list(by_name)}: declare the file's own names (Triton's onnxruntime backend "
+                    "maps tensors by name)",
+                    step=name, tensor=tensor_name,
+                )
+            _check_tensor(name, model_file, kind, spec, tensor, fixed_batch=fixed_batch, max_batch_size=max_batch_size)
+    for tensor in file_inputs:
+        if tensor.name not in inputs:
+            raise UnknownTensorError(
+                f"step {name!r}: {model_file!r} has input {tensor.name!r} {_file_side(tensor)}, which the step does "
+                f"not declare; onnxruntime must be fed every input of the file, so declare it in inputs= "
+                f"(the file's inputs are {[t.name for t in file_inputs]})",
+                step=name, tensor=tensor.name,
+            )
+
+
+def _check_tensor(name: str, path: str, kind: str, spec: TensorSpec, tensor: OnnxTensor, *,
+                  fixed_batch: int | None, max_batch_size: int | None) -> None:
+    head = f"step {name!r}: {kind} {tensor.name!r} is declared {spec}, but {path!r} has it as {_file_side(tensor)}"
+    whole = max_batch_size == 0 and fixed_batch is None  # a step that never batches declares every axis
+
+    def suggest() -> str:
+        return _suggest(tensor, spec, whole=whole)
+    if tensor.datatype and tensor.datatype != spec.dtype:
+        raise DtypeMismatchError(
+            f"{head}; the element types differ, so declare {suggest()} or export the file with "
+            f"{spec.dtype}",
+            step=name, tensor=tensor.name,
+        )
+    file_dims, dims = list(tensor.dims), list(spec.dims)
+    batch = None
+    if fixed_batch is not None or (max_batch_size or 0) > 0 or (
+            max_batch_size is None and len(file_dims) == len(dims) + 1):
+        if len(file_dims) != len(dims) + 1:
+            raise ShapeMismatchError(
+                f"{head}; the ranks differ: declared dims leave out the batch axis, which the file has first, "
+                f"so declare {suggest()}",
+                step=name, tensor=tensor.name,
+            )
+        batch, file_dims = file_dims[0], file_dims[1:]
+        if fixed_batch is not None and batch not in (None, fixed_batch):
+            raise ShapeMismatchError(
+                f"{head}; its first axis is a batch of {batch}, not fixed_batch={fixed_batch}: "
+                f"pass fixed_batch={batch}",
+                step=name, tensor=tensor.name,
+            )
+        if fixed_batch is None and batch is not None:
+            raise ShapeMismatchError(
+                f"{head}; its first axis is a fixed batch of {batch}, so pass fixed_batch={batch} "
+                "(or export the file with a dynamic batch axis)",
+                step=name, tensor=tensor.name,
+            )
+    elif len(file_dims) != len(dims):
+        raise ShapeMismatchError(
+            f"{head}; the ranks differ, so declare {suggest()}",
+            step=name, tensor=tensor.name,
+        )
+    if any(f is not None and d != -1 and f != d for f, d in zip(file_dims, dims, strict=True)):
+        raise ShapeMismatchError(
+            f"{head}; the fixed sizes differ (-1 matches any size), so declare {suggest()}",
+            step=name, tensor=tensor.name,
+        )
+
+
+def _file_side(tensor: OnnxTensor) -> str:
+    return f"{tensor.datatype or tensor.dtype} {_shape(tensor)}"
+
+
+def _suggest(tensor: OnnxTensor, spec: TensorSpec, *, whole: bool) -> str:
+    """The spec that matches the file: its datatype, and its dims, with the batch axis left out
+    unless the step declares ``whole`` shapes (``max_batch_size=0``), where the file has one."""
+    dims = list(tensor.dims)
+    if not whole and (len(dims) == spec.rank + 1 or (len(dims) > 1 and dims[0] is None)):
+        dims = dims[1:]
+    return f"TensorSpec({tensor.datatype or str(tensor.dtype)!r}, {[-1 if d is None else d for d in dims]})"
 
 
 def _pick(tensors: list[OnnxTensor], name: str | None, what: str, path: str, step_name: str) -> OnnxTensor:

@@ -10,9 +10,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import serving
-from ..errors import StepError
+from ..errors import StepDeclarationError, StepError
 from ..step import Step, external_model
 from ..tensor import TensorSpec
+from .onnx_file import check_onnx_declared
 
 __all__ = ["OnnxRuntimeStandIn", "onnx_model"]
 
@@ -71,8 +72,10 @@ def onnx_model(
     whose stand-in runs the file through onnxruntime (``pip install 'pipelines[onnx]'``).
 
     ``inputs`` and ``outputs`` are the file's tensors, named as in the file (Triton's
-    onnxruntime backend maps them by name), without the batch axis when the pipeline batches;
-    the stand-in checks them against the file when it is initialised. ``fixed_batch``: the
+    onnxruntime backend maps them by name), without the batch axis when the pipeline batches.
+    They are checked against the file here, when the step is made (names, element types and
+    static dims, read with ``onnx``; see :func:`~pipelines.steps.onnx_file.check_onnx_declared`),
+    and again by the stand-in when it is initialised. ``fixed_batch``: the
     file's batch axis is that fixed size (see :func:`~pipelines.external_model`).
     ``providers``: onnxruntime's execution providers for the local run (default: the CPU's).
     ``options`` are the step's model options. Compiled, it is the same ``onnxruntime`` model
@@ -80,6 +83,10 @@ def onnx_model(
     stand-in runs it (docs/declaring.md).
     """
     path = os.path.abspath(os.fspath(model_file))
+    if not os.path.isfile(path):
+        raise StepDeclarationError(f"step {name!r}: ONNX model file {path!r} does not exist", step=name)
+    check_onnx_declared(name, path, inputs, outputs, fixed_batch=fixed_batch,
+                        max_batch_size=options.get("max_batch_size"))
     stand_in = type(
         f"OnnxRuntimeStandIn_{name}",
         (OnnxRuntimeStandIn,),
