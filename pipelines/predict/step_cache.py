@@ -24,8 +24,8 @@ __all__ = ["CACHE_FORMAT", "StepCache", "cache_key", "value_digest"]
 
 #: Version of the cache file; a cache of another format is not read (and is replaced).
 # 2: a profile holds its memory share; 3: keys hold where inputs came from; 4: warm timings; 5: its traffic;
-# 6: each figure the median of rounds over the steps
-CACHE_FORMAT = 6
+# 6: each figure the median of rounds over the steps; 7: the rounds' spread
+CACHE_FORMAT = 7
 
 
 class StepCache:
@@ -58,8 +58,15 @@ class StepCache:
         except (KeyError, PipelinesError):  # none yet, or a damaged entry: measured again
             return None
 
-    def put(self, key: str, profile: StepProfile) -> None:
-        self.entries[key] = self.added[key] = profile.to_json()
+    def extra(self, key: str) -> dict[str, Any]:
+        """What an entry keeps beside its profile (``put(..., extra=)``; empty where nothing)."""
+        entry = self.entries.get(key)
+        found = entry.get("extra") if isinstance(entry, dict) else None
+        return dict(found) if isinstance(found, dict) else {}
+
+    def put(self, key: str, profile: StepProfile, *, extra: Mapping[str, Any] | None = None) -> None:
+        # beside the profile's fields: StepProfile.from_json reads only its own
+        self.entries[key] = self.added[key] = {**profile.to_json(), **({"extra": dict(extra)} if extra else {})}
 
     def write(self) -> None:
         if not self.added:
@@ -71,10 +78,12 @@ class StepCache:
 
 
 def cache_key(digest: str, inputs: Mapping[str, TensorSpec], returns: Sequence[str], sizes: Sequence[int],
-              device: str, given: tuple[tuple[int, ...], tuple[float, ...]] | None, origins: Mapping[str, str]) -> str:
+              device: str, given: tuple[tuple[int, ...], tuple[float, ...]] | None, origins: Mapping[str, str],
+              *, server: str | None = None) -> str:
     """A key of all that decides a step's cost: its code, what it is handed (and ``origins``: where
     each input came from, since a step's cost can follow its inputs' values), what it hands on, the
-    batch sizes, its device, any cost given, and this machine (docs/prediction.md, "Step profiles")."""
+    batch sizes, its device, any cost given, and this machine (docs/prediction.md, "Step profiles").
+    ``server``: the server that measured it (:mod:`pipelines.predict.server_steps`); None: here."""
     key = {
         "format": CACHE_FORMAT,
         "digest": digest,
@@ -86,6 +95,8 @@ def cache_key(digest: str, inputs: Mapping[str, TensorSpec], returns: Sequence[s
         "given": None if given is None else [list(given[0]), list(given[1])],
         "environment": [platform.python_version(), np.__version__, platform.machine(), usable_cores()],
     }
+    if server is not None:  # only then: the keys of the steps measured here stay what they were
+        key["server"] = server
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 

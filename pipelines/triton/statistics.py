@@ -7,16 +7,22 @@ requests of that measurement, for every model the server ran (composing models t
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 __all__ = [
+    "BatchCounters",
     "ModelCounters",
     "ModelTimes",
     "breakdown",
     "breakdown_over",
+    "held_by_batch",
+    "parse_batch_statistics",
     "parse_statistics",
+    "process_cpu_ns",
 ]
 
 
@@ -177,3 +183,76 @@ def breakdown_over(
             grown = counters.since(before.get(key))
             summed[key] = summed[key].plus(grown) if key in summed else grown
     return breakdown({}, summed, first=first)
+
+
+@dataclass(frozen=True)
+class BatchCounters:
+    """One model's cumulative counters at one batch size (``batch_stats``): its executions of that
+    many rows, and the ns they spent in compute input, infer and output."""
+
+    model: str
+    version: str
+    batch_size: int
+    executions: int
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int
+
+    @property
+    def held_ns(self) -> int:
+        """What its executions held their instances: compute input + infer + output."""
+        return self.compute_input_ns + self.compute_infer_ns + self.compute_output_ns
+
+
+def parse_batch_statistics(statistics: Mapping[str, Any]) -> dict[tuple[str, str, int], BatchCounters]:
+    """Read the ``batch_stats`` of a ``/v2/models/stats`` answer into counters per (model, version, batch size)."""
+    out: dict[tuple[str, str, int], BatchCounters] = {}
+    for entry in statistics.get("model_stats", ()) or ():
+        model, version = str(entry.get("name", "")), str(entry.get("version", ""))
+        for batch in entry.get("batch_stats", ()) or ():
+            size = _int(batch.get("batch_size"))
+            out[model, version, size] = BatchCounters(
+                model, version, size, _pair(batch, "compute_infer")[0], _pair(batch, "compute_input")[1],
+                _pair(batch, "compute_infer")[1], _pair(batch, "compute_output")[1])
+    return out
+
+
+def held_by_batch(before: Mapping[str, Any], after: Mapping[str, Any], model: str) -> dict[int, tuple[int, float]]:
+    """``{batch size: (executions, mean µs one held its instance)}`` of ``model`` between two statistics
+    answers (every version summed), for each batch size it ran at in between."""
+    was, now = parse_batch_statistics(before), parse_batch_statistics(after)
+    grown: dict[int, list[int]] = {}
+    for key, counters in now.items():
+        if key[0] != model:
+            continue
+        old = was.get(key)
+        executions = counters.executions - (old.executions if old else 0)
+        held = counters.held_ns - (old.held_ns if old else 0)
+        if executions > 0:
+            total = grown.setdefault(key[2], [0, 0])
+            total[0] += executions
+            total[1] += held
+    return {size: (n, ns / n / 1e3) for size, (n, ns) in sorted(grown.items())}
+
+
+def process_cpu_ns(pid: int) -> int | None:
+    """The CPU time a process has used, all its threads together (ns), or None where it cannot be read.
+
+    The scheduler's own count (``/proc/<pid>/task/*/schedstat``, in ns) where the kernel keeps it:
+    ``/proc/<pid>/stat`` counts in clock ticks (10 ms), too coarse for a step's few milliseconds.
+    A thread that ended in between is not counted; a stub's pools (onnxruntime's, BLAS') live on.
+    """
+    total, found = 0, False
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                    total += int(f.read().split()[0])
+                    found = True
+    if found:
+        return total
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open(f"/proc/{pid}/stat") as f:
+            fields_ = f.read().rsplit(")", 1)[1].split()
+        return (int(fields_[11]) + int(fields_[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    return None

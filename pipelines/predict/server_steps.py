@@ -1,0 +1,389 @@
+"""Step costs from the server: each step's own model, compiled and served by Triton, called at each
+batch size and timed by Triton's statistics, in place of the step profiles timed in this process
+(docs/prediction.md, "Take step costs from your server").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import math
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import ArgumentError, PipelinesError
+from ..plan import ExecutionPlan, NodePlan, plan_of
+from ..requests import check_request
+from .code_digest import code_digest
+from .spec import WayCost
+from .step_cache import StepCache, cache_key, value_digest
+from .step_profile import StepProfile
+from .step_runner import host, rows_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..graph import Pipeline
+
+__all__ = ["STEP_COSTS", "ServerStepCosts", "server_step_costs"]
+
+#: Where a prediction takes its step costs from: a server where one is given (``auto``), the
+#: server (the bundled one unless ``url``), or the step profiles timed here (``local``).
+STEP_COSTS = ("auto", "server", "local")
+#: Calls of a step's model at each batch size: at least this many, for at least this long, at most
+#: :data:`MOST` (after :data:`WARMUP` untimed: a stub's first calls allocate its shared memory).
+LEAST, SECONDS, MOST, WARMUP = 5, 0.04, 100, 2
+#: Rounds over the steps: each figure is the median of its rounds' means.
+ROUNDS = 3
+LOCAL = "local step profile"
+
+
+@dataclass(frozen=True)
+class ServerStepCosts:
+    """Each live node's profile (the server's where its model was timed there, else the local one),
+    where each came from in words (``sources``), the server in words, and one line of why the
+    local profiles stand in (``fallback``; "" where none do for that reason)."""
+
+    profiles: Mapping[str, StepProfile]
+    sources: Mapping[str, str]
+    server: str
+    fallback: str = ""
+
+    def notes(self) -> list[str]:
+        """The lines a prediction shows: the fallback (every step's cost then its local profile's), or
+        where each step's cost came from."""
+        if self.fallback:
+            return [self.fallback]
+        by_source: dict[str, list[str]] = {}
+        for node, source in self.sources.items():
+            by_source.setdefault(source if source == LOCAL or source.startswith("given") else "server", []).append(
+                f"{node} ({source})" if source not in (LOCAL,) and not source.startswith("given") else node)
+        lines = []
+        if "server" in by_source:
+            lines.append(f"step costs from {self.server}: " + "; ".join(by_source.pop("server")))
+        lines += [f"step costs from the {source}: {', '.join(nodes)}" for source, nodes in by_source.items()]
+        return lines
+
+
+def server_step_costs(
+    pipeline: Pipeline,
+    inputs: Mapping[str, Any],
+    local: Mapping[str, StepProfile],
+    stub: tuple[WayCost, WayCost],
+    *,
+    url: str | None = None,
+    protocol: str = "http",
+    cache: str | Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ServerStepCosts:
+    """Each live step of ``pipeline`` timed as its own model on a Triton server: the bundled one,
+    started on the pipeline's step models, or the one at ``url``, which must serve them (the
+    ensemble's or BLS form's repository). ``inputs``: one request, propagated through the step
+    models on the server. Each model is called at the batch sizes of its ``local`` profile; its
+    cost at each is what Triton says one execution held its instance (compute input, infer and
+    output) less its stub's ways in and out (``stub``: the server profile's ``stub`` boundary),
+    and its CPU time is that of the model's stub processes over the calls (the bundled server; at
+    ``url`` the local profile's share of CPU in wall time stands in). Shapes, GIL share and memory
+    share stay the local profile's; a cost given (``costs=``) stays given.
+
+    A server that cannot serve the run (a model fails to load, the server cannot be reached or
+    started) is no error: every step keeps its local profile and ``fallback`` says why, naming
+    the model. ``cache``: the step profile cache; a step whose code, inputs and server are found
+    there is not called again, and with every step found no server is started."""
+    say = progress or (lambda _text: None)
+    run = _Run(pipeline, inputs, local, url, protocol)
+    found = StepCache(cache) if cache is not None else None
+    measured: dict[str, tuple[StepProfile, dict[str, Any]]] = {}
+    for node, key in run.keys.items():
+        hit = found.get(key) if found is not None else None
+        if hit is not None:
+            measured[node] = (hit, found.extra(key))  # type: ignore[union-attr]
+    missing = [n for n in run.keys if n not in measured]
+    fallback = ""
+    if missing:
+        try:
+            for node, (profile, extra) in run.measure(missing, say).items():
+                measured[node] = (profile, extra)
+                if found is not None:
+                    found.put(run.keys[node], profile, extra=extra)
+        except _CannotServe as why:
+            fallback = f"{why}; the local step profiles are used instead"
+            measured.clear()
+        finally:
+            if found is not None:
+                found.write()
+    profiles, sources = {}, {}
+    for node, mine in local.items():
+        if node in measured and not fallback:
+            profile, extra = measured[node]
+            profiles[node] = _own(mine, profile, extra, stub)
+            sources[node] = f"server statistics (model {extra.get('model', '?')}, {extra.get('requests', 0)} requests" \
+                + (", CPU as timed here" if extra.get("cpu") is False else "") + ")"
+        else:
+            profiles[node] = mine
+            sources[node] = "given cost (costs=)" if mine.source == "given" else LOCAL
+    return ServerStepCosts(profiles, sources, run.where, fallback)
+
+
+class _CannotServe(PipelinesError):
+    """The server cannot serve the pipeline's short run; its message says which model and why."""
+
+
+def _identity(url: str | None, protocol: str) -> str:
+    """The server that measured, for the cache's key and the notes: the bundled Triton by its wheel's version."""
+    if url is not None:
+        return f"the Triton server at {url} over {protocol}"
+    try:
+        version = importlib.metadata.version("nvidia-pytriton")
+    except importlib.metadata.PackageNotFoundError:
+        version = "?"
+    return f"the bundled Triton server (nvidia-pytriton {version}) over {protocol}"
+
+
+class _Run:
+    """One pipeline's server step costs: each node's cache key, and the run on the server."""
+
+    def __init__(self, pipeline: Pipeline, inputs: Mapping[str, Any], local: Mapping[str, StepProfile],
+                 url: str | None, protocol: str) -> None:
+        if protocol not in ("http", "grpc"):
+            raise ArgumentError(f"protocol must be 'http' or 'grpc'; got {protocol!r}")
+        self.pipeline, self.local, self.url, self.protocol = pipeline, local, url, protocol
+        self.plan: ExecutionPlan = plan_of(pipeline, warn=False)
+        self.request = check_request(inputs, pipeline.inputs, pipeline=pipeline.name,
+                                     max_batch_size=pipeline.max_batch_size)
+        self.request_rows = int(next(iter(self.request.values())).shape[0]) \
+            if pipeline.batched and self.request else 1
+        self.where = _identity(url, protocol)
+        self.keys = self._keys()
+
+    def _timed(self, n: NodePlan) -> bool:
+        """Whether node ``n`` is timed on the server: a step with a model, measured here (not a cost given)."""
+        mine = self.local.get(n.name)
+        return n.kind == "step" and mine is not None and mine.source in ("measured", "stand_in")
+
+    def _keys(self) -> dict[str, str]:
+        """Each timed node's cache key: as a step profile's (its code, and where each input came from), and the server."""
+        origins = {(None, name): value_digest(host(value)) for name, value in self.request.items()}
+        keys: dict[str, str] = {}
+        for n in self.plan.nodes:
+            step = self.pipeline.nodes[n.name].step
+            mine = self.local[n.name]
+            key = cache_key(code_digest(step), mine.inputs, n.returns, mine.rows, mine.device, None,
+                            {s.input: origins[s.key] for s in n.inputs}, server=self.where)
+            origins.update({(n.name, out): f"{key}/{out}" for out in (*n.returns, *step.outputs)})
+            if self._timed(n):
+                keys[n.name] = key
+        return keys
+
+    def measure(self, nodes: list[str], say: Callable[[str], None]) -> dict[str, tuple[StepProfile, dict[str, Any]]]:
+        """``nodes`` timed on the server; :class:`_CannotServe` where it cannot serve them."""
+        try:
+            with self._served(say) as (client, cpu_of):
+                say(f"timing {len(nodes)} steps on {self.where}")
+                return self._walk(client, cpu_of, set(nodes))
+        except _CannotServe:
+            raise
+        except PipelinesError as exc:  # the server failed meanwhile (it died, a call timed out)
+            raise _CannotServe(f"{self.where} failed the short run of pipeline {self.pipeline.name!r} "
+                               f"({_first_line(exc)})") from None
+
+    @contextlib.contextmanager
+    def _served(self, say: Callable[[str], None]) -> Iterator[tuple[Any, Callable[[str], Callable[[], int] | None]]]:
+        """A client of the server that serves the step models, and for a model a reading of its stubs' CPU ns
+        (None where they cannot be read: another machine's server)."""
+        from ..triton import TritonClient
+        from ..triton.statistics import process_cpu_ns
+        from ..triton.stubs import server_stubs
+
+        models = sorted({self.plan.node(n).model for n in self.keys})
+        with contextlib.ExitStack() as stack:
+            if self.url is not None:
+                try:
+                    client = stack.enter_context(TritonClient(self.url, self.protocol, timeout=60))
+                    client.metadata()
+                except PipelinesError as exc:
+                    raise _CannotServe(f"the server at {self.url} cannot be reached ({exc})") from None
+                if missing := [m for m in models if not client.ready(m)]:
+                    raise _CannotServe(
+                        f"the server at {self.url} does not serve model {missing[0]!r}"
+                        f"{f' (nor {len(missing) - 1} more)' if len(missing) > 1 else ''}: deploy the pipeline's "
+                        f"ensemble or bls repository there (pipelines compile)")
+                yield client, lambda model: None
+                return
+            server = self._bundled(models, say, stack)
+            stack.callback(server.stop)
+            client = stack.enter_context(server.client(self.protocol, timeout=60))
+
+            def cpu_of(model: str) -> Callable[[], int] | None:
+                pids = [s.pid for s in server_stubs(server.pid) if s.model == model]
+                if not pids or any(process_cpu_ns(pid) is None for pid in pids):
+                    return None
+                return lambda: sum(process_cpu_ns(pid) or 0 for pid in pids)
+
+            yield client, cpu_of
+
+    def _bundled(self, models: list[str], say: Callable[[str], None], stack: contextlib.ExitStack) -> Any:
+        """The bundled server, started on the pipeline's step models only; :class:`_CannotServe`
+        naming a model that fails to load, with Triton's reason."""
+        import warnings
+
+        from ..compile.repository import ModelRepository
+        from ..triton import TritonServer
+
+        form = "bls" if self.plan.conditional else "ensemble"  # an ensemble cannot skip a `when` block's steps
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a step sent by value is said so when the pipeline is compiled
+                compiled = self.pipeline.compile(form)
+        except PipelinesError as exc:
+            raise _CannotServe(f"pipeline {self.pipeline.name!r} does not compile to the {form} form ({exc})") from None
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pipelines-step-costs-")))
+        ModelRepository({m: compiled.models[m] for m in models}).write(root / "repo")
+        say(f"starting the bundled Triton server on {len(models)} step models of {self.pipeline.name!r}")
+        server = TritonServer(root / "repo", restart_on_crash=False, restart_dead_stubs=False)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a model that fails to load: said below, with its reason
+                server.start()
+        except PipelinesError as exc:
+            raise _CannotServe(f"the bundled Triton server did not start ({_first_line(exc)})") from None
+        if server.unavailable:
+            model, reason = next(iter(sorted(server.unavailable.items())))
+            server.stop()
+            raise _CannotServe(f"the bundled Triton server cannot serve model {model!r} of pipeline "
+                               f"{self.pipeline.name!r}: it failed to load ({_first_line(reason)})")
+        return server
+
+    def _walk(self, client: Any, cpu_of: Callable[[str], Callable[[], int] | None],
+              timed: set[str]) -> dict[str, tuple[StepProfile, dict[str, Any]]]:
+        """The request propagated through the step models in the plan's order (a select merged here,
+        as the executors do); then each node in ``timed`` timed at its batch sizes, in :data:`ROUNDS`
+        rounds over the nodes (a moment the machine slowed weighs on one round of a step)."""
+        values: dict[tuple[str | None, str], Any] = {(None, name): v for name, v in self.request.items()}
+        handed_to: dict[str, dict[str, Any]] = {}
+        for n in self.plan.nodes:
+            step = self.pipeline.nodes[n.name].step
+            handed = {s.input: values[s.key] for s in n.inputs}
+            if n.kind != "step" or not self._timed(n):  # a select, or a cost given: run here for what follows
+                try:
+                    outputs = step(**handed) if step.impl is not None else self._zeros(step)
+                except Exception as exc:  # noqa: BLE001 - whatever the user's step raises: said with it
+                    raise _CannotServe(f"step {n.name!r} of pipeline {self.pipeline.name!r} failed here, where it "
+                                       f"feeds the steps after it ({type(exc).__name__}: {exc})") from None
+            else:
+                outputs = self._call(client, n, handed)
+                if n.name in timed:
+                    handed_to[n.name] = handed
+            values.update({(n.name, name): np.asarray(host(outputs[name])) for name in n.returns})
+        nodes = [self.plan.node(name) for name in handed_to]
+        batches = {n.name: [rows_of(handed_to[n.name], rows, self.request_rows) if self.pipeline.batched
+                            else dict(handed_to[n.name]) for rows in self.local[n.name].rows] for n in nodes}
+        cpus = {n.name: cpu_of(n.model) for n in nodes}
+        for n in nodes:  # a stub's first calls at a size allocate its shared memory: untimed
+            for batch in batches[n.name]:
+                for _ in range(WARMUP):
+                    self._call(client, n, batch)
+        rounds: dict[str, list[list[tuple[int, float, float]]]] = {n.name: [] for n in nodes}
+        for _ in range(ROUNDS):
+            for n in nodes:
+                rounds[n.name].append([self._burst(client, n, rows, batch, cpus[n.name])
+                                       for rows, batch in zip(self.local[n.name].rows, batches[n.name], strict=True)])
+        out = {}
+        for n in nodes:
+            mine, by_round = self.local[n.name], rounds[n.name]
+            wall = tuple(statistics.median(r[i][1] for r in by_round) for i in range(len(mine.rows)))
+            cpu = tuple(statistics.median(r[i][2] for r in by_round) for i in range(len(mine.rows)))
+            requests = sum(b[0] for r in by_round for b in r)
+            known = cpus[n.name] is not None
+            found = replace(mine, wall_us=wall, cpu_us=cpu if known else wall, warm_wall_us=(), warm_cpu_us=(),
+                            source="server")
+            if "spread" in {f.name for f in fields(StepProfile)}:  # how far its rounds disagreed, as a profile's
+                found = replace(found, spread=max(
+                    (max(r[i][1] for r in by_round) - min(r[i][1] for r in by_round)) / 2 / w if w > 0 else 0.0
+                    for i, w in enumerate(wall)))
+            out[n.name] = (found, {"model": n.model, "requests": requests, "cpu": known})
+        return out
+
+    def _call(self, client: Any, n: NodePlan, arrays: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            return client.infer(n.model, dict(arrays), outputs=list(n.returns) or None)
+        except PipelinesError as exc:
+            raise _CannotServe(f"model {n.model!r} (step {n.name!r}) failed on the server ({_first_line(exc)})") from None
+
+    def _burst(self, client: Any, n: NodePlan, rows: int, batch: Mapping[str, Any],
+               cpu: Callable[[], int] | None) -> tuple[int, float, float]:
+        """Node ``n``'s model called one request after another on ``batch`` (``rows`` rows): the calls, what one
+        execution held its instance (Triton's batch statistics, µs) and its stubs' CPU time per call (µs), raw
+        (the stub's ways not taken off yet)."""
+        from ..triton.statistics import held_by_batch
+
+        before = client.statistics(n.model)
+        cpu_before = cpu() if cpu is not None else 0
+        began, calls = time.perf_counter(), 0
+        while calls < LEAST or (time.perf_counter() - began < SECONDS and calls < MOST):
+            self._call(client, n, batch)
+            calls += 1
+        cpu_used = (cpu() - cpu_before) if cpu is not None else 0
+        held = held_by_batch(before, client.statistics(n.model), n.model)
+        executions, held_us = held.get(rows) or max(held.values(), default=(calls, math.nan))
+        if not math.isfinite(held_us):
+            raise _CannotServe(f"model {n.model!r} (step {n.name!r}) reported no statistics on the server")
+        return calls, held_us, cpu_used / 1e3 / max(executions, 1)
+
+    def _zeros(self, step: Any) -> dict[str, Any]:
+        rows = (self.request_rows,) if self.pipeline.batched else ()
+        return {o: np.full(rows + tuple(1 if d == -1 else d for d in spec.dims), b"" if spec.dtype == "BYTES" else 0,
+                           dtype=spec.numpy_dtype) for o, spec in step.outputs.items()}
+
+
+def _own(mine: StepProfile, raw: StepProfile, extra: Mapping[str, Any], stub: tuple[WayCost, WayCost]) -> StepProfile:
+    """The step's own cost from its model's raw figures: the stub's ways in and out taken off (the
+    simulation adds its form's own), by the batch's bytes and tensors as the simulation prices them;
+    its CPU the stubs' less those ways (all CPU), or where it was not read, the local share of CPU."""
+    way_in, way_out = stub
+    wall, cpu = [], []
+    local_share = dict(zip(mine.rows, (c / w if w > 0 else 1.0 for c, w in zip(mine.cpu_us, mine.wall_us,
+                                                                                   strict=True)), strict=True))
+    for rows, held, used in zip(raw.rows, raw.wall_us, raw.cpu_us, strict=True):
+        ways = (way_in.at(rows * mine.in_bytes) + max(0, len(mine.inputs) - 1) * way_in.at(0)
+                + way_out.at(rows * mine.out_bytes) + max(0, len(mine.outputs) - 1) * way_out.at(0))
+        # a step cheaper than the stub's fit: a few µs, not nothing (the fit's noise is the stub's, not the step's)
+        own = max(held - ways, min(held, 1.0))
+        wall.append(own)
+        if extra.get("cpu") is False:
+            cpu.append(own * local_share.get(rows, 1.0))
+        else:
+            cpu.append(max(used - ways, 0.0))
+    return replace(mine, rows=raw.rows, wall_us=tuple(wall), cpu_us=tuple(cpu), warm_wall_us=(), warm_cpu_us=(),
+                   source="server")
+
+
+def _first_line(what: Any) -> str:
+    text = str(what).strip()
+    return text.splitlines()[0] if text else type(what).__name__
+
+
+def steps_for(pipeline: Pipeline, inputs: Mapping[str, Any], local: Mapping[str, StepProfile], server: Any, *,
+              step_costs: str = "auto", url: str | None = None, cache: str | Path | None = None,
+              notes: list[str]) -> dict[str, StepProfile]:
+    """The step profiles a prediction simulates its step models with (:class:`~pipelines.predict.Predictor`):
+    ``local`` for ``step_costs="local"``, or ``"auto"`` with no ``url``; else the server's
+    (:func:`server_step_costs`, over the server profile ``server``'s protocol), each step's source
+    and any fallback added to ``notes``."""
+    from .prediction import _ways
+
+    if step_costs not in STEP_COSTS:
+        raise ArgumentError(f"step_costs is one of {', '.join(STEP_COSTS)}; got {step_costs!r}")
+    if step_costs == "local" or (step_costs == "auto" and url is None):
+        return dict(local)
+    found = server_step_costs(pipeline, inputs, local, _ways(server.costs["stub"]), url=url,
+                              protocol=server.protocol if server.protocol in ("http", "grpc") else "http", cache=cache)
+    notes += found.notes()
+    if not found.fallback and any(p.source == "server" for p in found.profiles.values()):
+        notes.append("the fused form keeps the local step profiles: the fused model does not time its steps")
+    return dict(found.profiles)

@@ -1,0 +1,149 @@
+"""Step costs taken from the server (pipelines/predict/server_steps.py): a short run of the pipeline's own step
+models on the bundled Triton server feeds a prediction; a model that fails to load there leaves the local step
+profiles in place, named."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from test_predict import flat_profile
+from toy_steps import V, add, inc, twice
+
+from pipelines import Pipeline, step
+from pipelines.errors import ArgumentError
+from pipelines.predict.prediction import Predictor
+from pipelines.predict.server_steps import STEP_COSTS
+from pipelines.predict.spec import Load
+from pipelines.triton.statistics import held_by_batch, parse_batch_statistics, process_cpu_ns
+
+X = {"x": np.arange(2048, dtype=np.float32).reshape(1, -1)}
+
+
+@pytest.fixture(scope="module")
+def profile_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("profile") / "profile.json"
+    flat_profile().save(path)
+    return path
+
+
+def toy(name: str = "toy3", last=add) -> Pipeline:
+    """Two branches and a join: three step models, each batching up to 4 rows."""
+    p = Pipeline(name, inputs={"x": V}, max_batch_size=4)
+    a = p.add(inc, x=p.input("x"))
+    b = p.add(twice, x=p.input("x"))
+    p.output("z", p.add(last, a=a["y"], b=b["y"])["y"])
+    return p
+
+
+@step(inputs={"a": V, "b": V}, outputs={"y": V})
+class LicensedAdd:
+    """Adds here; on the server (in a Python backend stub) its initialize() fails, as a step whose licence or
+    model file is only on the developer's machine would."""
+
+    def initialize(self, config):
+        if "triton_python_backend_utils" in sys.modules:
+            raise RuntimeError("no licence for add on this server")
+
+    def execute(self, a, b):
+        return {"y": a + b}
+
+
+@pytest.mark.server
+def test_step_costs_come_from_the_servers_statistics_by_batch_size(profile_path, tmp_path):
+    cache = tmp_path / "steps.json"
+    predictor = Predictor(toy(), profile_path, inputs=X, cache=cache, step_costs="server")
+    for node in ("inc", "twice", "add"):
+        server, local = predictor.steps[node], predictor.local_steps[node]
+        assert server.source == "server" and local.source == "measured"
+        assert server.rows == local.rows == (1, 2, 4)
+        assert all(us > 0 for us in server.wall_us) and all(us >= 0 for us in server.cpu_us)
+        assert server.wall_us != local.wall_us
+    notes = "\n".join(predictor.notes)
+    assert "step costs from the bundled Triton server" in notes
+    for node in ("inc", "twice", "add"):
+        assert f"{node} (server statistics (model toy3__{node}, " in notes
+    assert "the fused form keeps the local step profiles" in notes
+    # the ensemble is simulated on the server's costs, the fused form on the local ones
+    ensemble = predictor.spec(predictor.default("ensemble"))
+    fused = predictor.spec(predictor.default("fused"))
+    assert ensemble.steps[0].wall_us.us == predictor.steps[ensemble.steps[0].name].wall_us
+    assert fused.steps[0].wall_us.us == predictor.local_steps[fused.steps[0].name].wall_us
+    row = predictor.row(predictor.default("ensemble"), Load(concurrency=2, requests=100, warmup=10))
+    assert row.throughput > 0 and row.p50_ms > 0
+    # kept with the model and the requests it was timed by; a second prediction reads them (no server: the same
+    # figures, where a second run would read the machine's noise)
+    entries = json.loads(cache.read_text())["profiles"]
+    assert sorted(e["extra"]["model"] for e in entries.values() if e.get("source") == "server") == \
+        ["toy3__add", "toy3__inc", "toy3__twice"]
+    again = Predictor(toy(), profile_path, inputs=X, cache=cache, step_costs="server")
+    assert {n: p.wall_us for n, p in again.steps.items()} == {n: p.wall_us for n, p in predictor.steps.items()}
+
+
+@pytest.mark.server
+def test_a_model_that_fails_to_load_leaves_the_local_profiles_named(profile_path):
+    predictor = Predictor(toy("toy3licensed", LicensedAdd), profile_path, inputs=X, cache=False,
+                          step_costs="server")
+    assert all(p.source == "measured" for p in predictor.steps.values())
+    fallback = [n for n in predictor.notes if "failed to load" in n]
+    assert len(fallback) == 1
+    assert "model 'toy3licensed__LicensedAdd'" in fallback[0] or "toy3licensed__" in fallback[0]
+    assert "no licence for add on this server" in fallback[0]
+    assert "the local step profiles are used instead" in fallback[0]
+    assert not any(n.startswith("step costs from") for n in predictor.notes)  # that one line says it all
+
+
+def test_without_a_server_asked_for_the_local_profiles_stay_and_bad_choices_are_refused(profile_path):
+    predictor = Predictor(toy(), profile_path, inputs=X, cache=False)  # "auto" with no url: as before
+    assert all(p.source == "measured" for p in predictor.steps.values())
+    assert predictor.steps == predictor.local_steps
+    assert not any("step costs" in n for n in predictor.notes)
+    with pytest.raises(ArgumentError, match="step_costs is one of auto, server, local"):
+        Predictor(toy(), profile_path, inputs=X, cache=False, step_costs="remote")
+    assert STEP_COSTS == ("auto", "server", "local")
+
+
+def test_a_server_that_cannot_be_reached_leaves_the_local_profiles_named(profile_path):
+    predictor = Predictor(toy(), profile_path, inputs=X, cache=False, url="127.0.0.1:9")
+    assert all(p.source == "measured" for p in predictor.steps.values())
+    assert any("the server at 127.0.0.1:9 cannot be reached" in n and "local step profiles are used instead" in n
+               for n in predictor.notes)
+
+
+def test_batch_statistics_give_each_batch_sizes_hold_between_two_answers():
+    def answer(executions: int, ns: int) -> dict:
+        return {"model_stats": [{"name": "m", "version": "1", "batch_stats": [
+            {"batch_size": 4, "compute_input": {"count": executions, "ns": ns // 10},
+             "compute_infer": {"count": executions, "ns": ns}, "compute_output": {"count": executions, "ns": 0}},
+        ]}]}
+
+    assert parse_batch_statistics(answer(2, 1000))["m", "1", 4].held_ns == 1100
+    assert held_by_batch(answer(2, 1000), answer(5, 4000), "m") == {4: (3, (4400 - 1100) / 3 / 1e3)}
+    assert held_by_batch(answer(2, 1000), answer(2, 1000), "m") == {}
+
+
+def test_a_processes_cpu_time_counts_its_threads():
+    before = process_cpu_ns(os.getpid())
+    spun, done = threading.Event(), threading.Event()
+
+    def spin():  # as a stub's thread pool: it lives on after its work
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+        spun.set()
+        done.wait()
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    spun.wait()
+    try:
+        assert process_cpu_ns(os.getpid()) - before >= 40_000_000
+    finally:
+        done.set()
+        thread.join()
+    assert process_cpu_ns(2 ** 22 + 12345) is None
