@@ -275,3 +275,41 @@ def test_every_form_loads_and_answers_on_a_server_without_pipelines(served, name
         for mode in MODES:
             model = f"{name}_{mode}" if mode != "bls-sync" else f"{name}_bls_sync"
             np.testing.assert_allclose(client.infer(model, {"x": x})["z"], want, rtol=1e-6, err_msg=model)
+
+
+# ------------------------------------------------------------------ the recipe of docs/onnx.md
+
+
+def test_the_recipe_in_the_docs_runs_compiles_and_writes_what_the_docs_say(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "onnx.md").read_text()
+    script = next(block for block in page.split("```python\n")[1:] if block.startswith('"""classify.py'))
+    folder = tmp_path / "recipe"
+    folder.mkdir()
+    (folder / "classify.py").write_text(script.split("```")[0])
+    weights = np.random.default_rng(0).standard_normal((3 * 32 * 32, 10)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Flatten", ["input"], ["flat"], axis=1), helper.make_node("MatMul", ["flat", "w"], ["logits"])],
+        "classifier", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        initializer=[numpy_helper.from_array(weights, "w")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
+              str(folder / "classifier.onnx"))
+    ran = subprocess.run([sys.executable, "classify.py"], cwd=folder, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    sys.modules.pop("classify", None)
+    try:
+        root = compiled(folder, "classify.py", tmp_path / "models")
+    finally:
+        sys.modules.pop("classify", None)
+    for path in ("classify__classifier/1/model.onnx", "classify__normalize/1/steps_src/classify.py",
+                 "classify__top5/1/steps_src/classify.py",
+                 "classify_fused/1/steps/classify__normalize/steps_src/classify.py"):
+        assert (root / path).is_file(), path
+    assert not list(root.rglob("step.pkl"))
+    lines = (root / "requirements.txt").read_text().splitlines()
+    assert lines[1] == "# Python: any version the packages below support (no step travels by value)"
+    assert [line.split("<")[0] for line in lines[2:]] == ["numpy"]
