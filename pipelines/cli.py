@@ -14,7 +14,7 @@ from typing import Any
 
 from .errors import PipelinesError
 from .forms import FORMS, TARGETS
-from .input_files import parse_inputs
+from .input_files import parse_forms, parse_inputs
 from .interrupts import sigterm_as_interrupt
 from .loading import load_pipeline
 from .output_paths import output_dir
@@ -160,6 +160,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     if args.local:
         return _cmd_serve_local(args)
+    if args.modes is not None:
+        raise PipelinesError("--modes: for --local only; a model repository serves the models compiled into it "
+                             "(pipelines compile --target picks them): drop it, or serve the pipeline with --local")
     if args.http_max_input_size is not None:
         raise PipelinesError("--http-max-input-size: for --local only; the bundled tritonserver (2.51) has no such "
                              "option (Triton added it in a later release) and takes requests of any size: drop it, "
@@ -185,8 +188,10 @@ def _cmd_serve_local(args: argparse.Namespace) -> int:
                              f"from this process, with no stubs: drop {'it' if len(given) == 1 else 'them'}, "
                              "or serve a compiled DIR without --local")
     p = load_pipeline(args.repository)
-    limit = {} if args.http_max_input_size is None else {"http_max_input_size": args.http_max_input_size}
-    return serve_local(p, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port, **limit)
+    options: dict[str, Any] = {} if args.modes is None else {"modes": args.modes}
+    if args.http_max_input_size is not None:
+        options["http_max_input_size"] = args.http_max_input_size
+    return serve_local(p, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port, **options)
 
 
 def _whole_number(low: int, high: int | None, expected: str) -> Any:
@@ -289,11 +294,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "<name>_bls_sync, ...), so tritonclient code runs unchanged against it; no server binary needed. "
                        "Ctrl-C or SIGTERM stops it.",
                        **_examples("serve model_repository --http-port 8000",
-                                   "serve --local pipelines.examples.yolov5:pipeline --http-port 8000"))
+                                   "serve --local pipelines.examples.yolov5:pipeline --http-port 8000",
+                                   "serve --local mypipe.py:pipeline --modes bls,fused"))
     s.add_argument("repository", metavar="DIR | MODULE:ATTR",
                    help="the model repository to serve, or with --local the pipeline")
     s.add_argument("--local", action="store_true",
                    help="serve the pipeline MODULE:ATTR from the local runtime (KServe v2 over HTTP and gRPC)")
+    s.add_argument("--modes", type=parse_forms, metavar=",".join(FORMS), default=None,
+                   help="--local only: the modes to serve, one model each (default: every mode the pipeline can "
+                   "run; a pipeline with `when` blocks leaves the ensemble out and says so)")
     s.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
     s.add_argument("--http-port", type=_port, default=None, help="default: a free port")
     s.add_argument("--grpc-port", type=_port, default=None, help="default: a free port")

@@ -182,6 +182,7 @@ class OutputPlan:
     needs: tuple[str, ...]
     otherwise: Fill | None = None  # the fill of the rows its node did not run (an output of a branch)
 
+    negated: bool = False  # declared as ~flag: the executor answers the tensor's element-wise not
     @property
     def key(self) -> Key:
         return (self.node, self.tensor)
@@ -347,6 +348,7 @@ class ExecutionPlan:
                     o["name"], o["node"], o["tensor"], o["dtype"], tuple(o["needs"]),
                     Fill.from_json(o["otherwise"]) if o.get("otherwise") is not None else None,
                 )
+                    bool(o.get("negated", False)),
                 for o in data["outputs"]
             ),
             nodes=tuple(
@@ -388,6 +390,8 @@ def _output_json(o: OutputPlan) -> dict[str, Any]:
     if o.otherwise is not None:  # absent from a static pipeline's plan, which reads as it always did
         data["otherwise"] = o.otherwise.to_json()
     return data
+    if o.negated:  # absent where no output is negated, as above
+        data["negated"] = True
 
 
 def _node_json(n: NodePlan) -> dict[str, Any]:
@@ -443,8 +447,8 @@ def gated_ensemble(plan: ExecutionPlan, external: Collection[str] = ()) -> bool:
     """Whether ``plan``'s ensemble form carries step failures as data to a gate
     (:mod:`pipelines.compile.ensemble`) instead of answering with a step's own error.
 
-    It does where two live nodes may run at once (Triton 2.51 breaks when a step fails while
-    a sibling runs), where an external model's output would need an output copy (it declares
+    It does where an output is declared as ``~flag`` (the gate negates it), where two live
+    nodes may run at once (Triton 2.51 breaks when a step fails while a sibling runs), where an external model's output would need an output copy (it declares
     only its own outputs), and where one Python step model serves several nodes but takes no
     input (only a gate can tell which node failed: a shared model with an input learns its
     node from the name that input arrives under). ``external`` names the nodes that stand for
@@ -453,6 +457,8 @@ def gated_ensemble(plan: ExecutionPlan, external: Collection[str] = ()) -> bool:
     since every output passes through the gate (docs/triton_requested_outputs.md).
     """
     external = frozenset(external)
+    if any(o.negated for o in plan.outputs):  # only a gate model can negate an output (``~flag``)
+        return True
     upstream: dict[str, set[str]] = {}
     for node in plan.nodes:  # topological order
         upstream[node.name] = set().union(*(upstream[a] | {a} for a in node.after))

@@ -61,9 +61,9 @@ def build_plan(pipeline: Pipeline, *, warn: bool = True) -> ExecutionPlan:
                 kind="select" if node.is_select else "step",
             )
         )
-    fills = pipeline.fills
+    fills, negated = pipeline.fills, pipeline.negated_outputs
     outputs = tuple(
-        OutputPlan(name, ref.node, ref.name, ref.spec.dtype, (), fills.get(name))
+        OutputPlan(name, ref.node, ref.name, ref.spec.dtype, (), fills.get(name), name in negated)
         for name, ref in pipeline.outputs.items()
     )
     every = ExecutionPlan(

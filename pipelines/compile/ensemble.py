@@ -293,7 +293,7 @@ def _last_node_answers(plan: CompilePlan, python_nodes: set[str]) -> str | None:
     a model shared by several nodes does, by its input's alias, unless it has no input.
     """
     producers = {ref.node for ref in plan.pipeline.outputs.values()}
-    if len(producers) != 1:
+    if len(producers) != 1 or plan.pipeline.negated_outputs:  # only the gate model negates an output
         return None
     (last,) = producers
     shared = [m for m in plan.models if len(m.nodes) > 1 and not plan.step_of(m).is_external]
@@ -422,7 +422,8 @@ def _compile_gate(layout: EnsembleLayout, name: str, *, ensemble: str) -> Compil
         "format": PLAN_FORMAT,
         "pipeline": pipeline.name,
         "ensemble": ensemble,
-        "outputs": {output: {"input": key, "dtype": pipeline.outputs[output].spec.dtype}
+        "outputs": {output: {"input": key, "dtype": pipeline.outputs[output].spec.dtype,
+                             **({"negated": True} if output in pipeline.negated_outputs else {})}
                     for output, key in layout.gate_outputs.items()},
         "errors": [{"input": key, "node": node, "model": model} for key, (node, model) in layout.gate_errors.items()],
     }

@@ -24,9 +24,10 @@ from typing import Any, TextIO
 import grpc
 from aiohttp import web
 
-from ..errors import PipelinesError, ServerError, ServerStartError
+from ..errors import NotCompilableError, PipelinesError, ServerError, ServerStartError
 from ..freed_memory import one_heap_here
 from ..graph import Pipeline
+from ..plan import ensemble_refusal, plan_of
 from ..runtime.local import MODES, LocalRuntime
 from ..runtime.report import Report
 from .grpc_service import GRPC_OPTIONS, add_service
@@ -52,6 +53,8 @@ def _version() -> str:
 class LocalServer:
     """Serve ``pipeline``'s local modes over KServe v2: HTTP (binary tensor data too) and gRPC.
 
+    ``modes``: the local modes to serve (default: every mode the pipeline can run; a pipeline
+    with ``when`` blocks leaves the ensemble out, and :attr:`left_out` says why).
     Ports left as ``None`` are free ones chosen by the system; ``grpc_port=False``
     serves HTTP only. ``runtime_options`` go to each ``LocalRuntime`` (e.g.
     ``server_copies=True``). ``http_max_input_size`` bounds an HTTP request's body, as
@@ -66,7 +69,7 @@ class LocalServer:
         self,
         pipeline: Pipeline,
         *,
-        modes: Sequence[str] = MODES,
+        modes: Sequence[str] | None = None,
         host: str = "127.0.0.1",
         http_port: int | None = None,
         grpc_port: int | None | bool = None,
@@ -76,17 +79,19 @@ class LocalServer:
     ) -> None:
         if not isinstance(pipeline, Pipeline):
             raise ServerError(f"LocalServer serves a Pipeline; got {type(pipeline).__name__}")
-        unknown = [m for m in modes if m not in MODES]
-        if unknown or not modes:
-            raise ServerError(f"pipeline {pipeline.name!r}: modes must be some of {list(MODES)}; got {list(modes)}",
-                              pipeline=pipeline.name)
+        if modes is not None:
+            unknown = [m for m in modes if m not in MODES]
+            if isinstance(modes, str) or unknown or not modes:
+                raise ServerError(f"pipeline {pipeline.name!r}: modes must be some of {list(MODES)}; "
+                                  f"got {modes!r}", pipeline=pipeline.name)
         if type(http_max_input_size) is not int or http_max_input_size < 1:
             raise ServerError(f"pipeline {pipeline.name!r}: http_max_input_size is the largest HTTP request body "
                               f"to accept, a number of bytes >= 1 (Triton's default: {DEFAULT_MAX_INPUT_SIZE}); "
                               f"got {http_max_input_size!r}", pipeline=pipeline.name)
         pipeline.validate()
+        modes, self.left_out = _servable(pipeline, modes)
         self.pipeline = pipeline
-        self.modes = tuple(modes)
+        self.modes = modes
         self.host = host
         self._http_port = http_port
         self._grpc_port = grpc_port
@@ -289,6 +294,28 @@ async def _stop_front_ends(runner: web.AppRunner, server: grpc.aio.Server | None
     await asyncio.gather(*stops)
 
 
+def _servable(pipeline: Pipeline, modes: Sequence[str] | None) -> tuple[tuple[str, ...], str | None]:
+    """The modes to serve, and why the ensemble was left out (None: it was not).
+
+    As ``compile("all")``, bench and predict do, a pipeline with ``when`` blocks leaves the ensemble out
+    when no mode was named, and refuses it when it was.
+    """
+    plan = plan_of(pipeline, warn=False)
+    what = "the local 'ensemble' mode"
+    if not plan.conditional:
+        return tuple(MODES if modes is None else modes), None
+    if modes is None:
+        return tuple(m for m in MODES if m != "ensemble"), ensemble_refusal(plan, what=what)
+    if "ensemble" in modes:
+        others = ",".join(m for m in modes if m != "ensemble") or ",".join(m for m in MODES if m != "ensemble")
+        raise NotCompilableError(
+            f"{ensemble_refusal(plan, what=what)}: serve the other modes "
+            f"(--modes {others}, or LocalServer(p, modes=[...]) without 'ensemble')",
+            pipeline=pipeline.name,
+        )
+    return tuple(modes), None
+
+
 def serve_local(
     pipeline: Pipeline,
     *,
@@ -302,6 +329,8 @@ def serve_local(
     out = out or sys.stdout
     one_heap_here()  # this process is the endpoint's alone: large gRPC messages leave nothing behind
     server = LocalServer(pipeline, host=host, http_port=http_port, grpc_port=grpc_port, **options)
+    if server.left_out is not None:
+        print(f"ensemble left out: {server.left_out}", file=out, flush=True)
     server.start()
     if threading.current_thread() is threading.main_thread():
         # a service manager's SIGTERM stops it as cleanly as Ctrl-C

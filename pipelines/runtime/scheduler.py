@@ -38,6 +38,7 @@ import anyio
 
 from ..plan import ExecutionPlan
 from ..serving import SKIPPED, Branches, Rows, Schedule, bytes_tensor
+from ..serving import negated as negated_values
 from .bls_gate import BlsGate
 from .device import CopyCounter
 from .instances import StepModel
@@ -112,11 +113,15 @@ class Scheduler:
 
     def answer(self, req: Request) -> dict[str, Any]:
         """The outputs ``req`` asked for, as a server answers them (an output of a branch filled)."""
-        values, branch, branches = req.values, req.branch, self.branches
+        values, branch, branches, negated = req.values, req.branch, self.branches, req.schedule.negated
+
+        def value(name: str, key: Any) -> Any:  # an output declared as ~flag: negated, before any fill
+            return negated_values(values[key]) if name in negated else values[key]
+
         if branch is None or branches is None:
-            return {name: _answered(values[key]) for name, key in req.schedule.outputs}
+            return {name: _answered(value(name, key)) for name, key in req.schedule.outputs}
         return {
-            name: _answered(branch.filled(values[key], branches.terms_of(key), branches.fills[name]))
+            name: _answered(branch.filled(value(name, key), branches.terms_of(key), branches.fills[name]))
             for name, key in req.schedule.outputs
         }
 

@@ -53,7 +53,7 @@ from .lifecycle import (
     model_plan,
 )
 from .onnx_session import OnnxFileError, OnnxSession, config_specs
-from .rows import SKIPPED, Branches, Rows, concat_rows, concatenable, run_joined, split_rows
+from .rows import SKIPPED, Branches, Rows, concat_rows, concatenable, negated, run_joined, split_rows
 from .schedule import Schedule, cut_plan, run_concurrently
 from .tensors import (
     HOPS,
@@ -131,6 +131,7 @@ __all__ = [
     "is_coroutine_callable",
     "load_impl",
     "model_plan",
+    "negated",
     "normalise_outputs",
     "numpy_dtype",
     "parse_error",

@@ -63,6 +63,15 @@ class _Skipped:
 SKIPPED = _Skipped()
 
 
+def negated(value: Any) -> Any:
+    """The answer of an output declared as ``~flag``: ``value``'s element-wise *not*.
+
+    NumPy and CuPy alike (CuPy takes NumPy's ufuncs); :data:`SKIPPED` stays as it is, for
+    the fill that follows to replace.
+    """
+    return value if value is SKIPPED else np.logical_not(value)
+
+
 class Branches:
     """A plan's ``when`` blocks, decided once: the conditions each node runs under, which
     nodes are selects, and each output's fill. Every executor (the local runtime, the BLS

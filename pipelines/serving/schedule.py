@@ -162,6 +162,8 @@ class Schedule:
         self.wanted = [out["name"] for out in outputs]
         #: (output name, the tensor it answers with), for each wanted output
         self.outputs = [(out["name"], (out["node"], out["tensor"])) for out in outputs]
+        #: the wanted outputs declared as ``~flag``: answered negated (``rows.negated``), before any fill
+        self.negated = frozenset(out["name"] for out in outputs if out.get("negated"))
         nodes = cut["nodes"]
         self.order = [node["name"] for node in nodes]
         # Every node needs the one before it: running them in turn is all an async executor can do.

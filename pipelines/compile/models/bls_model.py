@@ -216,8 +216,13 @@ class TritonPythonModel:
             if terms:  # an output of a branch: `otherwise` in the rows that did not run it
                 value = run.values[key]
                 array = value if value is serving.SKIPPED else self._array(value, out["dtype"])
+                if name in run.schedule.negated:  # declared as ~flag: its rows negated, the fill as given
+                    array = serving.negated(array)
                 filled = run.branch.filled(array, terms, self.branches.fills[name])
                 tensors.append(self._tensor(name, filled, out["dtype"]))
+                run.release([key])
+            elif name in run.schedule.negated:  # declared as ~flag
+                tensors.append(self._tensor(name, serving.negated(self._array(run.values[key], "BOOL")), "BOOL"))
                 run.release([key])
             else:
                 tensors.append(run.take(key, name, out["dtype"]))

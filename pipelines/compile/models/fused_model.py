@@ -250,10 +250,15 @@ class TritonPythonModel:
         await serving.run_concurrently(schedule.after, start, collect)
         plan_outputs = {out["name"]: out for out in self.plan["outputs"]}
         keys = {name: (plan_outputs[name]["node"], plan_outputs[name]["tensor"]) for name in wanted}
+
+        def value(name):  # an output declared as ~flag: negated, before any fill
+            found = values[keys[name]]
+            return serving.negated(found) if name in schedule.negated else found
+
         if branch is None:
-            return {name: values[key] for name, key in keys.items()}
+            return {name: value(name) for name in keys}
         return {
-            name: branch.filled(values[key], branches.terms_of(key), branches.fills[name]) for name, key in keys.items()
+            name: branch.filled(value(name), branches.terms_of(key), branches.fills[name]) for name, key in keys.items()
         }
 
     def _branch_rows(self, node, branch, values, schedule, release):

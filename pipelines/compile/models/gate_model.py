@@ -6,8 +6,8 @@ request brings the pipeline's outputs and one UINT8 ``__err__`` tensor per Pytho
 (``serving.failure_tensor``). The
 gate runs after every other step of the request, so it is the one place where an error
 response cannot race a sibling step (Triton 2.51 crashes when one does). It answers with
-the outputs, or with the first failure in topological order, naming the node as the user
-named it.
+the outputs (an output declared as ``~flag`` negated), or with the first failure in
+topological order, naming the node as the user named it.
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ class TritonPythonModel:
         for name in wanted:
             out = self.outputs[name]
             tensor = pb_utils.get_input_tensor_by_name(request, out["input"])
-            if out["dtype"] == "BYTES":  # DLPack has no string tensors
+            if out.get("negated"):  # an output declared as ~flag: the gate is the ensemble's one place to negate
+                tensors.append(pb_utils.Tensor(name, serving.negated(tensor.as_numpy())))
+            elif out["dtype"] == "BYTES":  # DLPack has no string tensors
                 tensors.append(pb_utils.Tensor(name, tensor.as_numpy()))
             else:
                 tensors.append(pb_utils.Tensor.from_dlpack(name, tensor.to_dlpack()))
