@@ -160,26 +160,26 @@ class Pipeline(PipelineFacade):
     def output(self, name: str, ref: TensorRef | Condition, *, otherwise: Any = UNSET) -> TensorRef:
         """Expose ``ref`` as the pipeline output ``name``.
 
+        ``ref`` may be ``~flag``, a BOOL tensor negated: the output is its element-wise *not*
+        (every form negates it as it answers; the ensemble in its gate model).
         ``otherwise``: for a tensor of a ``when`` block, what the rows that did not run the
         block get: a scalar, or an array of the output's dims (``b""`` or bytes for BYTES).
         """
         check_name(name, what="pipeline output", tensor=True, pipeline=self.name)
-        ``ref`` may be ``~flag``, a BOOL tensor negated: the output is its element-wise *not*
-        (every form negates it as it answers; the ensemble in its gate model).
-        ref = as_ref(self, ref, f"output {name!r}")
-        if name in self._outputs:
-            raise TensorProducedTwiceError(
-                f"pipeline {self.name!r}: output {name!r} is already produced by "
         negated = isinstance(ref, Condition) and ref.negated
         if isinstance(ref, Condition):
             ref = ref.ref
-                f"{self._outputs[name].describe()}; a tensor can be produced only once, "
+        ref = as_ref(self, ref, f"output {name!r}")
         if negated and ref.spec.dtype != "BOOL":
             raise DtypeMismatchError(
                 f"pipeline {self.name!r}: output {name!r} was given ~{ref.qualname}, but {ref.describe()} is "
                 f"{ref.spec.dtype}; ~ negates a BOOL tensor only, so compare it in a step that outputs BOOL",
                 pipeline=self.name, step=ref.node, tensor=ref.qualname,
             )
+        if name in self._outputs:
+            raise TensorProducedTwiceError(
+                f"pipeline {self.name!r}: output {name!r} is already produced by "
+                f"{self._outputs[name].describe()}; a tensor can be produced only once, "
                 "so give this output another name",
                 pipeline=self.name, tensor=name,
             )
@@ -200,12 +200,12 @@ class Pipeline(PipelineFacade):
         self._outputs[name] = ref
         if fill is not None:
             self._fills[name] = fill
+        if negated:
+            self._negated.add(name)
         return ref
 
     # ---------------------------------------------------------------- conditions
 
-        if negated:
-            self._negated.add(name)
     @contextmanager
     def when(self, condition: TensorRef | Condition) -> Iterator[Condition]:
         """Steps added in this block run only on the rows where ``condition`` holds.
@@ -264,16 +264,16 @@ class Pipeline(PipelineFacade):
         return MappingProxyType(self._fills)
 
     @property
+    def negated_outputs(self) -> frozenset[str]:
+        """The outputs declared as ``~flag``: each answers the element-wise *not* of its tensor."""
+        return frozenset(self._negated)
+
+    @property
     def conditional(self) -> bool:
         """Whether some step runs in a ``when`` block (the ensemble form cannot express it)."""
         return bool(self._when) or bool(self._selects)
 
     # ---------------------------------------------------------------- inspection
-    @property
-    def negated_outputs(self) -> frozenset[str]:
-        """The outputs declared as ``~flag``: each answers the element-wise *not* of its tensor."""
-        return frozenset(self._negated)
-
 
     @property
     def nodes(self) -> Mapping[str, Node]:

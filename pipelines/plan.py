@@ -181,8 +181,8 @@ class OutputPlan:
     dtype: str
     needs: tuple[str, ...]
     otherwise: Fill | None = None  # the fill of the rows its node did not run (an output of a branch)
-
     negated: bool = False  # declared as ~flag: the executor answers the tensor's element-wise not
+
     @property
     def key(self) -> Key:
         return (self.node, self.tensor)
@@ -347,8 +347,8 @@ class ExecutionPlan:
                 OutputPlan(
                     o["name"], o["node"], o["tensor"], o["dtype"], tuple(o["needs"]),
                     Fill.from_json(o["otherwise"]) if o.get("otherwise") is not None else None,
-                )
                     bool(o.get("negated", False)),
+                )
                 for o in data["outputs"]
             ),
             nodes=tuple(
@@ -389,9 +389,9 @@ def _output_json(o: OutputPlan) -> dict[str, Any]:
     data = {"name": o.name, "node": o.node, "tensor": o.tensor, "dtype": o.dtype, "needs": list(o.needs)}
     if o.otherwise is not None:  # absent from a static pipeline's plan, which reads as it always did
         data["otherwise"] = o.otherwise.to_json()
-    return data
     if o.negated:  # absent where no output is negated, as above
         data["negated"] = True
+    return data
 
 
 def _node_json(n: NodePlan) -> dict[str, Any]:
@@ -456,9 +456,9 @@ def gated_ensemble(plan: ExecutionPlan, external: Collection[str] = ()) -> bool:
     every live node of a gated ensemble whatever outputs a request asks for, as Triton does,
     since every output passes through the gate (docs/triton_requested_outputs.md).
     """
-    external = frozenset(external)
     if any(o.negated for o in plan.outputs):  # only a gate model can negate an output (``~flag``)
         return True
+    external = frozenset(external)
     upstream: dict[str, set[str]] = {}
     for node in plan.nodes:  # topological order
         upstream[node.name] = set().union(*(upstream[a] | {a} for a in node.after))
