@@ -5,6 +5,7 @@ specs: a name the file lacks, an input of the file left out, another element typ
 another static size is a declaration error at the line that declared the step, naming the file, the
 tensor and both sides, as a wiring error does; not a failure when the step first runs. Declared
 dims leave out the batch axis of a batching pipeline; ``-1`` and a symbolic dim match any size.
+Whether the step's model batches is known when the pipeline compiles, which checks that too.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import pytest
 from test_onnx_stand_in import write_affine_onnx
 
 from pipelines import (
+    CompileError,
     DeclarationError,
     DtypeMismatchError,
+    Pipeline,
     ShapeMismatchError,
     StepDeclarationError,
     TensorSpec,
@@ -117,3 +120,31 @@ def test_a_missing_or_broken_file_is_a_declaration_error(tmp_path):
     (tmp_path / "junk.onnx").write_bytes(b"not an onnx file")
     with pytest.raises(DeclarationError, match=r"step 'affine': '.*junk.onnx' is not a readable ONNX model"):
         onnx_model("affine", tmp_path / "junk.onnx", inputs={"x": X}, outputs={"scores": SCORES})
+
+
+def test_whether_the_pipeline_batches_is_checked_when_it_compiles(free, fixed):
+    """A spec of the file's own rank declares a step for a pipeline that does not batch; in one
+    that does, its model would fail to load on any Triton, so compiling refuses it."""
+    whole = onnx_model("one", fixed, inputs={"x": TensorSpec("FP32", [1, 4])},
+                       outputs={"scores": TensorSpec("FP32", [1, 3])})
+    for max_batch_size in (0, 8):
+        p = Pipeline("fixedp", inputs={"x": TensorSpec("FP32", [1, 4])}, max_batch_size=max_batch_size)
+        p.output("s", p.add(whole, x=p.input("x"))["scores"])
+        if max_batch_size == 0:
+            p.compile("all")
+            continue
+        with pytest.raises(CompileError) as info:
+            p.compile("all")
+        assert str(info.value).startswith(
+            "pipeline 'fixedp': step 'one', in a model that batches (max_batch_size 8): step 'one': input 'x' is "
+            f"declared FP32 [1, 4], but {str(fixed)!r} has it as FP32 [1, 4]; the ranks differ: declared dims "
+            "leave out the batch axis, which the file has first, so declare TensorSpec('FP32', [4]), and pass "
+            "fixed_batch=1"
+        )
+        assert (info.value.pipeline, info.value.step, info.value.tensor) == ("fixedp", "one", "x")
+    batching = onnx_model("affine", free, inputs={"x": X}, outputs={"scores": SCORES})
+    p = Pipeline("flat", inputs={"x": X}, max_batch_size=0)
+    p.output("s", p.add(batching, x=p.input("x"))["scores"])
+    with pytest.raises(CompileError, match=r"in a model that does not batch \(max_batch_size 0\): .* the ranks "
+                                           r"differ, so declare TensorSpec\('FP32', \[-1, 4\]\)"):
+        p.compile("ensemble")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import CompileError, InvalidNameError
+from ..errors import CompileError, DeclarationError, InvalidNameError
 from ..graph import Pipeline
 from ..names import MAX_NAME_LENGTH
 from ..plan import ExecutionPlan
@@ -14,8 +14,10 @@ _MAX_MODEL_NAME = 2 * MAX_NAME_LENGTH - 1
 
 
 def check_compilable(pipeline: Pipeline, plan: ExecutionPlan) -> None:
-    """Raise :class:`CompileError` for a tensor with no dims or a model name too long for a path."""
+    """Raise :class:`CompileError` for a tensor with no dims, a model name too long for a path, or
+    a model file that cannot serve its model as compiled (an ONNX file with no batch axis, say)."""
     _check_ranks(pipeline)
+    _check_model_files(pipeline, plan)
     for model in plan.models:
         if len(model.name) > _MAX_MODEL_NAME:
             node = model.nodes[0]
@@ -41,3 +43,22 @@ def _check_ranks(pipeline: Pipeline) -> None:
                 f"Triton needs at least one dim, so declare it as TensorSpec({spec.dtype!r}, [1])",
                 pipeline=pipeline.name, step=node_name, tensor=tensor,
             )
+
+
+def _check_model_files(pipeline: Pipeline, plan: ExecutionPlan) -> None:
+    # Whether a step batches is known only now: its file was checked when declared, for either.
+    for model in plan.models:
+        node = model.nodes[0]
+        step = pipeline.nodes[node].step
+        check = getattr(step.impl, "check_file", None) if step.is_external else None
+        if not callable(check):
+            continue
+        try:
+            check(step.inputs, step.outputs, max_batch_size=model.max_batch_size)
+        except DeclarationError as exc:
+            batching = (f"batches (max_batch_size {model.max_batch_size})" if model.max_batch_size
+                        else "does not batch (max_batch_size 0)")
+            raise CompileError(
+                f"pipeline {pipeline.name!r}: step {node!r}, in a model that {batching}: {exc}",
+                pipeline=pipeline.name, step=node, tensor=exc.tensor,
+            ) from None

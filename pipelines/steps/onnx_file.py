@@ -8,6 +8,7 @@ The weight-free stand-in with the same layout is :mod:`pipelines.steps.detector`
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -148,7 +149,8 @@ def check_onnx_declared(
     Without ``onnx`` installed, nothing is read, and the file is checked when the step runs.
     """
     try:
-        file_inputs, file_outputs = read_onnx_signature(model_file)
+        stat = os.stat(model_file)
+        file_inputs, file_outputs = _signature(model_file, (stat.st_mtime_ns, stat.st_size))
     except StepDeclarationError as exc:
         if "needs the onnx package" in str(exc):
             return
@@ -175,6 +177,12 @@ def check_onnx_declared(
             )
 
 
+@functools.lru_cache(maxsize=16)
+def _signature(path: str, stamp: tuple[int, int]) -> tuple[list[OnnxTensor], list[OnnxTensor]]:
+    # Read once per version of the file: declaring and each compile of its pipeline ask again.
+    return read_onnx_signature(path)
+
+
 def _check_tensor(name: str, path: str, kind: str, spec: TensorSpec, tensor: OnnxTensor, *,
                   fixed_batch: int | None, max_batch_size: int | None) -> None:
     head = f"step {name!r}: {kind} {tensor.name!r} is declared {spec}, but {path!r} has it as {_file_side(tensor)}"
@@ -193,9 +201,11 @@ def _check_tensor(name: str, path: str, kind: str, spec: TensorSpec, tensor: Onn
     if fixed_batch is not None or (max_batch_size or 0) > 0 or (
             max_batch_size is None and len(file_dims) == len(dims) + 1):
         if len(file_dims) != len(dims) + 1:
+            fixed = ("" if not file_dims or file_dims[0] is None or fixed_batch is not None
+                     else f", and pass fixed_batch={file_dims[0]}")
             raise ShapeMismatchError(
                 f"{head}; the ranks differ: declared dims leave out the batch axis, which the file has first, "
-                f"so declare {suggest()}",
+                f"so declare {_suggest(tensor, spec, whole=False, batch=True)}{fixed}",
                 step=name, tensor=tensor.name,
             )
         batch, file_dims = file_dims[0], file_dims[1:]
@@ -227,11 +237,12 @@ def _file_side(tensor: OnnxTensor) -> str:
     return f"{tensor.datatype or tensor.dtype} {_shape(tensor)}"
 
 
-def _suggest(tensor: OnnxTensor, spec: TensorSpec, *, whole: bool) -> str:
+def _suggest(tensor: OnnxTensor, spec: TensorSpec, *, whole: bool, batch: bool = False) -> str:
     """The spec that matches the file: its datatype, and its dims, with the batch axis left out
-    unless the step declares ``whole`` shapes (``max_batch_size=0``), where the file has one."""
+    unless the step declares ``whole`` shapes (``max_batch_size=0``), where the file has one;
+    ``batch``: the file's first axis is known to be the batch."""
     dims = list(tensor.dims)
-    if not whole and (len(dims) == spec.rank + 1 or (len(dims) > 1 and dims[0] is None)):
+    if batch or (not whole and (len(dims) == spec.rank + 1 or (len(dims) > 1 and dims[0] is None))):
         dims = dims[1:]
     return f"TensorSpec({tensor.datatype or str(tensor.dtype)!r}, {[-1 if d is None else d for d in dims]})"
 

@@ -32,6 +32,14 @@ class OnnxRuntimeStandIn:
     fixed_batch: int | None = None
     providers: tuple[str, ...] | None = None
 
+    @classmethod
+    def check_file(cls, inputs: Mapping[str, TensorSpec], outputs: Mapping[str, TensorSpec], *,
+                   max_batch_size: int) -> None:
+        """Check the file against the step's tensors once its model's ``max_batch_size`` is known
+        (a compiler asks): a file without a free batch axis cannot serve a batching model."""
+        check_onnx_declared(cls.step_name, cls.model_file, inputs, outputs, fixed_batch=cls.fixed_batch,
+                            max_batch_size=max_batch_size)
+
     def initialize(self, config: Mapping[str, Any]) -> None:
         what = f"step {self.step_name!r}"
         try:
