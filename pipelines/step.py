@@ -67,6 +67,17 @@ class Step:
             raise StepDeclarationError(f"step {self.name!r} has neither an implementation nor an external model")
 
     @property
+    def fn(self) -> Any:
+        """The function (or class) the step was declared from, as written: plain Python to
+        unit-test (``double.fn(x=arr)`` returns what the function returns). ``double(x=arr)``
+        calls it as a runtime does instead (a class initialised and finalised, a tuple or a lone
+        array read as the dict of outputs); a pipeline's ``run`` also checks each output's dtype
+        and dims. An external model's ``fn`` is its stand-in (``None`` without one); ``impl``
+        is the same object.
+        """
+        return self.impl
+
+    @property
     def is_class(self) -> bool:
         return inspect.isclass(self.impl)
 
