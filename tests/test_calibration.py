@@ -618,13 +618,15 @@ def test_a_cost_the_fit_clips_to_zero_keeps_its_interval_in_the_table(tmp_path):
                       date="2026-01-01T00:00:00+00:00", points=points, samples=tuple(estimated), rounds=5)
     table = profile.table()
     row = next(line for line in table.splitlines() if line.startswith("ensemble "))
-    assert row.split()[1:3] == ["0", f"[−{-low:.0f}…+{high:.0f}]"]
-    ms_low, ms_high = (v / 1e3 for v in ensemble.total_ci[i])
+    # Issue 60: "0 [−5797…+14414]" said less than words do
+    assert f"not measurable here (≤ {high:.0f})" in row and "−" not in table
+    ms_high = ensemble.total_ci[i][1] / 1e3
     per_size = [line for line in table.splitlines() if line.startswith("ensemble ")][1]
-    assert f"0.00 [−{-ms_low:.2f}…+{ms_high:.2f}]" in per_size
-    assert "[−low…+high]: an interval that reaches below zero, the fit's before it clips the cost at 0" in table
+    assert f"not measurable here (≤ {ms_high:.2f})" in per_size
+    assert "not measurable here (≤ high): a cost this machine's noise cannot tell from 0" in table
     # a cost the fit did not clip keeps its interval as before; the file keeps the bounds below zero
-    assert "request " in table and "[−" not in next(line for line in table.splitlines() if line.startswith("request "))
+    request = next(line for line in table.splitlines() if line.startswith("request "))
+    assert "not measurable" not in request and "[" in request
     again = load_profile(profile.save(tmp_path / "profile.json"))
     assert again.costs["ensemble"].fixed_ci == (low, high) and again.table() == table
 
@@ -1024,3 +1026,22 @@ def test_lanes_are_measured_once_per_size_when_every_size_is_a_large_one():
     assert [p.size for p in _lane_probes((1, 2), (MIB, 4 * MIB))] == [MIB]
     assert [p.size for p in _lane_probes((1, 2), (1 << 10, MIB, 4 * MIB))] == [1 << 10, MIB]
     assert {p.steps for p in _lane_probes((1, 2), (1 << 10, MIB))} == {2}
+
+
+def test_the_profile_plot_has_a_panel_per_boundary_and_its_title_clear_of_them(tmp_path):
+    # Issue 60: an empty panel where the boundaries did not fill the last row, and the figure's
+    # title drawn over the first row's panel titles.
+    costs, points, estimated = fit_rounds(_rounds(_synthetic(noise=0.03, seed=1), 5), resamples=30)
+    profile = Profile(costs=costs, server_version="2.51.0", protocol="http", machine={"cpu": "x", "cpu_count": 2},
+                      date="2026-01-01T00:00:00+00:00", points=points, samples=tuple(estimated), rounds=5)
+    fig = profile.plot(tmp_path / "profile.png")
+    assert (tmp_path / "profile.png").stat().st_size > 0
+    assert [ax.get_title() for ax in fig.axes] == list(BOUNDARIES)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()  # the figure is closed once saved: a canvas to measure on
+    fig.draw(renderer)
+    title = fig._suptitle.get_window_extent(renderer)
+    for ax in fig.axes:
+        assert not title.overlaps(ax.title.get_window_extent(renderer)), ax.get_title()
+        assert title.y0 >= ax.get_tightbbox(renderer).y1 - 1, ax.get_title()

@@ -60,9 +60,9 @@ def profile_table(profile: Profile) -> str:
             per_size.append((name, *cells))
         lines += ("\n\neach size, in + out, ms\n"
                   + format_table(("boundary", *(size_label(n) for n in sizes)), per_size))
-    if _SIGNED_TO in lines:
-        head += (f"[−low{_SIGNED_TO}+high]: an interval that reaches below zero, the fit's before it clips the cost "
-                 "at 0 (no cost is less); the cost is at most its high bound, or 0 where that is below zero too\n")
+    if _UNMEASURABLE in lines:
+        head += (f"{_UNMEASURABLE} (≤ high): a cost this machine's noise cannot tell from 0 (its interval "
+                 "reaches below zero); the profile prices it at its figure, and it is at most its high bound\n")
     return head + lines + "\n"
 
 
@@ -75,26 +75,23 @@ def _ms(v: float) -> str:
 
 
 def _with(value: float, ci: tuple[float, float] | None, show) -> str:
-    """``value``, and its interval after it where there is one: ``346 [295-383]``; signed where it
-    reaches below zero (the fit's before it clips a cost at 0): ``0 [−40…+35]``."""
+    """``value``, and its interval after it where there is one: ``346 [295-383]``; where the
+    interval reaches below zero, the cost cannot be told from 0 here: ``not measurable here (≤ 35)``."""
     if ci is None:
         return show(value)
     if not any(_below_zero(bound, show) for bound in ci):
         return f"{show(value)} [{show(max(0.0, ci[0]))}-{show(max(0.0, ci[1]))}]"
-    return f"{show(value)} [{_signed(ci[0], show)}{_SIGNED_TO}{_signed(ci[1], show)}]"
+    at_most = show(ci[1]) if ci[1] > 0 else ""
+    return _UNMEASURABLE + (f" (≤ {at_most})" if at_most.strip("0.") else "")
 
 
-#: Between the bounds of an interval that reaches below zero (a hyphen would read as a minus).
-_SIGNED_TO = "…"
+#: A cost whose interval reaches below zero: the bounds (``0 [−5797…+14414]``) would say less.
+_UNMEASURABLE = "not measurable here"
 
 
 def _below_zero(v: float, show) -> bool:
     """Whether ``v`` shows as a figure below zero (-0.3 µs shows as 0)."""
     return v < 0 and show(-v).strip("0.") != ""
-
-
-def _signed(v: float, show) -> str:
-    return ("−" if _below_zero(v, show) else "+") + show(abs(v))
 
 
 def plot_profile(profile: Profile, path: str | os.PathLike[str] | None = None) -> Any:
@@ -107,41 +104,64 @@ def plot_profile(profile: Profile, path: str | os.PathLike[str] | None = None) -
 
     columns = 3
     rows = -(-len(BOUNDARIES) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3.4 * rows), dpi=100, squeeze=False)
+    fig, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3.4 * rows + 0.4), dpi=100, squeeze=False)
+    for ax in axes.flat[len(BOUNDARIES):]:
+        ax.remove()  # no empty panel where the boundaries do not fill the last row
     for ax, name in zip(axes.flat, BOUNDARIES, strict=False):
-        points = [p for p in profile.points if p.boundary == name]
-        cost = profile.costs[name]
-        if points:
-            x = np.array([p.nbytes for p in points], float)
-            y = np.array([p.cost_us for p in points], float)
-            keep = y > 0  # a noisy probe can leave a negative remainder, which a log axis cannot show
-            ax.scatter(x[keep], y[keep] / 1e3, s=14, alpha=0.7, label="measured")
-            grid = np.geomspace(x.min(), x.max(), 50)
-        else:
-            grid = np.geomspace(1 << 10, 64 << 20, 50)
-        ax.plot(grid, [cost.us(b) / 1e3 for b in grid], "C1", label=f"{cost.fixed_us:.0f} µs + {cost.us_per_mib:.0f} µs/MiB")
-        if cost.sizes:  # what a prediction spends: the cost at each measured size, in + out
-            x = [2 * s for s in cost.sizes]
-            y = np.array([(i + o) / 1e3 for i, o in zip(cost.in_us, cost.out_us, strict=True)])
-            ax.plot(x, y, "C2.--", label="per size")
-            if cost.total_ci:
-                # a log axis shows nothing at or below zero: an interval that reaches there is drawn to the axis
-                low, high = (np.maximum(0.0, [c[k] for c in cost.total_ci]) / 1e3 for k in (0, 1))
-                ax.fill_between(x, low, high, color="C2", alpha=0.2, label=f"{profile.ci_level:.0%} interval")
-        ax.set_xscale("log")
-        if any(p.cost_us > 0 for p in points) or cost.fixed_us > 0 or cost.us_per_mib > 0:
-            ax.set_yscale("log")
-        ax.set_title(name)
-        ax.set_xlabel("bytes crossing (in + out)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        _panel(ax, profile, name)
     for row in axes:
         row[0].set_ylabel("cost (ms)")
-    fig.suptitle(f"Triton {profile.server_version or '?'} over {profile.protocol}, {profile.date}", fontsize=9)
-    fig.tight_layout()
+    fig.suptitle(f"Triton {profile.server_version or '?'} over {profile.protocol}, {profile.date}", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))  # the title's band, above every panel
     if path is not None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, format="png")  # at ``path`` as given: no extension added
         plt.close(fig)
     return fig
+
+
+#: Below a microsecond a cost is noise, not a figure: nothing is drawn there on a log axis.
+_FLOOR_MS = 1e-3
+
+
+def _panel(ax: Any, profile: Profile, name: str) -> None:
+    """One boundary's panel: measured points, its line, and its cost per size with the interval."""
+    points = [p for p in profile.points if p.boundary == name]
+    cost = profile.costs[name]
+    shown: list[float] = []  # every value drawn, for the axis's lower end
+    if points:
+        x = np.array([p.nbytes for p in points], float)
+        y = np.array([p.cost_us for p in points], float) / 1e3
+        keep = y > _FLOOR_MS  # a noisy probe can leave a remainder at or below zero, which a log axis cannot show
+        ax.scatter(x[keep], y[keep], s=14, alpha=0.7, label="measured")
+        shown += list(y[keep])
+        grid = np.geomspace(x.min(), x.max(), 50)
+    else:
+        grid = np.geomspace(1 << 10, 64 << 20, 50)
+    line = np.array([cost.us(b) / 1e3 for b in grid])
+    if line.max() > _FLOOR_MS:
+        ax.plot(grid, np.where(line > _FLOOR_MS, line, np.nan), "C1",
+                label=f"{cost.fixed_us:.0f} µs + {cost.us_per_mib:.0f} µs/MiB")
+        shown += [v for v in line if v > _FLOOR_MS]
+    else:
+        ax.plot([], [], "C1", label="line: not measurable here")
+    if cost.sizes:  # what a prediction spends: the cost at each measured size, in + out
+        x = np.array([2 * s for s in cost.sizes], float)
+        y = np.array([(i + o) / 1e3 for i, o in zip(cost.in_us, cost.out_us, strict=True)])
+        ax.plot(x, np.where(y > _FLOOR_MS, y, np.nan), "C2.--", label="per size")
+        shown += [v for v in y if v > _FLOOR_MS]
+        if cost.total_ci:
+            low, high = (np.array([c[k] for c in cost.total_ci]) / 1e3 for k in (0, 1))
+            shown += [v for v in high if v > _FLOOR_MS]
+            # an interval that reaches below the axis is drawn to the axis's lower end
+            ax.fill_between(x, np.maximum(low, _FLOOR_MS), np.maximum(high, _FLOOR_MS), color="C2", alpha=0.2,
+                            label=f"{profile.ci_level:.0%} interval")
+    ax.set_xscale("log")
+    if shown:
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=min(shown) / 2)
+    ax.set_title(name)
+    ax.set_xlabel("bytes crossing (in + out)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
