@@ -33,7 +33,7 @@ from ..freed_memory import keep_freed_memory_here
 from ..graph import Pipeline
 from ..loading import load_pipeline_and_module
 from ..output_paths import output_dir
-from ..plan import ensemble_refusal, plan_of
+from ..plan import ensemble_refusal, plan_of, refuse_streaming
 from ..triton.statistics import breakdown_over
 from .inputs import sample_requests
 from .loadgen import LoadResult, run_load
@@ -80,6 +80,8 @@ def run_benchmark(
     if not isinstance(settings, BenchSettings):
         raise PipelinesError(f"run_benchmark takes a BenchSettings as settings; got {type(settings).__name__}")
     pipeline, module, spec = _resolve(target)
+    if settings.on_server:
+        refuse_streaming(pipeline, "benchmarking it on a server")
     left_out = _ensemble_left_out(pipeline, settings)
     if left_out:
         settings = replace(settings, forms=tuple(f for f in settings.forms if f != "ensemble"))
@@ -404,9 +406,9 @@ def _server(
         return lambda: AsyncTritonClient(url, settings.protocol, compression=settings.compression)
     server = _start_server(pipeline, out_dir, stack, bar)
     for stand_in in server.stand_ins.values():
+        # Said once, in the report's notes; the server's start has already said it in short.
         notes.append(f"server figures measured with a STAND-IN for {stand_in.model!r}: {stand_in.label}; "
                      "measure a full Triton with --url HOST:PORT for that model's own")
-        bar.note(notes[-1])
     versions["tritonserver"] = _server_version(server.http_url, "http")
     return lambda: server.async_client(settings.protocol, compression=settings.compression)  # fails fast if it dies
 

@@ -130,7 +130,8 @@ class ServerProcess:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(installation.libs), env.get("LD_LIBRARY_PATH")]))
         self.log.path = log_path
         for stand_in in (self.served.stand_ins.values() if self.served is not None else ()):
-            self.log.note(f"model {stand_in.model!r} is served by a STAND-IN: {stand_in.label}")
+            # In short: the full label is in the stand-in's config, and commands say it once per model.
+            self.log.note(f"model {stand_in.model!r} is served by a STAND-IN: {stand_in.short}")
         # A file, never a pipe that fills up and stalls the server; appended to, so that our
         # own notes (a stub reloaded) can go in the same log without overwriting its lines.
         with open(log_path, "ab") as log:

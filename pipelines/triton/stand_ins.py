@@ -42,6 +42,11 @@ class StandIn:
     model_file: str
 
     @property
+    def short(self) -> str:
+        """The label in a few words, for the lines that accompany the full one said elsewhere."""
+        return f"a Python model running {self.model_file} with {self.runtime}"
+
+    @property
     def label(self) -> str:
         """What the stand-in is, as its config, the server's log and the command line say it."""
         return (
