@@ -448,13 +448,14 @@ def gated_ensemble(plan: ExecutionPlan, external: Collection[str] = ()) -> bool:
     (:mod:`pipelines.compile.ensemble`) instead of answering with a step's own error.
 
     It does where an output is declared as ``~flag`` (the gate negates it), where two live
-    nodes may run at once (Triton 2.51 breaks when a step fails while a sibling runs), where an external model's output would need an output copy (it declares
-    only its own outputs), and where one Python step model serves several nodes but takes no
-    input (only a gate can tell which node failed: a shared model with an input learns its
-    node from the name that input arrives under). ``external`` names the nodes that stand for
-    external models. The ensemble compiler lays the ensemble out by this; the local runtime runs
-    every live node of a gated ensemble whatever outputs a request asks for, as Triton does,
-    since every output passes through the gate (docs/triton_requested_outputs.md).
+    nodes may run at once (Triton 2.51 breaks when a step fails while a sibling runs), where an
+    external model's output would need an output copy (it declares only its own outputs), and
+    where one Python step model serves several nodes but takes no input (only a gate can tell
+    which node failed: a shared model with an input learns its node from the name that input
+    arrives under). ``external`` names the nodes that stand for external models. The ensemble
+    compiler lays the ensemble out by this; the local runtime runs every live node of a gated
+    ensemble whatever outputs a request asks for, as Triton does, since every output passes
+    through the gate (docs/triton_requested_outputs.md).
     """
     if any(o.negated for o in plan.outputs):  # only a gate model can negate an output (``~flag``)
         return True
