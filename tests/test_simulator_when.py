@@ -82,7 +82,8 @@ def test_the_predictor_counts_the_share_over_the_samples_and_takes_a_given_one(p
     p = example.pipeline
     steps = tmp_path / "steps.json"  # the yolov5 steps are measured once, for the three predictions
     counted = p.predict(profile_path, concurrency=(4,), forms=("bls", "fused"), module=example, cache=steps)
-    assert any("is_blank.blank is true on 50% of the sample's rows (8 rows)" in n for n in counted.notes)
+    assert any("is_blank.blank is true on 50% of the rows of 8 sample request(s) (8 rows, through is_blank)" in n
+               for n in counted.notes)
     mostly_blank = p.predict(profile_path, concurrency=(4,), forms=("bls", "fused"), module=example, cache=steps,
                              when_rates={"is_blank.blank": 0.9})
     by = {r.form: r.throughput for r in counted.rows}

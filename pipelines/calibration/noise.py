@@ -90,11 +90,13 @@ class MachineNoise:
             parts.append(f"repeated measurements disagreed by {self.disagreement:.0%}")
         return ", ".join(parts) or "nothing measured"
 
-    def line(self, what: str = "the machine") -> str:
-        """One line for a busy machine (empty for a quiet one): what it saw, and that ranges widened to match."""
+    def line(self, what: str = "the machine", widening: float | None = None) -> str:
+        """One line for a busy machine (empty for a quiet one): what it saw, and that ranges widened to match
+        (by ``widening``, default its own :meth:`widening`)."""
         if not self.busy:
             return ""
-        return f"{what} was busy: {self.describe()}; ranges widened by ±{self.widening():.0%} to match"
+        wide = self.widening() if widening is None else widening
+        return f"{what} was busy: {self.describe()}; ranges widened by ±{wide:.0%} to match"
 
     def combined(self, other: MachineNoise | None) -> MachineNoise:
         """The noisier of the two, figure by figure (a prediction's own watch and its profile's)."""

@@ -79,15 +79,43 @@ class Advice:
     def top(self, k: int) -> tuple[Candidate, ...]:
         return self.ranked[:k]
 
+    def tied(self, k: int = 5) -> tuple[int, ...]:
+        """Which of the top ``k`` (1-based) the best's range does not clear: by throughput under a p95 bound (among
+        those that meet it), else by p95. ``(1,)``: a clear pick."""
+        best = self.ranked[0]
+        out = [1]
+        for i, c in enumerate(self.top(k)[1:], 2):
+            if self.p95_ms is not None:
+                overlap = c.meets_bound and not best.row.clears(c.row)
+            else:
+                mine = best.row.p95_ms_range or (best.row.p95_ms, best.row.p95_ms)
+                theirs = c.row.p95_ms_range or (c.row.p95_ms, c.row.p95_ms)
+                overlap = theirs[0] <= mine[1]
+            if overlap:
+                out.append(i)
+        return tuple(out)
+
     def table(self, k: int = 5) -> str:
+        from .prediction import _ranged
+
         headers = ["#", "configuration", "p50 ms", "p95 ms", "infer/s", "bottleneck", "meets p95"]
         body = []
         for i, c in enumerate(self.top(k), 1):
             default = self.defaults.get(c.configuration.form)
             body.append([str(i), c.configuration.label(default.configuration if default else None),
-                         f"{c.row.p50_ms:.2f}", f"{c.row.p95_ms:.2f}", f"{c.row.throughput:.1f}",
+                         _ranged(c.row.p50_ms, c.row.p50_ms_range, 2), _ranged(c.row.p95_ms, c.row.p95_ms_range, 2),
+                         _ranged(c.row.throughput, c.row.throughput_range, 1),
                          c.row.bottleneck_text(), "yes" if c.meets_bound else "no"])
         return format_table(headers, body)
+
+    def verdict(self, k: int = 5) -> str:
+        """One line: the pick is clear, or which of the top picks tie within their ranges."""
+        tied = self.tied(k)
+        if len(tied) == 1:
+            return "#1 is a clear pick: its range clears the others' shown"
+        by = "throughput" if self.p95_ms is not None else "p95"
+        return (f"no clear pick: {', '.join(f'#{i}' for i in tied)} tie on {by} within their ranges "
+                "(the one that changes least is first)")
 
     def settings(self, k: int = 5) -> list[str]:
         """For each of the top ``k``: the exact arguments to set, as code."""
@@ -109,7 +137,7 @@ class Advice:
                 f"({self.profile})")
         base = "\n".join(f"default {name}: {c.row.throughput:.1f} infer/s, p95 {c.row.p95_ms:.2f} ms"
                          for name, c in self.defaults.items())
-        return "\n".join([head, self.table(k), "", "set:", *self.settings(k), "", base,
+        return "\n".join([head, self.table(k), self.verdict(k), "", "set:", *self.settings(k), "", base,
                           *(f"note: {n}" for n in self.notes)])
 
     def as_dicts(self, k: int | None = None) -> list[dict[str, Any]]:
@@ -119,6 +147,11 @@ class Advice:
             rows.append({**c.row.as_dict(), "meets_p95": c.meets_bound,
                          "settings": c.configuration.changes(default.configuration) if default else []})
         return rows
+
+
+def _lower_edge(row: PredictionRow) -> float:
+    """The throughput that ``row`` surely reaches: its range's lower edge (its point where it has none)."""
+    return row.throughput_range[0] if row.throughput_range is not None else row.throughput
 
 
 def _choices(base: ModelChoice, batchable: bool, cores: float) -> list[ModelChoice]:
@@ -175,8 +208,10 @@ def _simplest_first(ranked: list[Candidate], defaults: Mapping[str, Candidate],
         return tuple(ranked)
     p95 = ranked[0].row.p95_ms
     near = [c for c in ranked if c.meets_bound and (p95_ms is not None or c.row.p95_ms <= p95 * (1.0 + TIE))]
-    most = max(c.row.throughput for c in near)
-    ties = [c for c in near if c.row.throughput >= most * (1.0 - TIE)]
+    # under a bound, ranked by what each surely reaches: its range's lower edge
+    reach = _lower_edge if p95_ms is not None else (lambda row: row.throughput)
+    most = max(reach(c.row) for c in near)
+    ties = [c for c in near if reach(c.row) >= most * (1.0 - TIE)]
     tied = {id(c) for c in ties}
     ties.sort(key=lambda c: _changes(c, defaults))  # stable: equal changes keep their ranking
     return (*ties, *(c for c in ranked if id(c) not in tied))
@@ -197,16 +232,18 @@ def search(
     if budget < 1:
         raise ArgumentError(f"the search budget is a number of simulations >= 1; got {budget!r}")
     seen: dict[tuple, Candidate] = {}
+    # Screened without ranges: only the leaders' are worth their two more simulations.
     screen = replace(load, **SCREEN) if load.concurrency is not None else load
 
     def score(c: Candidate) -> tuple:
-        # Throughput among those under the bound; without a bound, the lowest p95.
+        # Throughput among those under the bound, by its range's lower edge (what it surely does); without a bound,
+        # the lowest p95.
         if p95_ms is None:
             return (0, c.row.p95_ms, -c.row.throughput)
-        return (0 if c.meets_bound else 1, -c.row.throughput if c.meets_bound else c.row.p95_ms, c.row.p95_ms)
+        return (0 if c.meets_bound else 1, -_lower_edge(c.row) if c.meets_bound else c.row.p95_ms, c.row.p95_ms)
 
-    def simulated(configuration: Configuration, on: Load) -> Candidate:
-        row = predictor.row(configuration, on, configuration.label())
+    def simulated(configuration: Configuration, on: Load, ranges: bool = False) -> Candidate:
+        row = predictor.row(configuration, on, configuration.label(), ranges=ranges)
         return Candidate(configuration, row, p95_ms is None or row.p95_ms <= p95_ms)
 
     def run(configuration: Configuration) -> Candidate:
@@ -247,23 +284,23 @@ def search(
                 if stale > _PATIENCE:
                     break  # rounds that found nothing better: the beam's neighbours are no better either
     candidates = list(seen.values())
-    if screen is not load:
-        full: dict[int, Candidate] = {}  # by the screened candidate's id: its figures on the full loop
+    # The leaders, simulated again with their ranges (on the full loop where they were screened on a shorter one).
+    full: dict[int, Candidate] = {}  # by the screened candidate's id: its figures on the full loop
 
-        def confirm(c: Candidate) -> None:
-            full[id(c)] = simulated(c.configuration, load)
+    def confirm(c: Candidate) -> None:
+        full[id(c)] = simulated(c.configuration, load, ranges=True)
 
-        for c in defaults.values():  # what each "x N" is read against
-            confirm(c)
-        defaults = {name: full[id(c)] for name, c in defaults.items()}
-        while True:  # until the leaders are all figures of the full loop
-            leaders = sorted(candidates, key=lambda c: score(full.get(id(c), c)))[:CONFIRM]
-            if all(id(c) in full for c in leaders):
-                break
-            for c in leaders:
-                if id(c) not in full:
-                    confirm(c)
-        candidates = [full.get(id(c), c) for c in candidates]
+    for c in defaults.values():  # what each "x N" is read against
+        confirm(c)
+    defaults = {name: full[id(c)] for name, c in defaults.items()}
+    while True:  # until the leaders are all figures of the full loop
+        leaders = sorted(candidates, key=lambda c: score(full.get(id(c), c)))[:CONFIRM]
+        if all(id(c) in full for c in leaders):
+            break
+        for c in leaders:
+            if id(c) not in full:
+                confirm(c)
+    candidates = [full.get(id(c), c) for c in candidates]
     ranked = _simplest_first(sorted(candidates, key=score), defaults, p95_ms)
     return Advice(predictor.pipeline.name, load, p95_ms, ranked, defaults, len(seen), predictor.describe(),
                   tuple(predictor.notes))
@@ -286,15 +323,18 @@ def advise(
     budget: int = 300,
     progress: Callable[[int, int], None] | None = None,
     when_rates: Mapping[str, float] | None = None,
+    step_costs: str = "auto",
+    url: str | None = None,
 ) -> Advice:
     """Rank ``pipeline``'s configurations by predicted throughput under ``p95_ms`` (or by p95
     where no bound is given; ties within :data:`TIE` go to the one that changes least), at
     ``concurrency`` clients (default 8) or ``rate`` requests/s.
     ``cores`` is the server's (default: the profile's). ``when_rates``: the share of rows where
-    each `when` condition tensor is true (default: counted over the sample requests)."""
+    each `when` condition tensor is true (default: counted over the sample requests). ``step_costs``
+    and ``url``: where each step's cost is timed (:class:`~pipelines.predict.prediction.Predictor`)."""
     if concurrency is not None and rate is not None:
         raise ArgumentError("advise takes a concurrency or a rate, not both")
     load = Load(rate=float(rate)) if rate is not None else Load(concurrency=int(concurrency or 8), **CLOSED_LOOP)
     predictor = Predictor(pipeline, profile, inputs=inputs, module=module, costs=costs, cache=cache, cores=cores,
-                          allow_mismatch=allow_mismatch, when_rates=when_rates)
+                          allow_mismatch=allow_mismatch, when_rates=when_rates, step_costs=step_costs, url=url)
     return search(predictor, load, forms=forms, p95_ms=p95_ms, budget=budget, progress=progress)

@@ -74,6 +74,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-mismatch", action="store_true",
                         help="use a profile measured on another machine, Triton version or protocol (warns, "
                         "naming each difference)")
+    parser.add_argument("--step-costs", choices=["auto", "server", "local"], default="auto",
+                        help="where each step's cost comes from: 'server' times each step's own model on the "
+                        "bundled Triton server (or --url), 'local' the step profiles timed here; 'auto' (default) "
+                        "the server at --url where one is given, else local. A server that cannot serve the "
+                        "steps is named, and the local step profiles are used instead")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
 
 
@@ -85,6 +90,9 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=_positive(float, "requests/s > 0"), action="append", default=None,
                         metavar="R", help="an open-loop load of R requests/s (Poisson arrivals); repeatable. "
                         "Given alone, replaces the default concurrencies")
+    parser.add_argument("--url", metavar="HOST:PORT", default=None,
+                        help="a Triton server serving the pipeline's step models (its ensemble or bls "
+                        "repository): each step's cost is timed there (--step-costs)")
 
 
 def add_advise_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,8 +114,10 @@ def add_advise_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compile the top 3 and the default, measure them on the bundled Triton server "
                         "(or --url), and print predicted against measured")
     parser.add_argument("--url", metavar="HOST:PORT", default=None,
-                        help="with --verify: measure on this server instead of the bundled one; it must serve "
-                        "the configurations' models (<pipeline>_v0, _v1, ...), as --verify-repository writes them")
+                        help="the Triton server where each step's cost is timed (--step-costs; it must serve the "
+                        "pipeline's step models) and, with --verify, where the configurations are measured instead "
+                        "of on the bundled one; those must be served there too (<pipeline>_v0, _v1, ...), as "
+                        "--verify-repository writes them")
     parser.add_argument("--verify-repository", metavar="DIR", default=None,
                         help="with --verify: write the configurations measured into DIR (and keep it), e.g. the "
                         "repository that the server at --url loads")
@@ -133,15 +143,10 @@ def predict_main(args: argparse.Namespace) -> int:
     concurrency = args.concurrency if args.concurrency is not None else ((1, 4, 16) if args.rate is None else ())
     result = predict(pipeline, args.profile, concurrency=concurrency, forms=args.forms, rate=args.rate,
                      inputs=inputs, module=module, costs=dict(args.cost) or None, cores=args.cores,
-                     allow_mismatch=args.allow_mismatch, when_rates=dict(args.when_rate) or None)
-    if args.json:
-        print(json.dumps(result.as_dicts(), indent=2))
-    else:
-        print(result)
-        levels = sorted({(r.concurrency, r.rate) for r in result.rows}, key=lambda x: (x[0] is None, x))
-        for c, r in levels:
-            print(f"winner at {'concurrency ' + str(c) if c is not None else f'{r:g} requests/s'}: "
-                  f"{result.winner(concurrency=c, rate=r)}")
+                     allow_mismatch=args.allow_mismatch, when_rates=dict(args.when_rate) or None,
+                     step_costs=args.step_costs, url=args.url)
+    # The table ends with one verdict per load: a winner only where its range clears the others'.
+    print(json.dumps(result.as_json(), indent=2) if args.json else result)
     return 0
 
 
@@ -149,12 +154,13 @@ def advise_main(args: argparse.Namespace) -> int:
     from ..sample_inputs import sample_requests
     from .advise import advise
 
-    if (args.url or args.verify_repository) and not args.verify:
-        raise PipelinesError("--url and --verify-repository are where --verify measures; add --verify, or drop them")
+    if args.verify_repository and not args.verify:
+        raise PipelinesError("--verify-repository is where --verify writes what it measures; add --verify, or drop it")
     pipeline, module, inputs = _load(args)
     advice = advise(pipeline, args.profile, concurrency=args.concurrency, rate=args.rate, p95_ms=args.p95_ms,
                     forms=args.forms, cores=args.cores, inputs=inputs, module=module, costs=dict(args.cost) or None,
-                    allow_mismatch=args.allow_mismatch, budget=args.budget, when_rates=dict(args.when_rate) or None)
+                    allow_mismatch=args.allow_mismatch, budget=args.budget, when_rates=dict(args.when_rate) or None,
+                    step_costs=args.step_costs, url=args.url)
     if args.json:
         print(json.dumps(advice.as_dicts(args.top), indent=2))
     else:

@@ -12,17 +12,18 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..calibration.noise import MAX_WIDENING
 from ..errors import ArgumentError
 from ..forms import FORMS
 from ..forms import form as form_named
 from ..graph import Pipeline
-from ..plan import ensemble_refusal, plan_of
+from ..plan import ensemble_refusal, plan_of, refuse_streaming
 from ..tables import format_table
 from ..tensor import TensorSpec, numpy_dtype
 from .configuration import Configuration, default_configuration
@@ -35,11 +36,18 @@ MIB = float(1 << 20)
 #: figures of 8000 within 0.8 % (throughput) and 1.4 % (p50), most of them exactly, in half the time
 #: of 1000 (docs/prediction.md, "The queues"). An open loop's figures are a sample: it keeps Load's 1000.
 CLOSED_LOOP = {"requests": 500, "warmup": 50}
+#: The closed loop a range's two ends are simulated on: 200 measured requests gave the figures of 500 within 0.8 % on
+#: yolov5, the diamond and capacity:batched at 1, 4 and 16 (100: within 51 %), in 40 % of the time, so that a
+#: prediction with its ranges costs 1.8 times one without (docs/prediction.md, "Ranges, winners and a busy machine").
+RANGE_LOOP = {"requests": 200, "warmup": 20}
 
 
 @dataclass(frozen=True)
 class PredictionRow:
-    """One form at one load, as the simulation predicts it."""
+    """One form at one load, as the simulation predicts it. ``p50_ms_range``, ``p95_ms_range`` and
+    ``throughput_range``: ``(low, high)``, what the measured costs' uncertainty and the machine's noise allow
+    (:meth:`Predictor.row`, docs/prediction.md "Ranges, winners and a busy machine"); ``None``: not computed (a
+    configuration advise only screened)."""
 
     form: str
     concurrency: int | None
@@ -51,11 +59,22 @@ class PredictionRow:
     bottleneck: str
     utilisation: Mapping[str, float] = field(default_factory=dict)
     configuration: str = ""
+    p50_ms_range: tuple[float, float] | None = None
+    p95_ms_range: tuple[float, float] | None = None
+    throughput_range: tuple[float, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["utilisation"] = dict(self.utilisation)
+        for name in ("p50_ms_range", "p95_ms_range", "throughput_range"):
+            data[name] = None if data[name] is None else list(data[name])
         return data
+
+    def clears(self, other: PredictionRow) -> bool:
+        """Whether this row's throughput range lies wholly above ``other``'s (their points where either has none)."""
+        mine = self.throughput_range or (self.throughput, self.throughput)
+        theirs = other.throughput_range or (other.throughput, other.throughput)
+        return mine[0] > theirs[1]
 
     @property
     def load(self) -> str:
@@ -69,33 +88,78 @@ class PredictionRow:
 @dataclass(frozen=True)
 class Prediction:
     """Rows of ``form``, ``concurrency`` (or ``rate``), ``p50_ms``, ``p95_ms``, ``p99_ms``,
-    ``throughput`` and ``bottleneck``; a table in the terminal and in notebooks."""
+    ``throughput`` and ``bottleneck``, each figure with its range; a table in the terminal and in notebooks.
+    ``noise``: what was seen of the machine, the profile's calibration and this prediction's own work together."""
 
     pipeline: str
     rows: tuple[PredictionRow, ...]
     profile: str = ""
     notes: tuple[str, ...] = ()
+    noise: Any = None
 
-    def winner(self, concurrency: int | None = None, rate: float | None = None) -> str:
-        """The form with the highest predicted throughput at that load."""
+    def levels(self) -> list[tuple[int | None, float | None]]:
+        """The loads predicted, ``(concurrency, rate)``, in the order first predicted."""
+        return list(dict.fromkeys((r.concurrency, r.rate) for r in self.rows))
+
+    def _at(self, concurrency: int | None, rate: float | None) -> list[PredictionRow]:
         at = [r for r in self.rows if r.concurrency == concurrency and r.rate == rate]
         if not at:
             raise ArgumentError(f"no prediction at concurrency={concurrency} rate={rate}")
-        return max(at, key=lambda r: (r.throughput, -r.p50_ms)).form
+        return sorted(at, key=lambda r: (-r.throughput, r.p50_ms))
+
+    def leader(self, concurrency: int | None = None, rate: float | None = None) -> str:
+        """The form with the highest predicted throughput at that load, clear winner or not."""
+        return self._at(concurrency, rate)[0].form
+
+    def winner(self, concurrency: int | None = None, rate: float | None = None) -> str | None:
+        """The form whose throughput range clears every other's at that load; ``None`` where the leader's range
+        overlaps the runner-up's (:meth:`tied` names the forms)."""
+        at = self._at(concurrency, rate)
+        return at[0].form if len(at) == 1 or at[0].clears(at[1]) else None
+
+    def tied(self, concurrency: int | None = None, rate: float | None = None) -> tuple[str, ...]:
+        """The forms the leader's range does not clear at that load, the leader first (one form: a clear winner)."""
+        at = self._at(concurrency, rate)
+        return tuple(r.form for r in at if r is at[0] or not at[0].clears(r))
+
+    def verdicts(self) -> list[str]:
+        """One line per load: its winner, or "no clear winner" with the forms that tie."""
+        out = []
+        for c, r in self.levels():
+            where = f"concurrency {c}" if c is not None else f"{r:g} requests/s"
+            won = self.winner(concurrency=c, rate=r)
+            out.append(f"winner at {where}: {won}" if won else
+                       f"no clear winner at {where}: {', '.join(self.tied(concurrency=c, rate=r))} tie")
+        return out
 
     def as_dicts(self) -> list[dict[str, Any]]:
         return [r.as_dict() for r in self.rows]
 
+    def as_json(self) -> dict[str, Any]:
+        """What ``predict --json`` prints: the rows, each load's ``winner`` (a form or null) and the forms that
+        tie, the noise record and the notes."""
+        levels = [{"concurrency": c, "rate": r, "winner": self.winner(concurrency=c, rate=r),
+                   "tied": list(self.tied(concurrency=c, rate=r))} for c, r in self.levels()]
+        noise = self.noise
+        return {"pipeline": self.pipeline, "profile": self.profile, "rows": self.as_dicts(), "levels": levels,
+                "noise": None if noise is None else {**noise.to_dict(), "busy": noise.busy,
+                                                     "widening": noise.widening()},
+                "notes": list(self.notes)}
+
     def _table(self) -> tuple[list[str], list[list[str]]]:
         headers = ["form", "load", "p50 ms", "p95 ms", "p99 ms", "infer/s", "bottleneck"]
-        body = [[r.form, r.load, f"{r.p50_ms:.2f}", f"{r.p95_ms:.2f}", f"{r.p99_ms:.2f}", f"{r.throughput:.1f}",
-                 r.bottleneck_text()] for r in self.rows]
+        body = [[r.form, r.load, _ranged(r.p50_ms, r.p50_ms_range, 2), _ranged(r.p95_ms, r.p95_ms_range, 2),
+                 f"{r.p99_ms:.2f}", _ranged(r.throughput, r.throughput_range, 1), r.bottleneck_text()]
+                for r in self.rows]
         return headers, body
+
+    def _lines(self) -> list[str]:
+        return [*self.verdicts(), *(f"note: {n}" for n in self.notes)]
 
     def __str__(self) -> str:
         headers, body = self._table()
         text = f"predicted for pipeline {self.pipeline!r} ({self.profile})\n" + format_table(headers, body)
-        return "\n".join([text, *(f"note: {n}" for n in self.notes)])
+        return "\n".join([text, *self._lines()])
 
     def _repr_html_(self) -> str:
         from html import escape
@@ -103,18 +167,41 @@ class Prediction:
         headers, body = self._table()
         head = "".join(f"<th>{escape(h)}</th>" for h in headers)
         rows = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in body)
-        notes = "".join(f"<p>{escape(n)}</p>" for n in self.notes)
+        lines = "".join(f"<p>{escape(n)}</p>" for n in self._lines())
         return (f"<p>predicted for pipeline <b>{escape(self.pipeline)}</b> ({escape(self.profile)})</p>"
-                f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{notes}")
+                f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{lines}")
 
 
-def _ways(cost: Any) -> tuple[WayCost, WayCost]:
+def _ranged(value: float, bounds: tuple[float, float] | None, digits: int) -> str:
+    """``12.31 (11.02-14.10)``: a figure and its range."""
+    if bounds is None:
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} ({bounds[0]:.{digits}f}-{bounds[1]:.{digits}f})"
+
+
+def _ways(cost: Any, bound: int = 0) -> tuple[WayCost, WayCost]:
     """A profile boundary as the simulator reads it: the measured curve each way, or, for an
-    old profile with only a line, half its fixed cost each way plus its cost per byte."""
+    old profile with only a line, half its fixed cost each way plus its cost per byte. ``bound``
+    -1 or 1: each figure at the low or high end of its confidence interval (never below zero, and
+    never past the figure itself the wrong way), where the profile has intervals."""
     if cost.sizes:
-        return WayCost(tuple(cost.sizes), tuple(cost.in_us)), WayCost(tuple(cost.sizes), tuple(cost.out_us))
-    line = WayCost((0, int(MIB)), (cost.fixed_us / 2, cost.fixed_us / 2 + cost.us_per_mib))
+        ins, outs = tuple(cost.in_us), tuple(cost.out_us)
+        if bound and cost.in_ci and cost.out_ci:
+            ins, outs = _bounded(ins, cost.in_ci, bound), _bounded(outs, cost.out_ci, bound)
+        return WayCost(tuple(cost.sizes), ins), WayCost(tuple(cost.sizes), outs)
+    fixed, per_mib = cost.fixed_us, cost.us_per_mib
+    if bound and cost.fixed_ci and cost.per_mib_ci:
+        fixed, per_mib = _bounded((fixed, per_mib), (cost.fixed_ci, cost.per_mib_ci), bound)
+    line = WayCost((0, int(MIB)), (fixed / 2, fixed / 2 + per_mib))
     return line, line
+
+
+def _bounded(figures: Sequence[float], intervals: Sequence[tuple[float, float]], bound: int) -> tuple[float, ...]:
+    """Each figure at the low (``bound`` -1) or high (1) end of its interval, never below zero, and never past the
+    figure itself the wrong way (a bootstrap's interval need not hold the fit's clipped figure)."""
+    if bound < 0:
+        return tuple(max(0.0, min(f, lo)) for f, (lo, _) in zip(figures, intervals, strict=True))
+    return tuple(max(f, hi) for f, (_, hi) in zip(figures, intervals, strict=True))
 
 
 def _rows_of(pipeline: Pipeline, inputs: Mapping[str, Any]) -> int:
@@ -155,17 +242,25 @@ class Predictor:
         allow_mismatch: bool = False,
         progress: Callable[[int, int, str], None] | None = None,
         when_rates: Mapping[str, float] | None = None,
+        step_costs: str = "auto",
+        url: str | None = None,
     ) -> None:
+        from ..calibration.noise import NoiseWatch
         from ..calibration.profile import default_lanes, load_profile
+        from .server_steps import steps_for
         from .step_profiles import profile_steps
+
+        watch = NoiseWatch()  # how steady this machine is while the steps are measured
 
         if not isinstance(pipeline, Pipeline):
             raise ArgumentError(f"predict needs a Pipeline; got {type(pipeline).__name__}")
         pipeline.validate()
+        refuse_streaming(pipeline, "predicting (or advising) its forms")
         self.pipeline = pipeline
         self.server = load_profile(profile)
         self.notes: list[str] = []
         self._require_match(allow_mismatch)
+        self._inputs_given = inputs is not None
         if inputs is None:
             inputs = sample_inputs(pipeline, module)
         self.inputs = dict(inputs)
@@ -175,6 +270,11 @@ class Predictor:
         elif cache is False:
             cache = None
         self.steps = profile_steps(pipeline, self.inputs, cache=cache, costs=costs, progress=progress)
+        # Steps priced on the server where one is asked for (docs/prediction.md, "Take step costs from your
+        # server"); the fused form keeps these: the fused model does not time its steps there.
+        self.local_steps = self.steps
+        self.steps = steps_for(pipeline, self.inputs, self.steps, self.server, step_costs=step_costs, url=url,
+                               cache=cache, notes=self.notes)
         self.plan = plan_of(pipeline, warn=False)
         self.rows = _rows_of(pipeline, self.inputs)
         self.in_bytes = _nbytes(self.inputs) / self.rows
@@ -195,6 +295,31 @@ class Predictor:
         self.step_threads = max(2, max((sum(1 for n in g if n in python) for g in self.plan.groups), default=1))
         self.gate, self.ensemble_refused = self._ensemble_shape()
         self.when_rates = self._when_rates(when_rates or {}, module)
+        self.noise, self.widening = self._noise(watch)
+        self._bounded_costs: dict[int, dict[str, tuple[WayCost, WayCost]]] = {0: self.costs}
+
+    def _noise(self, watch: Any) -> tuple[Any, float]:
+        """What was seen of the machine (this prediction's watch with the profile's record), and by how much every
+        range widens: the server's own spread from window to window, the profile's noise, and this machine's load
+        and steal while its steps were measured (their rounds' spread prices their costs' range already)."""
+        from ..calibration.noise import MAX_WIDENING, MachineNoise
+
+        spreads = [p.spread for p in self.steps.values() if p.spread is not None]
+        own = watch.stop(disagreement=float(np.median(spreads)) if spreads else None)
+        if all(p.source == "given" for p in self.steps.values()):  # nothing measured here: its load tells nothing
+            own = replace(own, other_load=None, steal=None)
+        recorded = self.server.noise
+        widening = min(MAX_WIDENING, max(
+            self.server.window_spread() or 0.0, recorded.widening() if recorded is not None else 0.0,
+            MachineNoise(other_load=own.other_load, steal=own.steal, cores=own.cores).widening()))
+        if recorded is None:
+            self.notes.append("the profile has no noise record (calibrated before they were kept): how busy its "
+                              "machine was is unknown; calibrate again to know")
+        elif recorded.busy:
+            self.notes.append(recorded.line("the machine the profile was calibrated on", widening))
+        if own.busy:
+            self.notes.append(own.line("this machine, while predict measured the steps,", widening))
+        return own.combined(recorded), widening
 
     def _output_bytes(self) -> float:
         """What the request's answer weighs per row: each output's shape as its step handed it
@@ -242,33 +367,68 @@ class Predictor:
         return rates
 
     def _counted_share(self, term: Any, module: Any) -> float:
-        """The share of true rows of a condition tensor over the sample requests, where it can be had."""
+        """The share of true rows of a condition tensor over the sample requests: the request given (``inputs=``,
+        ``--input``), else the module's own samples. A tensor that steps compute is counted by running those steps
+        here, on each sample; where they cannot run here, the share is refused, not guessed."""
         from ..sample_inputs import sample_requests
 
         label = term.tensor if term.node is None else f"{term.node}.{term.tensor}"
         if module is None:  # the module that declared the pipeline, as the benchmark finds it
             module = sys.modules.get(getattr(self.pipeline, "__module__", "") or "")
-        try:
-            requests = sample_requests(self.pipeline, module=module) if module is not None else [self.inputs]
-        except Exception:  # noqa: BLE001 - any failure of a user's sample hook: the request given stands in
-            requests = [self.inputs]
-        node = self.plan.node(term.node) if term.node is not None else None
-        if node is not None and any(s.node is not None for s in node.inputs):
-            self.notes.append(f"when: {label}'s share of true rows was taken as 1 (it is computed from other steps); "
-                              f"give when_rates={{{label!r}: SHARE}} (--when-rate {label}=SHARE)")
-            return 1.0
+        requests = [self.inputs]
+        if not self._inputs_given and module is not None:
+            try:
+                requests = sample_requests(self.pipeline, module=module)
+            except Exception:  # noqa: BLE001 - any failure of a user's sample hook: the request profiled stands in
+                requests = [self.inputs]
+        upstream = self._upstream(term.node, label) if term.node is not None else []
         values = []
         for request in requests:
-            if term.node is None:
-                value = request[term.tensor]
-            else:
-                step = self.pipeline.nodes[term.node].step
-                value = step(**{s.input: request[s.tensor] for s in node.inputs})[term.tensor]
-            values.append(np.asarray(value, dtype=bool).reshape(-1))
+            tensors: dict[tuple[str | None, str], Any] = {(None, name): v for name, v in request.items()}
+            for name in upstream:
+                node = self.plan.node(name)
+                try:
+                    out = _run_step(self.pipeline.nodes[name].step, {s.input: tensors[s.key] for s in node.inputs})
+                except Exception as exc:  # noqa: BLE001 - any failure of the user's step: the share is refused
+                    raise self._uncounted(label, f"step {name!r} failed here on a sample request "
+                                                 f"({type(exc).__name__}: {exc})") from None
+                tensors.update({(name, o): v for o, v in out.items()})
+            values.append(np.asarray(tensors[term.key], dtype=bool).reshape(-1))
         share = float(np.concatenate(values).mean()) if values else 1.0
-        self.notes.append(f"when: {label} is true on {share:.0%} of the sample's rows "
-                          f"({sum(v.size for v in values)} rows); --when-rate {label}=SHARE sets another share")
+        source = "the request given" if self._inputs_given else f"{len(requests)} sample request(s)"
+        through = f", through {', '.join(upstream)}" if upstream else ""
+        self.notes.append(f"when: {label} is true on {share:.0%} of the rows of {source} "
+                          f"({sum(v.size for v in values)} rows{through}); --when-rate {label}=SHARE sets another share")
         return share
+
+    def _upstream(self, node: str, label: str) -> list[str]:
+        """The steps that compute node ``node``'s outputs from the request, ``node`` last, in the plan's order; the
+        share is refused where one of them cannot be run here as a plain function."""
+        needed, frontier = {node}, [node]
+        while frontier:
+            for s in self.plan.node(frontier.pop()).inputs:
+                if s.node is not None and s.node not in needed:
+                    needed.add(s.node)
+                    frontier.append(s.node)
+        order = [name for name in self.plan.order if name in needed]
+        for name in order:
+            n = self.plan.node(name)
+            if n.kind != "step" or n.when:
+                raise self._uncounted(label, f"{name!r} runs inside a `when` block or merges branches, so not "
+                                             "on every row of a request")
+            step = self.pipeline.nodes[name].step
+            if step.impl is None:
+                raise self._uncounted(label, f"step {name!r} is an external model with no Python stand-in")
+            if step.options.device == "gpu":
+                raise self._uncounted(label, f"step {name!r} runs on the GPU")
+        return order
+
+    def _uncounted(self, label: str, why: str) -> ArgumentError:
+        return ArgumentError(
+            f"pipeline {self.pipeline.name!r}: the share of rows where `when` condition {label} holds cannot be "
+            f"counted over the sample requests here: {why}. Give it: --when-rate {label}=SHARE "
+            f"(when_rates={{{label!r}: SHARE}}), the share of rows where it is true, 0..1",
+            pipeline=self.pipeline.name, node=label.split(".")[0], tensor=label.rsplit(".", 1)[-1])
 
     def _require_match(self, allow_mismatch: bool) -> None:
         """Step profiles are measured on this machine: the server profile must come from one like it."""
@@ -300,8 +460,9 @@ class Predictor:
     def default(self, form: str) -> Configuration:
         return default_configuration(self.pipeline, form)
 
-    def spec(self, configuration: Configuration) -> SimSpec:
-        """The simulator's view of ``configuration`` (steps in the plan's order)."""
+    def spec(self, configuration: Configuration, *, bound: int = 0) -> SimSpec:
+        """The simulator's view of ``configuration`` (steps in the plan's order); ``bound`` -1 or 1: every cost at
+        the low or high end of what was measured (the profile's intervals, each step's rounds' spread)."""
         fused = configuration.form == "fused"
 
         def warm(name: str, measured: Any, figure: str) -> tuple[float, ...]:
@@ -309,14 +470,19 @@ class Predictor:
             # process, from the caches; a stub reads what another process wrote (timed cold).
             timed = getattr(measured, "warm_" + figure)
             fed_in_process = all(s.node is not None for s in self.plan.node(name).inputs)
-            return timed if fused and timed and fed_in_process else getattr(measured, figure)
+            figures = timed if fused and timed and fed_in_process else getattr(measured, figure)
+            if not bound or not measured.spread:
+                return figures
+            # three rounds on a busy machine can disagree by more than the figure: no further than the noise goes
+            scale = 1.0 + bound * min(measured.spread, MAX_WIDENING)
+            return tuple(v * scale for v in figures)
 
         steps = []
         for model in self.plan.models:
             choice = configuration.models.get(model.name)
             for node_name in model.nodes:
                 node = self.pipeline.nodes[node_name]
-                measured = self.steps[node_name]
+                measured = (self.local_steps if fused else self.steps)[node_name]
                 if choice is None:
                     raise ArgumentError(f"the configuration has no options for model {model.name!r}")
                 steps.append((node_name, StepSpec(
@@ -348,7 +514,7 @@ class Predictor:
             rows=self.rows,
             in_bytes=self.in_bytes,
             out_bytes=self.out_bytes,
-            costs=self.costs,
+            costs=self._costs_at(bound),
             cores=self.cores,
             top_instances=configuration.top_instances,
             top_max_batch_size=self.pipeline.max_batch_size,
@@ -360,6 +526,11 @@ class Predictor:
             step_threads=self.step_threads,
             round_request_us=self.server.round_request_us,
         )
+
+    def _costs_at(self, bound: int) -> dict[str, tuple[WayCost, WayCost]]:
+        if (found := self._bounded_costs.get(bound)) is None:
+            found = self._bounded_costs[bound] = {name: _ways(c, bound) for name, c in self.server.costs.items()}
+        return found
 
     def _deps(self, name: str) -> tuple[str, ...]:
         """The steps ``name`` waits for; a select (merged by the executor, no model) stands for its own."""
@@ -398,8 +569,28 @@ class Predictor:
 
         return simulate(self.spec(configuration), load)
 
-    def row(self, configuration: Configuration, load: Load, label: str = "") -> PredictionRow:
+    def row(self, configuration: Configuration, load: Load, label: str = "", *, ranges: bool = True) -> PredictionRow:
+        """``configuration`` at ``load``: its simulated figures and, with ``ranges``, their ranges: the same
+        configuration simulated with every cost at the low and at the high end of what was measured, widened by
+        :attr:`widening` either way, the throughput's high end at most what the cores can do at the low costs."""
+        from .simulator import core_ceiling, simulate
+
         result = self.simulate(configuration, load)
+        bounds: dict[str, tuple[float, float] | None] = dict.fromkeys(("p50_ms_range", "p95_ms_range",
+                                                                       "throughput_range"))
+        if ranges:
+            cheap = self.spec(configuration, bound=-1)
+            short = replace(load, **RANGE_LOOP) if load.concurrency is not None else load
+            low, high = simulate(cheap, short), simulate(self.spec(configuration, bound=1), short)
+            wide = self.widening
+            for name, figure in (("p50_ms_range", "p50_us"), ("p95_ms_range", "p95_us")):
+                point, values = getattr(result, figure), (getattr(low, figure), getattr(high, figure))
+                bounds[name] = (min(point, *values) * (1.0 - wide) / 1e3, max(point, *values) * (1.0 + wide) / 1e3)
+            rates = (result.throughput, low.throughput, high.throughput)
+            top = max(rates) * (1.0 + wide)
+            if load.concurrency is not None:  # an open loop's throughput is its rate: what it sends, not the cores
+                top = max(max(rates), min(top, core_ceiling(cheap)))
+            bounds["throughput_range"] = (min(rates) * (1.0 - wide), top)
         return PredictionRow(
             form=configuration.form,
             concurrency=load.concurrency,
@@ -411,11 +602,32 @@ class Predictor:
             bottleneck=result.bottleneck,
             utilisation=dict(result.utilisation, cpu=result.cpu_utilisation),
             configuration=label,
+            **bounds,
         )
 
     def describe(self) -> str:
         p = self.server
         return f"Triton {p.server_version or '?'} over {p.protocol}, {self.cores:g} cores, profiled {p.date}"
+
+
+def _run_step(step: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """One call of ``step`` on ``inputs``, as plain Python (an ``async def`` step awaited on a loop of its own)."""
+    import asyncio
+
+    instance = step.instantiate()
+    try:
+        if not instance.is_async:
+            return instance.execute(inputs)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(instance.execute_async(inputs))
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:  # a notebook's loop runs in this thread
+            return pool.submit(asyncio.run, instance.execute_async(inputs)).result()
+    finally:
+        instance.finalize()
 
 
 def loads(concurrency: Iterable[int] | int | None, rate: Iterable[float] | float | None) -> list[Load]:
@@ -465,6 +677,9 @@ def predict(
     stand-in. ``cache``: where the step profiles are kept (default: beside the profile file).
     ``cores``: the server's cores (default: those of the machine the profile was measured on);
     ``allow_mismatch``: use a profile measured on another machine (warns instead of refusing).
+    ``step_costs``: ``"server"`` times each step's own model on the bundled Triton server (or ``url``),
+    ``"local"`` takes the step profiles timed here, ``"auto"`` (default) the server at ``url`` where one
+    is given; the notes say where each step's cost came from (:mod:`pipelines.predict.server_steps`).
     """
     wanted = loads(concurrency, rate)
     predictor = Predictor(pipeline, profile, **options)
@@ -473,4 +688,4 @@ def predict(
         configuration = predictor.default(name)
         for load in wanted:
             rows.append(predictor.row(configuration, load))
-    return Prediction(pipeline.name, tuple(rows), predictor.describe(), tuple(predictor.notes))
+    return Prediction(pipeline.name, tuple(rows), predictor.describe(), tuple(predictor.notes), predictor.noise)

@@ -22,7 +22,7 @@ from .processor_sharing import Cores, Cost
 from .simulation_checks import FORMS, check
 from .spec import Load, SimResult, SimSpec, StepSpec, interp
 
-__all__ = ["FORMS", "simulate"]
+__all__ = ["FORMS", "core_ceiling", "cpu_per_request", "simulate"]
 
 _IN, _OUT = 0, 1
 
@@ -60,6 +60,38 @@ def simulate(spec: SimSpec, load: Load) -> SimResult:
     return SimResult(p50_us=p50, p95_us=p95, p99_us=p99, mean_us=float(latencies.mean()),
                      throughput=meter.answers / span * 1e6, utilisation=utilisation,
                      cpu_utilisation=cpu, bottleneck=bottleneck)
+
+
+def cpu_per_request(spec: SimSpec) -> float:
+    """The least CPU time (µs) one request can cost ``spec``'s server: its ``request`` boundary both ways, and each step
+    that every request runs (none in a ``when`` block) at the cheapest CPU time a row it can have, over the batch
+    sizes it may run at (a request's rows; a dynamic batch; a fused round's joined rows), times the request's rows.
+    Every other cost only adds to it."""
+    total = spec.costs["request"][_IN].at(spec.rows * spec.in_bytes) + spec.costs["request"][_OUT].at(
+        spec.rows * spec.out_bytes)
+    # a fused round joins its requests' rows up to the least max_batch_size of its model and steps (none if one is 0)
+    limits = [spec.top_max_batch_size, *(s.max_batch_size for s in spec.steps)]
+    joined = 0 if 0 in limits else min(limits)
+    for step in spec.steps:
+        if step.when:
+            continue
+        if spec.form == "fused" and not step.external:
+            most = max(spec.rows, joined)
+        else:  # a model takes one request an execution unless it batches dynamically
+            most = max(spec.rows, step.max_batch_size if step.dynamic_batching else 0)
+        # cpu(b) / b is least at a measured size or at the largest (the curve is straight between its points)
+        sizes = {r for r in step.cpu_us.rows if r <= most} | {most}
+        total += spec.rows * min(max(0.0, step.cpu_us.at(b)) / b for b in sizes)
+    return max(0.0, total)
+
+
+def core_ceiling(spec: SimSpec) -> float:
+    """What the cores can do at most (requests/s): the cores over :func:`cpu_per_request`; infinite where a request
+    costs no CPU (a step on a GPU, a sleep). No simulation of ``spec`` answers faster, since every CPU cost is a job on
+    the cores (:mod:`pipelines.predict.processor_sharing`), which never run more than ``cores`` at once, and a job of
+    several cores (a step's threads, CPU time above its wall time) takes its CPU time of them."""
+    cpu = cpu_per_request(spec)
+    return spec.cores * 1e6 / cpu if cpu > 0.0 else float("inf")
 
 
 class _Server:

@@ -16,7 +16,7 @@ from ..tensor import TensorSpec
 
 __all__ = ["StepProfile"]
 
-_SOURCES = ("measured", "stand_in", "given")
+_SOURCES = ("measured", "stand_in", "given", "server")
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,10 @@ class StepProfile:
     they are too small to time out of them). ``gil_share`` and ``memory`` (0..1, at its first batch size; 0 where not
     measured): the part of its CPU time that holds the GIL, and of its time that waits on memory. ``traffic`` (0..1,
     at its first batch size, its inputs in the caches; ``None``: not measured, its ``memory`` stands in): how much it
-    slows a copy on another core. ``source``:
-    ``"measured"``, ``"stand_in"`` (an external model's stand-in was timed) or ``"given"`` (``costs=``).
+    slows a copy on another core. ``spread``: how far its rounds disagreed, half the range of their wall times over
+    their median, the largest over its batch sizes (``None``: not measured, a cost given). ``source``:
+    ``"measured"``, ``"stand_in"`` (an external model's stand-in was timed), ``"given"`` (``costs=``) or
+    ``"server"`` (its model on a Triton server, :mod:`pipelines.predict.server_steps`).
     """
 
     name: str
@@ -52,6 +54,7 @@ class StepProfile:
     warm_wall_us: tuple[float, ...] = ()
     warm_cpu_us: tuple[float, ...] = ()
     traffic: float | None = None
+    spread: float | None = None
 
     def __post_init__(self) -> None:
         def refuse(what: str) -> ArgumentError:
@@ -68,8 +71,8 @@ class StepProfile:
             if not all(math.isfinite(v) and v >= 0 for v in values):
                 raise refuse(f"{field_name} must be finite µs >= 0; got {list(values)}")
             object.__setattr__(self, field_name, values)
-        for field_name in ("in_bytes", "out_bytes", "gil_share", "memory", "traffic"):
-            if getattr(self, field_name) is None and field_name == "traffic":  # not measured: memory stands in
+        for field_name in ("in_bytes", "out_bytes", "gil_share", "memory", "traffic", "spread"):
+            if getattr(self, field_name) is None and field_name in ("traffic", "spread"):  # not measured
                 continue
             value = float(getattr(self, field_name))
             share = field_name in ("gil_share", "memory", "traffic")

@@ -238,6 +238,11 @@ class _Profiler:
         def medians(by_round: list[list[tuple[float, float]]], figure: int) -> tuple[float, ...]:
             return tuple(statistics.median(r[i][figure] for r in by_round) * 1e6 for i in range(len(sizes)))
 
+        def spread(by_round: list[list[tuple[float, float]]]) -> float:
+            walls = [[r[i][0] for r in by_round] for i in range(len(sizes))]
+            return max(((max(w) - min(w)) / 2 / statistics.median(w) if statistics.median(w) > 0 else 0.0)
+                       for w in walls)
+
         cpus = medians(timed, 1)
         if cpus[0] < MIN_CPU_US:  # a round or two above it does not make the step one that moves memory
             memory = []
@@ -248,7 +253,7 @@ class _Profiler:
             gil_share=min(max(statistics.median(gils), 0.0), 1.0) if gils else 0.0,  # over every round's pairs
             memory=statistics.median(m.share for m in memory) if memory else 0.0,
             traffic=statistics.median(traffics) if traffics else None,
-            source="stand_in" if common["external"] else "measured",
+            source="stand_in" if common["external"] else "measured", spread=spread(timed),
             warm_wall_us=medians(warm, 0) if cold else (), warm_cpu_us=medians(warm, 1) if cold else ())
 
     def _run(self, name: str, *, keep: bool) -> StepRunner | None:

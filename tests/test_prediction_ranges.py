@@ -1,0 +1,228 @@
+"""Every predicted figure with its range: what the calibration's intervals, the steps' spread and the machine's noise
+allow. A winner is named only where its range clears the others', and a busy machine is said so and widens every
+range. The steps' costs are given here, so every figure is the simulation's, exact on virtual time."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipelines import Pipeline, TensorSpec, external_model, step
+from pipelines.bench.results import machine_info
+from pipelines.calibration.noise import MAX_WIDENING, MachineNoise, NoiseWatch, round_disagreement
+from pipelines.calibration.profile import BOUNDARIES, Cost, Profile
+from pipelines.cli import main
+from pipelines.errors import ArgumentError, PipelinesError
+from pipelines.examples.basic import make_diamond
+from pipelines.predict import advise, predict
+from pipelines.predict.prediction import Prediction, PredictionRow
+
+#: The diamond's steps priced as given: nothing measured here, so nothing of this machine's load enters.
+GIVEN = {"branch_0": 2000.0, "branch_1": 2000.0, "join_0": 100.0}
+
+
+def profile(us: float = 40.0, *, ci: tuple[float, float] = (1.0, 1.0), noise: MachineNoise | None = None) -> Profile:
+    """Every boundary ``us`` each way, its interval ``ci`` times that."""
+    interval = ((us * ci[0], us * ci[1]),) * 2
+    return Profile(
+        costs={b: Cost(2 * us, 0.0, (1, 1 << 20), (us, us), (us, us), in_ci=interval, out_ci=interval,
+                       total_ci=((2 * us * ci[0], 2 * us * ci[1]),) * 2) for b in BOUNDARIES},
+        server_version="2.51.0", protocol="http", machine=machine_info(), date="2026-11-29", lanes=2.0, noise=noise)
+
+
+QUIET = MachineNoise(other_load=0.0, steal=0.0, disagreement=0.0, cores=2.0, seconds=60.0)
+BUSY = MachineNoise(other_load=1.0, steal=0.0, disagreement=0.04, cores=2.0, seconds=60.0)
+
+
+def diamond_predicted(server: Profile, concurrency=(1, 4)) -> Prediction:
+    return predict(make_diamond(ms=1.0), server, concurrency=concurrency, forms=("ensemble", "bls", "fused"),
+                   costs=GIVEN, cache=False)
+
+
+def test_each_range_holds_its_figure_and_follows_the_calibrations_intervals():
+    result = diamond_predicted(profile(ci=(0.5, 2.0), noise=QUIET))
+    for r in result.rows:
+        for figure, bounds in ((r.p50_ms, r.p50_ms_range), (r.p95_ms, r.p95_ms_range),
+                               (r.throughput, r.throughput_range)):
+            low, high = bounds
+            assert low < figure < high, (r.form, r.concurrency)
+    # Intervals of no width, a quiet machine and costs given: the range is the figure (the two ends are simulated on
+    # a shorter loop, which settles into the same schedule here).
+    exact = diamond_predicted(profile(ci=(1.0, 1.0), noise=QUIET))
+    for r in exact.rows:
+        assert r.p50_ms_range == pytest.approx((r.p50_ms, r.p50_ms))
+        assert r.throughput_range == pytest.approx((r.throughput, r.throughput))
+
+
+def test_a_busy_noise_record_widens_every_range_and_every_table_says_so():
+    quiet = diamond_predicted(profile(ci=(0.8, 1.25), noise=QUIET))
+    busy = diamond_predicted(profile(ci=(0.8, 1.25), noise=BUSY))
+    wide = BUSY.widening()
+    assert wide == 0.5 and BUSY.busy and not QUIET.busy  # other processes took half the cores
+    for q, b in zip(quiet.rows, busy.rows, strict=True):
+        assert (b.p50_ms, b.throughput) == (q.p50_ms, q.throughput)  # the figures are the same simulation's
+        assert b.p50_ms_range == pytest.approx((q.p50_ms_range[0] * (1 - wide), q.p50_ms_range[1] * (1 + wide)))
+        assert b.throughput_range[0] == pytest.approx(q.throughput_range[0] * (1 - wide))
+        assert b.throughput_range[1] >= q.throughput_range[1]
+    line = "the machine the profile was calibrated on was busy: load 1.0 from other processes (of 2 cores)"
+    assert any(n.startswith(line) and "ranges widened by ±50% to match" in n for n in busy.notes)
+    assert line in str(busy) and line in busy._repr_html_()
+    assert not any("busy" in n for n in quiet.notes)
+    assert busy.as_json()["noise"]["busy"] is True and quiet.as_json()["noise"]["busy"] is False
+
+
+def test_the_throughput_range_never_passes_what_the_cores_can_do():
+    # a noise record that widens by half: the high end still stops at the cores over a request's least CPU time
+    result = diamond_predicted(profile(ci=(1.0, 1.0), noise=BUSY), concurrency=(16,))
+    ensemble = next(r for r in result.rows if r.form == "ensemble")
+    assert ensemble.utilisation["cpu"] == pytest.approx(1.0)  # its two branches keep both cores busy at 16
+    assert ensemble.throughput_range[0] == pytest.approx(ensemble.throughput * (1 - MAX_WIDENING))
+    # two cores over the least a request costs: its steps' 4.1 ms and its request boundary's 40 µs each way
+    assert ensemble.throughput_range[1] == pytest.approx(2e6 / (2000 + 2000 + 100 + 2 * 40))
+    assert ensemble.throughput_range[1] < ensemble.throughput * (1 + MAX_WIDENING)
+
+
+def row(form: str, throughput: tuple[float, float, float], concurrency: int = 4) -> PredictionRow:
+    low, point, high = throughput
+    return PredictionRow(form, concurrency, None, 10.0, 12.0, 13.0, point, "cpu", {}, "", (9.0, 11.0),
+                         (11.0, 13.0), (low, high))
+
+
+def test_a_winner_is_named_only_where_its_range_clears_the_runner_ups():
+    clear = Prediction("p", (row("fused", (110, 120, 130)), row("ensemble", (90, 100, 109)), row("bls", (40, 50, 60))))
+    assert clear.winner(concurrency=4) == "fused" and clear.tied(concurrency=4) == ("fused",)
+    assert clear.verdicts() == ["winner at concurrency 4: fused"]
+    overlap = Prediction("p", (row("ensemble", (95, 100, 111)), row("fused", (110, 120, 130)),
+                               row("bls", (40, 50, 60))))
+    assert overlap.leader(concurrency=4) == "fused"  # the highest figure, but not a winner
+    assert overlap.winner(concurrency=4) is None
+    assert overlap.tied(concurrency=4) == ("fused", "ensemble")
+    assert overlap.verdicts() == ["no clear winner at concurrency 4: fused, ensemble tie"]
+    assert "no clear winner at concurrency 4: fused, ensemble tie" in str(overlap)
+    assert overlap.as_json()["levels"] == [{"concurrency": 4, "rate": None, "winner": None,
+                                            "tied": ["fused", "ensemble"]}]
+
+
+def test_predict_json_carries_the_ranges_and_each_loads_winner(tmp_path, capsys):
+    path = tmp_path / "profile.json"
+    profile(ci=(0.9, 1.1), noise=QUIET).save(path)
+    code = main(["predict", "pipelines.examples.basic:diamond", "--profile", str(path), "--concurrency", "1,4",
+                 "--forms", "ensemble,bls", "--cost", "branch_0=2000", "--cost", "branch_1=2000",
+                 "--cost", "join_0=100", "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [(r["form"], r["concurrency"]) for r in data["rows"]] == [("ensemble", 1), ("ensemble", 4), ("bls", 1),
+                                                                      ("bls", 4)]
+    for r in data["rows"]:
+        for name, figure in (("p50_ms_range", "p50_ms"), ("p95_ms_range", "p95_ms"), ("throughput_range", "throughput")):
+            low, high = r[name]
+            assert low <= r[figure] <= high
+    assert [(level["concurrency"], level["rate"]) for level in data["levels"]] == [(1, None), (4, None)]
+    for level in data["levels"]:
+        assert level["winner"] in (None, "ensemble", "bls") and level["tied"]
+        assert (level["winner"] is None) == (len(level["tied"]) > 1)
+
+
+def test_advise_under_a_bound_ranks_by_what_each_surely_reaches_and_says_when_its_top_picks_tie():
+    advice = advise(make_diamond(ms=1.0), profile(ci=(0.8, 1.25), noise=BUSY), concurrency=4, p95_ms=500.0,
+                    costs=GIVEN, cache=False, forms=("ensemble", "fused"), budget=40)
+    shown = advice.top(5)
+    assert all(c.row.throughput_range is not None for c in shown)
+    # +-50 % of noise: the top picks overlap, and the advice says so
+    assert len(advice.tied()) > 1
+    assert "no clear pick: #1, #2" in advice.text()
+    assert "was busy" in advice.text()
+
+
+def test_a_profile_keeps_its_noise_record_and_an_older_one_reads_as_unknown(tmp_path):
+    path = tmp_path / "p.json"
+    profile(noise=BUSY).save(path)
+    assert Profile.load(path).noise == BUSY
+    data = json.loads(path.read_text())
+    del data["noise"]
+    path.write_text(json.dumps(data))
+    older = Profile.load(path)
+    assert older.noise is None
+    result = diamond_predicted(older)
+    assert any("no noise record" in n and "unknown" in n for n in result.notes)
+    data["noise"] = {"other_load": -1.0}
+    path.write_text(json.dumps(data))
+    with pytest.raises(PipelinesError, match="noise record's other_load is a finite number >= 0"):
+        Profile.load(path)
+
+
+def test_the_calibrations_rounds_say_how_far_the_server_moved_from_window_to_window():
+    rows = [("ensemble", 1, 1024, k, lat) for k, lat in enumerate((100.0, 110.0, 90.0))]
+    rows += [("bls", 1, 1024, k, lat) for k, lat in enumerate((200.0, 200.0, 240.0))]
+    # half the range over the median: 10 % and 10 %
+    assert round_disagreement(rows) == pytest.approx(0.1)
+    assert round_disagreement(rows[:1]) is None
+
+
+def test_the_watch_counts_no_load_of_its_own_process():
+    watch = NoiseWatch()
+    total = sum(float(i) for i in range(3_000_000))  # this process's own work, on one core
+    noise = watch.stop()
+    assert total > 0 and noise.seconds > 0
+    if noise.other_load is not None:  # Linux: what other processes used, never this one's work
+        assert noise.other_load < noise.cores
+
+
+# ---------------------------------------------------------------------- a `when` share counted through steps
+
+ROW = TensorSpec("FP32", [4])
+FLAG = TensorSpec("BOOL", [1])
+
+
+@step(inputs={"x": ROW}, outputs={"score": ROW})
+def scored(x):
+    return {"score": x * 2}
+
+
+@step(inputs={"score": ROW}, outputs={"confident": FLAG})
+def decide(score):
+    return {"confident": score[:, :1] > 1.0}
+
+
+@step(inputs={"x": ROW}, outputs={"y": ROW})
+def refine(x):
+    return {"y": x + 1}
+
+
+def refined(first=scored) -> Pipeline:
+    p = Pipeline("refined", inputs={"x": ROW}, max_batch_size=8)
+    s = p.add(first, name="score", x=p.input("x"))
+    d = p.add(decide, score=s["score"])
+    with p.when(~d["confident"]):
+        r = p.add(refine, x=p.input("x"))
+    p.output("y", r["y"], otherwise=0.0)
+    return p
+
+
+def test_a_when_share_computed_by_other_steps_is_counted_by_running_them_on_the_samples():
+    x = np.zeros((8, 4), np.float32)
+    x[:6, 0] = 1.0  # score 2 > 1 on 6 rows of 8: confident; the refiner runs on the other 2
+    result = refined().predict(profile(noise=QUIET), concurrency=(1,), forms=("bls",), inputs={"x": x},
+                               costs={"score": 100.0, "decide": 100.0, "refine": 5000.0}, cache=False)
+    assert any("decide.confident is true on 75% of the rows of the request given (8 rows, through score, decide)"
+               in n for n in result.notes)
+    always = refined().predict(profile(noise=QUIET), concurrency=(1,), forms=("bls",), inputs={"x": x},
+                               costs={"score": 100.0, "decide": 100.0, "refine": 5000.0}, cache=False,
+                               when_rates={"decide.confident": 0.0})
+    # the refiner runs on a quarter of the rows, so some requests skip it: more of them answered than where it always runs
+    assert result.rows[0].throughput > 1.05 * always.rows[0].throughput
+
+
+def test_a_when_share_that_cannot_be_counted_here_is_refused_naming_the_flag_to_give():
+    opaque = external_model("score", inputs={"x": ROW}, outputs={"score": ROW}, backend="onnxruntime")
+    with pytest.raises(ArgumentError, match=r"decide\.confident holds cannot be counted .* step 'score' is an external "
+                                            r"model with no Python stand-in\. Give it: --when-rate decide\.confident"
+                                            r"=SHARE"):
+        refined(opaque).predict(profile(noise=QUIET), concurrency=(1,), forms=("bls",),
+                                costs={"score": 100.0, "decide": 100.0, "refine": 5000.0}, cache=False)
+    given = refined(opaque).predict(profile(noise=QUIET), concurrency=(1,), forms=("bls",),
+                                    costs={"score": 100.0, "decide": 100.0, "refine": 5000.0}, cache=False,
+                                    when_rates={"decide.confident": 0.5})
+    assert given.rows
