@@ -12,6 +12,17 @@ server, in one run. It prints the errors against the targets of issue 41:
 - speed: yolov5's four forms at 1, 4 and 16 predicted in <= 2 s once its step profiles
   exist; ``advise`` over >= 200 configurations in <= 30 s.
 
+And the targets of issue 59 for each figure's range (p50 at 1, throughput at 4 and 16):
+
+- coverage: the server's figure lies inside the predicted range for >= 90 % of figures;
+- width: the median half-width of the ranges is <= 15 % of the figure, and none is over 35 %;
+- winners: a winner the prediction names (its range clears the others') is the measured one
+  (within 5 %); a "no clear winner" is right only where the forms it names as tying measured
+  within 10 % of each other, the measured best among them.
+
+The load average of the machine at the start and the end of the run is recorded with the
+results (benchmarks/results/prediction.json), and so is each noise record.
+
 Beside each figure it shows how far the server's own measurement windows strayed from the
 figure they pool to (a run measures each level in 2 turns of windows): a prediction off by
 less than that is off by no more than the server is from itself within one measurement. It
@@ -31,6 +42,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -60,6 +73,11 @@ TIE = 0.05
 PREDICT_S = 2.0
 ADVISE_S = 30.0
 ADVISE_CONFIGS = 200
+COVERAGE = 0.90
+MEDIAN_HALF_WIDTH = 0.15
+MAX_HALF_WIDTH = 0.35
+NO_WINNER_TIE = 0.10
+RESULTS = Path(__file__).resolve().parent / "results" / "prediction.json"
 
 
 @dataclass(frozen=True)
@@ -72,6 +90,20 @@ class Check:
     tolerance: float
     # How far the server's windows strayed from ``measured`` (lowest, highest), as fractions of it.
     windows: tuple[float, float] = (0.0, 0.0)
+    # The predicted range (low, high); None where the guess has none (a pass of the server).
+    bounds: tuple[float, float] | None = None
+
+    @property
+    def covered(self) -> bool | None:
+        """Whether the measured figure lies inside the predicted range."""
+        return None if self.bounds is None else self.bounds[0] <= self.measured <= self.bounds[1]
+
+    @property
+    def half_width(self) -> float | None:
+        """Half the range's width, as a share of the predicted figure."""
+        if self.bounds is None or not self.predicted:
+            return None
+        return (self.bounds[1] - self.bounds[0]) / 2 / self.predicted
 
     @property
     def error(self) -> float:
@@ -88,8 +120,11 @@ class Check:
 
     def row(self) -> list[str]:
         low, high = self.windows
+        bounds = "" if self.bounds is None else f"{self.bounds[0]:.3g}…{self.bounds[1]:.3g}"
+        covered = "" if self.covered is None else ("in" if self.covered else "OUT")
         return [self.pipeline, str(self.concurrency), self.figure, f"{self.predicted:.3g}", f"{self.measured:.3g}",
-                f"{self.error:+.1%}", f"±{self.tolerance:.0%}", f"{low:+.0%}…{high:+.0%}", "ok" if self.ok else "MISSED"]
+                f"{self.error:+.1%}", f"±{self.tolerance:.0%}", f"{low:+.0%}…{high:+.0%}", "ok" if self.ok else "MISSED",
+                bounds, covered]
 
 
 def window_band(throughputs, pooled: float, *, latency: bool = False) -> tuple[float, float]:
@@ -130,6 +165,9 @@ class Pass:
     def winner(self, *, concurrency: int) -> str:
         return max((r for r in self.rows if r.concurrency == concurrency), key=lambda r: r.throughput).form
 
+    def tied(self, *, concurrency: int) -> tuple[str, ...]:
+        return (self.winner(concurrency=concurrency),)
+
 
 def checks_of(name: str, predicted, measured) -> tuple[list[Check], list[list[str]]]:
     checks, winners = [], []
@@ -140,19 +178,53 @@ def checks_of(name: str, predicted, measured) -> tuple[list[Check], list[list[st
             if (f, c) not in measured or (f, c) not in by:
                 continue
             p50, throughput, windows = measured[f, c]
+            row = by[f, c]
             if c == 1:
-                checks.append(Check(name, c, f"{f} p50 ms", by[f, c].p50_ms, p50, LATENCY_C1,
-                                    window_band(windows, throughput, latency=True)))
+                checks.append(Check(name, c, f"{f} p50 ms", row.p50_ms, p50, LATENCY_C1,
+                                    window_band(windows, throughput, latency=True), _bounds(row, "p50_ms_range")))
             else:
-                checks.append(Check(name, c, f"{f} infer/s", by[f, c].throughput, throughput, THROUGHPUT,
-                                    window_band(windows, throughput)))
+                checks.append(Check(name, c, f"{f} infer/s", row.throughput, throughput, THROUGHPUT,
+                                    window_band(windows, throughput), _bounds(row, "throughput_range")))
         server = {f: measured[f, c][1] for f in forms if (f, c) in measured}
         if server:
-            guess = predicted.winner(concurrency=c)
-            best = max(server.values())
-            tied = sorted(f for f in server if server[f] >= best * (1 - TIE))
-            winners.append([name, str(c), guess, "/".join(tied), "ok" if guess in tied else "MISSED"])
+            winners.append([name, str(c), *judged(predicted, server, c)])
     return checks, winners
+
+
+def _bounds(row, name: str) -> tuple[float, float] | None:
+    bounds = getattr(row, name, None)
+    return None if bounds is None else (float(bounds[0]), float(bounds[1]))
+
+
+def judged(predicted, server: dict[str, float], c: int) -> list[str]:
+    """[the predicted verdict, the measured winners, "ok" or "MISSED"]: a named winner is right where it measured
+    within TIE of the best; no clear winner is right where the forms it names as tying measured within NO_WINNER_TIE
+    of each other, the measured best among them."""
+    best = max(server.values())
+    measured = sorted(f for f in server if server[f] >= best * (1 - TIE))
+    guess = predicted.winner(concurrency=c)
+    if guess is not None:
+        return [guess, "/".join(measured), "ok" if guess in measured else "MISSED"]
+    tied = [f for f in predicted.tied(concurrency=c) if f in server]
+    top = max(server[f] for f in tied)
+    right = top >= best * (1 - TIE) and all(server[f] >= top * (1 - NO_WINNER_TIE) for f in tied)
+    return [f"none ({'/'.join(tied)} tie)", "/".join(measured), "ok" if right else "MISSED"]
+
+
+def range_targets(checks: list[Check]) -> list[list[str]]:
+    """Coverage and width of the ranges over the figures that have one: [target, figure, bound, ok]."""
+    ranged = [c for c in checks if c.bounds is not None]
+    if not ranged:
+        return []
+    coverage = sum(bool(c.covered) for c in ranged) / len(ranged)
+    widths = [c.half_width for c in ranged]
+    median, widest = statistics.median(widths), max(widths)
+    return [["coverage: the server's figure inside the range", f"{coverage:.0%} of {len(ranged)}",
+             f">= {COVERAGE:.0%}", "ok" if coverage >= COVERAGE else "MISSED"],
+            ["median half-width", f"{median:.1%}", f"<= {MEDIAN_HALF_WIDTH:.0%}",
+             "ok" if median <= MEDIAN_HALF_WIDTH else "MISSED"],
+            ["largest half-width", f"{widest:.1%}", f"<= {MAX_HALF_WIDTH:.0%}",
+             "ok" if widest <= MAX_HALF_WIDTH else "MISSED"]]
 
 
 def plot(checks: list[Check], path: Path, *, guess: str = "predicted by the simulation",
@@ -226,7 +298,7 @@ def score_repeat(names, predictions, firsts, results, settings, out: Path, *, pr
         rows += [c.row() for c in itself[0]] + [[*w[:2], "winner", w[2], w[3], "", "", "", w[4]] for w in itself[1]]
         results[name]["measured_again"] = {f"{f} {c}": list(v) for (f, c), v in sorted(second.items())}
     print(format_table(["pipeline", "conc", "figure", "first pass", "second pass", "error", "target",
-                        "windows", ""], rows))
+                        "windows", "", "range", ""], [r + [""] * (11 - len(r)) for r in rows]))
     plot(itself_checks, out / "server_against_itself.png", guess="the server's first pass",
          truth="the server's second pass")
     for key, (got, of) in scores.items():
@@ -248,6 +320,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
+    load_began = os.getloadavg()  # the machine is shared: how busy it was is part of the figures
     if args.profile:
         profile_path = Path(args.profile)
         load_profile(profile_path)
@@ -286,6 +359,7 @@ def main(argv=None) -> int:
         checks += c
         winners += w
         results[name] = {"predicted": predicted.as_dicts(), "predict_s": [round(first, 3), round(again, 3)],
+                         "levels": predicted.as_json()["levels"], "noise": predicted.as_json()["noise"],
                          "measured": {f"{f} {c}": list(v) for (f, c), v in sorted(measured.items())}}
     if "yolov5" in args.pipelines.split(","):
         pipeline, module = load_pipeline_and_module(PIPELINES["yolov5"])
@@ -299,18 +373,24 @@ def main(argv=None) -> int:
     if args.repeat:
         repeat = score_repeat(args.pipelines.split(","), predictions, firsts, results, settings, out, progress=not args.quiet)
     print(format_table(["pipeline", "conc", "figure", "predicted", "measured", "error", "target",
-                        "server's windows", ""], [c.row() for c in checks]))
+                        "server's windows", "", "range", ""], [c.row() for c in checks]))
     print()
     print(format_table(["pipeline", "conc", "predicted winner", "measured winner", ""], winners))
     print()
+    ranges = range_targets(checks)
+    print(format_table(["range target", "figure", "target", ""], ranges))
+    print()
     print(format_table(["speed", "took", "target", ""], speeds))
     missed = [c for c in checks if not c.ok] + [w for w in winners if w[-1] != "ok"] + \
-        [s for s in speeds if s[-1] != "ok"]
-    total = len(checks) + len(winners) + len(speeds)
+        [s for s in speeds if s[-1] != "ok"] + [r for r in ranges if r[-1] != "ok"]
+    total = len(checks) + len(winners) + len(speeds) + len(ranges)
     summary = {
         "profile": str(profile_path),
+        "profile_noise": None if profile.noise is None else profile.noise.to_dict(),
+        "load_average": {"began": list(load_began), "ended": list(os.getloadavg())},
+        "ranges": ranges,
         "checks": [dict(zip(("pipeline", "conc", "figure", "predicted", "measured", "error", "target", "windows",
-                             "ok"), c.row(), strict=True)) for c in checks],
+                             "ok", "range", "covered"), c.row(), strict=True)) for c in checks],
         "winners": winners,
         "speeds": speeds,
         "results": results,
@@ -319,10 +399,13 @@ def main(argv=None) -> int:
         "repeat": repeat,
         "seconds": round(time.perf_counter() - began),
     }
-    (out / "prediction.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    text = json.dumps(summary, indent=2) + "\n"
+    (out / "prediction.json").write_text(text, encoding="utf-8")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(text, encoding="utf-8")
     plot(checks, out / "predicted_vs_measured.png")
     print(f"\n{total - len(missed)} of {total} targets met in {time.perf_counter() - began:.0f} s; "
-          f"wrote {out / 'prediction.json'}")
+          f"wrote {out / 'prediction.json'} and {RESULTS}")
     figures_missed = [c for c in checks if not c.ok]
     if figures_missed:
         inside = sum(c.within_windows for c in figures_missed)
