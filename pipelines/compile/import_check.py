@@ -1,4 +1,4 @@
-"""Proof, before a repository is written, that every step's code loads on a server: one clean
+"""Proof, before a repository is written, that every step's code loads on a server: a clean
 interpreter (``python -I -S``, run on :mod:`.import_probe`) loads each step as its stub would, from a
 copy of the files that travel, with only the standard library and the distributions that
 ``requirements.txt`` names (and what they depend on) to import from; never the user's folder, never
@@ -7,15 +7,21 @@ copy of the files that travel, with only the standard library and the distributi
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import importlib.metadata
 import json
 import os
 import re
+import select
+import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
@@ -66,11 +72,7 @@ def check_steps_import(repo: ModelRepository) -> None:
         return
     with tempfile.TemporaryDirectory(prefix="pipelines-import-check-") as tmp:
         root = Path(tmp) / "repo"
-        serving = root / "serving"
-        serving.mkdir(parents=True)
-        for module in resources.files("pipelines.serving").iterdir():
-            if module.name.endswith(".py"):
-                (serving / module.name).write_bytes(module.read_bytes())
+        root.mkdir()
         steps = {}
         for index, load in enumerate(loads):
             folder = f"s{index}"
@@ -81,27 +83,116 @@ def check_steps_import(repo: ModelRepository) -> None:
         job = Path(tmp) / "job.json"
         result = Path(tmp) / "result.json"
         job.write_text(json.dumps({
-            "root": str(root), "sites": _sites(), "allowed": sorted(_allowed_modules(tuple(requirements))),
+            "root": str(root), "serving": str(_PROBES.serving()), "sites": _sites(), "allowed": sorted(_allowed_modules(tuple(requirements))),
             "steps": steps, "result": str(result),
         }))
         try:
-            ran = subprocess.run([sys.executable, "-I", "-S", str(_PROBE), str(job)], capture_output=True,
-                                 text=True, timeout=_TIMEOUT_S, cwd=tmp, stdin=subprocess.DEVNULL)
+            code, stderr = _PROBES.run(job)
         except subprocess.TimeoutExpired:
             raise CompileError(
                 f"loading the steps' code as a server would took over {_TIMEOUT_S} s (pipelines "
                 f"{', '.join(sorted({ld.pipeline for ld in loads}))}); a step's file must not do long work when "
                 "imported: move it under `if __name__ == \"__main__\":` or into initialize(). Nothing was written"
             ) from None
-        if ran.returncode != 0 or not result.is_file():
+        if code != 0 or not result.is_file():
             raise CompileError(
                 f"the check that every step's code loads on a server could not run ({sys.executable} -I -S "
-                f"exited with {ran.returncode}): {ran.stderr.strip()[-2000:]}. Nothing was written"
+                f"exited with {code}): {stderr.strip()[-2000:]}. Nothing was written"
             )
         failures = json.loads(result.read_text())
     _PROVEN.update((load.key, tuple(requirements)) for i, load in enumerate(loads) if str(i) not in failures)
     for index in sorted(failures, key=int):
         raise _error(loads[int(index)], failures[index], requirements)
+
+
+class _Probes:
+    """Runs probe jobs: through one warm ``import_probe.py --serve`` process that forks a fresh
+    child per job (numpy imported once), or, where it cannot (no fork, or it died), one
+    ``python -I -S`` process per job."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._server: subprocess.Popen[str] | None = None
+        self._key: tuple[str, ...] = ()
+        self._home: str | None = None
+
+    def serving(self) -> Path:
+        """The folder that holds this process's copy of ``serving/``, made once (and its bytecode with it)."""
+        with self._lock:
+            if self._home is None:
+                home = tempfile.mkdtemp(prefix="pipelines-import-check-")
+                (Path(home) / "serving").mkdir()
+                for module in resources.files("pipelines.serving").iterdir():
+                    if module.name.endswith(".py"):
+                        (Path(home) / "serving" / module.name).write_bytes(module.read_bytes())
+                self._home = home
+            return Path(self._home)
+
+    def run(self, job: Path) -> tuple[int, str]:
+        """The probe's exit status for ``job``, and what it wrote to stderr."""
+        with self._lock:
+            if hasattr(os, "fork"):
+                answer = self._served(job)
+                if answer is not None:
+                    return answer
+            ran = subprocess.run([sys.executable, "-I", "-S", str(_PROBE), str(job)], capture_output=True,
+                                 text=True, timeout=_TIMEOUT_S, cwd=job.parent, stdin=subprocess.DEVNULL)
+            return ran.returncode, ran.stderr
+
+    def _served(self, job: Path) -> tuple[int, str] | None:
+        sites = _sites()
+        key = (sys.executable, *sites)
+        if self._server is None or self._server.poll() is not None or self._key != key:
+            self.stop()
+            self._server = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(_PROBE), "--serve", json.dumps(sites), str(self._home)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tempfile.gettempdir(),
+                start_new_session=True,  # a timeout ends it and the child it forked, together
+            )
+            self._key = key
+        server = self._server
+        assert server.stdin is not None and server.stdout is not None
+        try:
+            server.stdin.write(f"{job}\n")
+            server.stdin.flush()
+        except OSError:
+            self.stop()
+            return None
+        ready, _, _ = select.select([server.stdout], [], [], _TIMEOUT_S)
+        if not ready:
+            self.stop()
+            raise subprocess.TimeoutExpired(str(_PROBE), _TIMEOUT_S)
+        line = server.stdout.readline()
+        if not line.strip().lstrip("-").isdigit():  # it died: run the job on its own instead
+            self.stop()
+            return None
+        err = Path(f"{job}.err")
+        return int(line), err.read_text(errors="replace") if err.is_file() else ""
+
+    def close(self) -> None:
+        """Stop the warm process and remove the copy of ``serving/`` (at exit)."""
+        self.stop()
+        if self._home is not None:
+            shutil.rmtree(self._home, ignore_errors=True)
+            self._home = None
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        if server.poll() is None:
+            with contextlib.suppress(OSError):
+                os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        for pipe in (server.stdin, server.stdout):
+            with contextlib.suppress(OSError):
+                if pipe is not None:
+                    pipe.close()
+
+
+_PROBES = _Probes()
+atexit.register(_PROBES.close)
 
 
 def _needs(model: Any) -> tuple[str, ...]:

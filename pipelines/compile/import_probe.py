@@ -3,10 +3,13 @@ step's code as a server's stub would, from a copy of the files that travel, with
 library and the distributions ``requirements.txt`` names to import from; writes what failed as JSON.
 
 It imports nothing of ``pipelines`` but the copy of ``serving/`` that travels beside every model.
+``--serve SITES SERVING``: one process that imports ``serving`` (and numpy) once and forks a
+fresh child for each job path read from stdin, answering each with the child's exit status.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import json
 import os
@@ -61,8 +64,9 @@ def main(job_path: str) -> None:
     with open(job_path, encoding="utf-8") as f:
         job = json.load(f)
     root = job["root"]
-    sys.path.insert(0, root)  # the copy of serving/, as beside each model.py
-    sys.path += job["sites"]
+    if job["serving"] not in sys.path:
+        sys.path.insert(0, job["serving"])  # the copy of serving/, as beside each model.py
+    sys.path += [s for s in job["sites"] if s not in sys.path]
     sys.meta_path.insert(0, _OnlyRequired(job["sites"], set(job["allowed"])))  # type: ignore[arg-type]
     import serving  # the copy: standard library and numpy only
     from serving import sources
@@ -88,5 +92,40 @@ def main(job_path: str) -> None:
         json.dump(failures, f)
 
 
+def serve(sites: list[str], serving_folder: str) -> None:
+    """Answer each job path on stdin with the exit status of a child that ran it.
+
+    A step model imports ``serving`` (and so numpy, which ``requirements.txt`` always names)
+    before its step: imported here once, so that a check costs a fork, not their imports.
+    """
+    sys.path += sites
+    sys.path.insert(0, serving_folder)
+    importlib.import_module("serving.sources")
+
+    for line in sys.stdin:
+        job = line.strip()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.chdir(os.path.dirname(job))
+                # What the step's files print must not reach the answers on stdout.
+                with open(os.devnull, "wb") as null, open(job + ".err", "wb") as err:
+                    os.dup2(null.fileno(), 1)
+                    os.dup2(err.fileno(), 2)
+                main(job)
+                code = 0
+            except BaseException:  # noqa: BLE001 - reported through the exit status and the .err file
+                traceback.print_exc()
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status), flush=True)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--serve":
+        serve(json.loads(sys.argv[2]), sys.argv[3])
+    else:
+        main(sys.argv[1])
