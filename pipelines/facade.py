@@ -1,4 +1,4 @@
-"""The ``Pipeline`` facade: ``p.compile``, ``p.run``, ``p.predict`` and ``p.advise``.
+"""The ``Pipeline`` facade: ``p.compile``, ``p.run``, ``p.stream``, ``p.predict`` and ``p.advise``.
 
 They reach up from the core into ``compile``, ``runtime`` and ``predict``, lazily inside
 each method, so that a user need not know the layers; nothing in the core calls them.
@@ -6,7 +6,7 @@ each method, so that a user need not know the layers; nothing in the core calls 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -36,15 +36,36 @@ class PipelineFacade:
         mode: str = "ensemble",
         outputs: Iterable[str] | None = None,
         **options: Any,
-    ) -> dict[str, Any]:
+    ) -> Any:
         """Run once in the local runtime (blocking; works inside Jupyter's running loop too).
 
         ``outputs``: answer only these, running only the steps they need (as tritonclient asks).
+        A streaming pipeline (:attr:`~pipelines.graph.Pipeline.streaming`) answers the list of
+        its responses, as :meth:`stream` yields them.
         """
         self.validate()
+        if self.streaming:
+            return list(self.stream(inputs, mode=mode, outputs=outputs, **options))
         from .runtime.local import run_pipeline
 
         return run_pipeline(self, inputs, mode=mode, outputs=outputs, **options)
+
+    def stream(
+        self: Pipeline,
+        inputs: Mapping[str, Any],
+        *,
+        mode: str = "ensemble",
+        outputs: Iterable[str] | None = None,
+        **options: Any,
+    ) -> Iterator[dict[str, Any]]:
+        """Run once in the local runtime and yield each response as it comes: a dict of output
+        arrays. A pipeline that does not stream yields its one answer. An error mid-stream is
+        raised after the responses before it; stopping early (``break``, ``close()``) stops the
+        pipeline's generators. ``mode`` and ``options`` as for :meth:`run`."""
+        self.validate()
+        from .runtime.local import stream_pipeline
+
+        return stream_pipeline(self, inputs, mode=mode, outputs=outputs, **options)
 
     def predict(
         self: Pipeline,

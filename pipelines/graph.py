@@ -91,6 +91,7 @@ class Pipeline(PipelineFacade):
         self._when: dict[str, tuple[Condition, ...]] = {}  # node -> the conditions it runs under
         self._selects: set[str] = set()
         self._fills: dict[str, Fill] = {}  # output -> its otherwise=
+        self._stream_in: dict[str, str] = {}  # node -> the streaming node whose responses reach it
         self._negated: set[str] = set()  # outputs given as ~flag
 
     # ------------------------------------------------------------------ building
@@ -127,6 +128,9 @@ class Pipeline(PipelineFacade):
         node = Node(self, node_name, step)
         when = tuple(self._when_stack)
         checked = {k: check_wire(self, node, k, v, when=when) for k, v in bindings.items()}
+        stream = None
+        for input_name, ref in checked.items():  # before the node is placed: a refused wire leaves no trace
+            stream = self._stream_wire(node, input_name, ref, stream)
         self._place(node, when)
         for input_name, ref in checked.items():
             self._connect(node, input_name, ref)
@@ -217,6 +221,7 @@ class Pipeline(PipelineFacade):
         otherwise=...)`` or :meth:`select`.
         """
         cond = check_condition(self, condition, "when", when=tuple(self._when_stack))
+        self._check_once_per_request(cond.ref, "a when condition")
         self._when_stack.append(cond)
         try:
             yield cond
@@ -234,6 +239,7 @@ class Pipeline(PipelineFacade):
         """
         context = tuple(self._when_stack)
         cond = check_condition(self, condition, "select", when=context)
+        self._check_once_per_request(cond.ref, "a select's condition")
         then, other = check_select(self, cond, then, otherwise, when=context)
         node_name = check_name(name if name is not None else self._free_name("select"), what="step", pipeline=self.name)
         if node_name in self._nodes:
@@ -296,6 +302,33 @@ class Pipeline(PipelineFacade):
     def batched(self) -> bool:
         return self.max_batch_size > 0
 
+    # ------------------------------------------------------------------ streams
+
+    @property
+    def streaming(self) -> bool:
+        """Whether some step streams (a generator step): ``p.stream`` yields its responses."""
+        return any(node.step.streaming for node in self._nodes.values())
+
+    def stream_of(self, node: Node | str) -> str | None:
+        """The streaming node once per response of which ``node`` runs; ``None``: once per request.
+
+        A streaming step and a step that reads a stream whole run once per request; the steps
+        a stream feeds run once per response.
+        """
+        node = self._node(node)
+        return None if node.step.streaming or node.step.whole_stream else self._stream_in.get(node.name)
+
+    def stream_from(self, node: Node | str) -> str | None:
+        """The stream ``node``'s outputs belong to: itself if it streams, ``None`` if once per request."""
+        node = self._node(node)
+        if node.step.streaming:
+            return node.name
+        return None if node.step.whole_stream else self._stream_in.get(node.name)
+
+    def stream_input(self, node: Node | str) -> str | None:
+        """The stream that feeds ``node`` (read whole, by a ``whole_stream`` step), or ``None``."""
+        return self._stream_in.get(self._node(node).name)
+
     def __iter__(self) -> Iterator[Node]:
         return iter(self._nodes[n] for n in self.topological_order())
 
@@ -316,6 +349,7 @@ class Pipeline(PipelineFacade):
                 f"pipeline {self.name!r} has no outputs; declare one with p.output('name', node['out'])",
                 pipeline=self.name,
             )
+        self._check_streams()
         return self
 
     def topological_order(self) -> list[str]:
@@ -385,7 +419,75 @@ class Pipeline(PipelineFacade):
         self._order_index[node.name] = len(self._order_index)
         self._graph.add_node(node.name)
 
+    def _check_once_per_request(self, ref: TensorRef, what: str) -> None:
+        stream = None if ref.node is None else self.stream_from(ref.node)
+        if stream is not None:
+            raise DeclarationError(
+                f"pipeline {self.name!r}: {what} {ref.describe()} changes with each response of streaming "
+                f"step {stream!r}; a condition is read once per request, so compute it from tensors that are "
+                "not streamed (the pipeline's inputs, or a step fed by them)",
+                pipeline=self.name, tensor=ref.name,
+            )
+
+    def _stream_wire(self, node: Node, input_name: str, ref: TensorRef, other: str | None) -> str | None:
+        """The stream that reaches ``node`` once ``ref`` feeds it (``other``: the one that did before);
+        a stream the step cannot take is refused, at the line that wires it (docs/running_locally.md)."""
+        arriving = None if ref.node is None else self.stream_from(ref.node)
+        if arriving is None:
+            return other
+        where = f"pipeline {self.name!r}: step {node.name!r} input {input_name!r}"
+        step = node.step
+        if step.streaming and not step.whole_stream:
+            raise DeclarationError(
+                f"{where} would take the stream of {arriving!r} ({ref.describe()}), and {node.name!r} streams "
+                "itself: a stream of streams has no order to answer in. Declare it @step(..., whole_stream=True) "
+                "to read the stream as an iterator and yield from it",
+                pipeline=self.name, step=node.name, tensor=input_name,
+            )
+        if other is not None and other != arriving:
+            raise DeclarationError(
+                f"{where} would join the stream of {arriving!r} ({ref.describe()}) to the stream of {other!r} "
+                "that already feeds it; two streams have no common response to pair (their lengths and pace "
+                f"differ), so feed {node.name!r} from one stream, or read one of them whole in a "
+                "whole_stream step first",
+                pipeline=self.name, step=node.name, tensor=input_name,
+            )
+        return arriving
+
+    def _check_streams(self) -> None:
+        """What only a complete pipeline shows: a whole_stream step with no stream, outputs that stream apart."""
+        # Again in order: an input bound later (p.bind) may have brought a stream to steps wired before.
+        self._stream_in = {}
+        for name in self.topological_order():
+            stream = None
+            for input_name, ref in self._bindings[name].items():
+                stream = self._stream_wire(self._nodes[name], input_name, ref, stream)
+            if stream is not None:
+                self._stream_in[name] = stream
+        for node in self._nodes.values():
+            if node.step.whole_stream and node.name not in self._stream_in:
+                raise DeclarationError(
+                    f"pipeline {self.name!r}: step {node.name!r} is declared whole_stream=True, but no stream "
+                    "feeds it; wire one of its inputs to a streaming step's output, or drop whole_stream",
+                    pipeline=self.name, step=node.name,
+                )
+        levels = {name: self.stream_from(ref.node) for name, ref in self._outputs.items()}
+        if len(set(levels.values())) > 1:
+            said = ", ".join(
+                f"{name!r} ({'once per request' if s is None else f'once per response of {s!r}'})"
+                for name, s in levels.items()
+            )
+            raise DeclarationError(
+                f"pipeline {self.name!r}: its outputs are answered at different paces: {said}; a response "
+                "carries every output, so output tensors of one stream only (pass a once-per-request tensor "
+                "through a step of the stream to send it with each response)",
+                pipeline=self.name,
+            )
+
     def _connect(self, node: Node, input_name: str, ref: TensorRef) -> None:
+        stream = self._stream_wire(node, input_name, ref, self._stream_in.get(node.name))
+        if stream is not None:
+            self._stream_in[node.name] = stream
         self._bindings[node.name][input_name] = ref
         if ref.node is not None:
             if self._graph.has_edge(ref.node, node.name):

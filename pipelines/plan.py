@@ -41,7 +41,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import ArgumentError
+from .errors import ArgumentError, NotCompilableError
 from .serving import cut_plan
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,6 +62,7 @@ __all__ = [
     "ensemble_refusal",
     "gated_ensemble",
     "plan_of",
+    "refuse_streaming",
 ]
 
 #: Version of the plan's JSON form; bumped on any incompatible change.
@@ -505,3 +506,15 @@ def project(plan: ExecutionPlan, wanted: frozenset[str], position: dict[str, int
     shrink. ``position`` orders the nodes of a parallel group (default: plan order).
     """
     return ExecutionPlan.from_json(cut_plan(plan.to_json(), wanted, position))
+
+
+def refuse_streaming(pipeline: Pipeline, what: str) -> None:
+    """Raise :class:`~pipelines.errors.NotCompilableError` if ``pipeline`` streams: ``what`` (a
+    server form, a prediction, a benchmark) does not stream yet; the local runtime does."""
+    if pipeline.streaming:
+        streams = ", ".join(repr(n.name) for n in pipeline.nodes.values() if n.step.streaming)
+        raise NotCompilableError(
+            f"pipeline {pipeline.name!r} streams (step {streams}), and {what} does not stream yet: streaming "
+            "pipelines run in the local runtime for now (p.stream(inputs, mode=...), p.run)",
+            pipeline=pipeline.name,
+        )

@@ -54,6 +54,9 @@ class Step:
     impl: Any = None
     options: ModelOptions = field(default_factory=ModelOptions)
     external: ExternalModel | None = None
+    # Streams (docs/running_locally.md, "Streaming steps"): None detects a generator function.
+    streaming: bool | None = None
+    whole_stream: bool = False
 
     def __post_init__(self) -> None:
         check_name(self.name, what="step")
@@ -65,6 +68,7 @@ class Step:
             raise StepDeclarationError(f"step {self.name!r}: implementation {self.impl!r} is not callable")
         if self.impl is None and self.external is None:
             raise StepDeclarationError(f"step {self.name!r} has neither an implementation nor an external model")
+        object.__setattr__(self, "streaming", _streaming(self))
 
     @property
     def fn(self) -> Any:
@@ -113,6 +117,46 @@ class Step:
         ins = ", ".join(f"{k}: {v}" for k, v in self.inputs.items())
         outs = ", ".join(f"{k}: {v}" for k, v in self.outputs.items())
         return f"<Step {self.name!r} ({ins}) -> ({outs})>"
+
+
+def _streaming(step: Step) -> bool:
+    """Whether ``step`` answers a call with many responses: declared so, or a generator function.
+
+    A generator step yields dicts of outputs; a step declared ``whole_stream`` reads a stream
+    whole (each input a stream feeds arrives as an iterator), and only a sync function can.
+    """
+    fn = step.impl
+    if inspect.isclass(fn):
+        fn = getattr(fn, "execute", None) or fn.__call__
+    generator = fn is not None and (inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn))
+    if step.streaming is False and generator:
+        raise StepDeclarationError(
+            f"step {step.name!r} is a generator function but is declared streaming=False; a generator "
+            "answers with each yield, so drop streaming=False (or return one dict instead of yielding)",
+            step=step.name,
+        )
+    streaming = bool(step.streaming) or generator
+    if streaming or step.whole_stream:
+        if step.options.dynamic_batching is not None:
+            raise StepDeclarationError(
+                f"step {step.name!r} streams (or reads a stream whole) and declares dynamic batching; a "
+                "stream belongs to one request, so drop dynamic_batching from this step",
+                step=step.name,
+            )
+        if step.is_external:
+            raise StepDeclarationError(
+                f"external model {step.name!r}: streaming is declared on Python steps only for now",
+                step=step.name,
+            )
+    if step.whole_stream and fn is not None and (
+        serving.is_coroutine_callable(fn) or inspect.isasyncgenfunction(fn)
+    ):
+        raise StepDeclarationError(
+            f"step {step.name!r} is declared whole_stream=True and is async; a step that reads a stream "
+            "whole iterates it with a plain for loop, so make it a plain function or generator",
+            step=step.name,
+        )
+    return streaming
 
 
 def _spec_map(specs: Any, step_name: str, what: str) -> Mapping[str, TensorSpec]:
@@ -270,6 +314,8 @@ def step(
     timeout: float | None = None,
     array: str | None = None,
     share_model: bool | None = None,
+    streaming: bool | None = None,
+    whole_stream: bool = False,
 ) -> Any:
     """Declare a step from a function or a class.
 
@@ -279,6 +325,14 @@ def step(
     backend. Options left as ``None`` follow the pipeline.
 
     Usable as ``@step(inputs=..., outputs=...)`` or ``step(fn, inputs=..., outputs=...)``.
+
+    A generator function (or ``async`` generator, or a class whose ``execute`` is one) is a
+    **streaming step**: each ``yield`` is one response, a dict of outputs checked like a
+    return value, and the steps it feeds run once per response. ``streaming=True`` declares
+    one whose function returns an iterator of such dicts. ``whole_stream=True``: the step
+    runs once per request and each input a stream feeds arrives as an iterator over that
+    stream's responses (a detokenizer that keeps state per request); as a generator it
+    streams again, as a plain function it answers once after the stream ends.
     """
     options = ModelOptions(
         max_batch_size=max_batch_size,
@@ -308,6 +362,8 @@ def step(
             outputs=outputs,
             impl=obj,
             options=options,
+            streaming=streaming,
+            whole_stream=whole_stream,
         )
 
     return wrap(impl) if impl is not None else wrap

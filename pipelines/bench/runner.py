@@ -33,7 +33,7 @@ from ..freed_memory import keep_freed_memory_here
 from ..graph import Pipeline
 from ..loading import load_pipeline_and_module
 from ..output_paths import output_dir
-from ..plan import ensemble_refusal, plan_of
+from ..plan import ensemble_refusal, plan_of, refuse_streaming
 from ..triton.statistics import breakdown_over
 from .inputs import sample_requests
 from .loadgen import LoadResult, run_load
@@ -80,6 +80,8 @@ def run_benchmark(
     if not isinstance(settings, BenchSettings):
         raise PipelinesError(f"run_benchmark takes a BenchSettings as settings; got {type(settings).__name__}")
     pipeline, module, spec = _resolve(target)
+    if settings.on_server:
+        refuse_streaming(pipeline, "benchmarking it on a server")
     left_out = _ensemble_left_out(pipeline, settings)
     if left_out:
         settings = replace(settings, forms=tuple(f for f in settings.forms if f != "ensemble"))

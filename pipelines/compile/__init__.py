@@ -15,7 +15,7 @@ from ..errors import CompileError, NotCompilableError
 from ..forms import FORMS, FormLeftOutWarning, TimeoutNotEnforcedWarning, forms_of_target
 from ..forms import TARGETS as FORM_TARGETS
 from ..graph import Pipeline
-from ..plan import ensemble_refusal
+from ..plan import ensemble_refusal, refuse_streaming
 from .bound_plan import CompilePlan, bind_plan
 from .checks import check_compilable
 from .ensemble import layout_ensemble
@@ -54,6 +54,7 @@ def compile_pipeline(
     """
     if not isinstance(pipeline, Pipeline):
         raise CompileError(f"compile_pipeline needs a Pipeline; got {pipeline!r}")
+    refuse_streaming(pipeline, "compiling it for Triton")
     try:
         forms = forms_of_target(target)
     except ValueError as exc:

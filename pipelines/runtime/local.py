@@ -26,9 +26,11 @@ names the pipeline and the step.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
-from collections.abc import Iterable, Mapping
+import queue
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from time import perf_counter
 from types import TracebackType
 from typing import Any
@@ -52,9 +54,10 @@ from .options import check_instance_counts, check_steps, checked_options
 from .report import CostRecorder, Report
 from .scheduler import Scheduler
 from .step_process import is_async_impl
+from .streams import StreamLayout, StreamRun
 from .workers import StepThreads
 
-__all__ = ["MODES", "LocalRuntime", "run_many", "run_pipeline"]
+__all__ = ["MODES", "LocalRuntime", "run_many", "run_pipeline", "stream_pipeline"]
 
 #: The local runtime's modes: one per form of the table in :mod:`pipelines.forms`.
 MODES = form_names()
@@ -146,6 +149,7 @@ class LocalRuntime:
         # The plan as the server's executors read it: serving.Schedule cuts it to a request's outputs.
         self._plan_data = self.plan.to_json()
         self._schedules = {None: Schedule(self._plan_data, self.plan.output_names)}  # None: every output
+        self._layouts: dict[int, StreamLayout] = {}  # a streaming pipeline's, by schedule
         self._bytes_inputs = frozenset(n for n, spec in pipeline.inputs.items() if spec.dtype == "BYTES")
         check_steps(pipeline, self.plan, self.device)
         instances = sum(pipeline.nodes[n].step.options.instance_count for n in self.plan.order)
@@ -193,6 +197,8 @@ class LocalRuntime:
         in a forked process; an ``async def`` step, which runs on the event loop.
         """
         if self.isolation == "thread" or node.name in self._in_process:
+            return "thread"
+        if node.step.streaming or node.step.whole_stream:  # a generator cannot be handed across a fork
             return "thread"
         wants = node.step.options.device
         on_cpu = wants == "cpu" or (wants is None and self.device != "gpu")
@@ -296,8 +302,28 @@ class LocalRuntime:
         or names an output the pipeline does not have, and :class:`StepError`
         naming the step that failed.
         """
+        if self.pipeline.streaming:
+            raise InferenceError(
+                f"pipeline {self.pipeline.name!r} streams (it answers a request many times), and infer() "
+                "answers once; read its responses with 'async for' over rt.stream(...), or call p.run, "
+                "which lists them",
+                pipeline=self.pipeline.name,
+            )
         answer, _ = await self._infer(inputs, outputs, keep_trace=False)
         return answer
+
+    async def stream(
+        self,
+        inputs: Mapping[str, Any],
+        deliver: Callable[[dict[str, Any]], None],
+        outputs: Iterable[str] | None = None,
+    ) -> None:
+        """Answer one request of a streaming pipeline: ``deliver(response)`` for each response as it
+        comes (a dict of the outputs, as :meth:`infer` answers), in this mode's order
+        (:mod:`pipelines.runtime.streams`). A failure is raised after the responses before it were
+        delivered; cancelling the call stops the generators. A pipeline that does not stream is
+        answered once."""
+        await self._infer(inputs, outputs, keep_trace=False, deliver=deliver)
 
     async def infer_with_report(
         self, inputs: Mapping[str, Any], outputs: Iterable[str] | None = None
@@ -346,7 +372,12 @@ class LocalRuntime:
         self._recorder.reset()
 
     async def _infer(
-        self, inputs: Mapping[str, Any], wanted: Iterable[str] | None, *, keep_trace: bool
+        self,
+        inputs: Mapping[str, Any],
+        wanted: Iterable[str] | None,
+        *,
+        keep_trace: bool,
+        deliver: Callable[[dict[str, Any]], None] | None = None,
     ) -> tuple[dict[str, Any], Report | None]:
         p = self.pipeline
         if not self._open:
@@ -375,16 +406,20 @@ class LocalRuntime:
             del arrays
             # Let requests submitted together all register before the first step decides to run inline.
             await anyio.lowlevel.checkpoint()
+            streams = deliver is not None and p.streaming
+            run = self._stream_run(schedule, deliver).run if streams else scheduler.run
             try:
                 if self._bls_gate is None:
-                    await scheduler.run(req)
+                    await run(req)
                 else:
                     async with self._bls_gate.slot(req.rows if p.max_batch_size > 0 else 1):
-                        await scheduler.run(req)
+                        await run(req)
             except PipelinesError:
                 self._recorder.error()
                 raise
-            outputs = scheduler.answer(req)
+            outputs = {} if streams else scheduler.answer(req)
+            if deliver is not None and not streams:  # a pipeline that does not stream answers once
+                deliver(outputs)
             end = perf_counter()
             self._recorder.record(req.trace, start=start, end=end, copies=req.copies.count, copy_bytes=req.copies.bytes)
             if not keep_trace:
@@ -399,6 +434,13 @@ class LocalRuntime:
             return outputs, single.report()
         finally:
             scheduler.active -= 1
+
+    def _stream_run(self, schedule: Schedule, deliver: Callable[[dict[str, Any]], None]) -> StreamRun:
+        layout = self._layouts.get(id(schedule))
+        if layout is None:
+            layout = self._layouts[id(schedule)] = StreamLayout(self.pipeline, schedule)
+        return StreamRun(pipeline=self.pipeline, scheduler=self._scheduler, layout=layout, mode=self.mode, deliver=deliver)
+
 
 # ---------------------------------------------------------------------- blocking helpers
 
@@ -424,6 +466,47 @@ def run_pipeline(
             return await rt.infer(inputs, outputs)
 
     return run_blocking(main)
+
+
+def stream_pipeline(
+    pipeline: Pipeline,
+    inputs: Mapping[str, Any],
+    *,
+    mode: str = "ensemble",
+    outputs: Iterable[str] | None = None,
+    **options: Any,
+) -> Iterator[dict[str, Any]]:
+    """Run one request in a fresh :class:`LocalRuntime` and yield its responses as they come.
+
+    The runtime runs on an event loop of its own, in a thread, so this works in a script and
+    in Jupyter alike. Closing the generator early (``break``, ``close()``) cancels the request:
+    the pipeline's generators are closed and the runtime shuts down before ``close()`` returns.
+    """
+    runtime = LocalRuntime(pipeline, mode, **options)  # here, so a warning or a wrong mode points at the caller
+    return _streamed(runtime, inputs, outputs)
+
+
+def _streamed(runtime: LocalRuntime, inputs: Mapping[str, Any], outputs: Iterable[str] | None) -> Iterator[Any]:
+    answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    ended = object()
+
+    async def main() -> None:
+        try:
+            async with runtime as rt:
+                await rt.stream(inputs, answers.put, outputs)
+        finally:
+            answers.put(ended)
+
+    with anyio.from_thread.start_blocking_portal() as portal:
+        future = portal.start_task_soon(main)
+        try:
+            while (answer := answers.get()) is not ended:
+                yield answer
+            future.result()  # the stream's error, after the responses before it
+        finally:
+            if not future.done():
+                future.cancel()
+                concurrent.futures.wait([future])
 
 
 def run_many(
