@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 from test_predict import flat_profile
-from toy_steps import V, add, inc, twice
+from toy_steps import V, add, inc
 
 from pipelines import Pipeline, step
 from pipelines.errors import ArgumentError
@@ -32,11 +32,19 @@ def profile_path(tmp_path_factory):
     return path
 
 
+@step(inputs={"x": V}, outputs={"y": V})
+def churn(x):
+    """A millisecond or so of work, where inc and add take microseconds."""
+    for _ in range(40):
+        np.sort(x, axis=-1)
+    return {"y": x * 2}
+
+
 def toy(name: str = "toy3", last=add) -> Pipeline:
     """Two branches and a join: three step models, each batching up to 4 rows."""
     p = Pipeline(name, inputs={"x": V}, max_batch_size=4)
     a = p.add(inc, x=p.input("x"))
-    b = p.add(twice, x=p.input("x"))
+    b = p.add(churn, x=p.input("x"))
     p.output("z", p.add(last, a=a["y"], b=b["y"])["y"])
     return p
 
@@ -58,16 +66,22 @@ class LicensedAdd:
 def test_step_costs_come_from_the_servers_statistics_by_batch_size(profile_path, tmp_path):
     cache = tmp_path / "steps.json"
     predictor = Predictor(toy(), profile_path, inputs=X, cache=cache, step_costs="server")
-    for node in ("inc", "twice", "add"):
+    for node in ("inc", "churn", "add"):
         server, local = predictor.steps[node], predictor.local_steps[node]
         assert server.source == "server" and local.source == "measured"
         assert server.rows == local.rows == (1, 2, 4)
         assert all(us > 0 for us in server.wall_us) and all(us >= 0 for us in server.cpu_us)
         assert server.wall_us != local.wall_us
+    # the step's own work, its stub's (its twin's) taken off: the churning step costs what it costs here, within
+    # what a shared machine allows, and far more than the steps that add
+    churned, here = predictor.steps["churn"], predictor.local_steps["churn"]
+    assert 0.3 < churned.wall_us[0] / here.wall_us[0] < 5 and 0.3 < churned.cpu_us[0] / here.cpu_us[0] < 5
+    assert churned.wall_us[0] > 5 * max(predictor.steps["inc"].wall_us[0], predictor.steps["add"].wall_us[0])
     notes = "\n".join(predictor.notes)
     assert "step costs from the bundled Triton server" in notes
-    for node in ("inc", "twice", "add"):
+    for node in ("inc", "churn", "add"):
         assert f"{node} (server statistics (model toy3__{node}, " in notes
+    assert "requests of 1 and 4 rows)" in notes  # the first batch size and the largest, the rest along the local curve
     assert "the fused form keeps the local step profiles" in notes
     # the ensemble is simulated on the server's costs, the fused form on the local ones
     ensemble = predictor.spec(predictor.default("ensemble"))
@@ -79,8 +93,9 @@ def test_step_costs_come_from_the_servers_statistics_by_batch_size(profile_path,
     # kept with the model and the requests it was timed by; a second prediction reads them (no server: the same
     # figures, where a second run would read the machine's noise)
     entries = json.loads(cache.read_text())["profiles"]
-    assert sorted(e["extra"]["model"] for e in entries.values() if e.get("source") == "server") == \
-        ["toy3__add", "toy3__inc", "toy3__twice"]
+    kept = [e["extra"] for e in entries.values() if e.get("source") == "server"]
+    assert sorted(e["model"] for e in kept) == ["toy3__add", "toy3__churn", "toy3__inc"]
+    assert all(e["cpu"] and e["twin"] and e["sizes"] == [1, 4] for e in kept)  # stubs' CPU read, twins taken off
     again = Predictor(toy(), profile_path, inputs=X, cache=cache, step_costs="server")
     assert {n: p.wall_us for n, p in again.steps.items()} == {n: p.wall_us for n, p in predictor.steps.items()}
 
@@ -92,7 +107,7 @@ def test_a_model_that_fails_to_load_leaves_the_local_profiles_named(profile_path
     assert all(p.source == "measured" for p in predictor.steps.values())
     fallback = [n for n in predictor.notes if "failed to load" in n]
     assert len(fallback) == 1
-    assert "model 'toy3licensed__LicensedAdd'" in fallback[0] or "toy3licensed__" in fallback[0]
+    assert "cannot serve model 'toy3licensed__LicensedAdd' of pipeline 'toy3licensed'" in fallback[0]
     assert "no licence for add on this server" in fallback[0]
     assert "the local step profiles are used instead" in fallback[0]
     assert not any(n.startswith("step costs from") for n in predictor.notes)  # that one line says it all

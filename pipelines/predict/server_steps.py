@@ -6,6 +6,7 @@ batch size and timed by Triton's statistics, in place of the step profiles timed
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import math
 import statistics
@@ -37,7 +38,10 @@ __all__ = ["STEP_COSTS", "ServerStepCosts", "server_step_costs"]
 STEP_COSTS = ("auto", "server", "local")
 #: Calls of a step's model at each batch size: at least this many, for at least this long, at most
 #: :data:`MOST` (after :data:`WARMUP` untimed: a stub's first calls allocate its shared memory).
-LEAST, SECONDS, MOST, WARMUP = 5, 0.04, 100, 2
+LEAST, SECONDS, MOST, WARMUP = 3, 0.03, 100, 1
+#: The most bytes (in and out) one timed request carries: every one crosses the client too, over the protocol,
+#: so a larger batch is not timed on the server; its cost follows the local curve (:func:`_spanned`).
+TIMED_BYTES = 8 << 20
 #: Rounds over the steps: each figure is the median of its rounds' means.
 ROUNDS = 3
 LOCAL = "local step profile"
@@ -122,8 +126,10 @@ def server_step_costs(
         if node in measured and not fallback:
             profile, extra = measured[node]
             profiles[node] = _own(mine, profile, extra, stub)
+            sizes = " and ".join(str(r) for r in extra.get("sizes", ()))
             sources[node] = f"server statistics (model {extra.get('model', '?')}, {extra.get('requests', 0)} requests" \
-                + (", CPU as timed here" if extra.get("cpu") is False else "") + ")"
+                + (f" of {sizes} rows" if sizes else "") + (", CPU as timed here" if extra.get("cpu") is False else "") \
+                + ")"
         else:
             profiles[node] = mine
             sources[node] = "given cost (costs=)" if mine.source == "given" else LOCAL
@@ -194,8 +200,8 @@ class _Run:
 
     @contextlib.contextmanager
     def _served(self, say: Callable[[str], None]) -> Iterator[tuple[Any, Callable[[str], Callable[[], int] | None]]]:
-        """A client of the server that serves the step models, and for a model a reading of its stubs' CPU ns
-        (None where they cannot be read: another machine's server)."""
+        """A client of the server that serves the step models (and on the bundled server their twins), and for a
+        model a reading of its stubs' CPU ns (None where they cannot be read: another machine's server)."""
         from ..triton import TritonClient
         from ..triton.statistics import process_cpu_ns
         from ..triton.stubs import server_stubs
@@ -207,7 +213,7 @@ class _Run:
                     client = stack.enter_context(TritonClient(self.url, self.protocol, timeout=60))
                     client.metadata()
                 except PipelinesError as exc:
-                    raise _CannotServe(f"the server at {self.url} cannot be reached ({exc})") from None
+                    raise _CannotServe(f"the server at {self.url} cannot be reached ({_first_line(exc)})") from None
                 if missing := [m for m in models if not client.ready(m)]:
                     raise _CannotServe(
                         f"the server at {self.url} does not serve model {missing[0]!r}"
@@ -228,8 +234,8 @@ class _Run:
             yield client, cpu_of
 
     def _bundled(self, models: list[str], say: Callable[[str], None], stack: contextlib.ExitStack) -> Any:
-        """The bundled server, started on the pipeline's step models only; :class:`_CannotServe`
-        naming a model that fails to load, with Triton's reason."""
+        """The bundled server, started on the pipeline's step models and their twins only;
+        :class:`_CannotServe` naming a model that fails to load, with Triton's reason."""
         import warnings
 
         from ..compile.repository import ModelRepository
@@ -241,10 +247,21 @@ class _Run:
                 warnings.simplefilter("ignore")  # a step sent by value is said so when the pipeline is compiled
                 compiled = self.pipeline.compile(form)
         except PipelinesError as exc:
-            raise _CannotServe(f"pipeline {self.pipeline.name!r} does not compile to the {form} form ({exc})") from None
+            raise _CannotServe(f"pipeline {self.pipeline.name!r} does not compile to the {form} form "
+                               f"({_first_line(exc)})") from None
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                twins = self.twins.compile("ensemble")
+        except PipelinesError as exc:
+            raise _CannotServe(f"the twins of the steps of pipeline {self.pipeline.name!r} (what their stubs cost) "
+                               f"do not compile ({_first_line(exc)})") from None
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pipelines-step-costs-")))
-        ModelRepository({m: compiled.models[m] for m in models}).write(root / "repo")
-        say(f"starting the bundled Triton server on {len(models)} step models of {self.pipeline.name!r}")
+        served = {m: compiled.models[m] for m in models}
+        served.update({m: twins.models[m] for m in self.twin_models.values()})
+        ModelRepository(served).write(root / "repo")
+        say(f"starting the bundled Triton server on {len(models)} step models of {self.pipeline.name!r} "
+            "and their twins")
         server = TritonServer(root / "repo", restart_on_crash=False, restart_dead_stubs=False)
         try:
             with warnings.catch_warnings():
@@ -259,11 +276,35 @@ class _Run:
                                f"{self.pipeline.name!r}: it failed to load ({_first_line(reason)})")
         return server
 
+    @functools.cached_property
+    def twins(self) -> Pipeline:
+        """A pipeline of each timed step's twin: its inputs and outputs, and no work (:func:`_twin`). What the
+        twin holds its instance for is its stub's (and adapter's) part of the step's, in the same moment."""
+        from ..graph import Pipeline
+
+        specs = {f"in__{node}__{name}": spec for node in self.keys
+                 for name, spec in self.pipeline.nodes[node].step.inputs.items()}
+        twins = Pipeline(f"{self.pipeline.name}__twins", inputs=specs, max_batch_size=self.pipeline.max_batch_size)
+        for node in self.keys:
+            step = self.pipeline.nodes[node].step
+            added = twins.add(_twin(node, step, self.local[node], self.pipeline.batched), name=node,
+                              **{name: twins.input(f"in__{node}__{name}") for name in step.inputs})
+            for out in self.plan.node(node).returns:
+                twins.output(f"out__{node}__{out}", added[out])
+        return twins
+
+    @functools.cached_property
+    def twin_models(self) -> dict[str, str]:
+        """Each timed node's twin's model, by node."""
+        plan = plan_of(self.twins, warn=False)
+        return {node: plan.node(node).model for node in self.keys}
+
     def _walk(self, client: Any, cpu_of: Callable[[str], Callable[[], int] | None],
               timed: set[str]) -> dict[str, tuple[StepProfile, dict[str, Any]]]:
         """The request propagated through the step models in the plan's order (a select merged here,
-        as the executors do); then each node in ``timed`` timed at its batch sizes, in :data:`ROUNDS`
-        rounds over the nodes (a moment the machine slowed weighs on one round of a step)."""
+        as the executors do); then each node in ``timed`` timed at two of its batch sizes (:func:`_timed_sizes`), with its
+        twin where it has one, in :data:`ROUNDS` rounds over the nodes (a moment the machine slowed weighs on
+        one round of a step)."""
         values: dict[tuple[str | None, str], Any] = {(None, name): v for name, v in self.request.items()}
         handed_to: dict[str, dict[str, Any]] = {}
         for n in self.plan.nodes:
@@ -276,63 +317,75 @@ class _Run:
                     raise _CannotServe(f"step {n.name!r} of pipeline {self.pipeline.name!r} failed here, where it "
                                        f"feeds the steps after it ({type(exc).__name__}: {exc})") from None
             else:
-                outputs = self._call(client, n, handed)
+                outputs = self._call(client, n.model, n, handed)
                 if n.name in timed:
                     handed_to[n.name] = handed
             values.update({(n.name, name): np.asarray(host(outputs[name])) for name in n.returns})
-        nodes = [self.plan.node(name) for name in handed_to]
-        batches = {n.name: [rows_of(handed_to[n.name], rows, self.request_rows) if self.pipeline.batched
-                            else dict(handed_to[n.name]) for rows in self.local[n.name].rows] for n in nodes}
-        cpus = {n.name: cpu_of(n.model) for n in nodes}
-        for n in nodes:  # a stub's first calls at a size allocate its shared memory: untimed
-            for batch in batches[n.name]:
-                for _ in range(WARMUP):
-                    self._call(client, n, batch)
-        rounds: dict[str, list[list[tuple[int, float, float]]]] = {n.name: [] for n in nodes}
+        twinned = self.url is None
+        jobs = []  # (node, index of the size, model, batch)
+        for name, handed in handed_to.items():
+            n, rows = self.plan.node(name), self.local[name].rows
+            for i in _timed_sizes(self.local[name]):
+                batch = rows_of(handed, rows[i], self.request_rows) if self.pipeline.batched else dict(handed)
+                jobs.append((n, i, n.model, batch))
+                if twinned:
+                    jobs.append((n, i, self.twin_models[name], batch))
+        cpus = {model: cpu_of(model) for _, _, model, _ in jobs}
+        for n, _, model, batch in jobs:  # a stub's first calls at a size allocate its shared memory: untimed
+            for _ in range(WARMUP):
+                self._call(client, model, n, batch)
+        rounds: dict[tuple[str, int, str], list[tuple[int, float, float]]] = {}
         for _ in range(ROUNDS):
-            for n in nodes:
-                rounds[n.name].append([self._burst(client, n, rows, batch, cpus[n.name])
-                                       for rows, batch in zip(self.local[n.name].rows, batches[n.name], strict=True)])
+            for n, i, model, batch in jobs:
+                rows = self.local[n.name].rows[i]
+                rounds.setdefault((n.name, i, model), []).append(self._burst(client, model, n, rows, batch,
+                                                                             cpus[model]))
         out = {}
-        for n in nodes:
-            mine, by_round = self.local[n.name], rounds[n.name]
-            wall = tuple(statistics.median(r[i][1] for r in by_round) for i in range(len(mine.rows)))
-            cpu = tuple(statistics.median(r[i][2] for r in by_round) for i in range(len(mine.rows)))
-            requests = sum(b[0] for r in by_round for b in r)
-            known = cpus[n.name] is not None
-            found = replace(mine, wall_us=wall, cpu_us=cpu if known else wall, warm_wall_us=(), warm_cpu_us=(),
-                            source="server")
+        for name in handed_to:
+            n, mine = self.plan.node(name), self.local[name]
+            known = cpus[n.model] is not None and (not twinned or cpus[self.twin_models[name]] is not None)
+            measured, spreads, requests = {}, [], 0
+            for i in _timed_sizes(mine):
+                own = rounds[name, i, n.model]
+                requests += sum(r[0] for r in own)
+                if twinned:  # each round's step less its twin's, taken side by side
+                    twin = rounds[name, i, self.twin_models[name]]
+                    own = [(c, w - tw, u - tu) for (c, w, u), (_, tw, tu) in zip(own, twin, strict=True)]
+                wall = statistics.median(r[1] for r in own)
+                measured[i] = (wall, statistics.median(r[2] for r in own))
+                spreads.append((max(r[1] for r in own) - min(r[1] for r in own)) / 2 / wall if wall > 0 else 0.0)
+            wall_us, cpu_us = _spanned(mine, measured)
+            found = replace(mine, wall_us=wall_us, cpu_us=cpu_us if known else wall_us, warm_wall_us=(),
+                            warm_cpu_us=(), source="server")
             if "spread" in {f.name for f in fields(StepProfile)}:  # how far its rounds disagreed, as a profile's
-                found = replace(found, spread=max(
-                    (max(r[i][1] for r in by_round) - min(r[i][1] for r in by_round)) / 2 / w if w > 0 else 0.0
-                    for i, w in enumerate(wall)))
-            out[n.name] = (found, {"model": n.model, "requests": requests, "cpu": known})
+                found = replace(found, spread=max(spreads))
+            out[name] = (found, {"model": n.model, "requests": requests, "cpu": known, "twin": twinned,
+                                 "sizes": [mine.rows[i] for i in sorted(measured)]})
         return out
 
-    def _call(self, client: Any, n: NodePlan, arrays: Mapping[str, Any]) -> dict[str, Any]:
+    def _call(self, client: Any, model: str, n: NodePlan, arrays: Mapping[str, Any]) -> dict[str, Any]:
         try:
-            return client.infer(n.model, dict(arrays), outputs=list(n.returns) or None)
+            return client.infer(model, dict(arrays), outputs=list(n.returns) or None)
         except PipelinesError as exc:
-            raise _CannotServe(f"model {n.model!r} (step {n.name!r}) failed on the server ({_first_line(exc)})") from None
+            raise _CannotServe(f"model {model!r} (step {n.name!r}) failed on the server ({_first_line(exc)})") from None
 
-    def _burst(self, client: Any, n: NodePlan, rows: int, batch: Mapping[str, Any],
+    def _burst(self, client: Any, model: str, n: NodePlan, rows: int, batch: Mapping[str, Any],
                cpu: Callable[[], int] | None) -> tuple[int, float, float]:
-        """Node ``n``'s model called one request after another on ``batch`` (``rows`` rows): the calls, what one
-        execution held its instance (Triton's batch statistics, µs) and its stubs' CPU time per call (µs), raw
-        (the stub's ways not taken off yet)."""
+        """``model`` called one request after another on ``batch`` (``rows`` rows): the calls, what one execution
+        held its instance (Triton's batch statistics, µs) and its stubs' CPU time per call (µs)."""
         from ..triton.statistics import held_by_batch
 
-        before = client.statistics(n.model)
+        before = client.statistics(model)
         cpu_before = cpu() if cpu is not None else 0
         began, calls = time.perf_counter(), 0
         while calls < LEAST or (time.perf_counter() - began < SECONDS and calls < MOST):
-            self._call(client, n, batch)
+            self._call(client, model, n, batch)
             calls += 1
         cpu_used = (cpu() - cpu_before) if cpu is not None else 0
-        held = held_by_batch(before, client.statistics(n.model), n.model)
+        held = held_by_batch(before, client.statistics(model), model)
         executions, held_us = held.get(rows) or max(held.values(), default=(calls, math.nan))
         if not math.isfinite(held_us):
-            raise _CannotServe(f"model {n.model!r} (step {n.name!r}) reported no statistics on the server")
+            raise _CannotServe(f"model {model!r} (step {n.name!r}) reported no statistics on the server")
         return calls, held_us, cpu_used / 1e3 / max(executions, 1)
 
     def _zeros(self, step: Any) -> dict[str, Any]:
@@ -341,24 +394,66 @@ class _Run:
                            dtype=spec.numpy_dtype) for o, spec in step.outputs.items()}
 
 
+def _timed_sizes(mine: StepProfile) -> list[int]:
+    """Which of a step's batch sizes (indices) are timed on the server: its first, and its largest whose request
+    and answer carry at most :data:`TIMED_BYTES`."""
+    fits = [i for i, rows in enumerate(mine.rows) if rows * (mine.in_bytes + mine.out_bytes) <= TIMED_BYTES]
+    return sorted({0, max(fits, default=0)})
+
+
+def _twin(node: str, step: Any, mine: StepProfile, batched: bool) -> Any:
+    """A step with ``step``'s inputs and outputs that does no work: it answers fresh zeros shaped as the step's
+    outputs were (by the batch's rows), so its stub copies as many bytes in and out as the step's does."""
+    from ..step import step as declare
+
+    shapes = {out: (spec.numpy_dtype, tuple(spec.dims)) for out, spec in mine.outputs.items()}
+
+    def twin(**arrays: Any) -> dict[str, Any]:
+        lead = (len(next(iter(arrays.values()))),) if batched and arrays else ()
+        return {out: np.zeros(lead + dims, dtype=dtype) if dtype != np.object_ else np.full(lead + dims, b"", object)
+                for out, (dtype, dims) in shapes.items()}
+
+    return declare(twin, inputs=dict(step.inputs), outputs={o: step.outputs[o] for o in shapes}, name=f"{node}_twin")
+
+
+def _spanned(mine: StepProfile, measured: Mapping[int, tuple[float, float]]) -> tuple[tuple[float, ...], ...]:
+    """Wall and CPU µs at each of the local profile's rows from the server's at its first and last (by index): the
+    sizes between follow the local curve, scaled by the server's over the local, that ratio taken linearly in rows
+    between the two ends."""
+    first, last = min(measured), max(measured)
+
+    def ratio(server: float, local: float) -> float:
+        return server / local if local > 0 else 1.0
+
+    walls, cpus = [], []
+    for i, rows in enumerate(mine.rows):
+        at = 0.0 if last == first else (rows - mine.rows[first]) / (mine.rows[last] - mine.rows[first])
+        for figure, local, out in ((0, mine.wall_us, walls), (1, mine.cpu_us, cpus)):
+            if i in measured:  # a step cheaper than its twin's noise: a µs of wall time, not nothing
+                out.append(max(measured[i][figure], 1.0 - figure))
+                continue
+            scale = (1 - at) * ratio(measured[first][figure], local[first]) + at * ratio(measured[last][figure],
+                                                                                           local[last])
+            out.append(max(local[i] * scale, 1.0 - figure))
+    return tuple(walls), tuple(cpus)
+
+
 def _own(mine: StepProfile, raw: StepProfile, extra: Mapping[str, Any], stub: tuple[WayCost, WayCost]) -> StepProfile:
-    """The step's own cost from its model's raw figures: the stub's ways in and out taken off (the
-    simulation adds its form's own), by the batch's bytes and tensors as the simulation prices them;
-    its CPU the stubs' less those ways (all CPU), or where it was not read, the local share of CPU."""
+    """The step's own cost: as measured where its twin's was taken off on the server; else (a server at a URL,
+    which serves no twins) its model's less the server profile's stub ways in and out, by the batch's bytes and
+    tensors as the simulation prices them, and its CPU the local profile's share of its wall time."""
+    local_share = {rows: c / w if w > 0 else 1.0 for rows, c, w in zip(mine.rows, mine.cpu_us, mine.wall_us,
+                                                                        strict=True)}
     way_in, way_out = stub
     wall, cpu = [], []
-    local_share = dict(zip(mine.rows, (c / w if w > 0 else 1.0 for c, w in zip(mine.cpu_us, mine.wall_us,
-                                                                                   strict=True)), strict=True))
     for rows, held, used in zip(raw.rows, raw.wall_us, raw.cpu_us, strict=True):
-        ways = (way_in.at(rows * mine.in_bytes) + max(0, len(mine.inputs) - 1) * way_in.at(0)
-                + way_out.at(rows * mine.out_bytes) + max(0, len(mine.outputs) - 1) * way_out.at(0))
-        # a step cheaper than the stub's fit: a few µs, not nothing (the fit's noise is the stub's, not the step's)
+        ways = 0.0 if extra.get("twin") else (
+            way_in.at(rows * mine.in_bytes) + max(0, len(mine.inputs) - 1) * way_in.at(0)
+            + way_out.at(rows * mine.out_bytes) + max(0, len(mine.outputs) - 1) * way_out.at(0))
+        # a step cheaper than the noise of what is taken off: a µs, not nothing
         own = max(held - ways, min(held, 1.0))
         wall.append(own)
-        if extra.get("cpu") is False:
-            cpu.append(own * local_share.get(rows, 1.0))
-        else:
-            cpu.append(max(used - ways, 0.0))
+        cpu.append(max(used - ways, 0.0) if extra.get("cpu") else own * local_share.get(rows, 1.0))
     return replace(mine, rows=raw.rows, wall_us=tuple(wall), cpu_us=tuple(cpu), warm_wall_us=(), warm_cpu_us=(),
                    source="server")
 
