@@ -8,7 +8,7 @@ from ..triton.statistics import ModelTimes
 from .latency import LatencySummary
 from .loadgen import LoadPlan, LoadResult, Window, run_load
 from .measurement import FORMS, Configuration, Measurement
-from .report_tables import render
+from .report_tables import prediction_table, render
 from .results import BenchmarkResult
 from .runner import run_benchmark
 from .settings import DEFAULT_PIPELINE, BenchSettings
@@ -29,6 +29,7 @@ __all__ = [
     "RatioComparison",
     "StabilityRule",
     "Window",
+    "prediction_table",
     "render",
     "run_benchmark",
     "run_load",

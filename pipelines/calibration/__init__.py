@@ -13,11 +13,13 @@ from __future__ import annotations
 from ..errors import ProfileMismatchError
 from .calibrate import ProbesNotDeployed, calibrate
 from .fit import estimate, fit_costs, fit_rounds
+from .measure import Budget
 from .probes import probe_pipeline, probe_repository, write_probe_repository
 from .profile import BOUNDARIES, Cost, Point, Profile, ProfileMismatchWarning, load_profile
 
 __all__ = [
     "BOUNDARIES",
+    "Budget",
     "Cost",
     "Point",
     "ProbesNotDeployed",
