@@ -994,6 +994,10 @@ def test_calibrate_the_bundled_server_with_a_tiny_probe_set(tmp_path):
     # and what each request of its rounds adds, from a fused probe driven with requests queued
     assert profile.costs["fused_model"].total_ci != profile.costs["bls_model"].total_ci
     assert math.isfinite(profile.round_request_us) and profile.round_request_us >= 0
+    # how steady the machine was: the probes' disagreement over the rounds, and other processes' load beside the
+    # server (this process's child, so its work is not counted as theirs)
+    assert profile.noise is not None and profile.noise.disagreement is not None
+    assert profile.noise.disagreement == profile.window_spread() and profile.noise.other_load is not None
     # and a grown BLS probe what all its step models held (grow, the identities, shrink)
     assert all((s[7] is not None) == (s[0] in ("grown bls", "grown bls-sync")) for s in profile.samples)
     assert all(s[7] > 0 for s in profile.samples if s[7] is not None)
