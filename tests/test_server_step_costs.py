@@ -4,6 +4,7 @@ profiles in place, named."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import sys
@@ -113,13 +114,14 @@ def test_a_model_that_fails_to_load_leaves_the_local_profiles_named(profile_path
     assert not any(n.startswith("step costs from") for n in predictor.notes)  # that one line says it all
 
 
-def test_without_a_server_asked_for_the_local_profiles_stay_and_bad_choices_are_refused(profile_path):
-    predictor = Predictor(toy(), profile_path, inputs=X, cache=False)  # "auto" with no url: as before
+def test_without_a_server_asked_for_the_local_profiles_stay_and_bad_choices_are_refused(profile_path, tmp_path):
+    cache = tmp_path / "steps.json"
+    predictor = Predictor(toy(), profile_path, inputs=X, cache=cache)  # "auto" with no url: as before
     assert all(p.source == "measured" for p in predictor.steps.values())
     assert predictor.steps == predictor.local_steps
     assert not any("step costs" in n for n in predictor.notes)
     with pytest.raises(ArgumentError, match="step_costs is one of auto, server, local"):
-        Predictor(toy(), profile_path, inputs=X, cache=False, step_costs="remote")
+        Predictor(toy(), profile_path, inputs=X, cache=cache, step_costs="remote")
     assert STEP_COSTS == ("auto", "server", "local")
 
 
@@ -162,3 +164,24 @@ def test_a_processes_cpu_time_counts_its_threads():
         done.set()
         thread.join()
     assert process_cpu_ns(2 ** 22 + 12345) is None
+
+
+def test_a_calibration_kept_for_the_server_is_reused_and_feeds_the_command(tmp_path, monkeypatch, capsys):
+    from pipelines.calibration.reuse import calibration_key, kept_calibration
+    from pipelines.cli import main
+
+    version = "nvidia-pytriton " + importlib.metadata.version("nvidia-pytriton")
+    kept = tmp_path / f"{calibration_key(None, 'http', version)}.json"
+    flat_profile().save(kept)
+    found = kept_calibration(store=tmp_path)  # the bundled server: known by its wheel, none started
+    assert found.reused and found.path == kept
+    assert "reused the calibration of" in found.describe()
+    # another protocol or server is another calibration
+    assert calibration_key(None, "grpc", version) != kept.stem != calibration_key("host:8000", "http", version)
+    monkeypatch.setenv("PIPELINES_CALIBRATIONS", str(tmp_path))
+    assert main(["predict", "pipelines.examples.basic:diamond", "--concurrency", "1", "--forms", "ensemble",
+                 "--json"]) == 0
+    out = capsys.readouterr()
+    assert f"reused the calibration of {flat_profile().date}" in out.err and str(kept) in out.err
+    assert json.loads(out.out)
+    assert kept.with_suffix(".steps.json").exists()  # the steps' costs kept beside it, for every pipeline

@@ -54,9 +54,11 @@ def _share(text: str) -> tuple[str, float]:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pipeline", metavar="MODULE:ATTR")
-    parser.add_argument("--profile", required=True, metavar="PROFILE.json",
+    parser.add_argument("--profile", default=None, metavar="PROFILE.json",
                         help="the server profile that 'pipelines calibrate' wrote; the step profiles are kept "
-                        "beside it (PROFILE.steps.json)")
+                        "beside it (PROFILE.steps.json). Default: the calibration kept for this server (the "
+                        "bundled one, or --url), its Triton version and protocol on this machine, made now "
+                        "(as 'pipelines calibrate --quick') where none is kept yet")
     parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                         help="a sample input from a .npy file (repeat for each input; default: the pipeline "
                         "module's own sample_inputs()/make_sample(), else random tensors)")
@@ -136,12 +138,23 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | None]:
     return pipeline, module, inputs
 
 
+def _profile(args: argparse.Namespace) -> str:
+    """``--profile``, or the calibration kept for the server (made now where there is none), said on stderr."""
+    if args.profile is not None:
+        return args.profile
+    from ..calibration.reuse import kept_calibration
+
+    kept = kept_calibration(args.url, note=lambda text: print(text, file=sys.stderr))
+    print(kept.describe(), file=sys.stderr)
+    return str(kept.path)
+
+
 def predict_main(args: argparse.Namespace) -> int:
     from .prediction import predict
 
     pipeline, module, inputs = _load(args)
     concurrency = args.concurrency if args.concurrency is not None else ((1, 4, 16) if args.rate is None else ())
-    result = predict(pipeline, args.profile, concurrency=concurrency, forms=args.forms, rate=args.rate,
+    result = predict(pipeline, _profile(args), concurrency=concurrency, forms=args.forms, rate=args.rate,
                      inputs=inputs, module=module, costs=dict(args.cost) or None, cores=args.cores,
                      allow_mismatch=args.allow_mismatch, when_rates=dict(args.when_rate) or None,
                      step_costs=args.step_costs, url=args.url)
@@ -157,7 +170,7 @@ def advise_main(args: argparse.Namespace) -> int:
     if args.verify_repository and not args.verify:
         raise PipelinesError("--verify-repository is where --verify writes what it measures; add --verify, or drop it")
     pipeline, module, inputs = _load(args)
-    advice = advise(pipeline, args.profile, concurrency=args.concurrency, rate=args.rate, p95_ms=args.p95_ms,
+    advice = advise(pipeline, _profile(args), concurrency=args.concurrency, rate=args.rate, p95_ms=args.p95_ms,
                     forms=args.forms, cores=args.cores, inputs=inputs, module=module, costs=dict(args.cost) or None,
                     allow_mismatch=args.allow_mismatch, budget=args.budget, when_rates=dict(args.when_rate) or None,
                     step_costs=args.step_costs, url=args.url)

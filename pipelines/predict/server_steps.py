@@ -128,7 +128,7 @@ def server_step_costs(
             profiles[node] = _own(mine, profile, extra, stub)
             sizes = " and ".join(str(r) for r in extra.get("sizes", ()))
             sources[node] = f"server statistics (model {extra.get('model', '?')}, {extra.get('requests', 0)} requests" \
-                + (f" of {sizes} rows" if sizes else "") + (", CPU as timed here" if extra.get("cpu") is False else "") \
+                + (f" of {sizes} row{'s' if sizes != '1' else ''}" if sizes else "") + (", CPU as timed here" if extra.get("cpu") is False else "") \
                 + ")"
         else:
             profiles[node] = mine
