@@ -60,7 +60,25 @@ pipeline.output("z", pipeline.add(post, scores=scored["scores"])["z"])
 AT_TOP = STEPS.format(name="ontop", top_import="from pipelines.steps import onnx_model\n", inner_import="")
 INSIDE = STEPS.format(name="inside", top_import="",
                       inner_import="    from pipelines.steps import onnx_model\n\n")
-NAMES = ("ontop_steps", "inside_steps", "unloadable", "unrequired")
+#: A file that uses one of the library's own steps: it travels as its module, not as a pickle.
+LIBRARY = '''\
+from pipelines import Pipeline, TensorSpec, step
+from pipelines.steps import nms_step
+
+ROWS = TensorSpec("FP32", [-1, 7])
+
+
+@step(inputs={"raw": ROWS}, outputs={"candidates": ROWS})
+def sharpen(raw):
+    return {"candidates": raw * 1}
+
+
+pipeline = Pipeline("library", inputs={"raw": ROWS}, max_batch_size=4)
+candidates = pipeline.add(sharpen, raw=pipeline.input("raw"))["candidates"]
+nms = nms_step(num_candidates=-1, num_classes=2, max_det=5, conf_threshold=0.3)
+pipeline.output("detections", pipeline.add(nms, candidates=candidates)["detections"])
+'''
+NAMES = ("ontop_steps", "inside_steps", "library_steps", "unloadable", "unrequired")
 
 
 @pytest.fixture(autouse=True)
@@ -79,7 +97,15 @@ def project(folder: Path) -> Path:
     write_affine_onnx(folder / "affine.onnx")
     (folder / "ontop_steps.py").write_text(AT_TOP)
     (folder / "inside_steps.py").write_text(INSIDE)
+    (folder / "library_steps.py").write_text(LIBRARY)
     return folder
+
+
+def candidates(rows: int = 6) -> np.ndarray:
+    """Two images' yolo rows: box centre and size, objectness, two class scores."""
+    rng = np.random.default_rng(5)
+    boxes = np.concatenate([rng.uniform(20, 60, (2, rows, 2)), rng.uniform(5, 30, (2, rows, 2))], axis=2)
+    return np.concatenate([boxes, rng.uniform(0, 1, (2, rows, 3))], axis=2).astype(np.float32)
 
 
 def compiled(folder: Path, script: str, root: Path, form: str = "all") -> Path:
@@ -105,6 +131,20 @@ def test_onnx_model_imported_at_the_top_leaves_the_files_steps_travelling_as_the
     lines = (root / "requirements.txt").read_text()
     assert "no step travels by value" in lines and "cloudpickle" not in lines
     assert (root / "ontop__affine" / "1" / "model.onnx").read_bytes() == (folder / "affine.onnx").read_bytes()
+
+
+def test_a_library_step_travels_as_its_modules_with_no_pickle_and_no_python_pin(tmp_path):
+    folder = project(tmp_path / "project")
+    root = compiled(folder, "library_steps.py", tmp_path / "models")
+    assert not list(root.rglob("step.pkl"))
+    plan = json.loads((root / "library__nms" / "1" / "step.json").read_text())
+    assert plan["source"] == "file" and plan["impl"]["module"] == "pipelines.steps.nms"
+    assert sorted(plan["impl"]["sha256"]) == [f"steps_src/pipelines/steps/{name}.py" for name in ("_config", "_xp", "nms")]
+    copied = root / "library__nms" / "1" / "steps_src" / "pipelines" / "steps" / "nms.py"
+    import pipelines.steps.nms as module
+
+    assert copied.read_bytes() == Path(module.__file__).read_bytes()
+    assert "no step travels by value" in (root / "requirements.txt").read_text()
 
 
 @pytest.mark.parametrize("script", ["ontop_steps.py", "inside_steps.py"])
@@ -256,7 +296,7 @@ def served(tmp_path_factory):
 
     folder = project(tmp_path_factory.mktemp("project"))
     root = tmp_path_factory.mktemp("served") / "models"
-    for script in ("ontop_steps.py", "inside_steps.py"):
+    for script in ("ontop_steps.py", "inside_steps.py", "library_steps.py"):
         compiled(folder, script, root)
     env = python_without_pipelines(tmp_path_factory.mktemp("env") / "venv")
     with warnings.catch_warnings():
@@ -313,3 +353,20 @@ def test_the_recipe_in_the_docs_runs_compiles_and_writes_what_the_docs_say(tmp_p
     lines = (root / "requirements.txt").read_text().splitlines()
     assert lines[1] == "# Python: any version the packages below support (no step travels by value)"
     assert [line.split("<")[0] for line in lines[2:]] == ["numpy"]
+
+
+@pytest.mark.server
+def test_a_library_step_answers_on_a_server_without_pipelines_as_locally(served):
+    folder, server = served
+    sys.modules.pop("library_steps", None)
+    try:
+        local = load_pipeline(f"{folder / 'library_steps.py'}:pipeline")
+    finally:
+        sys.modules.pop("library_steps", None)
+    x = candidates()
+    with server.client("http", timeout=60) as client:
+        for mode in MODES:
+            model = f"library_{mode}" if mode != "bls-sync" else "library_bls_sync"
+            want = local.run({"raw": x}, mode=mode)["detections"]
+            assert want[..., 4].max() > 0  # some boxes came through
+            np.testing.assert_allclose(client.infer(model, {"raw": x})["detections"], want, rtol=1e-6, err_msg=model)

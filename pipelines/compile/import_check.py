@@ -38,6 +38,7 @@ __all__ = ["check_steps_import"]
 
 _PROBE = Path(__file__).with_name("import_probe.py")
 _PLAN = "step.json"
+_FUSED = "1/fused.json"
 #: A step file that does real work when imported (loads weights, say) may take a while; a hung one must not hang compile.
 _TIMEOUT_S = 300
 
@@ -53,12 +54,13 @@ class _Load:
     impl: dict[str, Any]
     files: dict[str, bytes]
 
-    @property
-    def key(self) -> str:
-        return json.dumps(self.impl, sort_keys=True)
 
 
-#: The loads proven in this process, with the requirements they were proven under.
+def _process_key(process: list[_Load]) -> str:
+    return json.dumps([load.impl for load in process], sort_keys=True)
+
+
+#: The model processes proven in this process, with the requirements they were proven under.
 _PROVEN: set[tuple[str, tuple[str, ...]]] = set()
 
 
@@ -67,32 +69,34 @@ def check_steps_import(repo: ModelRepository) -> None:
     requirements = one_line_each({r for m in repo.models.values() for r in _needs(m)})
     # What loaded once loads again: the record holds the digest of every file, and the same
     # requirements give the same modules (tests and notebooks write one pipeline many times).
-    loads = [load for load in _loads(repo) if (load.key, tuple(requirements)) not in _PROVEN]
-    if not loads:
+    processes = [p for p in _processes(repo) if (_process_key(p), tuple(requirements)) not in _PROVEN]
+    if not processes:
         return
     with tempfile.TemporaryDirectory(prefix="pipelines-import-check-") as tmp:
         root = Path(tmp) / "repo"
         root.mkdir()
-        steps = {}
-        for index, load in enumerate(loads):
-            folder = f"s{index}"
-            for rel, data in load.files.items():
-                (root / folder / rel).parent.mkdir(parents=True, exist_ok=True)
-                (root / folder / rel).write_bytes(data)
-            steps[str(index)] = {"folder": folder, "impl": load.impl}
+        jobs: dict[str, list[dict[str, Any]]] = {}
+        for index, process in enumerate(processes):
+            jobs[str(index)] = []
+            for position, load in enumerate(process):
+                folder = f"m{index}/s{position}"
+                for rel, data in load.files.items():
+                    (root / folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (root / folder / rel).write_bytes(data)
+                jobs[str(index)].append({"folder": folder, "impl": load.impl})
         job = Path(tmp) / "job.json"
         result = Path(tmp) / "result.json"
         job.write_text(json.dumps({
-            "root": str(root), "serving": str(_PROBES.serving()), "sites": _sites(), "allowed": sorted(_allowed_modules(tuple(requirements))),
-            "steps": steps, "result": str(result),
+            "root": str(root), "serving": str(_PROBES.serving()), "sites": _sites(),
+            "allowed": sorted(_allowed_modules(tuple(requirements))), "processes": jobs, "result": str(result),
         }))
         try:
             code, stderr = _PROBES.run(job)
         except subprocess.TimeoutExpired:
             raise CompileError(
                 f"loading the steps' code as a server would took over {_TIMEOUT_S} s (pipelines "
-                f"{', '.join(sorted({ld.pipeline for ld in loads}))}); a step's file must not do long work when "
-                "imported: move it under `if __name__ == \"__main__\":` or into initialize(). Nothing was written"
+                f"{', '.join(sorted({p[0].pipeline for p in processes}))}); a step's file must not do long work "
+                "when imported: move it under `if __name__ == \"__main__\":` or into initialize(). Nothing was written"
             ) from None
         if code != 0 or not result.is_file():
             raise CompileError(
@@ -100,9 +104,10 @@ def check_steps_import(repo: ModelRepository) -> None:
                 f"exited with {code}): {stderr.strip()[-2000:]}. Nothing was written"
             )
         failures = json.loads(result.read_text())
-    _PROVEN.update((load.key, tuple(requirements)) for i, load in enumerate(loads) if str(i) not in failures)
+    _PROVEN.update((_process_key(p), tuple(requirements)) for i, p in enumerate(processes) if str(i) not in failures)
     for index in sorted(failures, key=int):
-        raise _error(loads[int(index)], failures[index], requirements)
+        failure = failures[index]
+        raise _error(processes[int(index)][failure["position"]], failure, requirements)
 
 
 class _Probes:
@@ -202,14 +207,15 @@ def _needs(model: Any) -> tuple[str, ...]:
         return ()
 
 
-def _loads(repo: ModelRepository) -> list[_Load]:
-    """Each distinct step code of ``repo``'s models (a fused model carries the same as the step's model)."""
-    found: dict[str, _Load] = {}
+def _processes(repo: ModelRepository) -> list[list[_Load]]:
+    """The steps each distinct model of ``repo`` loads in its one Python process: a step model's
+    one, a fused model's every step (in one process, their modules meet); a fused model's step
+    alone carries the same as the step's own model, and is loaded once."""
+    found: dict[str, list[_Load]] = {}
     for name in repo.names:
         model = repo[name]
-        for rel in sorted(model.files):
-            if rel.rpartition("/")[2] != _PLAN:
-                continue
+        process = []
+        for rel in sorted((r for r in model.files if r.rpartition("/")[2] == _PLAN), key=_load_order(model)):
             folder = rel.rpartition("/")[0]
             try:
                 plan = json.loads(model.files[rel])
@@ -218,10 +224,21 @@ def _loads(repo: ModelRepository) -> list[_Load]:
                 files = {w: model.files[f"{folder}/{w}"] for w in wanted}
             except CompileError:
                 continue  # a step that cannot be exported by value: the write says so, in its own words
-            key = json.dumps(impl, sort_keys=True)
-            found.setdefault(key, _Load(plan.get("pipeline") or model.pipeline or name, plan.get("step") or name,
-                                        name, plan.get("source", "module"), impl, files))
+            process.append(_Load(plan.get("pipeline") or model.pipeline or name, plan.get("step") or name,
+                                 name, plan.get("source", "module"), impl, files))
+        if process:
+            found.setdefault(_process_key(process), process)
     return list(found.values())
+
+
+def _load_order(model: Any) -> Any:
+    """How a model orders the plans of its steps as it loads them: a fused model, in its plan's order."""
+    if _FUSED not in model.files:
+        return lambda rel: (0, rel)
+    data = json.loads(model.files[_FUSED])
+    nodes = [data["nodes"].get(n["name"]) or {} for n in data["plan"]["nodes"]]
+    folders = [f"1/{node['folder']}/{_PLAN}" for node in nodes if node.get("folder")]  # external steps have none
+    return lambda rel: (folders.index(rel), rel) if rel in folders else (len(folders), rel)
 
 
 def _sites() -> list[str]:

@@ -72,15 +72,19 @@ def main(job_path: str) -> None:
     from serving import sources
 
     failures = {}
-    for key, check in job["steps"].items():
-        folder = os.path.join(root, check["folder"])
+    for key, steps in job["processes"].items():
+        # Each model is its own stub process; a fused model loads all its steps in its one.
         path, modules = sys.path[:], set(sys.modules)
         try:
-            serving.load_impl(check["impl"], folder)
-        except BaseException as exc:  # noqa: BLE001 - whatever the file raises, a stub would fail to load
-            failures[key] = _failure(exc, folder)
+            for position, step in enumerate(steps):
+                folder = os.path.join(root, step["folder"])
+                try:
+                    serving.load_impl(step["impl"], folder)
+                except BaseException as exc:  # noqa: BLE001 - whatever the file raises, a stub would fail to load
+                    failures[key] = {**_failure(exc, folder), "position": position}
+                    break
         finally:
-            # Each model is its own stub process: forget what this one imported from its files.
+            # Forget what this model imported from its files, as its process would end.
             sys.path[:] = path
             sources._LOADED.clear()
             for name in set(sys.modules) - modules:

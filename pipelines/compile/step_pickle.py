@@ -1,6 +1,7 @@
 """A step exported by value: its code pickled with cloudpickle into ``1/step.pkl``, for a step
 with no source file a server could import (a notebook cell, ``__main__`` typed interactively,
-``pipelines``' own steps). The pickle loads only on the Python minor version that wrote it.
+``pipelines``' own steps outside ``pipelines.steps``). The pickle loads only on the Python minor
+version that wrote it.
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ then travels by value, :mod:`.step_pickle`). A file travels when a server can im
   (compiling, running or writing a pipeline, reading ``sys.argv``): a server would do it again;
 - the step's own code (and the functions, classes and values of these files it reaches) uses
   nothing of ``pipelines``.
+
+The library's own steps (``pipelines.steps``) travel the same way, as their module and the
+modules of that package it imports (:func:`_library_files`).
 """
 
 from __future__ import annotations
@@ -97,13 +100,14 @@ class SourceFiles:
 
 
 def source_files(step: Step) -> tuple[SourceFiles | None, str | None]:
-    """The files ``step`` can travel in, or ``None`` and why not (``None`` for ``pipelines``' own steps)."""
+    """The files ``step`` can travel in, or ``None`` and why not (``None`` for ``pipelines``' own
+    steps other than those of ``pipelines.steps``, which travel as their modules)."""
     impl = step.impl
     module_name = getattr(impl, "__module__", None)
     qualname = getattr(impl, "__qualname__", None)
     module = sys.modules.get(module_name) if isinstance(module_name, str) else None
     if is_ours(module_name):
-        return None, None
+        return (_library_files(module, qualname, impl), None) if module_name.startswith(_HELPERS + ".") else (None, None)
     if module is None or not isinstance(qualname, str):
         return None, "its code is an object, not a function or a class defined in a file"
     file = getattr(module, "__file__", None)
@@ -180,6 +184,43 @@ def _gather(path: Path, name: str, qualname: str, impl: Any) -> tuple[SourceFile
         todo = [f for f in todo if f not in files]
     copies = {f"{SOURCE_DIR}/{name + '.py' if file == path else file.name}": data for file, data in files.items()}
     return SourceFiles(name, qualname, f"{SOURCE_DIR}/{name}.py", copies, frozenset(imports)), None
+
+
+def _library_files(module: Any, qualname: Any, impl: Any) -> SourceFiles | None:
+    """A step of the library's own ``pipelines.steps`` as its module and the modules of that package it
+    imports, copied to ``steps_src/pipelines/steps/``: the server imports them under their own names,
+    below stand-ins of ``pipelines`` (``serving/sources.py``), as it imports a user's file. ``None``:
+    the step is not found in its module by its name (it travels by value)."""
+    file = getattr(module, "__file__", None)
+    if module is None or not file or not isinstance(qualname, str) or "<locals>" in qualname:
+        return None
+    found: Any = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    if not (found is impl or (isinstance(found, Step) and found.impl is impl)):
+        return None
+    folder = Path(file).resolve().parent
+    files: dict[str, bytes] = {}
+    imports: set[str] = set()
+    todo = [Path(file).resolve().name]
+    while todo:
+        name = todo.pop()
+        if name in files:
+            continue
+        data, tree = _parsed(folder / name)
+        files[name] = data
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:  # `from .nms import ...`, `from . import nms`
+                todo += [f"{node.module}.py"] if node.module else [f"{a.name}.py" for a in node.names]
+        # What runs on import needs its distribution on the server; a function's own import
+        # (onnxruntime in a stand-in's initialize) is the user's to install where it runs.
+        scan = _TopLevel(name, {})
+        scan.visit(tree)
+        imports.update(module for module, required in scan.imports if required)
+    home = f"{SOURCE_DIR}/{_HELPERS.replace('.', '/')}"
+    return SourceFiles(module.__name__, qualname, f"{home}/{Path(file).name}",
+                       {f"{home}/{name}": data for name, data in sorted(files.items())},
+                       frozenset(imports - {_PACKAGE, "__future__"}))
 
 
 @functools.lru_cache(maxsize=64)

@@ -7,6 +7,7 @@ that the compiler copied into ``steps_src/``, with ``pipelines`` (and its public
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -71,19 +72,29 @@ def _imported(path: str, name: str, digest: str) -> types.ModuleType:
             "process already (two steps of one fused model come from different files of one name): rename one"
         )
     folder = os.path.dirname(path)
-    if folder not in sys.path:
+    ours = name.startswith(_PACKAGE + ".")
+    carried = None
+    if ours:
+        # A module of the library's own steps (``pipelines.steps.nms``), copied with the modules of
+        # its package that it imports: imported under its own name, below the stand-in package.
+        carried = folder
+        for _ in range(name.count(".") - 1):
+            carried = os.path.dirname(carried)
+    elif folder not in sys.path:
         sys.path.insert(0, folder)  # the modules beside it, imported by their own names as beside the script
-    # In a stub the name is free (the compiler refuses names a server imports); a process that
-    # already holds a module of that name (a test) gets the copy under another one.
-    key = name if name not in sys.modules else f"_pipelines_source_{name}"
-    spec = importlib.util.spec_from_file_location(key, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[key] = module
+    key = name
     try:
-        with _pipelines_stood_in():
+        with _pipelines_stood_in(carried):
+            # In a stub the name is free (the compiler refuses names a server imports); a process
+            # that already holds a module of that name (a test) gets the copy under another one.
+            if not ours and key in sys.modules:
+                key = f"_pipelines_source_{name}"
+            spec = importlib.util.spec_from_file_location(key, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[key] = module
             spec.loader.exec_module(module)
     except (Exception, SystemExit) as exc:
-        del sys.modules[key]
+        sys.modules.pop(key, None)
         raise RuntimeError(
             f"importing {os.path.basename(path)}, the step's source file, failed on the server: "
             f"{type(exc).__name__}: {exc}; keep the script's own work under `if __name__ == '__main__':`"
@@ -93,9 +104,10 @@ def _imported(path: str, name: str, digest: str) -> types.ModuleType:
 
 
 @contextlib.contextmanager
-def _pipelines_stood_in() -> Iterator[None]:
+def _pipelines_stood_in(carried: str | None = None) -> Iterator[None]:
     """``import pipelines`` (and ``import pipelines.steps``, ``from pipelines.steps.nms import nms``…)
-    gives stand-ins while the file (and what it imports) runs.
+    gives stand-ins while the file (and what it imports) runs; ``carried``, a folder holding copies
+    of some of the package's own modules, gives those modules instead.
 
     In a stub, where nothing imported the package, the stand-in stays, for the imports the
     step's modules make later. In a process that has the real package (a test), it comes back.
@@ -105,6 +117,14 @@ def _pipelines_stood_in() -> Iterator[None]:
     if _PACKAGE not in sys.modules:
         sys.modules[_PACKAGE] = _FINDER.create_module(importlib.machinery.ModuleSpec(_PACKAGE, _FINDER,
                                                                                      is_package=True))
+    if carried is not None:
+        # Each step of a fused model carries its own copies: every stood-in package finds its
+        # modules in all of them (the same files, checked against one digest each).
+        for name, module in list(sys.modules.items()):
+            if isinstance(module, _StandIn) and (name == _PACKAGE or name.startswith(_PACKAGE + ".")):
+                folder = os.path.join(carried, *name.split(".")[1:])
+                if os.path.isdir(folder) and folder not in module.__path__:
+                    module.__path__.append(folder)
     if not any(isinstance(f, _StandInFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _FINDER)
     try:
@@ -123,14 +143,21 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     imports on a server that has no package. The compiler lets only public modules' names through."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname.startswith(_PACKAGE + ".") and isinstance(sys.modules.get(_PACKAGE), _StandIn):
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
+        if not (fullname.startswith(_PACKAGE + ".") and isinstance(sys.modules.get(_PACKAGE), _StandIn)):
+            return None
+        # A module the compiler copied (a library step's, and those it imports) is the real one;
+        # its packages stay stand-ins, so that only what was copied runs.
+        found = importlib.machinery.PathFinder.find_spec(fullname, path) if path else None
+        if found is not None and found.submodule_search_locations is None:
+            return found
+        spec = importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        spec.submodule_search_locations = list(found.submodule_search_locations) if found is not None else []
+        return spec
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         module = _StandIn(spec.name)
         module.__spec__ = spec  # find_spec() asks every module for one
-        module.__path__ = []  # a package, so that its own modules are found here too
+        module.__path__ = list(spec.submodule_search_locations or [])  # a package: its modules are found here
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:
@@ -163,7 +190,17 @@ class _StandIn(types.ModuleType):
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("__"):
             raise AttributeError(attr)
-        return _step if attr == "step" and self.__name__ == _PACKAGE else _Inert(f"{self.__name__}.{attr}")
+        if attr == "step" and self.__name__ in (_PACKAGE, f"{_PACKAGE}.step"):
+            return _step
+        if attr.endswith("Error"):  # the library's copied steps raise and catch them
+            return _error_class(attr)
+        return _Inert(f"{self.__name__}.{attr}")
+
+
+@functools.cache
+def _error_class(name: str) -> type[Exception]:
+    """One of ``pipelines``' errors on a server: an exception of the same name, which says so in its type."""
+    return type(name, (RuntimeError,), {"__module__": _PACKAGE})
 
 
 def _refused(self: _Inert, *_: Any) -> Any:
