@@ -57,6 +57,8 @@ TRITONCLIENT = "2.51.0"  # its manylinux x86-64 wheel ships a perf_analyzer that
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pipelines" / "perf_analyzer"
 TARGET = 0.10
 FAN_FLOATS = 64 * 1024  # 256 KiB of FP32 per output
+#: yolov5 in every form; the others where forms differ most (bls-sync is the ensemble's steps in turn)
+FORMS_OF = {"diamond5": ("ensemble", "bls", "fused"), "fan3_256k": ("ensemble", "bls", "fused")}
 
 
 class Unavailable(Exception):
@@ -170,15 +172,21 @@ def input_data(samples: list[dict[str, np.ndarray]], path: Path) -> Path:
 
 def perf_analyzer_command(model: str, url: str, concurrency: int, window_s: float, windows: int,
                           data: str = "data.json", csv_file: str = "pa.csv") -> list[str]:
-    """perf_analyzer measuring what ``pipelines bench --concurrency C --duration W --warmup 0``
-    measures: ``windows`` windows of ``window_s`` seconds, pooled (-s 1000: no window is
-    refused, as the bench's --stability 0.99 refuses none)."""
+    """perf_analyzer measuring what ``pipelines bench --concurrency C --duration W`` measures
+    after its warm-up: ``windows`` windows of ``window_s`` seconds, pooled (-s 1000: no window
+    is refused, as the bench's --stability 0.99 refuses none)."""
     return ["perf_analyzer", "-m", model, "-u", url, "-i", "http", "-b", "1",
             "--concurrency-range", f"{concurrency}:{concurrency}", "-p", str(int(window_s * 1000)),
             "-s", "1000", "-r", str(windows), "--input-data", data, "-f", csv_file]
 
 
-def measure_perf_analyzer(pa: PerfAnalyzer, command: list[str], work: Path) -> dict[str, float]:
+def measure_perf_analyzer(pa: PerfAnalyzer, command: list[str], work: Path, warmup_s: float) -> dict[str, float]:
+    """perf_analyzer's figures; before them, ``warmup_s`` of the same load, not measured, as the
+    bench warms up (perf_analyzer 2.51 has no warm-up of its own: a first run that is thrown away)."""
+    if warmup_s > 0:
+        warm = [*command[:command.index("-p")], "-p", str(int(warmup_s * 1000)), "-s", "1000", "-r", "1",
+                "--input-data", command[command.index("--input-data") + 1]]
+        subprocess.run([str(pa.binary), *warm[1:]], capture_output=True, env=pa.env(), cwd=work, timeout=120)
     out = work / "pa.csv"
     out.unlink(missing_ok=True)
     ran = subprocess.run([str(pa.binary), *command[1:]], capture_output=True, text=True, env=pa.env(), cwd=work,
@@ -191,9 +199,9 @@ def measure_perf_analyzer(pa: PerfAnalyzer, command: list[str], work: Path) -> d
 
 
 def measure_bench(pipeline: Pipeline, samples, form: str, url: str, concurrency: int, window_s: float,
-                  windows: int) -> dict[str, float]:
+                  windows: int, warmup_s: float) -> dict[str, float]:
     settings = BenchSettings(url=url, local=False, forms=(form,), concurrency=(concurrency,), duration=window_s,
-                             warmup=0, stability=0.99, max_trials=windows)
+                             warmup=warmup_s, stability=0.99, max_trials=windows)
     (m,) = run_benchmark(pipeline, settings, inputs=samples, out=None, progress=False, echo=False).measurements
     if m.errors:
         raise RuntimeError(f"the bench's requests failed: {m.error_messages}")
@@ -216,7 +224,7 @@ def run(args: argparse.Namespace) -> dict:
         for name, (pipeline, samples) in chosen.items():
             data = input_data(samples, work / f"{name}.json")
             for form in args.forms:
-                if form == "ensemble" and pipeline.conditional:
+                if form == "ensemble" and pipeline.conditional or form not in FORMS_OF.get(name, FORMS):
                     continue
                 model = form_of(form).model_name(pipeline.name, side_by_side=True)
                 for c in args.concurrency:
@@ -226,8 +234,9 @@ def run(args: argparse.Namespace) -> dict:
                         order = ("bench", "pa") if i % 2 == 0 else ("pa", "bench")
                         got = {}
                         for tool in order:
-                            got[tool] = (measure_bench(pipeline, samples, form, url, c, args.window, args.windows)
-                                         if tool == "bench" else measure_perf_analyzer(pa, command, work))
+                            got[tool] = (
+                                measure_bench(pipeline, samples, form, url, c, args.window, args.windows, args.warmup)
+                                if tool == "bench" else measure_perf_analyzer(pa, command, work, args.warmup))
                         pairs.append({**got, "load_average_1m": os.getloadavg()[0]})
                     row = _row(name, form, model, c, pairs, command)
                     rows.append(row)
@@ -240,7 +249,7 @@ def run(args: argparse.Namespace) -> dict:
         "machine": machine_info(),
         "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
         "perf_analyzer": f"tritonclient {TRITONCLIENT} wheel",
-        "settings": {"pairs": args.pairs, "window_s": args.window, "windows": args.windows, "warmup_s": 0,
+        "settings": {"pairs": args.pairs, "window_s": args.window, "windows": args.windows, "warmup_s": args.warmup,
                      "protocol": "http", "target": TARGET},
         "seconds": round(time.perf_counter() - began, 1),
         "rows": rows,
@@ -277,7 +286,8 @@ def table(results: dict) -> str:
         f"{machine.get('usable_cpus') or machine.get('cpu_count')} usable cores, {machine.get('cpu') or 'CPU'}, "
         f"1-minute load average {load['before'][0]:.1f} before, {during:.1f} during (median over the pairs) "
         f"and {load['after'][0]:.1f} after; "
-        f"{s['pairs']} pairs of {s['windows']} windows of {s['window_s']:g} s, HTTP). "
+        f"{s['pairs']} pairs of {s['windows']} windows of {s['window_s']:g} s after {s['warmup_s']:g} s of "
+        "warm-up, HTTP). "
         f"Ratios are bench / perf_analyzer, medians over the pairs; target ±{s['target']:.0%}.",
         "",
         "| pipeline | form | concurrency | bench p50 ms | perf_analyzer p50 ms | p50 ratio | bench infer/s "
@@ -311,6 +321,8 @@ def main() -> int:
     parser.add_argument("--concurrency", default="1,4", help="levels, comma-separated (default: 1,4)")
     parser.add_argument("--window", type=float, default=1.0, help="seconds per window (default: 1)")
     parser.add_argument("--windows", type=int, default=3, help="windows per measurement (default: 3)")
+    parser.add_argument("--warmup", type=float, default=1.0,
+                        help="seconds of load before each measurement, by each tool, not measured (default: 1)")
     parser.add_argument("--forms", default=",".join(FORMS))
     parser.add_argument("--pipelines", default="yolov5,diamond5,fan3_256k")
     parser.add_argument("--table", action="store_true", help="only write the tables from the results json")
