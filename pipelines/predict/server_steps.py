@@ -45,6 +45,9 @@ TIMED_BYTES = 8 << 20
 #: Rounds over the steps: each figure is the median of its rounds' means.
 ROUNDS = 3
 LOCAL = "local step profile"
+#: How the server's figures are taken, in the cache's keys: figures taken otherwise are not reused.
+# 1: each step less its twin, at two batch sizes, in three rounds
+METHOD = 1
 
 
 @dataclass(frozen=True)
@@ -63,15 +66,13 @@ class ServerStepCosts:
         where each step's cost came from."""
         if self.fallback:
             return [self.fallback]
-        by_source: dict[str, list[str]] = {}
+        timed = [f"{node} ({source})" for node, source in self.sources.items() if source.startswith("server")]
+        others: dict[str, list[str]] = {}
         for node, source in self.sources.items():
-            by_source.setdefault(source if source == LOCAL or source.startswith("given") else "server", []).append(
-                f"{node} ({source})" if source not in (LOCAL,) and not source.startswith("given") else node)
-        lines = []
-        if "server" in by_source:
-            lines.append(f"step costs from {self.server}: " + "; ".join(by_source.pop("server")))
-        lines += [f"step costs from the {source}: {', '.join(nodes)}" for source, nodes in by_source.items()]
-        return lines
+            if not source.startswith("server"):
+                others.setdefault(source, []).append(node)
+        lines = [f"step costs from {self.server}: " + "; ".join(timed)] if timed else []
+        return lines + [f"step costs from the {source}: {', '.join(nodes)}" for source, nodes in others.items()]
 
 
 def server_step_costs(
@@ -86,14 +87,15 @@ def server_step_costs(
     progress: Callable[[str], None] | None = None,
 ) -> ServerStepCosts:
     """Each live step of ``pipeline`` timed as its own model on a Triton server: the bundled one,
-    started on the pipeline's step models, or the one at ``url``, which must serve them (the
-    ensemble's or BLS form's repository). ``inputs``: one request, propagated through the step
-    models on the server. Each model is called at the batch sizes of its ``local`` profile; its
-    cost at each is what Triton says one execution held its instance (compute input, infer and
-    output) less its stub's ways in and out (``stub``: the server profile's ``stub`` boundary),
-    and its CPU time is that of the model's stub processes over the calls (the bundled server; at
-    ``url`` the local profile's share of CPU in wall time stands in). Shapes, GIL share and memory
-    share stay the local profile's; a cost given (``costs=``) stays given.
+    started on the pipeline's step models and their twins (:func:`_twin`), or the one at ``url``,
+    which must serve the step models (the ensemble's or BLS form's repository). ``inputs``: one
+    request, propagated through the step models on the server. Each model is called at two of the
+    batch sizes of its ``local`` profile (:func:`_timed_sizes`; the rest follow the local curve);
+    its cost at each is what Triton says one execution held its instance (compute input, infer
+    and output) less its twin's, or at ``url`` less its stub's ways in and out (``stub``: the server
+    profile's ``stub`` boundary). Its CPU time is that of its stub processes over the calls, less
+    its twin's (at ``url``: the local profile's share of CPU in wall time). Shapes, GIL share and
+    memory share stay the local profile's; a cost given (``costs=``) stays given.
 
     A server that cannot serve the run (a model fails to load, the server cannot be reached or
     started) is no error: every step keeps its local profile and ``fallback`` says why, naming
@@ -106,7 +108,7 @@ def server_step_costs(
     for node, key in run.keys.items():
         hit = found.get(key) if found is not None else None
         if hit is not None:
-            measured[node] = (hit, found.extra(key))  # type: ignore[union-attr]
+            measured[node] = (hit, {**found.extra(key), "kept": True})  # type: ignore[union-attr]
     missing = [n for n in run.keys if n not in measured]
     fallback = ""
     if missing:
@@ -126,14 +128,21 @@ def server_step_costs(
         if node in measured and not fallback:
             profile, extra = measured[node]
             profiles[node] = _own(mine, profile, extra, stub)
-            sizes = " and ".join(str(r) for r in extra.get("sizes", ()))
-            sources[node] = f"server statistics (model {extra.get('model', '?')}, {extra.get('requests', 0)} requests" \
-                + (f" of {sizes} row{'s' if sizes != '1' else ''}" if sizes else "") + (", CPU as timed here" if extra.get("cpu") is False else "") \
-                + ")"
+            sources[node] = _source(extra)
         else:
             profiles[node] = mine
             sources[node] = "given cost (costs=)" if mine.source == "given" else LOCAL
     return ServerStepCosts(profiles, sources, run.where, fallback)
+
+
+def _source(extra: Mapping[str, Any]) -> str:
+    """Where a step's cost came from, in words: its model, the requests and batch sizes it was timed by."""
+    sizes = " and ".join(str(r) for r in extra.get("sizes", ()))
+    return "".join((
+        f"server statistics (model {extra.get('model', '?')}, {extra.get('requests', 0)} requests",
+        f" of {sizes} row{'' if sizes == '1' else 's'}" if sizes else "",
+        ", CPU as timed here" if extra.get("cpu") is False else "",
+        ", kept from an earlier run" if extra.get("kept") else "", ")"))
 
 
 class _CannotServe(PipelinesError):
@@ -180,7 +189,7 @@ class _Run:
             step = self.pipeline.nodes[n.name].step
             mine = self.local[n.name]
             key = cache_key(code_digest(step), mine.inputs, n.returns, mine.rows, mine.device, None,
-                            {s.input: origins[s.key] for s in n.inputs}, server=self.where)
+                            {s.input: origins[s.key] for s in n.inputs}, server=f"{self.where}, method {METHOD}")
             origins.update({(n.name, out): f"{key}/{out}" for out in (*n.returns, *step.outputs)})
             if self._timed(n):
                 keys[n.name] = key
