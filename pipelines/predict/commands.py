@@ -150,6 +150,7 @@ def _profile(args: argparse.Namespace) -> str:
 
 
 def predict_main(args: argparse.Namespace) -> int:
+    from ..bench.progress import Progress, counted_stages
     from .prediction import predict
 
     pipeline, module, inputs = _load(args)
@@ -157,13 +158,15 @@ def predict_main(args: argparse.Namespace) -> int:
     result = predict(pipeline, _profile(args), concurrency=concurrency, forms=args.forms, rate=args.rate,
                      inputs=inputs, module=module, costs=dict(args.cost) or None, cores=args.cores,
                      allow_mismatch=args.allow_mismatch, when_rates=dict(args.when_rate) or None,
-                     step_costs=args.step_costs, url=args.url)
+                     step_costs=args.step_costs, url=args.url,
+                     progress=counted_stages(Progress(), "profiling steps", "steps"))  # a line each, in a log
     # The table ends with one verdict per load: a winner only where its range clears the others'.
     print(json.dumps(result.as_json(), indent=2) if args.json else result)
     return 0
 
 
 def advise_main(args: argparse.Namespace) -> int:
+    from ..bench.progress import Progress, counted_stages
     from ..sample_inputs import sample_requests
     from .advise import advise
 
@@ -173,7 +176,9 @@ def advise_main(args: argparse.Namespace) -> int:
     advice = advise(pipeline, _profile(args), concurrency=args.concurrency, rate=args.rate, p95_ms=args.p95_ms,
                     forms=args.forms, cores=args.cores, inputs=inputs, module=module, costs=dict(args.cost) or None,
                     allow_mismatch=args.allow_mismatch, budget=args.budget, when_rates=dict(args.when_rate) or None,
-                    step_costs=args.step_costs, url=args.url)
+                    step_costs=args.step_costs, url=args.url,
+                    progress=counted_stages(bar := Progress(), "advise: simulating", "configurations"))
+    bar.finish("advise: simulated", f"{advice.simulated} configurations")
     if args.json:
         print(json.dumps(advice.as_dicts(args.top), indent=2))
     else:
@@ -192,7 +197,7 @@ def advise_main(args: argparse.Namespace) -> int:
         samples = [inputs] if inputs else sample_requests(pipeline, module=module)
         rows = measure_configurations(pipeline, entries, samples, concurrency=advice.load.concurrency, url=args.url,
                                       duration=args.duration, repository=args.verify_repository,
-                                      note=lambda t: print(t, file=sys.stderr))
+                                      note=bar.note)
         print("\npredicted against measured at concurrency", advice.load.concurrency)
         print(verified_table(rows))
     if args.write:
