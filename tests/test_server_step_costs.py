@@ -185,3 +185,21 @@ def test_a_calibration_kept_for_the_server_is_reused_and_feeds_the_command(tmp_p
     assert f"reused the calibration of {flat_profile().date}" in out.err and str(kept) in out.err
     assert json.loads(out.out)
     assert kept.with_suffix(".steps.json").exists()  # the steps' costs kept beside it, for every pipeline
+
+
+@pytest.mark.server
+@pytest.mark.filterwarnings("ignore::pipelines.compile.step_sources.StepByValueWarning")  # this file's steps
+def test_a_server_at_a_url_that_serves_the_step_models_times_them_there(profile_path, tmp_path):
+    from pipelines.triton import TritonServer
+
+    pipeline = toy("toy3url")
+    pipeline.compile("ensemble").write(tmp_path / "repo")
+    with TritonServer(tmp_path / "repo") as server:
+        predictor = Predictor(pipeline, profile_path, inputs=X, cache=False, url=server.http_url)
+    assert all(predictor.steps[n].source == "server" for n in ("inc", "churn", "add"))
+    notes = "\n".join(predictor.notes)
+    assert f"step costs from the Triton server at {server.http_url} over http" in notes
+    # no twins there, and its stubs are not this machine's to read: the profile's stub taken off, CPU as timed here
+    assert "churn (server statistics (model toy3url__churn, " in notes and "CPU as timed here" in notes
+    churned, here = predictor.steps["churn"], predictor.local_steps["churn"]
+    assert churned.cpu_us[0] / churned.wall_us[0] == pytest.approx(here.cpu_us[0] / here.wall_us[0])
