@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import serving
+from .blocking import run_blocking
 from .errors import PipelinesError, StepDeclarationError, StepError
 from .names import check_name
 from .step_options import (  # re-exported: a step's options are declared with it
@@ -105,10 +106,14 @@ class Step:
         """
         return StepInstance(self, dict(config) if config is not None else instance_config(self))
 
-    def __call__(self, **inputs: Any) -> dict[str, Any]:
-        """Run the step once, as plain Python (a class step is initialised and finalised)."""
+    def __call__(self, **inputs: Any) -> Any:
+        """Run the step once, as plain Python (a class step is initialised and finalised).
+
+        A streaming step answers the list of its responses."""
         instance = self.instantiate()
         try:
+            if self.streaming:
+                return [normalise_outputs(self, r) for r in _responses(instance.function(**inputs))]
             return instance.execute(inputs)
         finally:
             instance.finalize()
@@ -117,6 +122,17 @@ class Step:
         ins = ", ".join(f"{k}: {v}" for k, v in self.inputs.items())
         outs = ", ".join(f"{k}: {v}" for k, v in self.outputs.items())
         return f"<Step {self.name!r} ({ins}) -> ({outs})>"
+
+
+def _responses(stream: Any) -> list[Any]:
+    """A streaming step's responses, from a generator or an async one, as a list."""
+    if not inspect.isasyncgen(stream):
+        return list(stream)
+
+    async def collect() -> list[Any]:
+        return [r async for r in stream]
+
+    return run_blocking(collect)
 
 
 def _streaming(step: Step) -> bool:

@@ -61,6 +61,8 @@ def test_every_mode_streams_the_same_responses_and_run_lists_them(mode):
     p = chain()
     assert totals(p.stream(n(5), mode=mode)) == [0, 1, 5, 14, 30]
     assert totals(p.run(n(5), mode=mode)) == [0, 1, 5, 14, 30]
+    # steps in processes of their own, as on a server: the generators stay in this one
+    assert totals(p.run(n(5), mode=mode, isolation="process")) == [0, 1, 5, 14, 30]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -255,3 +257,39 @@ def test_textgen_streams_a_token_per_response_and_a_refused_prompt_gets_one_answ
 def test_textgen_detokenizer_keeps_a_character_split_over_tokens_whole():
     pieces = list(textgen.detokenize.impl(iter(np.array([[0xC3], [0xA9], [0x21]], np.int32))))
     assert [p["text"][0] for p in pieces] == [b"", "é".encode(), b"!"]
+
+
+@pytest.mark.parametrize("mode", ["bls", "bls-sync", "fused"])
+def test_a_batched_stream_in_a_when_block_runs_on_its_rows_and_fills_the_others(mode):
+    """Rows where the condition holds get the stream; the others get the fill in each response;
+    a request where no row holds it gets one response of fills."""
+
+    @step(inputs={"n": ONE}, outputs={"ok": TensorSpec("BOOL", [1])})
+    def positive(n):
+        return {"ok": n > 0}
+
+    @step(inputs={"n": ONE}, outputs={"tok": ONE})
+    def three(n):
+        for i in range(3):
+            yield {"tok": n * 10 + i}
+
+    p = Pipeline("rows", inputs={"n": ONE}, max_batch_size=4)
+    ok = p.add(positive, n=p.input("n"))
+    with p.when(ok["ok"]):
+        s = p.add(square, tok=p.add(three, n=p.input("n"))["tok"])
+    p.output("sq", s["sq"], otherwise=-1)
+    got = [r["sq"].ravel().tolist() for r in p.stream({"n": np.array([[1], [0], [2]], np.int32)}, mode=mode)]
+    assert got == [[100, -1, 400], [121, -1, 441], [144, -1, 484]]
+    assert [r["sq"].ravel().tolist() for r in p.run({"n": np.array([[0], [0]], np.int32)}, mode=mode)] == [[-1, -1]]
+
+
+def test_a_batched_stream_in_the_ensemble_mode():
+    @step(inputs={"n": ONE}, outputs={"tok": ONE})
+    def two(n):
+        yield {"tok": n}
+        yield {"tok": n + 1}
+
+    p = Pipeline("batched", inputs={"n": ONE}, max_batch_size=4)
+    p.output("sq", p.add(square, tok=p.add(two, n=p.input("n"))["tok"])["sq"])
+    got = [r["sq"].ravel().tolist() for r in p.stream({"n": np.array([[1], [2]], np.int32)}, mode="ensemble")]
+    assert got == [[1, 4], [4, 9]]

@@ -153,3 +153,9 @@ def test_server_forms_refuse_a_streaming_pipeline_in_one_line(tmp_path, capsys):
 def test_a_streaming_pipelines_refusals_come_from_the_errors_root():
     with pytest.raises(PipelinesError):
         textgen.make_textgen().compile("fused")
+
+
+def test_a_streaming_step_called_as_plain_python_lists_its_responses():
+    assert [int(r["tok"][0]) for r in count(n=np.array([3], np.int32))] == [0, 1, 2]
+    assert [int(r["tok"][0]) for r in count_async(n=np.array([2], np.int32))] == [0, 1]
+    assert total(tok=iter([np.array([2], np.int32), np.array([3], np.int32)]))["out"][0] == 5

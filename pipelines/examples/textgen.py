@@ -57,7 +57,7 @@ class Decoder:
 
     def initialize(self, config):
         rng = np.random.default_rng(0)
-        width = 64
+        width = int(config["parameters"].get("width", 128))
         self.max_new_tokens = int(config["parameters"].get("max_new_tokens", 48))
         self.context = 512
         self.embed = rng.normal(0, 1, (VOCAB, width)).astype(np.float32)

@@ -76,7 +76,9 @@ class StepModel:
         # fused instance and no batcher of its own: the fused model runs the requests of one
         # execute() through it as one batch, which a batcher without delay stands in for.
         self.instance_count = in_model if in_model is not None else step.options.instance_count
-        self.dynamic_batching = DynamicBatching() if in_model is not None else step.options.dynamic_batching
+        # A stream holds its instance to its end (pipelines.runtime.streams): it is never batched.
+        streams = step.streaming or step.whole_stream
+        self.dynamic_batching = DynamicBatching() if in_model is not None and not streams else step.options.dynamic_batching
         self.name = node.name
         self.step = step
         self.pipeline = pipeline
