@@ -198,6 +198,8 @@ def ties_of(ranked, bound: bool = False) -> list:
     (under a bound: its range's lower edge, what it surely reaches)."""
     lowest = min(c.row.p95_ms for c in ranked)
     near = [c for c in ranked if c.meets_bound and (bound or c.row.p95_ms <= lowest * (1 + TIE))]
+    if bound:  # ranked by their ranges' lower edges: those simulated with ranges (the leaders)
+        near = [c for c in near if c.row.throughput_range is not None]
 
     def reach(c):
         return c.row.throughput_range[0] if bound and c.row.throughput_range else c.row.throughput
@@ -230,8 +232,13 @@ def test_advise_under_a_p95_bound_ranks_by_throughput_among_those_that_meet_it(p
     assert advice.ranked[: len(meeting)] == tuple(meeting)
     ties = ties_of(advice.ranked, bound=True)
     assert meeting[: len(ties)] == ties  # the ties first, fewest changes first; the rest by what each surely reaches
-    edges = [c.row.throughput_range[0] if c.row.throughput_range else c.row.throughput for c in meeting[len(ties):]]
-    assert edges == sorted(edges, reverse=True)
+    # the rest by what each surely reaches: those simulated with ranges (the leaders) by their lower edges, then
+    # those only screened, by their figures
+    ranged = [c for c in meeting if c.row.throughput_range is not None]
+    assert meeting[: len(ranged)] == ranged
+    edges = [c.row.throughput_range[0] for c in ranged[len(ties):]]
+    screened = [c.row.throughput for c in meeting[len(ranged):]]
+    assert edges == sorted(edges, reverse=True) and screened == sorted(screened, reverse=True)
 
 
 def test_advise_screens_on_a_shorter_loop_and_shows_the_leaders_on_the_full_one(profile_path):

@@ -236,11 +236,16 @@ def search(
     screen = replace(load, **SCREEN) if load.concurrency is not None else load
 
     def score(c: Candidate) -> tuple:
-        # Throughput among those under the bound, by its range's lower edge (what it surely does); without a bound,
-        # the lowest p95.
+        # Throughput among those under the bound, by its range's lower edge (what it surely does; a screened one has
+        # no range, and its figure stands in); without a bound, the lowest p95.
         if p95_ms is None:
             return (0, c.row.p95_ms, -c.row.throughput)
         return (0 if c.meets_bound else 1, -_lower_edge(c.row) if c.meets_bound else c.row.p95_ms, c.row.p95_ms)
+
+    def by_figure(c: Candidate) -> tuple:
+        # the leaders are chosen by their figures: a range only lowers an edge, so ranking the screened (no range)
+        # against the confirmed by edges would confirm nearly every one
+        return score(replace(c, row=replace(c.row, throughput_range=None)))
 
     def simulated(configuration: Configuration, on: Load, ranges: bool = False) -> Candidate:
         row = predictor.row(configuration, on, configuration.label(), ranges=ranges)
@@ -294,14 +299,25 @@ def search(
         confirm(c)
     defaults = {name: full[id(c)] for name, c in defaults.items()}
     while True:  # until the leaders are all figures of the full loop
-        leaders = sorted(candidates, key=lambda c: score(full.get(id(c), c)))[:CONFIRM]
+        leaders = sorted(candidates, key=lambda c: by_figure(full.get(id(c), c)))[:CONFIRM]
         if all(id(c) in full for c in leaders):
             break
         for c in leaders:
             if id(c) not in full:
                 confirm(c)
     candidates = [full.get(id(c), c) for c in candidates]
-    ranked = _simplest_first(sorted(candidates, key=score), defaults, p95_ms)
+    if p95_ms is None:
+        ranked = _simplest_first(sorted(candidates, key=score), defaults, p95_ms)
+    else:  # by the ranges' lower edges: of those that meet the bound, the confirmed (with ranges) first, the
+        # screened after them by their figures; then those that do not, by p95
+        def final(c: Candidate) -> tuple:
+            ranged = c.row.throughput_range is not None
+            return (0 if c.meets_bound else 1, 0 if ranged or not c.meets_bound else 1,
+                    score(c) if ranged else by_figure(c))
+
+        ordered = sorted(candidates, key=final)
+        confirmed = [c for c in ordered if c.meets_bound and c.row.throughput_range is not None]
+        ranked = (*_simplest_first(confirmed, defaults, p95_ms), *ordered[len(confirmed):])
     return Advice(predictor.pipeline.name, load, p95_ms, ranked, defaults, len(seen), predictor.describe(),
                   tuple(predictor.notes))
 
