@@ -229,3 +229,18 @@ def test_a_when_share_that_cannot_be_counted_here_is_refused_naming_the_flag_to_
                                     costs={"score": 100.0, "decide": 100.0, "refine": 5000.0}, cache=False,
                                     when_rates={"decide.confident": 0.5})
     assert given.rows
+
+
+def test_a_noise_record_is_busy_by_its_thresholds_and_widens_by_the_most_it_saw():
+    assert not MachineNoise(other_load=0.4, steal=0.01, disagreement=0.05, cores=2.0).busy
+    assert MachineNoise(other_load=0.5, cores=2.0).busy  # a quarter of the cores
+    assert MachineNoise(steal=0.06).busy and MachineNoise(disagreement=0.1).busy
+    assert MachineNoise(other_load=0.2, disagreement=0.18, cores=2.0).widening() == pytest.approx(0.18)
+    assert MachineNoise(other_load=3.1, cores=4.0).widening() == pytest.approx(0.775 if MAX_WIDENING > 0.8 else
+                                                                                MAX_WIDENING)
+    assert MachineNoise().widening() == 0.0 and not MachineNoise().known and MachineNoise().line() == ""
+    assert MachineNoise(other_load=3.1, disagreement=0.18, cores=4.0).line() == (
+        "the machine was busy: load 3.1 from other processes (of 4 cores), repeated measurements disagreed by 18%; "
+        "ranges widened by ±50% to match")
+    worst = MachineNoise(other_load=0.2, disagreement=0.3, cores=2.0).combined(MachineNoise(other_load=1.0, cores=2.0))
+    assert (worst.other_load, worst.disagreement) == (1.0, 0.3)
