@@ -235,8 +235,11 @@ def _load_order(model: Any) -> Any:
     """How a model orders the plans of its steps as it loads them: a fused model, in its plan's order."""
     if _FUSED not in model.files:
         return lambda rel: (0, rel)
-    data = json.loads(model.files[_FUSED])
-    nodes = [data["nodes"].get(n["name"]) or {} for n in data["plan"]["nodes"]]
+    try:
+        data = json.loads(model.files[_FUSED])
+        nodes = [data["nodes"].get(n["name"]) or {} for n in data["plan"]["nodes"]]
+    except (KeyError, TypeError, AttributeError, ValueError):  # another layout: the plans' own order
+        nodes = []
     folders = [f"1/{node['folder']}/{_PLAN}" for node in nodes if node.get("folder")]  # external steps have none
     return lambda rel: (folders.index(rel), rel) if rel in folders else (len(folders), rel)
 
