@@ -36,10 +36,11 @@ MIB = float(1 << 20)
 #: figures of 8000 within 0.8 % (throughput) and 1.4 % (p50), most of them exactly, in half the time
 #: of 1000 (docs/prediction.md, "The queues"). An open loop's figures are a sample: it keeps Load's 1000.
 CLOSED_LOOP = {"requests": 500, "warmup": 50}
-#: The closed loop a range's two ends are simulated on: 200 measured requests gave the figures of 500 within 0.8 % on
-#: yolov5, the diamond and capacity:batched at 1, 4 and 16 (100: within 51 %), in 40 % of the time, so that a
-#: prediction with its ranges costs 1.8 times one without (docs/prediction.md, "Ranges, winners and a busy machine").
-RANGE_LOOP = {"requests": 200, "warmup": 20}
+#: The closed loop a range's two ends are simulated on: 120 measured requests after 30 gave the figures of 500 within
+#: 1.3 % on yolov5, the diamond, chain10, capacity:batched and capacity:twin, every form at 1, 4 and 16, each end, in
+#: 29 % of the time (200 after 20: 0.8 % in 41 %; 100 after 30: 4.6 %), so that a prediction with its ranges costs
+#: about 1.6 times one without (docs/prediction.md, "Ranges, winners and a busy machine").
+RANGE_LOOP = {"requests": 120, "warmup": 30}
 #: The least a range is widened by, either way: the closed loop's own precision (500 requests give the figures of
 #: 8000 within 0.8 % for throughput and 1.4 % for p50), so that a profile without intervals names no winner by less.
 SIMULATION_SPREAD = 0.015
@@ -274,10 +275,10 @@ class Predictor:
             cache = None
         self.steps = profile_steps(pipeline, self.inputs, cache=cache, costs=costs, progress=progress)
         # Steps priced on the server where one is asked for (docs/prediction.md, "Take step costs from your
-        # server"); the fused form keeps these: the fused model does not time its steps there.
+        # server"): as its step models, and for the fused form as the fused model runs them.
         self.local_steps = self.steps
-        self.steps = steps_for(pipeline, self.inputs, self.steps, self.server, step_costs=step_costs, url=url,
-                               cache=cache, notes=self.notes)
+        self.steps, self.fused_steps = steps_for(pipeline, self.inputs, self.steps, self.server,
+                                                 step_costs=step_costs, url=url, cache=cache, notes=self.notes)
         self.plan = plan_of(pipeline, warn=False)
         self.rows = _rows_of(pipeline, self.inputs)
         self.in_bytes = _nbytes(self.inputs) / self.rows
@@ -483,7 +484,7 @@ class Predictor:
             choice = configuration.models.get(model.name)
             for node_name in model.nodes:
                 node = self.pipeline.nodes[node_name]
-                measured = (self.local_steps if fused else self.steps)[node_name]
+                measured = (self.fused_steps if fused else self.steps)[node_name]
                 if choice is None:
                     raise ArgumentError(f"the configuration has no options for model {model.name!r}")
                 steps.append((node_name, StepSpec(
