@@ -81,7 +81,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         "bundled Triton server (or --url), 'local' the step profiles timed here; 'auto' (default) "
                         "the server at --url where one is given, else local. A server that cannot serve the "
                         "steps is named, and the local step profiles are used instead")
-    parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    parser.add_argument("--json", action="store_true",
+                        help="print JSON instead of a table (predict: an object of rows with their ranges, each "
+                        "load's winner or null, the noise record and the notes; advise: the ranked rows)")
 
 
 def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
