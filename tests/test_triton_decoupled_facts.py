@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import queue
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -96,6 +97,69 @@ class TritonPythonModel:
 """
 
 
+# Streams until its request is cancelled (or 200 responses, 5 ms apart), then leaves a mark that
+# says which: "endless-<responses>-cancelled" or "endless-<responses>-ran out".
+_ENDLESS = """
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.marks = os.path.join(os.path.dirname(os.path.dirname(args["model_repository"])), "marks")
+        os.makedirs(self.marks, exist_ok=True)
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            sent = 0
+            while not sender.is_cancelled() and sent < 200:
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("TOKEN", np.array([sent], np.int32))]))
+                sent += 1
+                time.sleep(0.005)
+            how = "cancelled" if sender.is_cancelled() else "ran out"
+            open(os.path.join(self.marks, f"endless-{sent}-{how}"), "w").close()
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+# Forwards endless's responses until its own request is cancelled; its mark says how many it
+# forwarded and whether the iterator of responses has a cancel().
+_BLS_ENDLESS = """
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.marks = os.path.join(os.path.dirname(os.path.dirname(args["model_repository"])), "marks")
+
+    async def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            call = pb_utils.InferenceRequest(
+                model_name="endless", requested_output_names=["TOKEN"],
+                inputs=[pb_utils.get_input_tensor_by_name(request, "N")])
+            forwarded = 0
+            responses = await call.async_exec(decoupled=True)
+            for response in responses:
+                if sender.is_cancelled():
+                    has_cancel = hasattr(responses, "cancel")
+                    open(os.path.join(self.marks, f"bls-{forwarded}-cancel()-{has_cancel}"), "w").close()
+                    break
+                token = pb_utils.get_output_tensor_by_name(response, "TOKEN")
+                if token is not None:
+                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("SQ", token.as_numpy())]))
+                    forwarded += 1
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
 def _python_model(name: str, inputs: str, outputs: str, *, decoupled: bool) -> mc.ModelConfig:
     config = mc.ModelConfig(name=name, backend="python", max_batch_size=0)
     config.input.add(name=inputs, data_type=mc.TYPE_INT32, dims=[1])
@@ -106,11 +170,11 @@ def _python_model(name: str, inputs: str, outputs: str, *, decoupled: bool) -> m
     return config
 
 
-def _ensemble(name: str, square: str, *, decoupled: bool) -> mc.ModelConfig:
+def _ensemble(name: str, square: str, *, decoupled: bool, first_step: str = "gen") -> mc.ModelConfig:
     config = mc.ModelConfig(name=name, platform="ensemble", max_batch_size=0)
     config.input.add(name="N", data_type=mc.TYPE_INT32, dims=[1])
     config.output.add(name="SQ", data_type=mc.TYPE_INT32, dims=[1])
-    first = config.ensemble_scheduling.step.add(model_name="gen", model_version=-1)
+    first = config.ensemble_scheduling.step.add(model_name=first_step, model_version=-1)
     first.input_map["N"] = "N"
     first.output_map["TOKEN"] = "token"
     second = config.ensemble_scheduling.step.add(model_name=square, model_version=-1)
@@ -136,7 +200,13 @@ def write_models(root: Path) -> Path:
         "ens_decoupled": (_ensemble("ens_decoupled", "square", decoupled=True), None),
         "ens_undeclared": (_ensemble("ens_undeclared", "square", decoupled=False), None),
         "ens_slow": (_ensemble("ens_slow", "slow_square", decoupled=True), None),
+        # endless has two instances: a stream the ensemble or the BLS model fails to cancel runs on
+        # in one, and the next test still finds the other free
+        "endless": (_python_model("endless", "N", "TOKEN", decoupled=True), _ENDLESS),
+        "ens_endless": (_ensemble("ens_endless", "square", decoupled=True, first_step="endless"), None),
+        "bls_endless": (_python_model("bls_endless", "N", "SQ", decoupled=True), _BLS_ENDLESS),
     }
+    models["endless"][0].instance_group[0].count = 2
     for name, (config, code) in models.items():
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(config_text(config))
@@ -212,8 +282,12 @@ def test_an_ensemble_of_a_decoupled_step_is_decoupled_even_undeclared(server):
 
 
 def test_an_ensemble_runs_the_next_step_once_per_response_and_flags_the_last(server):
-    """One response per yield, the last one carrying the final flag; none yielded: one empty final response."""
-    assert stream(server, "ens_decoupled", 3) == [(0, False), (1, False), (4, True)]
+    """One response per response of the decoupled step, then the final flag: on the last response,
+    or on an empty one after it (a race between the last response and the step's flag); none
+    yielded: one empty final response."""
+    for _ in range(5):
+        got = stream(server, "ens_decoupled", 3)
+        assert got in ([(0, False), (1, False), (4, True)], [(0, False), (1, False), (4, False), (None, True)]), got
     assert stream(server, "ens_decoupled", 0) == [(None, True)]
 
 
@@ -253,6 +327,47 @@ def test_bls_waits_for_ever_on_an_error_that_carries_the_final_flag(server):
     reads the responses before it, and then nothing."""
     with pytest.raises(TimeoutError):
         generate_stream(server, "bls_stuck", 202, timeout=2.0)
+
+
+def cancel_after_three(server: TritonServer, model: str) -> list[str]:
+    """Read three responses of ``model``, cancel the stream as a client that gives up does, and
+    return the marks the models leave once the stream has ended there."""
+    marks = Path(server.repository).parent / "marks"
+    for mark in marks.glob("*"):
+        mark.unlink()
+    answers: queue.SimpleQueue = queue.SimpleQueue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    tensor = grpcclient.InferInput("N", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], np.int32))
+    client.async_stream_infer(model, [tensor])
+    for _ in range(3):
+        answers.get(timeout=20)
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(m.name.startswith("endless-") for m in marks.glob("*")):
+        time.sleep(0.05)
+    return sorted(m.name for m in marks.glob("*"))
+
+
+def test_a_cancelled_stream_reaches_a_decoupled_model_called_directly(server):
+    """``stop_stream(cancel_requests=True)``: the model's ``response_sender.is_cancelled()`` turns
+    true, and it stops a few responses after the three the client read."""
+    [mark] = cancel_after_three(server, "endless")
+    sent, how = mark.split("-")[1:]
+    assert how == "cancelled" and int(sent) < 20, mark
+
+
+def test_an_ensemble_does_not_pass_a_cancellation_on_to_its_decoupled_step(server):
+    assert cancel_after_three(server, "ens_endless") == ["endless-200-ran out"]
+
+
+def test_a_bls_model_sees_its_cancellation_but_cannot_pass_it_on(server):
+    """The BLS model's own request is cancelled; the iterator of the model it calls has no
+    ``cancel()`` on 2.51, and that model runs to its end."""
+    marks = cancel_after_three(server, "bls_endless")
+    assert marks[1] == "endless-200-ran out" and marks[0].startswith("bls-") and marks[0].endswith("-cancel()-False"), marks
 
 
 def test_http_generate_stream_sends_one_event_per_response(server):
