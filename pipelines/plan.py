@@ -512,9 +512,10 @@ def refuse_streaming(pipeline: Pipeline, what: str) -> None:
     """Raise :class:`~pipelines.errors.NotCompilableError` if ``pipeline`` streams: ``what`` (a
     server form, a prediction, a benchmark) does not stream yet; the local runtime does."""
     if pipeline.streaming:
-        streams = ", ".join(repr(n.name) for n in pipeline.nodes.values() if n.step.streaming)
+        streams = [repr(n.name) for n in pipeline.nodes.values() if n.step.streaming]
         raise NotCompilableError(
-            f"pipeline {pipeline.name!r} streams (step {streams}), and {what} does not stream yet: streaming "
+            f"pipeline {pipeline.name!r} streams ({'steps' if len(streams) > 1 else 'step'} {', '.join(streams)}), "
+            f"and {what} does not stream yet: streaming "
             "pipelines run in the local runtime for now (p.stream(inputs, mode=...), p.run)",
             pipeline=pipeline.name,
         )

@@ -305,8 +305,8 @@ class LocalRuntime:
         if self.pipeline.streaming:
             raise InferenceError(
                 f"pipeline {self.pipeline.name!r} streams (it answers a request many times), and infer() "
-                "answers once; read its responses with 'async for' over rt.stream(...), or call p.run, "
-                "which lists them",
+                "answers once; take its responses with rt.stream(inputs, deliver), which calls deliver(response) "
+                "for each, or with p.stream (as they come) or p.run (a list)",
                 pipeline=self.pipeline.name,
             )
         answer, _ = await self._infer(inputs, outputs, keep_trace=False)

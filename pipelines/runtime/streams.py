@@ -21,7 +21,6 @@ a consumer that stops early cancels the request, and each generator's ``close()`
 
 from __future__ import annotations
 
-import graphlib
 import inspect
 import math
 import queue
@@ -58,7 +57,7 @@ class StreamLayout:
         self.level = {n: pipeline.stream_of(n) for n in order}
         self.top = [n for n in order if self.level[n] is None]
         self.sources = {n for n in order if pipeline.stream_from(n) == n}
-        self.whole = {n for n in order if pipeline.nodes[n].step.whole_stream}
+        self.whole = [n for n in order if pipeline.nodes[n].step.whole_stream]
         self.per_response = {s: [n for n in order if self.level[n] == s] for s in self.sources}
         self.readers = {s: [w for w in order if w in self.whole and pipeline.stream_input(w) == s] for s in self.sources}
         answers = {pipeline.stream_from(key[0]) for _, key in schedule.outputs}
@@ -75,8 +74,18 @@ class StreamLayout:
                 after += [b for b in schedule.after[node] if self.level[b] is None and b != name and b not in after]
             self.after[name] = after
             ordered[name] = after + ([read] if read in self.level else [])
-        sorter = graphlib.TopologicalSorter(ordered)
-        self.in_order = list(sorter.static_order())
+        self.in_order = _in_order(self.top, ordered)
+
+
+def _in_order(names: list[str], after: dict[str, list[str]]) -> list[str]:
+    """``names`` in their order, each moved after those it waits for (graphlib would reorder ties)."""
+    placed: list[str] = []
+    left = list(names)
+    while left:
+        ready = next(n for n in left if all(b in placed for b in after[n]))
+        placed.append(ready)
+        left.remove(ready)
+    return placed
 
 
 class StreamRun:
@@ -101,6 +110,7 @@ class StreamRun:
         self.readers: dict[str, queue.SimpleQueue[Any]] = {}  # (whole step) -> its stream's items
         self.error: BaseException | None = None
         self.tg: Any = None
+        self.req: Request = None  # type: ignore[assignment]  # set by run()
 
     # ------------------------------------------------------------------ the request
 
@@ -372,10 +382,13 @@ class StreamRun:
 class Responses:
     """A streaming step's responses, each checked as a return value is; ``close()`` stops it."""
 
-    def __init__(self, model: StepModel | None, gen: Any, lease: Any = None, held_by: Any = None) -> None:
+    def __init__(
+        self, model: StepModel | None, gen: Any, lease: Any = None, held_by: Any = None, rows: int = 1
+    ) -> None:
         self.model = model
         self.gen = gen
         self.lease = lease
+        self.rows = rows
         self.index = 0
         self.is_async = inspect.isasyncgen(gen)
         self._held_by = held_by  # a whole_stream generator's items: ended on close, so it stops reading
@@ -397,9 +410,7 @@ class Responses:
             if isinstance(exc, Exception):
                 raise model._raised(exc) from exc
             raise
-        responses = cls(model, gen, lease, held_by)
-        responses.rows = rows
-        return responses
+        return cls(model, gen, lease, held_by, rows)
 
     async def next(self) -> dict[str, Any] | None:
         """The next response's outputs, or ``None`` at the end of the stream."""
@@ -440,8 +451,6 @@ class Responses:
         finally:
             if lease is not None and model is not None and model.pool is not None:
                 model.pool.give_back(lease)
-
-    rows: int = 1
 
 
 def _checked(model: StepModel, item: Any, index: int, rows: int) -> dict[str, Any]:
