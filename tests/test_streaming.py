@@ -109,13 +109,17 @@ def test_an_error_mid_stream_comes_after_the_responses_before_it_and_names_the_n
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_wrong_dtype_names_the_step_the_response_and_the_tensor(mode):
+@pytest.mark.parametrize("wrong, said", [
+    (np.array([2.5], np.float32), "has dtype float32; it declares INT32"),
+    (np.array([1, 2], np.int32), r"has shape \[2\]; it declares \[1\]"),
+])
+def test_a_wrong_dtype_or_shape_names_the_step_the_response_and_the_tensor(mode, wrong, said):
     @step(inputs={"n": ONE}, outputs={"tok": ONE})
     def drifts(n):
         yield {"tok": np.array([1], np.int32)}
-        yield {"tok": np.array([2.5], np.float32)}
+        yield {"tok": wrong}
 
-    with pytest.raises(StepError, match=r"node 'count', step 'drifts', tensor 'tok': response 1: output 'tok' has dtype float32; it declares INT32") as err:
+    with pytest.raises(StepError, match=r"node 'count', step 'drifts', tensor 'tok': response 1: output 'tok' " + said) as err:
         list(chain(drifts).stream(n(0), mode=mode))
     assert err.value.tensor == "tok"
 
