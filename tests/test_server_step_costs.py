@@ -41,6 +41,11 @@ def churn(x):
     return {"y": x * 2}
 
 
+def here_warm(profile) -> float:
+    """A local profile's first figure as the fused form reads it: warm where it was timed so."""
+    return (profile.warm_wall_us or profile.wall_us)[0]
+
+
 def toy(name: str = "toy3", last=add) -> Pipeline:
     """Two branches and a join: three step models, each batching up to 4 rows."""
     p = Pipeline(name, inputs={"x": V}, max_batch_size=4)
@@ -83,22 +88,28 @@ def test_step_costs_come_from_the_servers_statistics_by_batch_size(profile_path,
     for node in ("inc", "churn", "add"):
         assert f"{node} (server statistics (model toy3__{node}, " in notes
     assert "requests of 1 and 4 rows)" in notes  # the first batch size and the largest, the rest along the local curve
-    assert "the fused form keeps the local step profiles" in notes
-    # the ensemble is simulated on the server's costs, the fused form on the local ones
+    # the fused form: the fused model's own timings of its steps, where they ran in its process
+    assert "the fused form's step costs from the fused model's own timings of its steps: inc (server statistics " \
+        "(model toy3, " in notes
+    in_fused = predictor.fused_steps["churn"]
+    assert in_fused.source == "server" and in_fused.rows == (1, 2, 4)
+    assert 0.3 < in_fused.wall_us[0] / here_warm(predictor.local_steps["churn"]) < 5
     ensemble = predictor.spec(predictor.default("ensemble"))
     fused = predictor.spec(predictor.default("fused"))
     assert ensemble.steps[0].wall_us.us == predictor.steps[ensemble.steps[0].name].wall_us
-    assert fused.steps[0].wall_us.us == predictor.local_steps[fused.steps[0].name].wall_us
+    assert fused.steps[0].wall_us.us == predictor.fused_steps[fused.steps[0].name].wall_us
     row = predictor.row(predictor.default("ensemble"), Load(concurrency=2, requests=100, warmup=10))
     assert row.throughput > 0 and row.p50_ms > 0
     # kept with the model and the requests it was timed by; a second prediction reads them (no server: the same
     # figures, where a second run would read the machine's noise)
     entries = json.loads(cache.read_text())["profiles"]
-    kept = [e["extra"] for e in entries.values() if e.get("source") == "server"]
+    kept = [e["extra"] for e in entries.values() if e.get("source") == "server" and not e["extra"].get("fused")]
     assert sorted(e["model"] for e in kept) == ["toy3__add", "toy3__churn", "toy3__inc"]
     assert all(e["cpu"] and e["twin"] and e["sizes"] == [1, 4] for e in kept)  # stubs' CPU read, twins taken off
+    assert sum(1 for e in entries.values() if e.get("extra", {}).get("fused")) == 3
     again = Predictor(toy(), profile_path, inputs=X, cache=cache, step_costs="server")
     assert {n: p.wall_us for n, p in again.steps.items()} == {n: p.wall_us for n, p in predictor.steps.items()}
+    assert again.fused_steps == predictor.fused_steps
 
 
 @pytest.mark.server
@@ -106,6 +117,7 @@ def test_a_model_that_fails_to_load_leaves_the_local_profiles_named(profile_path
     predictor = Predictor(toy("toy3licensed", LicensedAdd), profile_path, inputs=X, cache=False,
                           step_costs="server")
     assert all(p.source == "measured" for p in predictor.steps.values())
+    assert predictor.fused_steps == predictor.local_steps
     fallback = [n for n in predictor.notes if "failed to load" in n]
     assert len(fallback) == 1
     assert "cannot serve model 'toy3licensed__LicensedAdd' of pipeline 'toy3licensed'" in fallback[0]
@@ -118,7 +130,7 @@ def test_without_a_server_asked_for_the_local_profiles_stay_and_bad_choices_are_
     cache = tmp_path / "steps.json"
     predictor = Predictor(toy(), profile_path, inputs=X, cache=cache)  # "auto" with no url: as before
     assert all(p.source == "measured" for p in predictor.steps.values())
-    assert predictor.steps == predictor.local_steps
+    assert predictor.steps == predictor.local_steps == predictor.fused_steps
     assert not any("step costs" in n for n in predictor.notes)
     with pytest.raises(ArgumentError, match="step_costs is one of auto, server, local"):
         Predictor(toy(), profile_path, inputs=X, cache=cache, step_costs="remote")
@@ -203,3 +215,5 @@ def test_a_server_at_a_url_that_serves_the_step_models_times_them_there(profile_
     assert "churn (server statistics (model toy3url__churn, " in notes and "CPU as timed here" in notes
     churned, here = predictor.steps["churn"], predictor.local_steps["churn"]
     assert churned.cpu_us[0] / churned.wall_us[0] == pytest.approx(here.cpu_us[0] / here.wall_us[0])
+    assert predictor.fused_steps == predictor.local_steps  # its fused model is not asked to time its steps
+    assert "the fused form keeps the local step profiles of inc, churn, add" in notes

@@ -13,7 +13,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,7 @@ TIMED_BYTES = 8 << 20
 #: Rounds over the steps: each figure is the median of its rounds' means.
 ROUNDS = 3
 LOCAL = "local step profile"
+Measured = dict[str, tuple[StepProfile, dict[str, Any]]]  # by node: a profile as measured, and how
 #: How the server's figures are taken, in the cache's keys: figures taken otherwise are not reused.
 # 1: each step less its twin, at two batch sizes, in three rounds
 METHOD = 1
@@ -54,12 +55,15 @@ METHOD = 1
 class ServerStepCosts:
     """Each live node's profile (the server's where its model was timed there, else the local one),
     where each came from in words (``sources``), the server in words, and one line of why the
-    local profiles stand in (``fallback``; "" where none do for that reason)."""
+    local profiles stand in (``fallback``; "" where none do for that reason). ``fused`` and
+    ``fused_sources``: the same for the fused form, from the fused model's own timings of its steps."""
 
     profiles: Mapping[str, StepProfile]
     sources: Mapping[str, str]
     server: str
     fallback: str = ""
+    fused: Mapping[str, StepProfile] = field(default_factory=dict)
+    fused_sources: Mapping[str, str] = field(default_factory=dict)
 
     def notes(self) -> list[str]:
         """The lines a prediction shows: the fallback (every step's cost then its local profile's), or
@@ -72,7 +76,15 @@ class ServerStepCosts:
             if not source.startswith("server"):
                 others.setdefault(source, []).append(node)
         lines = [f"step costs from {self.server}: " + "; ".join(timed)] if timed else []
-        return lines + [f"step costs from the {source}: {', '.join(nodes)}" for source, nodes in others.items()]
+        lines += [f"step costs from the {source}: {', '.join(nodes)}" for source, nodes in others.items()]
+        fused = [f"{node} ({source})" for node, source in self.fused_sources.items() if source.startswith("server")]
+        if fused:
+            lines.append("the fused form's step costs from the fused model's own timings of its steps: "
+                         + "; ".join(fused))
+        if kept := [node for node, source in self.fused_sources.items() if not source.startswith("server")]:
+            lines.append(f"the fused form keeps the local step profiles of {', '.join(kept)}: the fused model "
+                         "did not time them on the server")
+        return lines
 
 
 def server_step_costs(
@@ -104,35 +116,45 @@ def server_step_costs(
     say = progress or (lambda _text: None)
     run = _Run(pipeline, inputs, local, url, protocol)
     found = StepCache(cache) if cache is not None else None
-    measured: dict[str, tuple[StepProfile, dict[str, Any]]] = {}
-    for node, key in run.keys.items():
-        hit = found.get(key) if found is not None else None
-        if hit is not None:
-            measured[node] = (hit, {**found.extra(key), "kept": True})  # type: ignore[union-attr]
+    measured: Measured = {}
+    fused: Measured = {}
+    for node, key in run.keys.items():  # the fused model's timings: kept with its step model's, where it had them
+        for into, kept_as in ((measured, key), (fused, f"{key}:fused")):
+            hit = found.get(kept_as) if found is not None else None
+            if hit is not None:
+                into[node] = (hit, {**found.extra(kept_as), "kept": True})  # type: ignore[union-attr]
     missing = [n for n in run.keys if n not in measured]
     fallback = ""
     if missing:
         try:
-            for node, (profile, extra) in run.measure(missing, say).items():
-                measured[node] = (profile, extra)
-                if found is not None:
-                    found.put(run.keys[node], profile, extra=extra)
+            steps, in_fused = run.measure(missing, say)
+            for into, suffix, new in ((measured, "", steps), (fused, ":fused", in_fused)):
+                for node, (profile, extra) in new.items():
+                    into[node] = (profile, extra)
+                    if found is not None:
+                        found.put(run.keys[node] + suffix, profile, extra=extra)
         except _CannotServe as why:
             fallback = f"{why}; the local step profiles are used instead"
             measured.clear()
+            fused.clear()
         finally:
             if found is not None:
                 found.write()
-    profiles, sources = {}, {}
+    profiles, sources, fused_profiles, fused_sources = {}, {}, {}, {}
     for node, mine in local.items():
-        if node in measured and not fallback:
+        if node in measured:
             profile, extra = measured[node]
-            profiles[node] = _own(mine, profile, extra, stub)
-            sources[node] = _source(extra)
+            profiles[node], sources[node] = _own(mine, profile, extra, stub), _source(extra)
         else:
             profiles[node] = mine
             sources[node] = "given cost (costs=)" if mine.source == "given" else LOCAL
-    return ServerStepCosts(profiles, sources, run.where, fallback)
+        if node in fused:
+            fused_profiles[node], fused_sources[node] = fused[node][0], _source(fused[node][1])
+        else:
+            fused_profiles[node] = mine
+            fused_sources[node] = "given cost (costs=)" if mine.source == "given" else LOCAL
+    return ServerStepCosts(profiles, sources, run.where, fallback, fused_profiles,
+                           {n: s for n, s in fused_sources.items() if n in run.keys})
 
 
 def _source(extra: Mapping[str, Any]) -> str:
@@ -195,12 +217,17 @@ class _Run:
                 keys[n.name] = key
         return keys
 
-    def measure(self, nodes: list[str], say: Callable[[str], None]) -> dict[str, tuple[StepProfile, dict[str, Any]]]:
-        """``nodes`` timed on the server; :class:`_CannotServe` where it cannot serve them."""
+    def measure(self, nodes: list[str], say: Callable[[str], None]) -> tuple[Measured, Measured]:
+        """``nodes`` timed on the server as step models, and (the bundled server) inside the fused model;
+        :class:`_CannotServe` where it cannot serve them."""
         try:
-            with self._served(say) as (client, cpu_of):
-                say(f"timing {len(nodes)} steps on {self.where}")
-                return self._walk(client, cpu_of, set(nodes))
+            with tempfile.TemporaryDirectory(prefix="pipelines-step-times-") as times:
+                with self._served(say, times) as (client, cpu_of):
+                    say(f"timing {len(nodes)} steps on {self.where}")
+                    found = self._walk(client, cpu_of, set(nodes))
+                    sizes = self._time_fused(client) if self.url is None else ()
+                # the server has stopped: each fused instance wrote its steps' times as it was finalized
+                return found, self._fused_times(Path(times), set(nodes), sizes)
         except _CannotServe:
             raise
         except PipelinesError as exc:  # the server failed meanwhile (it died, a call timed out)
@@ -208,7 +235,8 @@ class _Run:
                                f"({_first_line(exc)})") from None
 
     @contextlib.contextmanager
-    def _served(self, say: Callable[[str], None]) -> Iterator[tuple[Any, Callable[[str], Callable[[], int] | None]]]:
+    def _served(self, say: Callable[[str], None], times: str
+                ) -> Iterator[tuple[Any, Callable[[str], Callable[[], int] | None]]]:
         """A client of the server that serves the step models (and on the bundled server their twins), and for a
         model a reading of its stubs' CPU ns (None where they cannot be read: another machine's server)."""
         from ..triton import TritonClient
@@ -230,7 +258,7 @@ class _Run:
                         f"ensemble or bls repository there (pipelines compile)")
                 yield client, lambda model: None
                 return
-            server = self._bundled(models, say, stack)
+            server = self._bundled(models, say, stack, times)
             stack.callback(server.stop)
             client = stack.enter_context(server.client(self.protocol, timeout=60))
 
@@ -242,11 +270,13 @@ class _Run:
 
             yield client, cpu_of
 
-    def _bundled(self, models: list[str], say: Callable[[str], None], stack: contextlib.ExitStack) -> Any:
-        """The bundled server, started on the pipeline's step models and their twins only;
-        :class:`_CannotServe` naming a model that fails to load, with Triton's reason."""
+    def _bundled(self, models: list[str], say: Callable[[str], None], stack: contextlib.ExitStack, times: str) -> Any:
+        """The bundled server, started on the pipeline's step models, their twins and its fused model, which
+        writes its steps' times into ``times``; :class:`_CannotServe` naming a model that fails to load, with
+        Triton's reason."""
         import warnings
 
+        from ..compile.models.fused_model import STEP_TIMES
         from ..compile.repository import ModelRepository
         from ..triton import TritonServer
 
@@ -262,16 +292,18 @@ class _Run:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 twins = self.twins.compile("ensemble")
+                fused = self.pipeline.compile("fused")
         except PipelinesError as exc:
             raise _CannotServe(f"the twins of the steps of pipeline {self.pipeline.name!r} (what their stubs cost) "
                                f"do not compile ({_first_line(exc)})") from None
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pipelines-step-costs-")))
         served = {m: compiled.models[m] for m in models}
         served.update({m: twins.models[m] for m in self.twin_models.values()})
+        served.update({m: model for m, model in fused.models.items() if m not in served})
         ModelRepository(served).write(root / "repo")
         say(f"starting the bundled Triton server on {len(models)} step models of {self.pipeline.name!r} "
             "and their twins")
-        server = TritonServer(root / "repo", restart_on_crash=False, restart_dead_stubs=False)
+        server = TritonServer(root / "repo", restart_on_crash=False, restart_dead_stubs=False, env={STEP_TIMES: times})
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a model that fails to load: said below, with its reason
@@ -279,7 +311,9 @@ class _Run:
         except PipelinesError as exc:
             raise _CannotServe(f"the bundled Triton server did not start ({_first_line(exc)})") from None
         if server.unavailable:
-            model, reason = next(iter(sorted(server.unavailable.items())))
+            # a step's own model first: the fused model that runs the same step fails with it
+            model = min(server.unavailable, key=lambda m: (m not in models, m))
+            reason = server.unavailable[model]
             server.stop()
             raise _CannotServe(f"the bundled Triton server cannot serve model {model!r} of pipeline "
                                f"{self.pipeline.name!r}: it failed to load ({_first_line(reason)})")
@@ -372,6 +406,54 @@ class _Run:
                                  "sizes": [mine.rows[i] for i in sorted(measured)]})
         return out
 
+    def _time_fused(self, client: Any) -> tuple[int, ...]:
+        """The fused model called one request after another at the first batch size and at the smallest of the
+        steps' largest timed ones (their own times are the model's to write); the sizes, in rows."""
+        model = model_name_of(self.pipeline)
+        timed = [self.local[name] for name in self.keys]
+        if not timed:
+            return ()
+        sizes = tuple(sorted({timed[0].rows[0], min(p.rows[_timed_sizes(p)[-1]] for p in timed)}))
+        for rows in sizes:
+            batch = rows_of(self.request, rows, self.request_rows) if self.pipeline.batched else dict(self.request)
+            for _ in range(WARMUP + ROUNDS * LEAST):
+                try:
+                    client.infer(model, batch)
+                except PipelinesError as exc:
+                    raise _CannotServe(f"the fused model {model!r} failed on the server ({_first_line(exc)})") from None
+        return sizes
+
+    def _fused_times(self, folder: Path, nodes: set[str], sizes: tuple[int, ...]) -> Measured:
+        """Each of ``nodes``' times inside the fused model, from the files its instances wrote: the median
+        call at each of ``sizes`` that it ran at, the sizes between along its local curve (warm, as the fused
+        form reads it), its CPU time the local share of its wall time."""
+        import json
+
+        calls: dict[tuple[str, int], list[float]] = {}
+        for path in folder.glob("*.json"):
+            try:
+                for node, rows, us in json.loads(path.read_text(encoding="utf-8")):
+                    calls.setdefault((node, int(rows)), []).append(float(us))
+            except (OSError, ValueError, TypeError):  # an instance that did not finish its file: its calls are lost
+                continue
+        out: Measured = {}
+        for name in sorted(nodes):
+            mine = self.local[name]
+            base = replace(mine, wall_us=mine.warm_wall_us or mine.wall_us, cpu_us=mine.warm_cpu_us or mine.cpu_us)
+            share = {rows: c / w if w > 0 else 1.0 for rows, c, w in zip(base.rows, base.cpu_us, base.wall_us,
+                                                                          strict=True)}
+            measured = {i: (statistics.median(calls[name, rows]), statistics.median(calls[name, rows]) * share[rows])
+                        for i, rows in enumerate(mine.rows) if rows in sizes and calls.get((name, rows))}
+            if not measured:  # a step of a `when` block that ran on fewer rows, or an async step: not timed
+                continue
+            wall_us, cpu_us = _spanned(base, measured)
+            out[name] = (replace(mine, wall_us=wall_us, cpu_us=cpu_us, warm_wall_us=(), warm_cpu_us=(),
+                                 source="server"),
+                         {"model": model_name_of(self.pipeline), "requests": sum(len(calls[name, mine.rows[i]])
+                                                                                  for i in measured),
+                          "cpu": False, "fused": True, "sizes": [mine.rows[i] for i in sorted(measured)]})
+        return out
+
     def _call(self, client: Any, model: str, n: NodePlan, arrays: Mapping[str, Any]) -> dict[str, Any]:
         try:
             return client.infer(model, dict(arrays), outputs=list(n.returns) or None)
@@ -401,6 +483,13 @@ class _Run:
         rows = (self.request_rows,) if self.pipeline.batched else ()
         return {o: np.full(rows + tuple(1 if d == -1 else d for d in spec.dims), b"" if spec.dtype == "BYTES" else 0,
                            dtype=spec.numpy_dtype) for o, spec in step.outputs.items()}
+
+
+def model_name_of(pipeline: Pipeline) -> str:
+    """The pipeline's fused model."""
+    from ..forms import model_name
+
+    return model_name(pipeline.name, "fused", side_by_side=False)
 
 
 def _timed_sizes(mine: StepProfile) -> list[int]:
@@ -474,20 +563,18 @@ def _first_line(what: Any) -> str:
 
 def steps_for(pipeline: Pipeline, inputs: Mapping[str, Any], local: Mapping[str, StepProfile], server: Any, *,
               step_costs: str = "auto", url: str | None = None, cache: str | Path | None = None,
-              notes: list[str]) -> dict[str, StepProfile]:
-    """The step profiles a prediction simulates its step models with (:class:`~pipelines.predict.Predictor`):
-    ``local`` for ``step_costs="local"``, or ``"auto"`` with no ``url``; else the server's
-    (:func:`server_step_costs`, over the server profile ``server``'s protocol), each step's source
-    and any fallback added to ``notes``."""
+              notes: list[str]) -> tuple[dict[str, StepProfile], dict[str, StepProfile]]:
+    """The step profiles a prediction simulates its step models with, and those of the fused form
+    (:class:`~pipelines.predict.Predictor`): ``local`` for ``step_costs="local"``, or ``"auto"`` with no
+    ``url``; else the server's (:func:`server_step_costs`, over the server profile ``server``'s protocol),
+    each step's source and any fallback added to ``notes``."""
     from .prediction import _ways
 
     if step_costs not in STEP_COSTS:
         raise ArgumentError(f"step_costs is one of {', '.join(STEP_COSTS)}; got {step_costs!r}")
     if step_costs == "local" or (step_costs == "auto" and url is None):
-        return dict(local)
+        return dict(local), dict(local)
     found = server_step_costs(pipeline, inputs, local, _ways(server.costs["stub"]), url=url,
                               protocol=server.protocol if server.protocol in ("http", "grpc") else "http", cache=cache)
     notes += found.notes()
-    if not found.fallback and any(p.source == "server" for p in found.profiles.values()):
-        notes.append("the fused form keeps the local step profiles: the fused model does not time its steps")
-    return dict(found.profiles)
+    return dict(found.profiles), dict(found.fused or local)

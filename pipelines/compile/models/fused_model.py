@@ -26,6 +26,7 @@ import json
 import os
 import re
 import threading
+import time
 
 import numpy as np
 
@@ -38,6 +39,10 @@ pb_utils = serving.pb_utils  # Triton's triton_python_backend_utils in a stub; N
 
 #: The model's plan in its version folder (written by pipelines/compile/fused.py).
 PLAN_FILE = "fused.json"
+#: A folder in the server's environment: each instance then times its sync Python steps and writes the times
+#: there as it is finalized (``pipelines.predict.server_steps`` sets it on the server it starts). Unset, as on
+#: any other server, nothing is timed.
+STEP_TIMES = "PIPELINES_STEP_TIMES"
 
 
 class _Step:
@@ -55,6 +60,32 @@ class _Step:
         self.broken = None  # why no fresh instance could be made: every later call fails with it
 
 
+class _StepTimes:
+    """Each timed call of a step in this instance: ``[node, rows, wall µs]``, kept in memory (at most
+    :attr:`LIMIT`) and written as JSON on finalize, so that timing costs a list append a call."""
+
+    LIMIT = 100_000
+
+    def __init__(self, folder, model):
+        self.path = os.path.join(folder, f"{model}-{os.getpid()}-{id(self)}.json")
+        self.calls = []
+
+    def timed(self, name, rows, call):
+        def run(*args):
+            began = time.perf_counter()
+            try:
+                return call(*args)
+            finally:
+                if len(self.calls) < self.LIMIT:  # list.append holds the GIL: safe from the pool's threads
+                    self.calls.append((name, rows, (time.perf_counter() - began) * 1e6))
+
+        return run
+
+    def write(self):
+        with open(self.path, "w", encoding="utf-8") as f:
+            json.dump(self.calls, f)
+
+
 class NodeFailed(Exception):
     """A node, or a request's input, failed: ``wire`` says where and why (``serving.WireError``)."""
 
@@ -67,6 +98,8 @@ class TritonPythonModel:
     def initialize(self, args):
         version_dir, data = serving.model_plan(args, PLAN_FILE)
         self.pipeline = data["pipeline"]
+        folder = os.environ.get(STEP_TIMES)
+        self.times = _StepTimes(folder, args.get("model_name", self.pipeline)) if folder else None
         serving.HOPS.attach(args.get("model_name", self.pipeline))
         self.max_batch_size = int(data["max_batch_size"])
         self.join_rows = int(data["join_rows"])
@@ -144,6 +177,8 @@ class TritonPythonModel:
         return self._execute(requests)
 
     def finalize(self):
+        if getattr(self, "times", None) is not None:
+            self.times.write()
         for step in getattr(self, "steps", {}).values():
             step.instance.finalize()
         pool = getattr(self, "pool", None)
@@ -286,11 +321,14 @@ class TritonPythonModel:
                     outputs = await self._within_timeout(step, node, inputs)
                 elif step.is_async:
                     outputs = await step.instance.execute_async(inputs)
-                elif inline:
-                    # The only node ready with nothing in flight: a thread hop would buy no overlap.
-                    outputs = step.instance.execute(inputs)
                 else:
-                    outputs = await asyncio.get_running_loop().run_in_executor(self.pool, step.instance.execute, inputs)
+                    execute = step.instance.execute if self.times is None else \
+                        self.times.timed(name, rows, step.instance.execute)
+                    if inline:
+                        # The only node ready with nothing in flight: a thread hop would buy no overlap.
+                        outputs = execute(inputs)
+                    else:
+                        outputs = await asyncio.get_running_loop().run_in_executor(self.pool, execute, inputs)
             step.gives.check_outputs(serving.as_arrays(outputs), rows if self.max_batch_size > 0 else None)
         except serving.Refused as exc:
             raise NodeFailed(serving.WireError("StepError", self.pipeline, str(exc), name, node["step"], exc.tensor)) from None
