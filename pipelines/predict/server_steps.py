@@ -225,9 +225,10 @@ class _Run:
                 with self._served(say, times) as (client, cpu_of):
                     say(f"timing {len(nodes)} steps on {self.where}")
                     found = self._walk(client, cpu_of, set(nodes))
-                    sizes = self._time_fused(client) if self.url is None else ()
+                    if self.url is None:
+                        self._time_fused(client)
                 # the server has stopped: each fused instance wrote its steps' times as it was finalized
-                return found, self._fused_times(Path(times), set(nodes), sizes)
+                return found, self._fused_times(Path(times), set(nodes))
         except _CannotServe:
             raise
         except PipelinesError as exc:  # the server failed meanwhile (it died, a call timed out)
@@ -406,13 +407,13 @@ class _Run:
                                  "sizes": [mine.rows[i] for i in sorted(measured)]})
         return out
 
-    def _time_fused(self, client: Any) -> tuple[int, ...]:
+    def _time_fused(self, client: Any) -> None:
         """The fused model called one request after another at the first batch size and at the smallest of the
-        steps' largest timed ones (their own times are the model's to write); the sizes, in rows."""
+        steps' largest timed ones (their own times are the model's to write)."""
         model = model_name_of(self.pipeline)
         timed = [self.local[name] for name in self.keys]
         if not timed:
-            return ()
+            return
         sizes = tuple(sorted({timed[0].rows[0], min(p.rows[_timed_sizes(p)[-1]] for p in timed)}))
         for rows in sizes:
             batch = rows_of(self.request, rows, self.request_rows) if self.pipeline.batched else dict(self.request)
@@ -421,12 +422,12 @@ class _Run:
                     client.infer(model, batch)
                 except PipelinesError as exc:
                     raise _CannotServe(f"the fused model {model!r} failed on the server ({_first_line(exc)})") from None
-        return sizes
 
-    def _fused_times(self, folder: Path, nodes: set[str], sizes: tuple[int, ...]) -> Measured:
+    def _fused_times(self, folder: Path, nodes: set[str]) -> Measured:
         """Each of ``nodes``' times inside the fused model, from the files its instances wrote: the median
-        call at each of ``sizes`` that it ran at, the sizes between along its local curve (warm, as the fused
-        form reads it), its CPU time the local share of its wall time."""
+        call at each of its batch sizes it ran at (a step of a `when` block runs on the rows it selects), the
+        sizes between along its local curve (warm, as the fused form reads it), its CPU time the local share
+        of its wall time."""
         import json
 
         calls: dict[tuple[str, int], list[float]] = {}
@@ -443,8 +444,8 @@ class _Run:
             share = {rows: c / w if w > 0 else 1.0 for rows, c, w in zip(base.rows, base.cpu_us, base.wall_us,
                                                                           strict=True)}
             measured = {i: (statistics.median(calls[name, rows]), statistics.median(calls[name, rows]) * share[rows])
-                        for i, rows in enumerate(mine.rows) if rows in sizes and calls.get((name, rows))}
-            if not measured:  # a step of a `when` block that ran on fewer rows, or an async step: not timed
+                        for i, rows in enumerate(mine.rows) if calls.get((name, rows))}
+            if not measured:  # an async step, or one that ran at none of its sizes: not timed
                 continue
             wall_us, cpu_us = _spanned(base, measured)
             out[name] = (replace(mine, wall_us=wall_us, cpu_us=cpu_us, warm_wall_us=(), warm_cpu_us=(),
