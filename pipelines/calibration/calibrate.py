@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 import warnings
 from collections.abc import Sequence
@@ -110,8 +111,10 @@ def calibrate(
         # The smallest size: a round's bytes are priced by fused_model, what is left is each request's own.
         rounds = measure_rounds(connect, Probe("fused", chains[0], sizes[0]), seconds=budget.lanes_seconds)
         round_rows = [row for s in samples for row in s.round_rows()]
-        # While the server still runs: its CPU time is ours only while it is our child.
-        noise = watch.stop(disagreement=round_disagreement(round_rows))
+        # While the server still runs: its CPU time is ours only while it is our child. The server's own spread from
+        # window to window: its lanes windows' (many requests each, as a benchmark's), else its probes' rounds'.
+        windows = [row[4] for row in rows]
+        noise = watch.stop(disagreement=statistics.median(windows) if windows else round_disagreement(round_rows))
     costs, points, estimated = fit_rounds(round_rows)
     bar.finish("calibrated", f"{len(samples)} probes, {budget.rounds} rounds, in {perf_counter() - began:.0f} s")
     if noise.busy:

@@ -269,7 +269,7 @@ def _held_us(between: Sequence[Any], models: Sequence[str], *, per_request: bool
 
 def measure_lanes(
     connect: Callable[[], Any], probes: Sequence[Probe], cores: int | None, seconds: float = 1.0
-) -> tuple[float, list[tuple[str, float, float, float]]]:
+) -> tuple[float, list[tuple[str, float, float, float, float]]]:
     """The server's lanes: per probe, its throughput at concurrency ``2 * cores`` (at least 4;
     8 where the server's cores are not known) over its throughput at concurrency 1 (medians
     of three windows of ``seconds / 2`` each, taken in turn), the mean over ``probes``,
@@ -277,8 +277,10 @@ def measure_lanes(
 
     ``connect()`` makes an asyncio client (``infer(model, inputs)``, ``close()``). Returns
     the lanes and, per probe, ``(label, infer/s at 1, infer/s at the high concurrency,
-    its own lanes)``: a probe's tensor size sets how many requests' copies the server makes
-    at once (docs/server_profiles.md).
+    its own lanes, its windows' spread)``: a probe's tensor size sets how many requests' copies
+    the server makes at once (docs/server_profiles.md); the spread is how far the server's
+    throughput moved from one window to the next, half the range of a concurrency's three
+    windows over their median, the larger of the two concurrencies'.
     """
 
     high = min(32, max(4, 2 * cores)) if cores else 8
@@ -291,7 +293,11 @@ def measure_lanes(
         began = perf_counter()
         return await _in_flight(client, probe, concurrency, seconds / 2) / (perf_counter() - began)
 
-    async def main() -> list[tuple[str, float, float, float]]:
+    def spread(windows: list[float]) -> float:
+        middle = median(windows)
+        return (max(windows) - min(windows)) / 2 / middle if middle > 0 else 0.0
+
+    async def main() -> list[tuple[str, float, float, float, float]]:
         client = connect()
         rows = []
         try:
@@ -302,7 +308,8 @@ def measure_lanes(
                     ones.append(await window(client, p, 1))
                     highs.append(await window(client, p, high))
                 one, at_high = median(ones), median(highs)
-                rows.append((p.label, one, at_high, bounded(at_high / one) if one > 0 else 1.0))
+                rows.append((p.label, one, at_high, bounded(at_high / one) if one > 0 else 1.0,
+                             max(spread(ones), spread(highs))))
         finally:
             await client.close()
         return rows

@@ -31,7 +31,8 @@ class MachineNoise:
     ``other_load``: the cores' worth of CPU that other processes used on average (the machine's CPU time, from
     ``/proc/stat``, less this process's and its children's). ``steal``: the share of CPU time the hypervisor took.
     ``disagreement``: how far repeated measurements of one thing disagreed, half their range over their median (the
-    median over what was repeated: the calibration's probes over its rounds, a prediction's steps over theirs).
+    median over what was repeated: the server's throughput over the calibration's lanes windows, a prediction's
+    steps over their rounds).
     ``cores``: the machine's; ``seconds``: how long it watched.
     """
 

@@ -185,8 +185,9 @@ class Profile:
         object.__setattr__(self, "machine", MappingProxyType(dict(self.machine)))
 
     def window_spread(self) -> float | None:
-        """How far the server's own figures moved from one measuring window to the next: its probes' disagreement
-        over the calibration's rounds (the noise record's, else read off ``round_samples``); None where unknown."""
+        """How far the server's own figures moved from one measuring window to the next: the noise record's (its
+        throughput over the calibration's lanes windows), else its probes' disagreement over the calibration's rounds
+        (read off ``round_samples``, in profiles written before the record); None where unknown."""
         if self.noise is not None and self.noise.disagreement is not None:
             return self.noise.disagreement
         return round_disagreement(self.round_samples)
