@@ -390,14 +390,16 @@ class _Run:
             known = cpus[n.model] is not None and (not twinned or cpus[self.twin_models[name]] is not None)
             measured, spreads, requests = {}, [], 0
             for i in _timed_sizes(mine):
-                own = rounds[name, i, n.model]
+                own = held = rounds[name, i, n.model]
                 requests += sum(r[0] for r in own)
                 if twinned:  # each round's step less its twin's, taken side by side
                     twin = rounds[name, i, self.twin_models[name]]
                     own = [(c, w - tw, u - tu) for (c, w, u), (_, tw, tu) in zip(own, twin, strict=True)]
                 wall = statistics.median(r[1] for r in own)
                 measured[i] = (wall, statistics.median(r[2] for r in own))
-                spreads.append((max(r[1] for r in own) - min(r[1] for r in own)) / 2 / wall if wall > 0 else 0.0)
+                # over what the model held: a step of a few µs less its twin would read its noise as hundreds of %
+                whole = statistics.median(r[1] for r in held)
+                spreads.append((max(r[1] for r in own) - min(r[1] for r in own)) / 2 / whole if whole > 0 else 0.0)
             wall_us, cpu_us = _spanned(mine, measured)
             found = replace(mine, wall_us=wall_us, cpu_us=cpu_us if known else wall_us, warm_wall_us=(),
                             warm_cpu_us=(), source="server")
