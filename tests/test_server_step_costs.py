@@ -207,10 +207,11 @@ def test_a_server_at_a_url_that_serves_the_step_models_times_them_there(profile_
     pipeline = toy("toy3url")
     pipeline.compile("ensemble").write(tmp_path / "repo")
     with TritonServer(tmp_path / "repo") as server:
+        version = server.client().metadata()["version"]
         predictor = Predictor(pipeline, profile_path, inputs=X, cache=False, url=server.http_url)
     assert all(predictor.steps[n].source == "server" for n in ("inc", "churn", "add"))
     notes = "\n".join(predictor.notes)
-    assert f"step costs from the Triton server at {server.http_url} over http" in notes
+    assert f"step costs from the Triton {version} server at {server.http_url} over http" in notes
     # no twins there, and its stubs are not this machine's to read: the profile's stub taken off, CPU as timed here
     assert "churn (server statistics (model toy3url__churn, " in notes and "CPU as timed here" in notes
     churned, here = predictor.steps["churn"], predictor.local_steps["churn"]

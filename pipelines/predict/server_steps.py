@@ -172,9 +172,18 @@ class _CannotServe(PipelinesError):
 
 
 def _identity(url: str | None, protocol: str) -> str:
-    """The server that measured, for the cache's key and the notes: the bundled Triton by its wheel's version."""
+    """The server that measured, for the cache's key and the notes: the bundled Triton by its wheel's version
+    (none started to ask), one at a URL by its own answer (``?`` where it gives none: it cannot serve the run
+    either, and nothing is kept)."""
     if url is not None:
-        return f"the Triton server at {url} over {protocol}"
+        from ..triton import TritonClient
+
+        try:
+            with TritonClient(url, protocol, timeout=10) as client:
+                version = str(client.metadata().get("version") or "?")
+        except PipelinesError:
+            version = "?"
+        return f"the Triton {version} server at {url} over {protocol}"
     try:
         version = importlib.metadata.version("nvidia-pytriton")
     except importlib.metadata.PackageNotFoundError:
