@@ -114,8 +114,7 @@ class Advice:
         if len(tied) == 1:
             return "#1 is a clear pick: its range clears the others' shown"
         by = "throughput" if self.p95_ms is not None else "p95"
-        return (f"no clear pick: {', '.join(f'#{i}' for i in tied)} tie on {by} within their ranges "
-                "(the one that changes least is first)")
+        return f"no clear pick: {', '.join(f'#{i}' for i in tied)} tie on {by} within their ranges"
 
     def settings(self, k: int = 5) -> list[str]:
         """For each of the top ``k``: the exact arguments to set, as code."""
