@@ -5,13 +5,16 @@ range. The steps' costs are given here, so every figure is the simulation's, exa
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
 from pipelines import Pipeline, TensorSpec, external_model, step
 from pipelines.bench.results import machine_info
-from pipelines.calibration.noise import MAX_WIDENING, MachineNoise, NoiseWatch, round_disagreement
+from pipelines.calibration.noise import MAX_WIDENING, MachineNoise, NoiseWatch, _tree_ticks, round_disagreement
 from pipelines.calibration.profile import BOUNDARIES, Cost, Profile
 from pipelines.cli import main
 from pipelines.errors import ArgumentError, PipelinesError
@@ -244,3 +247,20 @@ def test_a_noise_record_is_busy_by_its_thresholds_and_widens_by_the_most_it_saw(
         "ranges widened by ±50% to match")
     worst = MachineNoise(other_load=0.2, disagreement=0.3, cores=2.0).combined(MachineNoise(other_load=1.0, cores=2.0))
     assert (worst.other_load, worst.disagreement) == (1.0, 0.3)
+
+
+def test_the_watch_counts_a_child_process_as_its_own_not_as_another_s():
+    before = _tree_ticks()
+    if before is None:
+        pytest.skip("no /proc here")
+    # a child that works 0.3 s of CPU, as the bundled server's stubs do for the calibration
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.3\n"
+                              "while time.process_time() < end: pass\ntime.sleep(5)"])
+    try:
+        deadline = time.monotonic() + 20
+        while _tree_ticks() - before < 25 and time.monotonic() < deadline:  # 10 ms ticks: 0.25 s of it at least
+            time.sleep(0.05)
+        assert _tree_ticks() - before >= 25
+    finally:
+        child.kill()
+        child.wait()
