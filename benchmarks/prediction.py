@@ -359,7 +359,7 @@ def main(argv=None) -> int:
         checks += c
         winners += w
         results[name] = {"predicted": predicted.as_dicts(), "predict_s": [round(first, 3), round(again, 3)],
-                         "levels": predicted.as_json()["levels"], "noise": predicted.as_json()["noise"],
+                         "levels": predicted.level_records(), "noise": predicted.noise_record(),
                          "measured": {f"{f} {c}": list(v) for (f, c), v in sorted(measured.items())}}
     if "yolov5" in args.pipelines.split(","):
         pipeline, module = load_pipeline_and_module(PIPELINES["yolov5"])

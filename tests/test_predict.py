@@ -286,7 +286,7 @@ def test_predict_command_prints_json_rows(profile_path, capsys):
     code = main(["predict", "pipelines.examples.basic:diamond", "--profile", str(profile_path),
                  "--concurrency", "1,4", "--forms", "ensemble,bls", "--json"])
     assert code == 0
-    rows = json.loads(capsys.readouterr().out)["rows"]
+    rows = json.loads(capsys.readouterr().out)
     assert [(r["form"], r["concurrency"]) for r in rows] == [("ensemble", 1), ("ensemble", 4), ("bls", 1), ("bls", 4)]
     assert all(math.isfinite(r["p95_ms"]) for r in rows)
 

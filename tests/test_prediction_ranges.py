@@ -76,7 +76,7 @@ def test_a_busy_noise_record_widens_every_range_and_every_table_says_so():
     assert any(n.startswith(line) and "ranges widened by ±50% to match" in n for n in busy.notes)
     assert line in str(busy) and line in busy._repr_html_()
     assert not any("busy" in n for n in quiet.notes)
-    assert busy.as_json()["noise"]["busy"] is True and quiet.as_json()["noise"]["busy"] is False
+    assert busy.noise_record()["busy"] is True and quiet.noise_record()["busy"] is False
 
 
 def test_the_throughput_range_never_passes_what_the_cores_can_do():
@@ -107,7 +107,7 @@ def test_a_winner_is_named_only_where_its_range_clears_the_runner_ups():
     assert overlap.tied(concurrency=4) == ("fused", "ensemble")
     assert overlap.verdicts() == ["no clear winner at concurrency 4: fused, ensemble tie"]
     assert "no clear winner at concurrency 4: fused, ensemble tie" in str(overlap)
-    assert overlap.as_json()["levels"] == [{"concurrency": 4, "rate": None, "winner": None,
+    assert overlap.level_records() == [{"concurrency": 4, "rate": None, "winner": None,
                                             "tied": ["fused", "ensemble"]}]
 
 
@@ -118,17 +118,17 @@ def test_predict_json_carries_the_ranges_and_each_loads_winner(tmp_path, capsys)
                  "--forms", "ensemble,bls", "--cost", "branch_0=2000", "--cost", "branch_1=2000",
                  "--cost", "join_0=100", "--json"])
     assert code == 0
-    data = json.loads(capsys.readouterr().out)
-    assert [(r["form"], r["concurrency"]) for r in data["rows"]] == [("ensemble", 1), ("ensemble", 4), ("bls", 1),
-                                                                      ("bls", 4)]
-    for r in data["rows"]:
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["form"], r["concurrency"]) for r in rows] == [("ensemble", 1), ("ensemble", 4), ("bls", 1), ("bls", 4)]
+    for r in rows:
         for name, figure in (("p50_ms_range", "p50_ms"), ("p95_ms_range", "p95_ms"), ("throughput_range", "throughput")):
             low, high = r[name]
             assert low <= r[figure] <= high
-    assert [(level["concurrency"], level["rate"]) for level in data["levels"]] == [(1, None), (4, None)]
-    for level in data["levels"]:
-        assert level["winner"] in (None, "ensemble", "bls") and level["tied"]
-        assert (level["winner"] is None) == (len(level["tied"]) > 1)
+    for level in (1, 4):  # one verdict per load, the same on each of its rows
+        at = [r for r in rows if r["concurrency"] == level]
+        assert len({(r["winner"], tuple(r["tied"])) for r in at}) == 1
+        assert at[0]["winner"] in (None, "ensemble", "bls") and at[0]["tied"]
+        assert (at[0]["winner"] is None) == (len(at[0]["tied"]) > 1)
 
 
 def test_advise_under_a_bound_ranks_by_what_each_surely_reaches_and_says_when_its_top_picks_tie():

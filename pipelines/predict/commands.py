@@ -82,8 +82,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         "the server at --url where one is given, else local. A server that cannot serve the "
                         "steps is named, and the local step profiles are used instead")
     parser.add_argument("--json", action="store_true",
-                        help="print JSON instead of a table (predict: an object of rows with their ranges, each "
-                        "load's winner or null, the noise record and the notes; advise: the ranked rows)")
+                        help="print JSON instead of a table (predict: a list of rows, each with its ranges and its "
+                        "load's winner, a form or null, and the forms that tie; the notes go to stderr; advise: "
+                        "the ranked rows)")
 
 
 def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
@@ -163,7 +164,12 @@ def predict_main(args: argparse.Namespace) -> int:
                      step_costs=args.step_costs, url=args.url,
                      progress=counted_stages(Progress(), "profiling steps", "steps"))  # a line each, in a log
     # The table ends with one verdict per load: a winner only where its range clears the others'.
-    print(json.dumps(result.as_json(), indent=2) if args.json else result)
+    if args.json:
+        print(json.dumps(result.as_json(), indent=2))
+        for line in (*result.verdicts(), *result.notes):  # the rows are data; what was seen goes beside them
+            print(line, file=sys.stderr)
+    else:
+        print(result)
     return 0
 
 

@@ -139,16 +139,26 @@ class Prediction:
     def as_dicts(self) -> list[dict[str, Any]]:
         return [r.as_dict() for r in self.rows]
 
-    def as_json(self) -> dict[str, Any]:
-        """What ``predict --json`` prints: the rows, each load's ``winner`` (a form or null) and the forms that
-        tie, the noise record and the notes."""
-        levels = [{"concurrency": c, "rate": r, "winner": self.winner(concurrency=c, rate=r),
-                   "tied": list(self.tied(concurrency=c, rate=r))} for c, r in self.levels()]
+    def level_records(self) -> list[dict[str, Any]]:
+        """Each load predicted: its ``concurrency``, ``rate``, ``winner`` (a form, or ``None`` where no range
+        clears the others) and the forms that ``tied``."""
+        return [{"concurrency": c, "rate": r, "winner": self.winner(concurrency=c, rate=r),
+                 "tied": list(self.tied(concurrency=c, rate=r))} for c, r in self.levels()]
+
+    def noise_record(self) -> dict[str, Any] | None:
+        """The noise record as data, with whether it reads busy and how far it widened the ranges."""
         noise = self.noise
-        return {"pipeline": self.pipeline, "profile": self.profile, "rows": self.as_dicts(), "levels": levels,
-                "noise": None if noise is None else {**noise.to_dict(), "busy": noise.busy,
-                                                     "widening": noise.widening()},
-                "notes": list(self.notes)}
+        return None if noise is None else {**noise.to_dict(), "busy": noise.busy, "widening": noise.widening()}
+
+    def as_json(self) -> list[dict[str, Any]]:
+        """What ``predict --json`` prints: the rows, each with its ranges, and its load's ``winner`` (a form,
+        or null) and ``tied`` forms beside today's fields, so a list of rows stays a list of rows."""
+        verdict = {(level["concurrency"], level["rate"]): level for level in self.level_records()}
+        rows = []
+        for row in self.rows:
+            level = verdict[(row.concurrency, row.rate)]
+            rows.append({**row.as_dict(), "winner": level["winner"], "tied": level["tied"]})
+        return rows
 
     def _table(self) -> tuple[list[str], list[list[str]]]:
         headers = ["form", "load", "p50 ms", "p95 ms", "p99 ms", "infer/s", "bottleneck"]
