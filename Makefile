@@ -14,10 +14,12 @@ export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: demo test test-fast docs lint bench clean
 
-$(STAMP): pyproject.toml
+# editable_mode=compat puts the checkout on sys.path, where a real package beats a folder named
+# `pipelines` (no __init__.py) beside a user's script; the default finder runs after that folder wins.
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[server,onnx,dev,docs]"
+	$(BIN)/python -m pip install --quiet -e ".[server,onnx,dev,docs]" --config-settings editable_mode=compat
 	touch $(STAMP)
 
 demo: $(STAMP)

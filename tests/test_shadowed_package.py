@@ -1,6 +1,7 @@
 """A folder named ``pipelines`` beside a user's script (empty, or holding their own files) and
-the package it may shadow: ``python -m pipelines`` names the folder and what to do; the
-``pipelines`` command and a regular (wheel) install are not shadowed at all.
+the package it may shadow: as ``make`` installs it (compat editable), a regular install and the
+``pipelines`` command, the package wins; where an install lets the folder win, ``python -m
+pipelines`` names the folder and what to do.
 """
 
 from __future__ import annotations
@@ -49,8 +50,31 @@ def _run(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess
                           env={**os.environ, **(env or {})})
 
 
-def test_python_m_pipelines_names_the_folder_that_shadows_the_package_and_what_to_do(project):
+def test_a_script_beside_the_folder_imports_the_package_as_make_installs_it(project):
+    # `make` installs the checkout in setuptools' compat editable mode: the checkout is on sys.path,
+    # and a regular package found there beats a folder without __init__.py found earlier.
+    done = _run(project, sys.executable, "mypipe.py")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "built mine"
     done = _run(project, sys.executable, "-m", "pipelines", "graph", "mypipe.py:pipeline")
+    assert done.returncode == 0, done.stderr
+    assert "same" in done.stdout
+
+
+SHADOWED = """\
+import runpy, sys, types
+folder = sys.argv[1]
+shadow = types.ModuleType("pipelines")
+shadow.__path__ = [folder]  # what Python makes of a folder without __init__.py found first
+sys.modules["pipelines"] = shadow
+runpy.run_path(sys.argv[2], run_name="__main__")
+"""
+
+
+def test_python_m_pipelines_names_the_folder_that_shadows_the_package_and_what_to_do(project):
+    # Where an install lets the folder win (setuptools' default editable finder runs after it), the
+    # command names the folder instead of failing on the user's file with Python's "unknown location".
+    done = _run(project, sys.executable, "-c", SHADOWED, str(project / "pipelines"), str(PACKAGE / "__main__.py"))
     assert done.returncode == 2
     assert f"the folder {project / 'pipelines'} shadows the pipelines package" in done.stderr
     assert f"installed at {PACKAGE}" in done.stderr
