@@ -65,7 +65,7 @@ class Form:
     # The server-profile boundaries (pipelines.calibration) this form pays: per step call, and
     # once per request for its top-level model (the ensemble scheduler, or the BLS model's stub);
     # and its Python steps' stubs, which cost more where the ensemble runs them than where a BLS
-    # model calls them (docs/server_profiles.md).
+    # model calls them (docs/calibration_internals.md).
     call_cost: str
     own_cost: str
     stub_cost: str
@@ -133,7 +133,7 @@ FORMS: MappingProxyType[str, Form] = MappingProxyType({
             server_copies=2,  # an external step's BLS call, as in "bls"
             summary="one Python model running the Python steps in-process, concurrently; external models through BLS",
             call_cost="bls_call",  # external models, with async_exec()
-            own_cost="fused_model",  # its own probes price it: not the BLS model's (docs/server_profiles.md)
+            own_cost="fused_model",  # its own probes price it: not the BLS model's (docs/calibration_internals.md)
             stub_cost="bls_stub",  # paid by none: its Python steps run in-process, external models in no stub
             in_process=True,
             in_process_step_cost="fused_step",

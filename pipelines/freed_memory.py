@@ -5,10 +5,10 @@ glibc's ``malloc`` serves a large block (128 KiB and up, at first) with a fresh
 of its heap back once more than 128 KiB of it is free. A step that makes a fresh
 4 MiB array per call then page-faults all of it in again on every call: 3.7 ms
 in a stub instead of 1.2 ms, measured on the bundled server
-(``docs/server_profiles.md``). glibc raises its threshold by itself after the
+(docs/calibration_internals.md, "The memory a stub frees"). glibc raises its threshold by itself after the
 first such block is freed, so whether a process pays depends on what it
-allocated before: the same local run measured 10 ms in one process and 13 to
-18 ms in others, until this process kept its freed memory too.
+allocated before: the same local run takes 10 ms in one process and 13 to
+18 ms in others unless this process keeps its freed memory too.
 
 Two thresholds fix it, and the same two serve the server and this process:
 

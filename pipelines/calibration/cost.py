@@ -102,7 +102,7 @@ class Cost:
         xs = self.sizes
         # As numpy.interp does (the first figure below the smallest size), but in plain Python:
         # a prediction prices every boundary of every request this way, and numpy.interp's
-        # conversions of a handful of numbers took 20 µs a call (docs/server_profiles.md).
+        # conversions of a handful of numbers cost 20 µs a call.
         i = bisect_left(xs, nbytes)
         if i < len(xs) and xs[i] == nbytes:
             return float(ys[i])

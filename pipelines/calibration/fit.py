@@ -11,7 +11,7 @@ At one tensor size, a probe's latency is a sum over the boundaries it crosses:
 Each size is fitted on its own (costs per byte grow with it): each form's stubs by Triton's
 statistics of its own probes, the request by the step probe, the rest by a line over chain lengths.
 :func:`fit_rounds` fits each probe's median over the rounds and bootstraps whole rounds. Why, with
-the measurements: docs/server_profiles.md ("Noise by design", "The fit, one size at a time", stubs).
+the measurements: docs/calibration_internals.md ("Rounds, turns and bursts", "The fit").
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def _at_size(rows: Sequence[Row], *, clip: bool) -> dict[str, tuple[float, float
         stub = _clipped(step - request, clip) if step is not None else 0.0
         stub_pair = (stub / 2, stub / 2)
     # Each form's steps priced by its own probes' statistics (an ensemble's stubs cost more than a BLS model's); what
-    # its line leaves per step beyond them is its call (docs/server_profiles.md).
+    # its line leaves per step beyond them is its call (docs/calibration_internals.md).
     stub_of = {kind: (_stubs(stub_rows, kind) or stub_pair) if kind in _STUB_OF else (0.0, 0.0) for kind in _KINDS_OF}
     costs = {"request": _clipped(request, clip), "stub": stub}
     for name, (kind, part) in _FROM_LINE.items():
@@ -121,7 +121,7 @@ def _at_size(rows: Sequence[Row], *, clip: bool) -> dict[str, tuple[float, float
 def _reads_from_grown(at: At, by_size: dict[int, list[Row]]) -> None:
     """Moves to each form's step stub's (``*_stub``) way in the part of its way out that its input's size sets: what the
     grown probe's ``shrink`` (an input of the size, an answer of a byte) costs above the smallest size, so that a step
-    that takes much and gives little pays it (docs/server_profiles.md, "What a stub's input costs")."""
+    that takes much and gives little pays it (docs/calibration_internals.md, "The fit")."""
     smallest = min(by_size)
     for kind, name in _STUB_OF.items():
         reads = {size: [r[8] for r in rows if r[0] == GROWN_ROW + kind and r[8] is not None]
@@ -144,7 +144,7 @@ def _calls_from_grown(at: At, by_size: dict[int, list[Row]], *, clip: bool) -> N
     """Each BLS kind's call cost at each size above the smallest, where its grown probe gave its BLS model's hold and
     its step models' (``model_us``, ``steps_us``): the hold less theirs and less its own stub, its two small ways and
     own stub priced at the smallest size. The chains' slope prices calls cold, and too low at large sizes
-    (docs/server_profiles.md, "Calls from the grown probes")."""
+    (docs/calibration_internals.md, "The fit")."""
     smallest = min(at)
     for kind in BLS_KINDS:
         own, call = FORMS[kind].own_cost, FORMS[kind].call_cost
@@ -173,7 +173,7 @@ def _grown_ensemble_left(at: At, by_size: dict[int, list[Row]], size: int) -> fl
 def _steps_from_grown(at: At, by_size: dict[int, list[Row]], *, clip: bool) -> None:
     """The ensemble's hand-off of a step's tensors (``ensemble_step``) above the smallest size, where the grown ensemble
     was measured: the smallest size's, plus a sixth (six of its hand-offs carry the size) of what it took beyond its
-    stubs above that at the smallest (docs/server_profiles.md, "An ensemble's hand-offs from the grown probe")."""
+    stubs above that at the smallest (docs/calibration_internals.md, "The fit")."""
     smallest = min(at)
     base = _grown_ensemble_left(at, by_size, smallest)
     if base is None:
@@ -189,7 +189,7 @@ def _steps_from_grown(at: At, by_size: dict[int, list[Row]], *, clip: bool) -> N
 def _gate_from_gated(at: At, by_size: dict[int, list[Row]], *, clip: bool) -> None:
     """What a gated ensemble pays beyond an ungated one, where both grown probes were measured: the
     gated probe's latency less the grown ensemble's, less what the profile prices its gate model by (a
-    step and a stub at the smallest size): docs/server_profiles.md, "Gated ensembles"."""
+    step and a stub at the smallest size): docs/calibration_internals.md, "The probes"."""
     smallest = min(at)
     charged = sum(at[smallest]["ensemble_step"]) * 2 + sum(at[smallest]["ensemble_stub"])
     for size, rows in by_size.items():

@@ -46,14 +46,14 @@ class Sample:
     for an ensemble probe, how long the request was in the ensemble (Triton's own request time
     for it, from receiving the request to answering it), less its steps' work. Neither holds
     the client's send, which stalls a 4 MiB request by 40-60 ms in some requests and not in
-    others (docs/server_profiles.md). ``None`` for the step probe, or without statistics.
+    others (docs/calibration_internals.md). ``None`` for the step probe, or without statistics.
     ``steps_us``, for a grown BLS probe, what all its step models (``grow``, the identities,
     ``shrink``) held their instances for one request, less the identities' work: the hold
     less these is what its calls cost, warm, as a user's pipeline makes them.
     ``reader_us``, for a grown probe, what one execution of its ``shrink`` step model cost in
     its stub (compute infer + output): a step that reads an input of the size and answers one
     byte, whose own work is nothing. Above its figure at the smallest size, it is the part of a
-    stub's cost that its input's size sets on the stub's side (docs/server_profiles.md).
+    stub's cost that its input's size sets on the stub's side (docs/calibration_internals.md).
 
     Those six are read per round; the fit (:func:`pipelines.calibration.fit.fit_rounds`)
     takes their medians over the rounds, and bootstraps the rounds for the intervals.
@@ -82,8 +82,7 @@ class Budget:
     # of a median of seven lies between the second and the sixth round's figures, which hold the
     # true median with 87.5 % whatever the noise (Bin(7, 1/2)): fewer rounds would widen it to
     # the extremes, and more would cost the largest sizes' time, which one request a round sets.
-    # A full calibration with these took 100.7 s on a loaded 2-core machine, where the two passes
-    # it replaced took 101.2 s, back to back with it (docs/server_profiles.md).
+    # ``seconds`` keeps a full calibration near 100 s on 2 cores: the 32 MiB probes set each round's floor.
     rounds: int = 7
     min_requests: int = 1
     max_requests: int = 4
@@ -101,7 +100,7 @@ class Budget:
 # A grown probe's requests come in bursts of this many timed ones, after one untimed: back to back,
 # as a pipeline's requests are, and in turns with the other kinds' grown probes of the size. Only
 # the first of a burst follows a read of the statistics (which makes a 4 MiB request 4-9 % faster:
-# docs/server_profiles.md, "A burst is read whole").
+# docs/calibration_internals.md, "Rounds, turns and bursts").
 _GROWN_BURST = 4
 
 
@@ -133,12 +132,11 @@ def measure_probes(
     - **A grown probe's requests come back to back:** it prices the stubs and calls a
       pipeline pays, and a pipeline's stubs serve requests one after another, warm (at
       4 MiB, 2.0 ms a stub back to back against 2.7 ms taken in turns with other models,
-      on the bundled server: docs/server_profiles.md). So the grown probes of one size take
+      on the bundled server: docs/calibration_internals.md). So the grown probes of one size take
       turns in bursts of :data:`_GROWN_BURST` timed requests after an untimed one, which
       warms the model again, and the statistics are read around the timed ones whole. The
-      fused chains take turns as the other chains do (back to back, its own hold measured
-      half as much, and predicted the fused form worse: docs/server_profiles.md, "The fused
-      model's own costs").
+      fused chains take turns as the other chains do: a fused model whose steps take a while
+      idles between them, as a probe taking turns does (docs/design_notes.md).
 
     ``statistics(model)`` (Triton's statistics API answer), when given, is read around each
     timed request of a chain (around each burst of a grown probe) for the stub's own cost, and
@@ -278,7 +276,7 @@ def measure_lanes(
     ``connect()`` makes an asyncio client (``infer(model, inputs)``, ``close()``). Returns
     the lanes and, per probe, ``(label, infer/s at 1, infer/s at the high concurrency,
     its own lanes, its windows' spread)``: a probe's tensor size sets how many requests' copies
-    the server makes at once (docs/server_profiles.md); the spread is how far the server's
+    the server makes at once (docs/calibration_internals.md); the spread is how far the server's
     throughput moved from one window to the next, half the range of a concurrency's three
     windows over their median, the larger of the two concurrencies'.
     """

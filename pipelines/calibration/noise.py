@@ -1,6 +1,6 @@
 """How steady the machine was while a calibration or a prediction worked: the CPU that other processes used, the
 time the hypervisor stole, and repeated measurements that disagreed. A busy machine's figures are still used, but
-said to be, and a prediction's ranges widen to match (docs/prediction.md, "Ranges, winners and a busy machine").
+said to be, and a prediction's ranges widen to match (docs/prediction.md, "Reading a prediction").
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ class identity:  # noqa: N801 - the probe step models are named after it
     cost: a thread waiting on an instant step is still awake when the answer comes,
     one waiting on a step that takes a while has gone to sleep and must be woken.
     Measured on this machine, a 1 ms step made each hand-off 30–130 µs dearer than
-    an instant one, in every form (docs/server_profiles.md). Busy, not asleep, so that
+    an instant one, in every form (docs/calibration_internals.md). Busy, not asleep, so that
     the time is exact and :func:`pipelines.calibration.measure.measure_probes` can
     take it off.
     """
@@ -220,7 +220,7 @@ class Probe:
         """The step models whose statistics price this probe's stubs. In an ensemble, the last
         step's output is the ensemble's answer, and Triton counts copying it into the response
         in that step's compute output (at 4 MiB, 1.35 ms against 0.55 for a step whose output
-        feeds the next one: docs/server_profiles.md); a step of a user's pipeline mostly feeds
+        feeds the next one: docs/calibration_internals.md); a step of a user's pipeline mostly feeds
         another step, and the answer's copy is the ensemble's own, paid by the request's
         outputs. So an ensemble's stubs are priced by its steps before the last (none in an
         ensemble of one step); a BLS model takes every step's outputs back alike, and in a

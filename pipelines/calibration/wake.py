@@ -1,25 +1,13 @@
-"""What a hand-off between processes costs once the side that waits for it has waited a while.
+"""What a hand-off between processes costs once the side that waits for it has waited a while:
+the ``wake`` and ``wake_idle`` curves of a profile (docs/simulation.md, "Waking a side that waited").
 
-The probes price each boundary with steps that work :data:`~pipelines.calibration.probes.BUSY_MS`
-(0.5 ms) before they answer. A real step works longer, and a thread that waits longer for it
-goes to sleep, and its core idles: on this project's 2-core VM a request whose one step worked
-20 ms cost 0.6-0.8 ms more than one whose step worked 0.5 ms, beyond the 19.5 ms of work, in every
-form (a direct call of the step model, an ensemble, a BLS model, a fused model alike), and 0.1 ms
-more at 2 ms. That is most of what the simulation missed at concurrency 1: every latency a few
-per cent low, from 0.9 to 1.7 ms a request (docs/prediction.md).
-
-So the calibration calls a step model directly with several work times, in rounds, and the
-profile keeps each one's cost above the 0.5 ms one's as ``wake``: ``(waited µs, µs)`` points, per
-hand-off. A step that sleeps leaves every core idle, and waking an idle machine costs more (a
-10-step chain of 1 ms sleeps was predicted 1.7 ms low where a working probe priced nothing at 2 ms),
-so a second step model sleeps instead, and its figures are ``wake_idle``, by how long every core
-idled. They are read against the working probe's 0.5 ms figure, the probes' own, and less what the
-sleep itself overslept (the step says how long it slept; a step profile holds that part): a step
-that sleeps 0.5 ms already costs 113-119 µs more than one that works as long, 70-80 of them its
-oversleep (docs/prediction.md, "Waking a side that waited"). A direct call has two hand-offs
-that wait (the server's thread waits for the stub, the client for the server), so each costs half
-the difference. The simulation pays it where a request waits for another process, while a core is
-idle (:mod:`pipelines.predict.simulator`).
+The probes price every boundary with steps that work
+:data:`~pipelines.calibration.probes.BUSY_MS` before they answer; a real step works longer, and the
+thread that waits for it goes to sleep and must be woken. So a step model is called directly with
+several work times (``wake``), and a second one that sleeps instead, leaving every core idle
+(``wake_idle``). Both are read against the working probe's 0.5 ms figure, less what the sleep itself
+overslept (a step profile holds that part), and halved: a direct call has two hand-offs that wait
+(the server's thread for the stub, the client for the server).
 """
 
 from __future__ import annotations

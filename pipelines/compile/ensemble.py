@@ -30,7 +30,7 @@ scheduler (facts and sources in ``docs/triton_ensemble.md``):
   arrives under: that input and one alias of it per node (``x__at_<node>``) are
   declared optional, and each node's ensemble step maps the tensor to its own
   alias. The name costs nothing and frees the shared model's chain from the gate
-  (docs/benchmarks.md, compiled models against hand-written ones).
+  (docs/compiled_repository.md, compiled models against hand-written ones).
 """
 
 from __future__ import annotations

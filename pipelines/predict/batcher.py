@@ -55,7 +55,7 @@ class _Payload:
 class ModelScheduler:
     """A model's queue and instances. ``max_batch_size`` 0, or no ``dynamic_batching``: one request an execution, in
     arrival order. Otherwise Triton's dynamic batcher (2.51, ``DynamicBatchScheduler`` and the rate limiter's payload
-    queue) step by step, as docs/prediction.md, "The queues", tells it with why a server forms smaller batches than
+    queue) step by step, as docs/simulation.md, "The queues", tells it with why a server forms smaller batches than
     "every request waiting when an instance frees": a batcher thread moves requests into a payload (:meth:`_batch`),
     which keeps growing while it waits for an instance, but only when the thread is woken (see :meth:`submit`); at
     most two payloads an instance wait."""

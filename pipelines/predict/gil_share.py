@@ -39,7 +39,7 @@ def gil_losses(first: Callable[[], Any], second: Callable[[], Any], wall_s: floa
 
 def _lost_share(alone: Span, cpu_alone: float, a: Span, b: Span, cpu_both: float, *, cores: int) -> float:
     """One pair of runs: ``alone`` in one thread, then ``a`` and ``b`` in two at once (start and end, in seconds), and
-    the CPU seconds the process used in each; how it reads them: docs/prediction.md, "Step profiles"."""
+    the CPU seconds the process used in each; how it reads them: docs/step_profiles.md."""
     t1 = alone[1] - alone[0]
     t2 = max(a[1], b[1]) - min(a[0], b[0])
     expected = max(t1, 2 * cpu_alone / cores) if cores > 1 else t1

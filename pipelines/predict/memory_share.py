@@ -1,5 +1,5 @@
 """How much of a step's time waits on memory, its *memory share*: how it is read, what it measured, and why CPU time,
-the streamer's duty and the pinning to cores, in docs/prediction.md, "The memory bus". The streamer is a plain
+the streamer's duty and the pinning to cores, in docs/simulation.md, "The memory bus". The streamer is a plain
 interpreter, not :mod:`multiprocessing`'s, whose spawned children import the caller's ``__main__`` again and whose
 forked ones copy its threads.
 """
@@ -176,7 +176,7 @@ class MemoryShare:
 
 def measure_memory_share(call: Callable[[], Any], beside: Streamer | None, *,
                          before: Callable[[], None] | None = None, repeats: int | None = None) -> MemoryShare:
-    """``call()``'s memory share and traffic (docs/prediction.md, "The memory bus"); 0 and ``None`` where nothing can
+    """``call()``'s memory share and traffic (docs/simulation.md, "The memory bus"); 0 and ``None`` where nothing can
     run beside it (one core) or the machine is too busy to tell (a duty below :data:`MIN_DUTY`). A turn alone and one
     loaded follow each other, so that a drift of the machine's speed moves both alike, each ``repeats`` calls (default:
     by time) with ``before()`` untimed before each; the traffic's turns run no ``before()`` (it streams itself), so the

@@ -34,12 +34,10 @@ __all__ = ["Prediction", "PredictionRow", "Predictor", "predict"]
 MIB = float(1 << 20)
 #: A closed loop's measured requests and warm-up. It settles into a repeating schedule: 500 give the
 #: figures of 8000 within 0.8 % (throughput) and 1.4 % (p50), most of them exactly, in half the time
-#: of 1000 (docs/prediction.md, "The queues"). An open loop's figures are a sample: it keeps Load's 1000.
+#: of 1000 (docs/simulation.md, "The queues"). An open loop's figures are a sample: it keeps Load's 1000.
 CLOSED_LOOP = {"requests": 500, "warmup": 50}
-#: The closed loop a range's two ends are simulated on: 120 measured requests after 30 gave the figures of 500 within
-#: 1.3 % on yolov5, the diamond, chain10, capacity:batched and capacity:twin, every form at 1, 4 and 16, each end, in
-#: 29 % of the time (200 after 20: 0.8 % in 41 %; 100 after 30: 4.6 %), so that a prediction with its ranges costs
-#: about 1.6 times one without (docs/prediction.md, "Ranges, winners and a busy machine").
+#: The closed loop a range's two ends are simulated on: it gives the figures of 500 within 1.3 % in 29 % of the time,
+#: so a prediction with its ranges costs about 1.6 times one without (docs/prediction.md, "Reading a prediction").
 RANGE_LOOP = {"requests": 120, "warmup": 30}
 #: The least a range is widened by, either way: the closed loop's own precision (500 requests give the figures of
 #: 8000 within 0.8 % for throughput and 1.4 % for p50), so that a profile without intervals names no winner by less.
@@ -50,7 +48,7 @@ SIMULATION_SPREAD = 0.015
 class PredictionRow:
     """One form at one load, as the simulation predicts it. ``p50_ms_range``, ``p95_ms_range`` and
     ``throughput_range``: ``(low, high)``, what the measured costs' uncertainty and the machine's noise allow
-    (:meth:`Predictor.row`, docs/prediction.md "Ranges, winners and a busy machine"); ``None``: not computed (a
+    (:meth:`Predictor.row`, docs/prediction.md, "Reading a prediction"); ``None``: not computed (a
     configuration advise only screened)."""
 
     form: str

@@ -1,7 +1,7 @@
 """The server's cores as one processor-sharing resource on a SimPy clock. Every CPU cost the simulator prices is a job
 here, so CPU work beyond the cores slows every job down at once, as the server's scheduler does, instead of queueing
 whole jobs behind each other. The model (a job's span, cap, memory share and traffic), and what was measured for it:
-docs/prediction.md, "The cores, as processor sharing" and "The memory bus".
+docs/simulation.md, "The cores, as processor sharing" and "The memory bus".
 
 Beyond the cores, a job of a core or more takes ``f`` times its span, one below a core ``(1 - cap) + cap × f``: ``f``
 solves ``Σ_full cap / f + Σ_below cap / ((1 - cap) + cap × f) = cores`` by Newton's method, times the memory bus's

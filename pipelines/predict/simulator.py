@@ -97,7 +97,7 @@ def core_ceiling(spec: SimSpec) -> float:
 class _Server:
     """The simulated server of one :class:`SimSpec`: its cores (every cost is a job on them), its models (each a queue
     and instances: :class:`ModelScheduler`), and each form's way of taking a request through them (:meth:`request`), as
-    docs/prediction.md tells it: "The queues", and "Where each cost is paid" (which cost each form pays when, and what
+    docs/simulation.md tells it: "The queues", and "Where each cost is paid" (which cost each form pays when, and what
     it holds meanwhile)."""
 
     def __init__(self, env: simpy.Environment, spec: SimSpec) -> None:
@@ -154,7 +154,7 @@ class _Server:
         self._top_in = self._price(top, _IN, in_bytes)
         # A round's answers leave its stub together, as the list its execute() returns: the way out's fixed part is the
         # round's, as the way in's is, and each request pays its bytes. It is paid with the way in, as one job: the
-        # round's answers leave as it ends either way (docs/prediction.md, "Where each cost is paid").
+        # round's answers leave as it ends either way (docs/simulation.md, "Where each cost is paid").
         self._out_fixed = self._price(top, _OUT, 0)
         self._top_out = self._price(top, _OUT, out_bytes) - self._out_fixed
         self._round_request = Cost(spec.round_request_us if form == "fused" else 0.0)
@@ -168,7 +168,7 @@ class _Server:
         # The BLS model's own work (its ways in and out, its calls') is Python: one GIL an instance, whatever the cores.
         self._bls_gils = [Lock(self.env) for _ in range(spec.top_instances)]
         # async_exec() waits for each answer in a thread of the stub's default executor: at most call_threads calls of
-        # an instance in flight (docs/prediction.md); a sync call waits in the loop's thread, one at a time anyway.
+        # an instance in flight (docs/simulation.md); a sync call waits in the loop's thread, one at a time anyway.
         self._call_threads = [Lock(self.env, spec.call_threads) if spec.call_threads else None
                               for _ in range(spec.top_instances)]
         self._add_model(form, ModelScheduler(
@@ -404,7 +404,7 @@ class _Server:
     def _fused_step(self, step: StepSpec, rows: int, fused: FusedInstance, locked: Collection[str], alone: bool) -> Flow:
         """A step inside the fused model's process: its ``gil_share`` of CPU time holds the instance's GIL as one phase
         before the rest, both at the step's own cores (at least one with the GIL), so alone it takes its wall time; it
-        runs on the event loop's thread where ``alone`` in its run, else in the step pool (docs/prediction.md, "Fused,
+        runs on the event loop's thread where ``alone`` in its run, else in the step pool (docs/simulation.md, "Fused,
         with its GIL share")."""
         if step.external:
             yield from self._call(step, rows, threads=fused.threads)

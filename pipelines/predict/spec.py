@@ -152,7 +152,7 @@ class SimSpec:
 class Load:
     """How clients load the server: ``concurrency`` clients in a closed loop (as perf_analyzer), or Poisson arrivals
     at ``rate`` requests/s (open loop); one of the two. ``requests`` are measured after ``warmup`` more; ``seed``
-    makes arrivals repeatable (how many an open loop needs: docs/prediction.md, "The queues")."""
+    makes arrivals repeatable (how many an open loop needs: docs/simulation.md, "The queues")."""
 
     concurrency: int | None = None
     rate: float | None = None

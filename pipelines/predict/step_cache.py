@@ -82,7 +82,7 @@ def cache_key(digest: str, inputs: Mapping[str, TensorSpec], returns: Sequence[s
               *, server: str | None = None) -> str:
     """A key of all that decides a step's cost: its code, what it is handed (and ``origins``: where
     each input came from, since a step's cost can follow its inputs' values), what it hands on, the
-    batch sizes, its device, any cost given, and this machine (docs/prediction.md, "Step profiles").
+    batch sizes, its device, any cost given, and this machine (docs/step_profiles.md).
     ``server``: the server that measured it (:mod:`pipelines.predict.server_steps`); None: here."""
     key = {
         "format": CACHE_FORMAT,

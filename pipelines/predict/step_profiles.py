@@ -1,5 +1,5 @@
 """Step profiles: what each live step of a pipeline costs when it runs for real, here, on the
-tensors the pipeline hands it, at each batch size (docs/prediction.md, "Step profiles").
+tensors the pipeline hands it, at each batch size (docs/step_profiles.md).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def profile_steps(pipeline: Pipeline, inputs: Mapping[str, Any], *, cache: str |
     """Profile each live step of ``pipeline`` (by node name, in the plan's order) as its Triton model runs it, on its
     device, on ``inputs`` (one request, as :meth:`Pipeline.run` takes it) propagated through the DAG: at 1, 2, 4, ...
     rows and its ``max_batch_size`` (or ``batch_sizes`` up to it), ``repeats`` times in each of :data:`ROUNDS` rounds
-    (default: by time). ``costs`` and ``cache``: docs/prediction.md, "Step profiles".
+    (default: by time). ``costs`` and ``cache``: docs/step_profiles.md.
     ``progress(done, total, node)`` is called as each step is done; a step that fails is a
     :class:`~pipelines.errors.StepError` naming the pipeline and the step, with its error."""
     # As the server's stubs do (pipelines.freed_memory): a step must not page-fault its fresh arrays in at every call.
@@ -212,7 +212,7 @@ class _Profiler:
                 batches = [runner.placed(rows_of(handed, b, self.request_rows) if self.batched else handed)
                            for b in sizes]
                 # Untimed before each timed call: on the server, large inputs are not in the caches
-                # (docs/prediction.md, "Step profiles"); a GPU step's inputs are on its device.
+                # (docs/step_profiles.md); a GPU step's inputs are on its device.
                 colds = [evict if not runner.gpu and common["in_bytes"] * b >= COLD_BYTES else None for b in sizes]
                 # made once for every round: an async step's caller opens an event loop of its own
                 calls = [runner.caller(b) for b in batches]

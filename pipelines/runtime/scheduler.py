@@ -14,8 +14,7 @@ timeout runs inline on the event loop when the hop cannot buy overlap:
   ``"bls-sync"``, ``"fused"``): the others wait for a round of their own, as they do on
   the server, and no step of theirs can start meanwhile. A sync BLS round at
   concurrency 4 thus runs its steps as one request alone does; handed to threads, they
-  held each request of ``large``'s round 0.9 ms longer than at concurrency 1
-  (docs/server_profiles.md), or
+  held each request of ``large``'s round 0.9 ms longer than at concurrency 1, or
 - its typical compute time (an average over its last calls, after 3 of them) is
   below the cost of a hop, measured once per process (overlap would cost more
   than it saves).

@@ -5,8 +5,7 @@ of it at each numpy call and waits to take it back, so whatever Python runs
 beside it (other steps, the event loop, the hand-overs) lengthens it. On a
 server, each instance has a stub process and a GIL of its own. Measured on
 yolov5's stand-in detector: 12.7 ms alone, 210 ms beside a thread looping on
-pure Python, 12.2 ms beside the same loop in another process
-(docs/server_profiles.md). ``LocalRuntime(isolation="process")`` runs each
+pure Python, 12.2 ms beside the same loop in another process. ``LocalRuntime(isolation="process")`` runs each
 instance of a step where the server runs it: in a process of its own, so that
 steps side by side do not wait for each other's GIL.
 

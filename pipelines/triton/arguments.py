@@ -53,7 +53,7 @@ class PythonBackendSettings:
     its arrays free, for the next call, instead of handing it back to the kernel
     after each one: a step that makes one fresh 4 MiB array per call then spends
     1.2 ms in its stub rather than 3.7 ms, the difference being page faults
-    (measured on Triton 2.51, docs/server_profiles.md; see :mod:`pipelines.freed_memory`). It sets glibc's
+    (measured on Triton 2.51, docs/calibration_internals.md; see :mod:`pipelines.freed_memory`). It sets glibc's
     ``MALLOC_MMAP_THRESHOLD_`` (32 MiB) and ``MALLOC_TRIM_THRESHOLD_`` (64 MiB) in the
     server's environment, which its stubs inherit: arrays under 32 MiB come from the
     heap, and each process keeps up to 64 MiB of freed heap. Variables of the same
