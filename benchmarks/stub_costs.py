@@ -1,6 +1,6 @@
 """What a Python step's stub costs on the bundled server, by where its output goes and by
 whether the stub is warm: the two facts `pipelines calibrate` prices stubs by
-(docs/server_profiles.md, "The answer's copy" and "Warm probes").
+(docs/calibration_internals.md and docs/design_notes.md).
 
 Two-step ensembles of identity-like steps over one UINT8 tensor (4 and 12 MiB):
 ``ident`` returns its input, ``busy`` works 0.5 ms first (as the calibration probes

@@ -1,5 +1,5 @@
 """Triton's dynamic batcher forms *payloads*, and the simulation follows it
-(``pipelines/predict/batcher.py``, docs/prediction.md "The dynamic batcher"): a payload
+(``pipelines/predict/batcher.py``, docs/simulation.md, "The queues"): a payload
 formed while the instance is busy waits for it, and a request that arrives meanwhile joins it
 only if it wakes the batcher's thread (enough rows to make up what the payload lacks of
 its next preferred size). Checked here on the real server, and beside it in the simulation,

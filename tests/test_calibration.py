@@ -290,7 +290,7 @@ def test_each_forms_step_stubs_are_priced_by_its_own_probes_statistics():
 
 def test_the_fused_models_own_costs_are_priced_by_its_own_probes_not_the_bls_models():
     # The fused model's own hold is not the BLS model's (0.34 against 0.65 ms around one identity,
-    # timed by hand on the bundled server: docs/server_profiles.md, "The fused model's own costs"):
+    # timed by hand on the bundled server: docs/design_notes.md, "The fused model's own probes take turns"):
     # its chains price their own line, with no stub per step, and leave the BLS figures be.
     true = dict(TRUE, bls_model=Cost(700.0, 200.0), bls_stub=Cost(120.0, 1000.0),
                 fused_model=Cost(280.0, 150.0), fused_step=Cost(40.0, 0.0))

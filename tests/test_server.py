@@ -134,7 +134,7 @@ def test_a_stubs_shared_memory_grows_by_the_step_it_is_given_and_stays(server):
         grown = region.stat().st_size
         client.infer("echo", small)
     assert before >= SHM_DEFAULT and (grown - SHM_DEFAULT) % SHM_GROWTH == 0 and grown >= before + 2 * 32 * 2**20
-    assert region.stat().st_size == grown, "the region shrank; docs/triton_failures.md says it never does"
+    assert region.stat().st_size == grown, "the region shrank; docs/triton_server_failures.md says it never does"
 
 
 def _stub_environment(server) -> dict[str, str]:
