@@ -84,11 +84,31 @@ def sample_requests(
         return _as_list(inputs, "inputs")
     maker = getattr(module, "sample_inputs", None) if module is not None else None
     if callable(maker):
-        return _as_list(maker(batch), f"{module.__name__}.sample_inputs({batch})")
+        takes_batch = _takes_batch(maker, f"{module.__name__}.sample_inputs")
+        made = maker(batch) if takes_batch else maker()
+        return _as_list(made, f"{module.__name__}.sample_inputs({batch if takes_batch else ''})")
     images = getattr(module, "make_sample", None) if module is not None else None
     if callable(images) and len(pipeline.inputs) == 1:
         return [_image_request(pipeline, images(seed=i), batch) for i in range(count)]
     return [random_request(pipeline, batch=batch, size=size, seed=i) for i in range(count)]
+
+
+def _takes_batch(maker: Any, name: str) -> bool:
+    """Whether a module's ``sample_inputs`` takes the batch size: ``sample_inputs(batch)`` or ``sample_inputs()``."""
+    import inspect
+
+    try:
+        signature = inspect.signature(maker)
+    except (TypeError, ValueError):  # a builtin or C callable: called as documented
+        return True
+    for args in ((1,), ()):
+        try:
+            signature.bind(*args)
+        except TypeError:
+            continue
+        return bool(args)
+    raise PipelinesError(f"{name}{signature} cannot be called: define it as sample_inputs(batch) (the rows a request "
+                         "holds) or sample_inputs(), returning one request (a dict of arrays) or a list of them")
 
 
 def _image_request(pipeline: Pipeline, sample: Mapping[str, Any], batch: int) -> dict[str, Any]:

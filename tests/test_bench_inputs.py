@@ -42,3 +42,20 @@ def test_bench_input_names_what_is_missing_or_unknown(tmp_path):
         _given_inputs("test_bench_inputs:recording", [f"words={path}"], BenchSettings())
     with pytest.raises(PipelinesError, match="--batch does not apply with --input"):
         _given_inputs("test_bench_inputs:recording", [f"text={path}"], BenchSettings(batch=2))
+
+
+def test_a_modules_sample_inputs_may_take_the_batch_or_nothing_and_a_wrong_one_is_named():
+    import types
+
+    from pipelines.sample_inputs import sample_requests
+
+    request = {"text": np.array([[b"mine"]], dtype=object)}
+    for hook in (lambda: [request], lambda batch: [request], lambda batch=1: request):
+        module = types.ModuleType("mypipe")
+        module.sample_inputs = hook
+        assert sample_requests(recording, module=module)[0]["text"][0, 0] == b"mine"
+    module = types.ModuleType("mypipe")
+    module.sample_inputs = lambda batch, seed: [request]
+    with pytest.raises(PipelinesError, match=r"mypipe.sample_inputs\(batch, seed\) cannot be called: define it as "
+                                             r"sample_inputs\(batch\)"):
+        sample_requests(recording, module=module)
