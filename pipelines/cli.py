@@ -145,14 +145,28 @@ def _cmd_run(args: argparse.Namespace) -> int:
             out = await rt.infer(inputs)
             return out, rt.report()
 
+    def show(outputs: dict, suffix: str = "") -> None:
+        for name, value in outputs.items():
+            arr = np.asarray(value)
+            print(f"{name}: {arr.dtype} {list(arr.shape)}")
+            if out_dir is not None:
+                np.save(out_dir / f"{name}{suffix}.npy", arr)
+            elif arr.size <= 64:
+                print(f"  {arr.tolist()}")
+
+    if p.streaming:  # each response as it comes, numbered; with --out, NAME_<i>.npy
+        from .runtime.local import stream_pipeline
+
+        count = 0
+        for count, response in enumerate(stream_pipeline(p, inputs, mode=args.mode), start=1):
+            print(f"response {count}:", flush=True)
+            show(response, f"_{count}")
+        print(f"{count} response(s)")
+        if args.report:
+            print("--report: not kept for a streaming pipeline's responses yet")
+        return 0
     outputs, report = anyio.run(go)
-    for name, value in outputs.items():
-        arr = np.asarray(value)
-        print(f"{name}: {arr.dtype} {list(arr.shape)}")
-        if out_dir is not None:
-            np.save(out_dir / f"{name}.npy", arr)
-        elif arr.size <= 64:
-            print(f"  {arr.tolist()}")
+    show(outputs)
     if args.report:
         print(report)
     return 0

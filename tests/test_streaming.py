@@ -297,3 +297,18 @@ def test_a_batched_stream_in_the_ensemble_mode():
     p.output("sq", p.add(square, tok=p.add(two, n=p.input("n"))["tok"])["sq"])
     got = [r["sq"].ravel().tolist() for r in p.stream({"n": np.array([[1], [2]], np.int32)}, mode="ensemble")]
     assert got == [[1, 4], [4, 9]]
+
+
+def test_pipelines_run_prints_each_response_of_a_streaming_pipeline_and_saves_them_numbered(tmp_path, capsys):
+    from pipelines.cli import main
+    from pipelines.examples import textgen
+
+    prompt = tmp_path / "prompt.npy"
+    np.save(prompt, np.array([b"hello there"], dtype=object))
+    expected = textgen.pipeline.run({"prompt": np.array([b"hello there"], dtype=object)}, mode="fused")
+    assert main(["run", "pipelines.examples.textgen:pipeline", "--mode", "fused", "--input", f"prompt={prompt}",
+                 "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("response ") == len(expected) and f"{len(expected)} response(s)" in printed
+    for i, response in enumerate(expected, start=1):
+        assert np.load(tmp_path / "out" / f"text_{i}.npy", allow_pickle=True).tolist() == response["text"].tolist()
