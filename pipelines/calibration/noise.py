@@ -14,6 +14,7 @@ from time import perf_counter
 from typing import Any
 
 from ..errors import PipelinesError
+from ..machine import process_stats
 
 __all__ = ["BUSY", "MAX_WIDENING", "MachineNoise", "NoiseWatch", "round_disagreement"]
 
@@ -184,25 +185,14 @@ def _machine_ticks() -> tuple[float, float, float] | None:
 
 def _tree_ticks() -> float | None:
     """The CPU clock ticks this process and its descendants have used, with the children each has reaped."""
-    try:
-        names = os.listdir("/proc")
-    except OSError:
+    if not os.path.isdir("/proc"):
         return None
     parents: dict[int, int] = {}
     ticks: dict[int, float] = {}
-    for name in names:
-        if not name.isdigit():
-            continue
+    for pid, stat in process_stats():
         try:
-            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
-                text = f.read()
-        except OSError:
-            continue  # gone since the listing
-        # the command name is in parentheses and may hold spaces: the fields follow its last ')'
-        rest = text[text.rfind(")") + 2:].split()
-        try:
-            parents[int(name)] = int(rest[1])
-            ticks[int(name)] = sum(float(v) for v in rest[11:15])  # utime, stime, cutime, cstime
+            parents[pid] = int(stat[1])
+            ticks[pid] = sum(float(v) for v in stat[11:15])  # utime, stime, cutime, cstime
         except (IndexError, ValueError):
             continue
     ours, frontier = {os.getpid()}, [os.getpid()]

@@ -14,6 +14,8 @@ import time
 from collections.abc import Iterator
 from typing import Protocol
 
+from ..machine import process_stats
+
 __all__ = [
     "SHM_TAG",
     "REGISTRY",
@@ -111,29 +113,19 @@ def shutdown_connections(ports: set[int]) -> int:
 def live_processes(*, pgid: int | None, marker: bytes | None = None) -> list[int]:
     """Running (not zombie) processes in group ``pgid`` or whose command line holds ``marker``."""
     found: list[int] = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit():
-            continue
+    for pid, fields in process_stats():
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-            # The command name may hold spaces or parentheses; the fields after the last ')' do not.
-            fields = stat[stat.rindex(b")") + 2 :].split()
             state, group = fields[0], int(fields[2])
             if state in (b"Z", b"X"):
                 continue
             if group == pgid:
-                found.append(int(entry))
+                found.append(pid)
                 continue
             if marker is None:
                 continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if marker in f.read():
-                    found.append(int(entry))
+                    found.append(pid)
         except (OSError, ValueError, IndexError):
             continue  # the process went away while we looked
     return found
