@@ -96,7 +96,7 @@ class Advice:
         return tuple(out)
 
     def table(self, k: int = 5) -> str:
-        from .prediction import _ranged
+        from .prediction_rows import _ranged
 
         headers = ["#", "configuration", "p50 ms", "p95 ms", "infer/s", "bottleneck", "meets p95"]
         body = []
