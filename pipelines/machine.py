@@ -7,29 +7,9 @@ from __future__ import annotations
 import os
 import platform
 import shutil
-from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["machine_info", "process_stats"]
-
-
-def process_stats() -> Iterator[tuple[int, list[bytes]]]:
-    """Every process's ``/proc/PID/stat`` fields after its command name (``state`` first, then ``ppid``,
-    ``pgrp`` ...), by pid; nothing off Linux. The name may hold spaces or parentheses, the fields after its
-    last ``)`` cannot; a process that goes away while it is read is left out."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        yield int(entry), stat[stat.rfind(b")") + 2:].split()
+__all__ = ["machine_info"]
 
 
 def _cpu_model() -> str | None:

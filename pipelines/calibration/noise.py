@@ -14,7 +14,7 @@ from time import perf_counter
 from typing import Any
 
 from ..errors import PipelinesError
-from ..machine import process_stats
+from ..triton.cleanup import process_stats
 
 __all__ = ["BUSY", "MAX_WIDENING", "MachineNoise", "NoiseWatch", "round_disagreement"]
 

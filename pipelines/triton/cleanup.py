@@ -1,5 +1,6 @@
 """Finding and removing what a server leaves: its process group, stubs, shared memory, and servers
-whose owner forgot them (stopped at interpreter exit)."""
+whose owner forgot them (stopped at interpreter exit). It imports the standard library only: the
+supervisor runs it as a script, beside itself, where no package is importable."""
 
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ import time
 from collections.abc import Iterator
 from typing import Protocol
 
-from ..machine import process_stats
-
 __all__ = [
     "SHM_TAG",
     "REGISTRY",
@@ -23,6 +22,7 @@ __all__ = [
     "shutdown_connections",
     "tcp_socket_inodes",
     "live_processes",
+    "process_stats",
     "remove_shm",
     "sigint_deferred",
     "signal_group",
@@ -108,6 +108,25 @@ def shutdown_connections(ports: set[int]) -> int:
                 finally:
                     sock.detach()  # the fd stays its owner's to close
     return done
+
+
+def process_stats() -> Iterator[tuple[int, list[bytes]]]:
+    """Every process's ``/proc/PID/stat`` fields after its command name (``state`` first, then ``ppid``,
+    ``pgrp`` ...), by pid; nothing off Linux. The name may hold spaces or parentheses, the fields after its
+    last ``)`` cannot; a process that goes away while it is read is left out."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        yield int(entry), stat[stat.rfind(b")") + 2:].split()
 
 
 def live_processes(*, pgid: int | None, marker: bytes | None = None) -> list[int]:
