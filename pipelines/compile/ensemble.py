@@ -47,6 +47,7 @@ from ..plan import gated_ensemble, plan_of, refuse_streaming_form
 from ..tensor import TensorSpec
 from .bound_plan import BoundNode, CompilePlan, bind_plan
 from .configs import add_io
+from .ensemble_streams import StreamWiring, stream_wiring
 from .ensemble_wiring import (
     ERR_OUTPUT,
     NODE_ALIAS,
@@ -61,7 +62,6 @@ from .ensemble_wiring import (
     readers_of,
     tensor_of,
 )
-from .ensemble_streams import StreamWiring, stream_wiring
 from .repository import CompiledModel
 from .step_models import PLAN_FORMAT, model_files, plan_json
 

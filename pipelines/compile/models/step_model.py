@@ -13,11 +13,8 @@ package (docs/triton.md).
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import re
-import threading
-import time
 
 import numpy as np
 
@@ -391,7 +388,7 @@ class _Streams:
         except Exception as exc:
             return self._fail(request, sender, wanted, model._message(exc, "InputError", request))
         try:
-            pull = _Pull(model.instance.function(**arrays), self.timeout_s, self._loop)
+            pull = serving.Pull(model.instance.function(**arrays), self.timeout_s, self._loop)
         except Exception as exc:
             return self._fail(request, sender, wanted, model._message(exc, "StepError", request))
         sent = 0
@@ -401,12 +398,12 @@ class _Streams:
             while not sender.is_cancelled():
                 try:
                     item = pull.next()
-                except _PastTimeout:
+                except serving.PastTimeout:
                     return self._fail(request, sender, wanted, self._timed_out(request, sent, pull.stuck))
                 except Exception as exc:
                     text = model._message(exc, "StepError", request, f"(after {sent} responses)")
                     return self._fail(request, sender, wanted, text)
-                if item is _END:
+                if item is serving.END:
                     return None
                 try:
                     outputs = serving.as_arrays(model.instance.normalise(item))
@@ -443,81 +440,3 @@ class _Streams:
         if self.loop is None:
             self.loop = asyncio.new_event_loop()
         return self.loop
-
-
-_END = object()  # a generator's end
-
-
-class _PastTimeout(Exception):
-    """The step's timeout passed before its stream ended."""
-
-
-class _Pull:
-    """A step's stream, one item at a time (a generator, an async one, or any iterable), within
-    an optional deadline: a sync step past it keeps running in the thread it was waited on in."""
-
-    def __init__(self, stream, limit_s, loop_of):
-        self.is_async = inspect.isasyncgen(stream)
-        self.stream = stream if self.is_async or hasattr(stream, "__next__") else iter(stream)
-        self.deadline = time.monotonic() + limit_s if limit_s else None
-        self.loop = loop_of() if self.is_async else None
-        self.stuck = False  # abandoned while it ran: it cannot be closed
-
-    def next(self):
-        left = None
-        if self.deadline is not None:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise _PastTimeout
-        try:
-            if self.is_async:
-                return self._next_async(left)
-            return next(self.stream, _END) if left is None else self._next_in_thread(left)
-        except SystemExit as exc:  # told as the step's failure, as a plain step's exit is
-            raise serving.StepExited(exc.code) from None
-        except KeyboardInterrupt as exc:
-            raise serving.StepInterrupted(exc) from None
-
-    def _next_async(self, left):
-        call = self.stream.__anext__()
-        try:
-            return self.loop.run_until_complete(call if left is None else asyncio.wait_for(call, left))
-        except StopAsyncIteration:
-            return _END
-        except asyncio.TimeoutError:
-            if self.deadline is not None and time.monotonic() >= self.deadline:
-                raise _PastTimeout from None
-            raise
-
-    def _next_in_thread(self, left):
-        box = []
-        done = threading.Event()
-
-        def pull():
-            try:
-                box.append((True, next(self.stream, _END)))
-            except BaseException as exc:  # handed to the waiting thread, which tells it
-                box.append((False, exc))
-            finally:
-                done.set()
-
-        threading.Thread(target=pull, daemon=True, name="stream-step").start()
-        if not done.wait(left):
-            self.stuck = True
-            raise _PastTimeout
-        ok, value = box[0]
-        if ok:
-            return value
-        raise value
-
-    def close(self):
-        """Run the generator's ``finally`` blocks (not for one still running in its thread)."""
-        if self.stuck:
-            return
-        try:
-            if self.is_async:
-                self.loop.run_until_complete(self.stream.aclose())
-            elif hasattr(self.stream, "close"):
-                self.stream.close()
-        except Exception:  # the stream's own failure, if any, was told already
-            pass
