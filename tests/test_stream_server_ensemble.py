@@ -36,8 +36,7 @@ ONE = TensorSpec("INT32", [1])
 # ----------------------------------------------------------------- the steps
 
 
-@step(inputs={"n": ONE}, outputs={"tok": ONE})
-def count(n):
+def responses(n):
     """``n % 100`` responses (0, 1, ...); then, by ``n // 100``: 1 raises, 2 yields a float, 3 a wrong shape."""
     k, then = int(n[0]) % 100, int(n[0]) // 100
     for i in range(k):
@@ -48,6 +47,18 @@ def count(n):
         yield {"tok": np.array([1.5], np.float32)}
     if then == 3:
         yield {"tok": np.array([1, 2], np.int32)}
+
+
+@step(inputs={"n": ONE}, outputs={"tok": ONE})
+def count(n):
+    yield from responses(n)
+
+
+@step(inputs={"n": ONE}, outputs={"tok": ONE}, name="count")
+async def count_async(n):
+    """``count`` as an async generator."""
+    for answer in responses(n):
+        yield answer
 
 
 @step(inputs={"n": ONE}, outputs={"tok": ONE}, timeout=1.0)
@@ -107,9 +118,10 @@ def direct() -> Pipeline:
 
 
 def odd() -> Pipeline:
-    """Names users give (dots, dashes, capitals); outputs that feed a step and are exposed twice."""
+    """Names users give (dots, dashes, capitals); outputs that feed a step and are exposed twice;
+    an async generator."""
     p = Pipeline("Odd.Stream-1", inputs={"n": ONE})
-    gen = p.add(count, name="Gen.v2-X", n=p.input("n"))
+    gen = p.add(count_async, name="Gen.v2-X", n=p.input("n"))
     both = p.add(plus, name="Plus-1.b", tok=gen["tok"], base=gen["tok"])
     p.output("Tok.out", gen["tok"])
     p.output("tok-again", gen["tok"])
