@@ -119,7 +119,7 @@ def test_a_wrong_dtype_or_shape_names_the_step_the_response_and_the_tensor(mode,
         yield {"tok": np.array([1], np.int32)}
         yield {"tok": wrong}
 
-    with pytest.raises(StepError, match=r"node 'count', step 'drifts', tensor 'tok': response 1: output 'tok' " + said) as err:
+    with pytest.raises(StepError, match=r"node 'count', step 'drifts', tensor 'tok': response 2: output 'tok' " + said) as err:
         list(chain(drifts).stream(n(0), mode=mode))
     assert err.value.tensor == "tok"
 
