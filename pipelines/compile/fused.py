@@ -31,9 +31,12 @@ from .bound_plan import CompilePlan
 from .configs import set_parameters, top_level_python_config
 from .repository import CompiledModel
 from .requirements import NUMPY_REQUIREMENT, ServerNeeds
-from .step_models import compile_step_model, model_files, plan_json, step_files
+from .step_models import compile_step_model, model_files, model_source, plan_json, step_files
 
-__all__ = ["FUSED_PLAN", "STEPS_DIR", "compile_form", "compile_fused"]
+__all__ = ["FUSED_PLAN", "STEPS_DIR", "STREAM_RUN", "compile_form", "compile_fused", "stream_nodes", "streaming_model"]
+
+#: The module that runs one request of a streaming pipeline, copied beside the fused and BLS models.
+STREAM_RUN = "stream_run.py"
 
 STEPS_DIR = "steps"
 
@@ -49,6 +52,7 @@ def compile_fused(plan: CompilePlan, name: str, *, instance_count: int = 1) -> C
     config = top_level_python_config(pipeline, name, instance_count)
 
     files: dict[str, Any] = dict(model_files("fused_model.py"))
+    files[f"1/{STREAM_RUN}"] = model_source(STREAM_RUN)
     needs: list[Any] = []
     steps = {}
     for model in plan.models:
@@ -93,8 +97,34 @@ def compile_fused(plan: CompilePlan, name: str, *, instance_count: int = 1) -> C
         "plan": plan.plan.to_json(),
         "nodes": nodes,
     }
+    if pipeline.streaming:
+        streaming_model(config)
+        data["streams"] = stream_nodes(plan)
     files[f"1/{FUSED_PLAN}"] = plan_json(data)
     return CompiledModel(name, config, files, needs=lambda: _merged(needs))
+
+
+def streaming_model(config: Any) -> None:
+    """A streaming pipeline's top-level model is decoupled: one response per response of its stream."""
+    config.model_transaction_policy.decoupled = True
+
+
+def stream_nodes(plan: CompilePlan) -> dict[str, dict[str, Any]]:
+    """Where each live node of a streaming pipeline runs, for ``models/stream_run.py``: ``of``, the
+    stream it runs once per response of (``None``: once per request); ``from``, the stream its
+    outputs belong to; ``streams``, whether it is a streaming step; ``whole`` and ``reads``, whether
+    it reads a stream whole, and which."""
+    pipeline = plan.pipeline
+    return {
+        node.name: {
+            "of": pipeline.stream_of(node.name),
+            "from": pipeline.stream_from(node.name),
+            "streams": node.step.streaming,
+            "whole": node.step.whole_stream,
+            "reads": pipeline.stream_input(node.name) if node.step.whole_stream else None,
+        }
+        for node in plan.nodes
+    }
 
 
 def _join_rows(plan: CompilePlan) -> int:
