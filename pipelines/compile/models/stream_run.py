@@ -158,12 +158,20 @@ class StreamRun:
         """A once-per-request node, once the once-per-request nodes before it are done."""
         for before in self.layout.after[name]:
             await self.done[before].wait()
-        if name in self.layout.whole:
-            await self._whole(name)
-        elif name in self.layout.sources:
-            await self._stream(name, await self._open(name))
-        else:
-            await self._nodes([name], {name: []}, self.values)
+        try:
+            if name in self.layout.whole:
+                await self._whole(name)
+            elif name in self.layout.sources:
+                await self._stream(name, await self._open(name))
+            else:
+                await self._nodes([name], {name: []}, self.values)
+        except Exception:
+            # The responses before the failure go on to the end: the steps that read this stream
+            # whole see it end, and answer what they made of it, before the error is sent.
+            self._end_readers(name)
+            for reader in self.layout.readers.get(name, ()):
+                await self.done[reader].wait()
+            raise
         self.done[name].set()
 
     def _count(self, name):
@@ -410,6 +418,15 @@ class InProcessStream:
         except asyncio.TimeoutError:
             if self.is_async:
                 raise self._timed_out("the stream was cancelled") from None
+            try:  # a moment more for the response under way: a generator that yields on is closed
+                await asyncio.wait_for(asyncio.shield(pulled), min(1.0, self.step.timeout_s))
+                raise self._timed_out("the stream was closed") from None
+            except asyncio.TimeoutError:
+                pass
+            except asyncio.CancelledError:
+                raise
+            except BaseException:  # noqa: BLE001 - its error after its timeout: the timeout is what is said
+                raise self._timed_out("the stream was closed") from None
             self._stuck = True  # inside the generator: it cannot be stopped, nor closed
             await self.step.replace_stuck(self.step.instance)
             raise self._timed_out("a fresh instance of the step takes the stuck one's place") from None
