@@ -38,9 +38,6 @@ __all__ = [
 #: (the ensemble and both BLS forms side by side) and ``"all"`` (every form side by side).
 TARGETS = tuple(FORM_TARGETS)
 
-# The forms that stream on the server so far (issue 61); the others still refuse a streaming pipeline.
-_STREAMING_FORMS = ("fused", "bls", "bls-sync")
-
 
 def compile_pipeline(
     pipeline: Pipeline, target: str = "both", *, bls_instance_count: int = 1, fused_instance_count: int = 1
@@ -61,8 +58,6 @@ def compile_pipeline(
         forms = forms_of_target(target)
     except ValueError as exc:
         raise CompileError(f"pipeline {pipeline.name!r}: {exc}", pipeline=pipeline.name) from None
-    if any(form.name not in _STREAMING_FORMS for form in forms):
-        refuse_streaming(pipeline, "compiling it for Triton")
     for option, count in (("bls_instance_count", bls_instance_count), ("fused_instance_count", fused_instance_count)):
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise CompileError(

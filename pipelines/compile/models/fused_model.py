@@ -45,6 +45,9 @@ PLAN_FILE = "fused.json"
 STEP_TIMES = "PIPELINES_STEP_TIMES"
 
 
+_Step = stream_run.InProcessStep  # one step's instance in this model (its earlier name here)
+
+
 class _StepTimes:
     """Each timed call of a step in this instance: ``[node, rows, wall µs]``, kept in memory (at most
     :attr:`LIMIT`) and written as JSON on finalize, so that timing costs a list append a call."""
