@@ -33,7 +33,10 @@ from .repository import CompiledModel
 from .requirements import NUMPY_REQUIREMENT, ServerNeeds
 from .step_models import compile_step_model, model_files, model_source, plan_json, step_files
 
-__all__ = ["FUSED_PLAN", "STEPS_DIR", "STREAM_RUN", "compile_form", "compile_fused", "stream_nodes", "streaming_model"]
+__all__ = [
+    "FUSED_PLAN", "STEPS_DIR", "STREAM_RUN", "compile_form", "compile_fused", "in_process_steps", "merged_needs",
+    "stream_nodes", "streaming_model",
+]
 
 #: The module that runs one request of a streaming pipeline, copied beside the fused and BLS models.
 STREAM_RUN = "stream_run.py"
@@ -53,21 +56,8 @@ def compile_fused(plan: CompilePlan, name: str, *, instance_count: int = 1) -> C
 
     files: dict[str, Any] = dict(model_files("fused_model.py"))
     files[f"1/{STREAM_RUN}"] = model_source(STREAM_RUN)
-    needs: list[Any] = []
-    steps = {}
-    for model in plan.models:
-        if plan.step_of(model).is_external:
-            continue
-        # The step model's own files (not the model): the same export, digest and checks.
-        compiled = compile_step_model(plan, model)
-        folder = f"{STEPS_DIR}/{model.name}"
-        for rel in step_files(compiled):
-            # Read now: a step that cannot be exported fails this compile, not the write (the
-            # local endpoint tells a pipeline it cannot compile by this).
-            compiled.files[f"1/{rel}"]  # noqa: B018
-            files[f"1/{folder}/{rel}"] = compiled.files.source(f"1/{rel}")
-        steps[model.name] = folder
-        needs.append(compiled.needs)
+    step_files_, steps, needs = in_process_steps(plan, [m for m in plan.models if not plan.step_of(m).is_external])
+    files.update(step_files_)
     gpu = any(n.step.options.device == "gpu" for n in plan.nodes if not n.step.is_external and n.model)
     if gpu:  # a GPU step takes its inputs where they are, through DLPack
         set_parameters(config, {"FORCE_CPU_ONLY_INPUT_TENSORS": "no"})
@@ -101,7 +91,27 @@ def compile_fused(plan: CompilePlan, name: str, *, instance_count: int = 1) -> C
         streaming_model(config)
         data["streams"] = stream_nodes(plan)
     files[f"1/{FUSED_PLAN}"] = plan_json(data)
-    return CompiledModel(name, config, files, needs=lambda: _merged(needs))
+    return CompiledModel(name, config, files, needs=lambda: merged_needs(needs))
+
+
+def in_process_steps(plan: CompilePlan, models: list[Any]) -> tuple[dict[str, Any], dict[str, str], list[Any]]:
+    """What a top-level model needs to run ``models``' Python steps in its own process: their
+    files under ``1/steps/<model>/``, the folder of each model, and what each needs on the server."""
+    files: dict[str, Any] = {}
+    folders: dict[str, str] = {}
+    needs: list[Any] = []
+    for model in models:
+        # The step model's own files (not the model): the same export, digest and checks.
+        compiled = compile_step_model(plan, model)
+        folder = f"{STEPS_DIR}/{model.name}"
+        for rel in step_files(compiled):
+            # Read now: a step that cannot be exported fails this compile, not the write (the
+            # local endpoint tells a pipeline it cannot compile by this).
+            compiled.files[f"1/{rel}"]  # noqa: B018
+            files[f"1/{folder}/{rel}"] = compiled.files.source(f"1/{rel}")
+        folders[model.name] = folder
+        needs.append(compiled.needs)
+    return files, folders, needs
 
 
 def streaming_model(config: Any) -> None:
@@ -138,7 +148,7 @@ def _join_rows(plan: CompilePlan) -> int:
     return min([plan.pipeline.max_batch_size, *limits])
 
 
-def _merged(needs: list[Any]) -> ServerNeeds:
+def merged_needs(needs: list[Any]) -> ServerNeeds:
     requirements: list[str] = [NUMPY_REQUIREMENT]
     python = None
     for need in needs:

@@ -125,46 +125,13 @@ class TritonPythonModel:
         try:
             for name, node in self.nodes.items():
                 if node["kind"] == "python" and node["model"] not in self.steps:
-                    self.steps[node["model"]] = self._load_step(version_dir, name, node, int(match.group(1)) if match else 0)
+                    self.steps[node["model"]] = stream_run.load_step(version_dir, self.pipeline, name, node,
+                                                                     int(match.group(1)) if match else 0)
         except BaseException:
             self.finalize()
             raise
         widest = max((sum(1 for n in g if self.nodes[n]["kind"] == "python") for g in self.plan["groups"]), default=1)
         self.pool = concurrent.futures.ThreadPoolExecutor(max(2, widest), thread_name_prefix="fused-step")
-
-    def _load_step(self, version_dir, node_name, node, index):
-        folder = os.path.join(version_dir, node["folder"])
-        with open(os.path.join(folder, "step.json"), encoding="utf-8") as f:
-            step = json.load(f)
-        inputs = {n: serving.Spec.from_dict(s) for n, s in step["inputs"].items()}
-        outputs = {n: serving.Spec.from_dict(s) for n, s in step["outputs"].items()}
-        nodes = step.get("nodes") or [node_name]
-        config = serving.instance_config(
-            step=step["step"],
-            inputs=inputs,
-            outputs=outputs,
-            parameters=step.get("parameters") or {},
-            max_batch_size=int(step["max_batch_size"]),
-            pipeline=self.pipeline,
-            node=nodes[0] if len(nodes) == 1 else None,
-            instance_index=index,
-            device=step.get("device") or "cpu",
-        )
-        impl = None
-
-        def build():
-            nonlocal impl
-            try:
-                if impl is None:
-                    impl = serving.load_impl(step["impl"], folder)
-                return serving.StepInstance(step["step"], impl, list(outputs), config, array=step.get("array"))
-            except Exception as exc:
-                reason = f"could not be loaded: {serving.exception_reason(exc)}"
-                raise RuntimeError(serving.WireError("StepError", self.pipeline, reason, node_name, step["step"]).text()) from exc
-
-        timeout_s = node.get("timeout_us", 0) / 1e6
-        return stream_run.InProcessStep(build(), serving.Contract(outputs, int(step["max_batch_size"])), step.get("device"), timeout_s, build,
-                     step.get("file"))
 
     def execute(self, requests):
         # Returning a coroutine makes the stub run it on its event loop, as for `async def execute`
@@ -280,7 +247,7 @@ class TritonPythonModel:
                   for s in node["inputs"]}
         return self._node(name, inputs, count, schedule, inline=alone)
 
-    async def open_stream(self, name, values, rows, branch):
+    async def open_stream(self, name, values, rows, schedule, branch):
         node = self.nodes[name]
         step = self.steps[node["model"]]
         inputs = {}

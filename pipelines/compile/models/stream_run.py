@@ -17,7 +17,7 @@ held (arrays, or pb tensors). The host gives :class:`StreamRun` these methods:
 
 - ``start_node(name, values, rows, schedule, branch, alone)``: an awaitable of the node's outputs,
   or of ``None`` once the node is settled without a call (its outputs written into ``values``);
-- ``open_stream(name, values, rows, branch)``: an awaitable of a stream (``next()``, ``close()``);
+- ``open_stream(name, values, rows, schedule, branch)``: an awaitable of a stream (``next()``, ``close()``);
 - ``whole_step(name)``: the in-process :class:`InProcessStep`-like step of a ``whole_stream`` node;
 - ``gathered(name, key, values, branch)``: a tensor read by ``name`` as an array on its rows;
 - ``held(name, array, dtype)``: an array a whole_stream step made, as the host holds tensors;
@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
+import os
 import queue
 import threading
 import time
@@ -52,8 +54,9 @@ class Cancelled(Exception):
 
 
 def response_label(index):
-    """How an error names a stream's response (``index`` counts from 0): as the local runtime does."""
-    return f"response {index}"
+    """How an error names a stream's response (``index`` counts from 0): numbered from 1, as
+    ``pipelines run`` shows responses and a streaming step's own model names them."""
+    return f"response {index + 1}"
 
 
 class Layout:
@@ -207,7 +210,7 @@ class StreamRun:
     async def _open(self, name):
         if self.branch is not None and self._count(name) == 0:  # one response of skipped outputs
             return _Skipped(self.schedule.returns[name])
-        return await self.host.open_stream(name, self.values, self._count(name), self.branch)
+        return await self.host.open_stream(name, self.values, self._count(name), self.schedule, self.branch)
 
     async def _stream(self, name, stream):
         """Walk the responses of stream ``name`` in order, each through its steps, its readers and out."""
@@ -359,6 +362,42 @@ def _past(limit, node, then):
             f"with this error, and {then}")
 
 
+def load_step(version_dir, pipeline, node_name, node, index):
+    """The :class:`InProcessStep` of ``node`` (its ``folder`` of step files under ``version_dir``,
+    its ``timeout_us``): the step's own ``step.json``, code and checks, as its step model loads them."""
+    folder = os.path.join(version_dir, node["folder"])
+    with open(os.path.join(folder, "step.json"), encoding="utf-8") as f:
+        step = json.load(f)
+    inputs = {n: serving.Spec.from_dict(s) for n, s in step["inputs"].items()}
+    outputs = {n: serving.Spec.from_dict(s) for n, s in step["outputs"].items()}
+    nodes = step.get("nodes") or [node_name]
+    config = serving.instance_config(
+        step=step["step"],
+        inputs=inputs,
+        outputs=outputs,
+        parameters=step.get("parameters") or {},
+        max_batch_size=int(step["max_batch_size"]),
+        pipeline=pipeline,
+        node=nodes[0] if len(nodes) == 1 else None,
+        instance_index=index,
+        device=step.get("device") or "cpu",
+    )
+    impl = None
+
+    def build():
+        nonlocal impl
+        try:
+            if impl is None:
+                impl = serving.load_impl(step["impl"], folder)
+            return serving.StepInstance(step["step"], impl, list(outputs), config, array=step.get("array"))
+        except Exception as exc:
+            reason = f"could not be loaded: {serving.exception_reason(exc)}"
+            raise RuntimeError(serving.WireError("StepError", pipeline, reason, node_name, step["step"]).text()) from exc
+
+    contract = serving.Contract(outputs, int(step["max_batch_size"]))
+    return InProcessStep(build(), contract, step.get("device"), node.get("timeout_us", 0) / 1e6, build, step.get("file"))
+
+
 class InProcessStream:
     """A streaming step's generator in this process, pulled one response at a time: a sync
     generator on a thread of its own (it may block), an async one on the event loop. Each
@@ -438,7 +477,10 @@ class InProcessStream:
         if item is _END:
             return None
         index, self.index = self.index, self.index + 1
-        return self._checked(item, index)
+        outputs = self._checked(item, index)
+        host, name = self.host, self.name
+        return {out: host.held(out, value, host.dtypes[(name, out)]) if (name, out) in host.dtypes else value
+                for out, value in outputs.items()}
 
     def _checked(self, item, index):
         step, label = self.step, response_label(index)
@@ -469,6 +511,63 @@ class InProcessStream:
             pass
         finally:
             self.step.lock.release()
+
+
+class CalledStream:
+    """A streaming step's own decoupled model, called with BLS (``exec``/``async_exec(decoupled=True)``):
+    its responses as they come, each read off a thread of its own (the iterator blocks). A failure is
+    an ordinary response that carries it in ``err_output`` (a decoupled model's error response never
+    reaches a BLS model: docs/triton_decoupled.md); the final flag comes on an empty response.
+
+    The step's model bounds its stream by the step's timeout and says so in ``err_output``; this
+    waits that long and :data:`GRACE_S` more before it gives up with its own words. ``close()``
+    stops reading: the called model runs on to its end, as Triton 2.51 cannot cancel it."""
+
+    GRACE_S = 2.0
+
+    def __init__(self, host, name, responses, returns, err_output, limit_s):
+        self.host = host
+        self.name = name
+        self.node = host.nodes[name]
+        self.returns = returns
+        self.err_output = err_output
+        self.limit_s = limit_s
+        self.deadline = time.monotonic() + limit_s + self.GRACE_S if limit_s else None
+        self.pump = _Pump(iter(responses))
+
+    async def next(self):
+        while True:
+            pulled = self.pump.ask("next")
+            try:
+                if self.deadline is None:
+                    response = await pulled
+                else:
+                    response = await asyncio.wait_for(asyncio.shield(pulled), max(0.0, self.deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                raise self.host.fail(_past(self.limit_s, self.node, "the step may still be running"), node=self.name,
+                                     kind="StepTimeoutError") from None
+            except Exception as exc:  # noqa: BLE001 - the call's own failure (the model went away…)
+                raise self.host.fail(f"could not be read (model {self.node['model']!r}): {exc}", node=self.name) from None
+            if response is _END:
+                return None
+            if response.has_error():
+                raise self.host.called_failure(self.name, response.error().message())
+            err = pb_utils.get_output_tensor_by_name(response, self.err_output)
+            if err is None:  # the final flag, on an empty response
+                continue
+            text = serving.failure_text(err)
+            if text is not None:
+                raise self.host.called_failure(self.name, text)
+            outputs = {}
+            for out in self.returns:
+                tensor = pb_utils.get_output_tensor_by_name(response, out)
+                if tensor is None:
+                    raise self.host.fail(f"returned no output {out!r}", node=self.name, tensor=out)
+                outputs[out] = tensor
+            return outputs
+
+    async def close(self):
+        self.pump.asks.put(("close", None))  # after the read under way, if any: nobody waits for it
 
 
 class _Pump:
@@ -511,6 +610,8 @@ def _settle_from_thread(loop, future, result, error):
         else:
             future.set_result(result)
 
+    if future is None:  # nobody waits for it
+        return
     try:
         loop.call_soon_threadsafe(settle)
     except RuntimeError:  # the loop is closed: nobody waits any more
