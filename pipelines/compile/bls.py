@@ -26,7 +26,7 @@ from ..repository_files import BLS_PLAN
 from .bound_plan import CompilePlan
 from .configs import set_parameters, top_level_python_config
 from .ensemble_wiring import ERR_OUTPUT
-from .fused import STREAM_RUN, in_process_steps, merged_needs, stream_nodes, streaming_model
+from .fused import STREAM_FILES, in_process_steps, merged_needs, stream_nodes, streaming_model
 from .repository import CompiledModel
 from .step_models import model_files, model_source, plan_json
 
@@ -67,7 +67,7 @@ def compile_bls(plan: CompilePlan, name: str, *, form: Form, instance_count: int
     needs: list[Any] = []
     if pipeline.streaming:
         streaming_model(config)
-        files[f"1/{STREAM_RUN}"] = model_source(STREAM_RUN)
+        files.update({f"1/{module}": model_source(module) for module in STREAM_FILES})
         data["streams"] = stream_nodes(plan)
         data["err_output"] = ERR_OUTPUT  # what a streaming step's model carries its failures in
         # Triton hands a model one request at a time, never a stream: a step that reads a stream

@@ -34,12 +34,12 @@ from .requirements import NUMPY_REQUIREMENT, ServerNeeds
 from .step_models import compile_step_model, model_files, model_source, plan_json, step_files
 
 __all__ = [
-    "FUSED_PLAN", "STEPS_DIR", "STREAM_RUN", "compile_form", "compile_fused", "in_process_steps", "merged_needs",
+    "FUSED_PLAN", "STEPS_DIR", "STREAM_FILES", "compile_form", "compile_fused", "in_process_steps", "merged_needs",
     "stream_nodes", "streaming_model",
 ]
 
-#: The module that runs one request of a streaming pipeline, copied beside the fused and BLS models.
-STREAM_RUN = "stream_run.py"
+#: The modules that run one request of a streaming pipeline, copied beside the fused and BLS models.
+STREAM_FILES = ("stream_run.py", "stream_calls.py")
 
 STEPS_DIR = "steps"
 
@@ -55,7 +55,7 @@ def compile_fused(plan: CompilePlan, name: str, *, instance_count: int = 1) -> C
     config = top_level_python_config(pipeline, name, instance_count)
 
     files: dict[str, Any] = dict(model_files("fused_model.py"))
-    files[f"1/{STREAM_RUN}"] = model_source(STREAM_RUN)
+    files.update({f"1/{module}": model_source(module) for module in STREAM_FILES})
     step_files_, steps, needs = in_process_steps(plan, [m for m in plan.models if not plan.step_of(m).is_external])
     files.update(step_files_)
     gpu = any(n.step.options.device == "gpu" for n in plan.nodes if not n.step.is_external and n.model)

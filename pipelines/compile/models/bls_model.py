@@ -21,10 +21,10 @@ import re
 from collections import defaultdict
 
 try:  # in a repository: the copies beside this file (the stub imports this file as "<version>.model")
-    from . import serving, stream_run
+    from . import serving, stream_calls, stream_run
 except ImportError:  # in the package, for tests and linters
     from pipelines import serving
-    from pipelines.compile.models import stream_run
+    from pipelines.compile.models import stream_calls, stream_run
 
 pb_utils = serving.pb_utils  # Triton's triton_python_backend_utils in a stub; None elsewhere
 
@@ -248,7 +248,7 @@ class TritonPythonModel:
         self.whole_steps = {}  # the whole_stream steps, which run in this process (compile/bls.py)
         for name, node in plan.get("in_process", {}).items():
             if node["model"] not in self.whole_steps:
-                self.whole_steps[node["model"]] = stream_run.load_step(
+                self.whole_steps[node["model"]] = stream_calls.load_step(
                     version_dir, self.pipeline, name, node, int(match.group(1)) if match else 0)
         # One request at a time where it calls exec() (bls-sync), or holds a whole_stream step's
         # instance to its stream's end: two such steps could else wait on each other's request.
@@ -324,7 +324,7 @@ class TritonPythonModel:
         except Exception as exc:  # e.g. the composing model is not loaded
             raise _call_failed(exc, name, self) from exc
         limit = self.timeouts_us.get(name, 0) / 1e6
-        return stream_run.CalledStream(self, name, responses, run.schedule.returns[name], self.err_output, limit)
+        return stream_calls.CalledStream(self, name, responses, run.schedule.returns[name], self.err_output, limit)
 
     def whole_step(self, name):
         return self.whole_steps[self.nodes[name]["model"]]

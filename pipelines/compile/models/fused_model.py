@@ -30,10 +30,10 @@ import time
 import numpy as np
 
 try:  # in a repository: the copies beside this file (the stub imports this file as "<version>.model")
-    from . import serving, stream_run
+    from . import serving, stream_calls, stream_run
 except ImportError:  # in the package, for tests and linters
     from pipelines import serving
-    from pipelines.compile.models import stream_run
+    from pipelines.compile.models import stream_calls, stream_run
 
 pb_utils = serving.pb_utils  # Triton's triton_python_backend_utils in a stub; None elsewhere
 
@@ -45,7 +45,7 @@ PLAN_FILE = "fused.json"
 STEP_TIMES = "PIPELINES_STEP_TIMES"
 
 
-_Step = stream_run.InProcessStep  # one step's instance in this model (its earlier name here)
+_Step = stream_calls.InProcessStep  # one step's instance in this model (its earlier name here)
 
 
 class _StepTimes:
@@ -125,7 +125,7 @@ class TritonPythonModel:
         try:
             for name, node in self.nodes.items():
                 if node["kind"] == "python" and node["model"] not in self.steps:
-                    self.steps[node["model"]] = stream_run.load_step(version_dir, self.pipeline, name, node,
+                    self.steps[node["model"]] = stream_calls.load_step(version_dir, self.pipeline, name, node,
                                                                      int(match.group(1)) if match else 0)
         except BaseException:
             self.finalize()
@@ -254,7 +254,7 @@ class TritonPythonModel:
         for source in node["inputs"]:
             value = serving.read_only(self.gathered(name, (source["node"], source["tensor"]), values, branch))
             inputs[source["input"]] = _placed(value, step.device) if step.device is not None else value
-        return await stream_run.InProcessStream.open(self, name, step, inputs, rows)
+        return await stream_calls.InProcessStream.open(self, name, step, inputs, rows)
 
     def whole_step(self, name):
         return self.steps[self.nodes[name]["model"]]
@@ -389,14 +389,14 @@ class TritonPythonModel:
                 return await asyncio.wait_for(instance.execute_async(inputs), limit)
             except asyncio.TimeoutError:
                 raise NodeFailed(_timed_out(self.pipeline, node, limit, "the call was cancelled")) from None
-        call = stream_run.in_daemon_thread(instance.execute, inputs)
+        call = stream_calls.in_daemon_thread(instance.execute, inputs)
         try:
             return await asyncio.wait_for(asyncio.shield(call), limit)
         except asyncio.TimeoutError:
             pass
         call.add_done_callback(lambda done: _finalize_abandoned(done, instance))
         try:
-            step.instance = await stream_run.in_daemon_thread(step.renew)
+            step.instance = await stream_calls.in_daemon_thread(step.renew)
         except Exception as exc:  # build() wraps the step's own error in a wire error: say the step's
             step.broken = (f"its instance was abandoned by a call that ran past its timeout of {limit:g} s, and "
                            f"a fresh one could not be made: {serving.exception_reason(exc.__cause__ or exc)}")
