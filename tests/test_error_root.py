@@ -39,7 +39,7 @@ ALLOWED = {
     "serving/sources.py": "in-server only",
     # In the fused or BLS model's stub, loading a step: the model fails to load with the
     # serving.WireError text in the server's log.
-    "compile/models/stream_run.py": "in-server only",
+    "compile/models/stream_calls.py": "in-server only",
     # Steps of the examples: user code that raises on purpose, to show a failing step.
     "examples/text.py": "user step",
     "examples/failing_branch.py": "user step",
