@@ -99,6 +99,19 @@ class Endless:
             open(os.path.join(self.marks, f"endless-{sent}-{how}"), "w").close()
 
 
+@step(inputs={"tok": ONE}, outputs={"sq": ONE}, parameters={"marks": ""})
+class Tally:
+    """square, leaving one line per call in ``<marks>/tally``: how many responses reached it."""
+
+    def initialize(self, config):
+        self.path = os.path.join(config["parameters"]["marks"], "tally")
+
+    def execute(self, tok):
+        with open(self.path, "a") as f:
+            f.write(f"{int(tok[0])}\n")
+        return {"sq": tok * tok}
+
+
 def chain(name: str = "chain", source=count) -> Pipeline:
     """count -> square (once per response) -> running_total (reads the stream whole, streams again)."""
     p = Pipeline(name, inputs={"n": ONE})
@@ -157,12 +170,13 @@ def rows() -> Pipeline:
     return p
 
 
-def endless(marks: str, *, name: str = "endless", timeout: float | None = None) -> Pipeline:
-    """Endless -> square, with the step's ``timeout`` if given."""
+def endless(marks: str, *, name: str = "endless", timeout: float | None = None, tally: bool = False) -> Pipeline:
+    """Endless -> square (or Tally, which counts its calls), with the step's ``timeout`` if given."""
     options = {"parameters": {"marks": marks}}
     if timeout is not None:
         options["timeout"] = timeout
     p = Pipeline(name, inputs={"n": ONE})
     gen = p.add(Endless.with_options(**options), name="gen", n=p.input("n"))
-    p.output("sq", p.add(square, tok=gen["tok"])["sq"])
+    after = Tally.with_options(parameters={"marks": marks}) if tally else square
+    p.output("sq", p.add(after, name="square", tok=gen["tok"])["sq"])
     return p
