@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -240,3 +241,10 @@ def test_streams_sent_together_each_get_their_own_responses(server, pipelines, f
     expected = {k: local(pipelines["squares"].stream(n(k), mode=form)) for k in (3, 5, 4)}
     assert got[0] == [*expected[3], FINAL] and got[1] == [*expected[5], FINAL] and got[3] == [*expected[4], FINAL]
     assert got[2][:2] == [{"sq": [0]}, {"sq": [1]}] and "ran out of tokens" in got[2][2]
+
+
+def test_the_docs_state_each_fact_with_its_test():
+    text = (Path(__file__).parents[1] / "docs" / "triton_decoupled.md").read_text()
+    names = [name for name in globals() if name.startswith("test_") and name != "test_the_docs_state_each_fact_with_its_test"]
+    for name in names:
+        assert name in text, name
