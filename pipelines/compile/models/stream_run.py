@@ -123,7 +123,7 @@ class StreamRun:
         except Cancelled:
             pass
         except Exception as exc:  # noqa: BLE001 - every failure is the client's error response
-            self._send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(_text(exc))))
+            self._send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(_text(exc, self.host.pipeline))))
         finally:
             try:
                 self.sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -332,7 +332,11 @@ async def _stopped(tasks):
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _text(exc):
-    """The wire text an exception carries to the client."""
+def _text(exc, pipeline):
+    """The wire text an exception carries to the client (``serving.WireError``)."""
     wire = getattr(exc, "wire", None)
-    return wire.text() if wire is not None else str(exc)
+    if wire is not None:
+        return wire.text()
+    if serving.parse_error(str(exc)) is not None:  # a host's failure, told already
+        return str(exc)
+    return serving.WireError("InferenceError", pipeline, f"the model failed: {type(exc).__name__}: {exc}").text()
