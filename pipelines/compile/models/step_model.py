@@ -13,11 +13,8 @@ package (docs/triton.md).
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import re
-import threading
-import time
 
 import numpy as np
 
@@ -57,7 +54,7 @@ class TritonPythonModel:
         self.readers = [(name, serving.tensor_reader(spec, gpu=gpu)) for name, spec in inputs.items()]
         self.writers = {name: serving.tensor_writer(spec, pb_utils) for name, spec in outputs.items()}
         self.outputs = outputs
-        self.ensemble = _EnsembleExtras(ensemble)
+        self.ensemble = _EnsembleExtras(ensemble, gpu)
         serving.refuse_strings_under_numpy_2(
             args.get("model_name", self.step_name),
             [n for n, spec in {**inputs, **outputs}.items() if spec.dtype == "BYTES"],
@@ -295,12 +292,16 @@ class _EnsembleExtras:
     forms do not and get error responses, which they handle safely).
     """
 
-    def __init__(self, data):
+    def __init__(self, data, gpu=False):
         self.copies = data.get("copies") or {}
         self.err_inputs = data.get("err_inputs") or []
         self.err_output = data.get("err_output")
         self.dims = data.get("placeholders") or {}
         self.active = bool(self.copies or self.err_inputs or self.err_output)
+        # a streaming step's: output -> (its input, a reader, a writer), the request's tensors sent on each response
+        self.carries = {out: (c["input"], serving.tensor_reader(serving.Spec.from_dict(c["spec"]), gpu=gpu),
+                              serving.tensor_writer(serving.Spec.from_dict(c["spec"]), pb_utils))
+                        for out, c in (data.get("carries") or {}).items()}
         self.err_writer = serving.tensor_writer(serving.Spec("UINT8", (-1,)), pb_utils)
 
     def upstream_error(self, request):
@@ -356,6 +357,7 @@ class _Streams:
         model.ensemble.err_output = self.err_output  # written on every response, asked for or not
         model.ensemble.active = True
         self.loop = None  # an event loop of its own, made for the first async generator
+        self.carried = []
 
     def serve(self, request):
         sender = request.get_response_sender()
@@ -373,6 +375,11 @@ class _Streams:
     def _respond(self, request, sender):
         model = self.model
         wanted = set(request.requested_output_names() or ()) or None
+        self.carried = []  # the request's tensors, sent again on each response (docs: "Streaming steps")
+        for out, (name, read, write) in model.ensemble.carries.items():
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None and (wanted is None or out in wanted):
+                self.carried.append((out, read(tensor), write))
         upstream = model.ensemble.upstream_error(request)
         if upstream is not None:  # its inputs are stand-ins: pass the failure on, as a plain step does
             return self._fail(request, sender, wanted, upstream)
@@ -381,7 +388,7 @@ class _Streams:
         except Exception as exc:
             return self._fail(request, sender, wanted, model._message(exc, "InputError", request))
         try:
-            pull = _Pull(model.instance.function(**arrays), self.timeout_s, self._loop)
+            pull = serving.Pull(model.instance.function(**arrays), self.timeout_s, self._loop)
         except Exception as exc:
             return self._fail(request, sender, wanted, model._message(exc, "StepError", request))
         sent = 0
@@ -391,12 +398,12 @@ class _Streams:
             while not sender.is_cancelled():
                 try:
                     item = pull.next()
-                except _PastTimeout:
+                except serving.PastTimeout:
                     return self._fail(request, sender, wanted, self._timed_out(request, sent, pull.stuck))
                 except Exception as exc:
                     text = model._message(exc, "StepError", request, f"(after {sent} responses)")
                     return self._fail(request, sender, wanted, text)
-                if item is _END:
+                if item is serving.END:
                     return None
                 try:
                     outputs = serving.as_arrays(model.instance.normalise(item))
@@ -418,6 +425,7 @@ class _Streams:
         model = self.model
         tensors = [model.writers[n](n, result[n]) for n in result if wanted is None or n in wanted]
         extras = set(model.ensemble.copies) if wanted is None else wanted
+        tensors += [write(out, value) for out, value, write in self.carried]
         return tensors + model.ensemble.extra_tensors(
             result, extras | {self.err_output}, error, model.max_batch_size, model.writers)
 
@@ -432,81 +440,3 @@ class _Streams:
         if self.loop is None:
             self.loop = asyncio.new_event_loop()
         return self.loop
-
-
-_END = object()  # a generator's end
-
-
-class _PastTimeout(Exception):
-    """The step's timeout passed before its stream ended."""
-
-
-class _Pull:
-    """A step's stream, one item at a time (a generator, an async one, or any iterable), within
-    an optional deadline: a sync step past it keeps running in the thread it was waited on in."""
-
-    def __init__(self, stream, limit_s, loop_of):
-        self.is_async = inspect.isasyncgen(stream)
-        self.stream = stream if self.is_async or hasattr(stream, "__next__") else iter(stream)
-        self.deadline = time.monotonic() + limit_s if limit_s else None
-        self.loop = loop_of() if self.is_async else None
-        self.stuck = False  # abandoned while it ran: it cannot be closed
-
-    def next(self):
-        left = None
-        if self.deadline is not None:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise _PastTimeout
-        try:
-            if self.is_async:
-                return self._next_async(left)
-            return next(self.stream, _END) if left is None else self._next_in_thread(left)
-        except SystemExit as exc:  # told as the step's failure, as a plain step's exit is
-            raise serving.StepExited(exc.code) from None
-        except KeyboardInterrupt as exc:
-            raise serving.StepInterrupted(exc) from None
-
-    def _next_async(self, left):
-        call = self.stream.__anext__()
-        try:
-            return self.loop.run_until_complete(call if left is None else asyncio.wait_for(call, left))
-        except StopAsyncIteration:
-            return _END
-        except asyncio.TimeoutError:
-            if self.deadline is not None and time.monotonic() >= self.deadline:
-                raise _PastTimeout from None
-            raise
-
-    def _next_in_thread(self, left):
-        box = []
-        done = threading.Event()
-
-        def pull():
-            try:
-                box.append((True, next(self.stream, _END)))
-            except BaseException as exc:  # handed to the waiting thread, which tells it
-                box.append((False, exc))
-            finally:
-                done.set()
-
-        threading.Thread(target=pull, daemon=True, name="stream-step").start()
-        if not done.wait(left):
-            self.stuck = True
-            raise _PastTimeout
-        ok, value = box[0]
-        if ok:
-            return value
-        raise value
-
-    def close(self):
-        """Run the generator's ``finally`` blocks (not for one still running in its thread)."""
-        if self.stuck:
-            return
-        try:
-            if self.is_async:
-                self.loop.run_until_complete(self.stream.aclose())
-            elif hasattr(self.stream, "close"):
-                self.stream.close()
-        except Exception:  # the stream's own failure, if any, was told already
-            pass
