@@ -527,7 +527,7 @@ def refuse_streaming(pipeline: Pipeline, what: str) -> None:
 
 #: The forms whose compiled models stream a streaming pipeline so far; every other form refuses it
 #: (:func:`refuse_streaming_form`).
-STREAMING_FORMS = ("ensemble",)
+STREAMING_FORMS = ("ensemble", "bls", "bls-sync", "fused")
 
 
 def refuse_streaming_form(pipeline: Pipeline, form: str) -> None:

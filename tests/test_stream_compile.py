@@ -107,22 +107,20 @@ def test_the_ensemble_refuses_a_step_that_reads_a_stream_whole_and_names_the_for
     assert ensemble_layout_of(whole()) is None
 
 
-def test_each_form_that_does_not_stream_yet_refuses_by_name():
-    for form in ("bls", "bls-sync", "fused"):
-        with pytest.raises(NotCompilableError, match=f"pipeline 'alone' streams \\(step 'count'\\), and the '{form}' "
-                                                     "form does not stream yet"):
-            alone().compile(form)
-    with pytest.raises(NotCompilableError, match=r"no form of compile\('both'\) can run it \(ensemble: .*whole"):
-        whole().compile("both")
+def test_every_form_compiles_a_streaming_pipeline_its_top_level_model_decoupled():
+    for form in ("ensemble", "bls", "bls-sync", "fused"):
+        repo = alone().compile(form)
+        assert repo["alone"].config.model_transaction_policy.decoupled, form
+    with pytest.warns(FormLeftOutWarning, match="left the ensemble form out and wrote bls, bls-sync"):
+        assert whole().compile("both").top_level == ("whole_bls", "whole_bls_sync")
 
 
-def test_side_by_side_the_forms_that_cannot_stream_are_left_out_with_a_warning():
+def test_side_by_side_every_form_streams_and_none_is_left_out():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         repo = alone().compile("all")
-    left_out = [str(w.message) for w in caught if issubclass(w.category, FormLeftOutWarning)]
-    assert len(left_out) == 3 and all("left the" in m and "wrote ensemble" in m for m in left_out), left_out
-    assert repo.top_level == ("alone_ensemble",)
+    assert not [w for w in caught if issubclass(w.category, FormLeftOutWarning)]
+    assert repo.top_level == ("alone_ensemble", "alone_bls", "alone_bls_sync", "alone_fused")
     # the streaming step's own model enforces its timeout: no warning that the ensemble cannot
     assert not [w for w in caught if issubclass(w.category, TimeoutNotEnforcedWarning)]
 
