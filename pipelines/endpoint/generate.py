@@ -1,0 +1,180 @@
+"""Triton's generate extension: ``POST /v2/models/<model>/generate`` and ``generate_stream``.
+
+The request is one JSON object: each input by name (a string, a number, or a flat list of
+them), and optionally ``id`` (echoed in each answer) and ``parameters`` (not read). Each
+answer is one JSON object: the outputs by name (a tensor of one element as that element,
+any other as a flat list), ``model_name``, ``model_version`` and ``id`` if given, keys in
+sorted order. ``generate_stream`` sends each response as a server-sent event
+(``data: {...}`` and a blank line), an error as ``data: {"error": "..."}``, and ends the
+body with the stream; ``generate`` answers a request that has exactly one response.
+
+All of it as the bundled Triton 2.51 answers (``docs/triton_decoupled.md``, "HTTP server-sent
+events"; ``tests/test_stream_endpoint.py`` compares the two), including its statuses: a
+request refused before the pipeline runs is a JSON error with its usual status; a failure
+before the first response is an event with status 400; after it, status 200 (the events
+before it are already sent); ``generate`` of a stream of other than one response, status 200
+with Triton's error. Non-finite floats are written ``NaN``/``Infinity``, as Triton writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from contextlib import aclosing
+from time import perf_counter_ns
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from ..errors import InputError
+from .models import ServedModel
+from .service import InferenceService, Timing, batch_rows
+from .status import INVALID, PARSE, Refusal, error_text, status_of
+from .wire import array_from_json
+
+__all__ = ["ONE_RESPONSE", "generate", "generate_stream", "generate_inputs"]
+
+#: Triton's answer to ``generate`` on a stream of other than one response (2.51's words).
+ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream for model that "
+                "generates various number of responses")
+_EVENTS = "text/event-stream; charset=utf-8"
+_FAILED_FIRST = 400  # the status of a stream whose first answer is its failure, as Triton sends it
+
+
+def generate_inputs(body: bytes | memoryview, model: ServedModel) -> tuple[dict[str, Any], str | None]:
+    """The request's inputs as arrays, and its ``id``; refused as Triton refuses a body it cannot read."""
+    try:
+        fields = json.loads(bytes(body))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Refusal(PARSE, f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(fields, dict):
+        raise Refusal(PARSE, f"failed to parse the request JSON buffer: a generate request is one JSON object of "
+                      f"inputs by name; got a {type(fields).__name__}")
+    request_id = fields.get("id")
+    inputs = {}
+    for name, spec in model.pipeline.inputs.items():
+        if name in fields:  # one left out is named by the pipeline's own check, as any missing input
+            inputs[name] = _input(name, spec, fields[name], model)
+    return inputs, None if request_id is None else str(request_id)
+
+
+def _input(name: str, spec: Any, value: Any, model: ServedModel) -> np.ndarray:
+    """One input: a value is one element, a flat list its elements; the shape comes from the config."""
+    items = value if isinstance(value, list) else [value]
+    dims = list(spec.dims)
+    fixed = all(d >= 0 for d in dims)
+    cannot = Refusal(INVALID, f"The schema can not convert input '{name}' to tensor with proper shape (model "
+                     f"'{model.name}' takes {spec.dtype} {dims}: give a flat list of its elements)", tensor=name)
+    if any(isinstance(item, list) for item in items):
+        if fixed:
+            raise cannot
+        raise Refusal(PARSE, f"Unable to parse 'data': Shape does not match true shape of 'data' field (input "
+                      f"'{name}' is a flat list of elements)", tensor=name)
+    if fixed:
+        if math.prod(dims) != len(items):
+            raise cannot
+        shape = dims
+    elif len(dims) == 1:
+        shape = [len(items)]
+    else:
+        raise cannot
+    if model.pipeline.batched:
+        shape = [1, *shape]
+    return array_from_json(name, spec.dtype, shape, items)
+
+
+def answer_json(
+    model: ServedModel, outputs: Mapping[str, np.ndarray], request_id: str | None
+) -> str:
+    """One response as Triton's generate extension writes it."""
+    answer: dict[str, Any] = {name: _value(array, model.pipeline.output_specs[name].dtype)
+                              for name, array in outputs.items()}
+    if request_id is not None:
+        answer["id"] = request_id
+    answer["model_name"] = model.name
+    answer["model_version"] = "1"
+    return json.dumps(answer, separators=(",", ":"), sort_keys=True)
+
+
+def _value(array: np.ndarray, datatype: str) -> Any:
+    flat = np.asarray(array).reshape(-1)
+    if datatype == "BYTES":
+        values = [v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else str(v) for v in flat]
+    elif datatype in ("FP16", "BF16"):
+        values = flat.astype(np.float32).tolist()
+    else:
+        values = flat.tolist()
+    return values[0] if len(values) == 1 else values
+
+
+def _error_json(exc: BaseException, model: ServedModel) -> str:
+    return json.dumps({"error": error_text(exc, model)}, separators=(",", ":"))
+
+
+def _before_the_pipeline(exc: BaseException) -> bool:
+    return isinstance(exc, Refusal) or (isinstance(exc, InputError) and exc.step is None)
+
+
+async def generate_stream(
+    service: InferenceService, request: web.Request, model: ServedModel, body: memoryview, started: int
+) -> web.StreamResponse:
+    """Answer ``generate_stream``: one event per response, as they come."""
+    try:
+        inputs, request_id = generate_inputs(body, model)
+    except Refusal as exc:
+        service.failed(model.name, Timing(started, started))
+        return web.json_response({"error": error_text(exc, model)}, status=exc.status.http)
+    timing = Timing(started, perf_counter_ns())
+    events: web.StreamResponse | None = None
+
+    async def opened(status: int = 200) -> web.StreamResponse:
+        response = web.StreamResponse(status=status, headers={"Content-Type": _EVENTS})
+        await response.prepare(request)
+        return response
+
+    try:
+        async with aclosing(service.stream(model, inputs, [])) as responses:
+            async for outputs in responses:
+                events = events or await opened()
+                # a client gone away fails this write, which ends the stream and closes its generators
+                await events.write(f"data: {answer_json(model, outputs, request_id)}\n\n".encode())
+    except ConnectionError:
+        service.failed(model.name, timing)
+        return events or web.Response()
+    except Exception as exc:
+        service.failed(model.name, timing)
+        if events is None and _before_the_pipeline(exc):
+            return web.json_response({"error": error_text(exc, model)}, status=status_of(exc).http)
+        events = events or await opened(_FAILED_FIRST)
+        await events.write(f"data: {_error_json(exc, model)}\n\n".encode())
+    else:
+        service.finished(model, timing, rows=batch_rows(model, inputs), infer_ns=perf_counter_ns() - timing.decoded)
+    events = events or await opened()  # a stream of no response: an empty body
+    await events.write_eof()
+    return events
+
+
+async def generate(
+    service: InferenceService, request: web.Request, model: ServedModel, body: memoryview, started: int
+) -> web.Response:
+    """Answer ``generate``: the one response of a request; a stream of other than one is refused."""
+    try:
+        inputs, request_id = generate_inputs(body, model)
+        timing = Timing(started, perf_counter_ns())
+        answers = []
+        async with aclosing(service.stream(model, inputs, [])) as responses:
+            async for outputs in responses:
+                answers.append(outputs)
+                if len(answers) > 1:  # refused whatever follows: the stream stops here
+                    break
+    except Exception as exc:
+        service.failed(model.name, Timing(started, started))
+        status = status_of(exc).http if _before_the_pipeline(exc) else _FAILED_FIRST
+        return web.json_response({"error": error_text(exc, model)}, status=status)
+    if len(answers) != 1:
+        service.failed(model.name, timing)
+        return web.json_response({"error": ONE_RESPONSE})
+    service.finished(model, timing, rows=batch_rows(model, inputs), infer_ns=perf_counter_ns() - timing.decoded)
+    return web.Response(text=answer_json(model, answers[0], request_id), content_type="application/json")
