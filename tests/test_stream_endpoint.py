@@ -330,8 +330,9 @@ def test_generate_stream_refuses_as_triton_does(server):
     assert (status, kind) == (400, "application/json; charset=utf-8") and "'n'" in body["error"], body
     status, _, body = sse(url, "counting_fused", {"n": "three"})
     assert status == 500 and "Unable to parse 'data'" in body["error"], body
-    status, _, body = sse(url, "counting_fused", {"n": [[1]]})
+    status, _, body = sse(url, "counting_fused", {"n": [1, 2]})
     assert status == 400 and "The schema can not convert input 'n'" in body["error"], body
+    assert sse(url, "counting_fused", {"n": [[1]]})[2] == sse(url, "counting_fused", {"n": 1})[2]  # as Triton reads it
     status, kind, events = sse(url, "counting_fused", {"n": 100})
     assert (status, kind[:17]) == (400, "text/event-stream") and "count gave up after 0" in events[0]["error"]
     # generate: the one response of a request, or Triton's refusal (with status 200, as Triton sends it)
@@ -510,3 +511,183 @@ def test_stopping_the_endpoint_under_an_endless_stream_closes_its_generator():
     connection.close()
     assert not stopping.is_alive() and not server.running
     assert _wait_closed(70) is not None
+
+
+# ------------------------------------------------------------------ the bundled server, message for message
+
+# A decoupled Python model as Triton's docs write one: N = k streams TOKEN = 0 .. k-1, then the final
+# flag alone; N = 100 + k, an error response after the k responses, then the final flag alone. What
+# the contract asks of a streaming pipeline's top-level model (docs/endpoint.md), so the local
+# endpoint's `gen` pipeline must answer as the server answers it.
+_GEN = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy().reshape(-1)[0])
+            for i in range(n % 100):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("TOKEN", np.array([i], np.int32))]))
+            if n >= 100:
+                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError("gave up")))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+@step(inputs={"N": ONE}, outputs={"TOKEN": ONE})
+def gen(N):
+    for i in range(int(N[0]) % 100):
+        yield {"TOKEN": np.array([i], np.int32)}
+    if int(N[0]) >= 100:
+        raise ValueError("gave up")
+
+
+def gen_pipeline() -> Pipeline:
+    p = Pipeline("gen", inputs={"N": ONE})
+    p.output("TOKEN", p.add(gen, N=p.input("N"))["TOKEN"])
+    return p
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory):
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from pipelines.compile.configs import config_text
+    from pipelines.triton import TritonServer
+
+    root = tmp_path_factory.mktemp("decoupled") / "models"
+    config = mc.ModelConfig(name="gen", backend="python", max_batch_size=0)
+    config.input.add(name="N", data_type=mc.TYPE_INT32, dims=[1])
+    config.output.add(name="TOKEN", data_type=mc.TYPE_INT32, dims=[1])
+    config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+    config.model_transaction_policy.decoupled = True
+    (root / "gen" / "1").mkdir(parents=True)
+    (root / "gen" / "config.pbtxt").write_text(config_text(config))
+    (root / "gen" / "1" / "model.py").write_text(_GEN)
+    with TritonServer(root, exit_timeout=3) as s:
+        yield s
+
+
+def _request(model, value, *, empty=None, request_id="", datatype="INT32", empty_as_text=False):
+    from tritonclient.grpc import service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name=model, id=request_id)
+    request.inputs.add(name="N", datatype=datatype, shape=[1])
+    request.raw_input_contents.append(np.array([value], np.int32 if datatype == "INT32" else np.float32).tobytes())
+    if empty is not None:
+        request.parameters["triton_enable_empty_final_response"].bool_param = empty
+    if empty_as_text:
+        request.parameters["triton_enable_empty_final_response"].string_param = "true"
+    return request
+
+
+def _messages(url, requests, model):
+    """Every message of one ModelStreamInfer call that sends ``requests`` and no more, as fields to
+    compare: the model's name as ``M``, an error's text as ``E`` (each server words its own)."""
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    with grpc.insecure_channel(url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        got = []
+        for message in stub.ModelStreamInfer(iter(requests), timeout=60):
+            r = message.infer_response
+            got.append({
+                "error": "E" if message.error_message else "",
+                "model_name": "M" if r.model_name == model else r.model_name,
+                "model_version": r.model_version,
+                "id": r.id,
+                "parameters": {k: v.bool_param for k, v in r.parameters.items()},
+                "outputs": [(o.name, o.datatype, list(o.shape)) for o in r.outputs],
+                "raw": list(r.raw_output_contents),
+            })
+        return got
+
+
+def _sse_raw(url, model, body):
+    request = urllib.request.Request(f"http://{url}/v2/models/{model}/{body.pop('route', 'generate_stream')}",
+                                     data=json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            status, kind, text = answer.status, answer.headers["Content-Type"], answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        status, kind, text = exc.code, exc.headers["Content-Type"], exc.read().decode()
+    return status, kind.split(";")[0], text.replace(f'"{model}"', '"M"')
+
+
+@pytest.mark.server
+def test_the_endpoint_streams_message_for_message_as_the_bundled_server_streams_a_decoupled_model(triton):
+    """The same requests to Triton's `gen` and to each mode of the local `gen` pipeline: the same
+    messages (ids, flags, versions, outputs, bytes; the error texts are each server's own)."""
+    cases = {
+        "responses, then the final flag alone": [_request("MODEL", 3, empty=True, request_id="a")],
+        "no final flag unless asked": [_request("MODEL", 2, request_id="b")],
+        "nothing but the final flag": [_request("MODEL", 0, empty=True)],
+        "nothing at all": [_request("MODEL", 0)],
+        "an error after two responses": [_request("MODEL", 102, empty=True, request_id="e")],
+        "an error after two, unasked": [_request("MODEL", 102, request_id="e")],
+        "refused, and the next one answered": [_request("nope", 1, empty=True, request_id="u"),
+                                               _request("MODEL", 1, request_id="g"),
+                                               _request("MODEL", 1, datatype="FP32", request_id="d"),
+                                               _request("MODEL", 1, empty_as_text=True, request_id="t")],
+        "two requests at once": [_request("MODEL", 2, empty=True, request_id="x"),
+                                 _request("MODEL", 3, empty=True, request_id="y")],
+    }
+    with LocalServer(gen_pipeline()) as local:
+        for what, requests in cases.items():
+            def to(model, requests=requests):
+                sent = []
+                for r in requests:
+                    copy = type(r)()
+                    copy.CopyFrom(r)
+                    copy.model_name = model if r.model_name == "MODEL" else r.model_name
+                    sent.append(copy)
+                return sent
+
+            def by_id(messages):  # two requests at once interleave; each one's messages keep their order
+                return sorted(messages, key=lambda m: m["id"])
+
+            expected = by_id(_messages(triton.grpc_url, to("gen"), "gen"))
+            for mode in MODES:
+                model = local.model_name(mode)
+                assert by_id(_messages(local.grpc_url, to(model), model)) == expected, (what, mode)
+
+
+@pytest.mark.server
+def test_generate_stream_and_a_plain_infer_answer_as_the_bundled_server_answers(triton):
+    bodies = [{"N": 3, "id": "q"}, {"N": 0}, {"N": [[2]]}, {"N": 2, "parameters": {"x": 1}, "other": 1},
+              {"N": 1, "route": "generate"}, {"N": 2, "route": "generate"}, {"N": 0, "route": "generate"}]
+    with LocalServer(gen_pipeline(), modes=("fused", "bls")) as local:
+        for body in bodies:
+            expected = _sse_raw(triton.http_url, "gen", dict(body))
+            for model in local.models:
+                assert _sse_raw(local.http_url, model, dict(body)) == expected, (body, model)
+        # failures: the same statuses and shapes of body, each server's own words
+        for body in ({"N": 101}, {"N": 100}, {}, {"N": "2"}, {"N": [1, 2]}, {"N": [[1, 2]]},
+                     {"N": 101, "route": "generate"}):
+            t_status, t_kind, t_text = _sse_raw(triton.http_url, "gen", dict(body))
+            l_status, l_kind, l_text = _sse_raw(local.http_url, "gen_fused", dict(body))
+            assert (l_status, l_kind) == (t_status, t_kind), body
+            assert l_text.count('"error"') == t_text.count('"error"') == 1, (body, l_text, t_text)
+            assert l_text.split('{"error"')[0] == t_text.split('{"error"')[0], body  # the events before it
+        # a plain infer: Triton's own refusal, to the letter, over both protocols
+        for protocol in ("http", "grpc"):
+            client_module = th if protocol == "http" else tg
+            said = []
+            for url, model in ((triton.http_url if protocol == "http" else triton.grpc_url, "gen"),
+                               (local.http_url if protocol == "http" else local.grpc_url, "gen_fused")):
+                tensor = client_module.InferInput("N", [1], "INT32")
+                tensor.set_data_from_numpy(np.array([1], np.int32))
+                with pytest.raises(InferenceServerException) as refused:
+                    client_module.InferenceServerClient(url).infer(model, [tensor])
+                said.append((refused.value.status(), refused.value.message()))
+            assert said[0] == said[1] == (("501", DECOUPLED_HTTP) if protocol == "http"
+                                          else ("StatusCode.UNIMPLEMENTED", DECOUPLED_GRPC))
+            # and the project's clients word it for the user, against the server as locally
+            with TritonClient(triton.http_url if protocol == "http" else triton.grpc_url, protocol) as client:
+                with pytest.raises(InferenceError, match=r"model 'gen' streams .*: read it with a stream"):
+                    client.infer("gen", {"N": np.array([1], np.int32)})

@@ -1,7 +1,7 @@
 """Triton's generate extension: ``POST /v2/models/<model>/generate`` and ``generate_stream``.
 
-The request is one JSON object: each input by name (a string, a number, or a flat list of
-them), and optionally ``id`` (echoed in each answer) and ``parameters`` (not read). Each
+The request is one JSON object: each input by name (a string, a number, or a list of them:
+its length is the config's element count, or its one variable dim), and optionally ``id`` (echoed in each answer) and ``parameters`` (not read). Each
 answer is one JSON object: the outputs by name (a tensor of one element as that element,
 any other as a flat list), ``model_name``, ``model_version`` and ``id`` if given, keys in
 sorted order. ``generate_stream`` sends each response as a server-sent event
@@ -12,8 +12,8 @@ All of it as the bundled Triton 2.51 answers (``docs/triton_decoupled.md``, "HTT
 events"; ``tests/test_stream_endpoint.py`` compares the two), including its statuses: a
 request refused before the pipeline runs is a JSON error with its usual status; a failure
 before the first response is an event with status 400; after it, status 200 (the events
-before it are already sent); ``generate`` of a stream of other than one response, status 200
-with Triton's error. Non-finite floats are written ``NaN``/``Infinity``, as Triton writes them.
+before it are already sent); ``generate`` of a stream of other than one response (a failure
+after the first counts as one more), status 200 with Triton's error. Non-finite floats are written ``NaN``/``Infinity``, as Triton writes them.
 """
 
 from __future__ import annotations
@@ -61,28 +61,34 @@ def generate_inputs(body: bytes | memoryview, model: ServedModel) -> tuple[dict[
 
 
 def _input(name: str, spec: Any, value: Any, model: ServedModel) -> np.ndarray:
-    """One input: a value is one element, a flat list its elements; the shape comes from the config."""
-    items = value if isinstance(value, list) else [value]
+    """One input, shaped as Triton shapes it: a list's length (a value: 1) must be the config's
+    element count, or its one variable dim; the elements are then read however nested."""
+    length = len(value) if isinstance(value, list) else 1
     dims = list(spec.dims)
-    fixed = all(d >= 0 for d in dims)
-    cannot = Refusal(INVALID, f"The schema can not convert input '{name}' to tensor with proper shape (model "
-                     f"'{model.name}' takes {spec.dtype} {dims}: give a flat list of its elements)", tensor=name)
-    if any(isinstance(item, list) for item in items):
-        if fixed:
-            raise cannot
-        raise Refusal(PARSE, f"Unable to parse 'data': Shape does not match true shape of 'data' field (input "
-                      f"'{name}' is a flat list of elements)", tensor=name)
-    if fixed:
-        if math.prod(dims) != len(items):
-            raise cannot
+    if all(d >= 0 for d in dims) and math.prod(dims) == length:
         shape = dims
-    elif len(dims) == 1:
-        shape = [len(items)]
+    elif dims == [-1]:
+        shape = [length]
     else:
-        raise cannot
+        raise Refusal(INVALID, f"The schema can not convert input '{name}' to tensor with proper shape (model "
+                      f"'{model.name}' takes {spec.dtype} {dims}: give a list of its {math.prod(dims)} elements)"
+                      if all(d >= 0 for d in dims) else
+                      f"The schema can not convert input '{name}' to tensor with proper shape (model "
+                      f"'{model.name}' takes {spec.dtype} {dims}, of more than one variable dim: send it to infer)",
+                      tensor=name)
+    items = _flat(value)
+    if len(items) != math.prod(shape):
+        raise Refusal(PARSE, f"Unable to parse 'data': Shape does not match true shape of 'data' field (input "
+                      f"'{name}': {len(items)} elements for shape {shape})", tensor=name)
     if model.pipeline.batched:
         shape = [1, *shape]
     return array_from_json(name, spec.dtype, shape, items)
+
+
+def _flat(value: Any) -> list:
+    if not isinstance(value, list):
+        return [value]
+    return [leaf for item in value for leaf in _flat(item)]
 
 
 def answer_json(
@@ -113,6 +119,10 @@ def _error_json(exc: BaseException, model: ServedModel) -> str:
     return json.dumps({"error": error_text(exc, model)}, separators=(",", ":"))
 
 
+def _json(answer: str, status: int = 200) -> web.Response:
+    return web.Response(text=answer, status=status, content_type="application/json")
+
+
 def _before_the_pipeline(exc: BaseException) -> bool:
     return isinstance(exc, Refusal) or (isinstance(exc, InputError) and exc.step is None)
 
@@ -125,7 +135,7 @@ async def generate_stream(
         inputs, request_id = generate_inputs(body, model)
     except Refusal as exc:
         service.failed(model.name, Timing(started, started))
-        return web.json_response({"error": error_text(exc, model)}, status=exc.status.http)
+        return _json(_error_json(exc, model), exc.status.http)
     timing = Timing(started, perf_counter_ns())
     events: web.StreamResponse | None = None
 
@@ -146,7 +156,7 @@ async def generate_stream(
     except Exception as exc:
         service.failed(model.name, timing)
         if events is None and _before_the_pipeline(exc):
-            return web.json_response({"error": error_text(exc, model)}, status=status_of(exc).http)
+            return _json(_error_json(exc, model), status_of(exc).http)
         events = events or await opened(_FAILED_FIRST)
         await events.write(f"data: {_error_json(exc, model)}\n\n".encode())
     else:
@@ -159,22 +169,25 @@ async def generate_stream(
 async def generate(
     service: InferenceService, request: web.Request, model: ServedModel, body: memoryview, started: int
 ) -> web.Response:
-    """Answer ``generate``: the one response of a request; a stream of other than one is refused."""
+    """Answer ``generate``: the one response of a request. Anything after it (another response, a
+    failure) refuses the whole, as Triton refuses it, and stops the stream there."""
+    answers: list[dict[str, np.ndarray]] = []
+    failed_after = False
     try:
         inputs, request_id = generate_inputs(body, model)
         timing = Timing(started, perf_counter_ns())
-        answers = []
         async with aclosing(service.stream(model, inputs, [])) as responses:
             async for outputs in responses:
                 answers.append(outputs)
-                if len(answers) > 1:  # refused whatever follows: the stream stops here
+                if len(answers) > 1:
                     break
     except Exception as exc:
-        service.failed(model.name, Timing(started, started))
-        status = status_of(exc).http if _before_the_pipeline(exc) else _FAILED_FIRST
-        return web.json_response({"error": error_text(exc, model)}, status=status)
-    if len(answers) != 1:
+        if not answers:
+            service.failed(model.name, Timing(started, started))
+            return _json(_error_json(exc, model), status_of(exc).http if _before_the_pipeline(exc) else _FAILED_FIRST)
+        failed_after = True  # a failure after the first response is one more answer
+    if len(answers) != 1 or failed_after:
         service.failed(model.name, timing)
-        return web.json_response({"error": ONE_RESPONSE})
+        return _json(json.dumps({"error": ONE_RESPONSE}, separators=(",", ":")))
     service.finished(model, timing, rows=batch_rows(model, inputs), infer_ns=perf_counter_ns() - timing.decoded)
-    return web.Response(text=answer_json(model, answers[0], request_id), content_type="application/json")
+    return _json(answer_json(model, answers[0], request_id))

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
+from ..errors import InferenceError
 from ..plan import plan_of
 from ..runtime.local import LocalRuntime
 from ..runtime.report import Report
@@ -55,6 +56,7 @@ class InferenceService:
         #: composing step model -> the nodes that call it, as compiled
         self.composing = {m.name: tuple(m.nodes) for m in plan_of(pipeline, warn=False).models}
         self.ready = False
+        self._streams: set[asyncio.Task] = set()  # the requests streaming now, each its runtime call
 
     # ------------------------------------------------------------ look-ups
 
@@ -198,12 +200,19 @@ class InferenceService:
                     await runtime.stream(inputs, answers.put_nowait, list(requested) or None)
                 else:
                     answers.put_nowait(await runtime.infer(inputs, list(requested) or None))
+            except asyncio.CancelledError:  # the reader went away, or the endpoint stops (cancel_streams)
+                answers.put_nowait(InferenceError(
+                    f"pipeline {model.pipeline.name!r}: the endpoint stopped while this request streamed "
+                    "(its grace period ran out); its generators are closed", pipeline=model.pipeline.name))
+                raise
             except Exception as exc:  # after the responses before it, in the queue's order
                 answers.put_nowait(exc)
             else:
                 answers.put_nowait(_END)
 
         task = asyncio.ensure_future(run())
+        self._streams.add(task)
+        task.add_done_callback(self._streams.discard)
         try:
             while (item := await answers.get()) is not _END:
                 if isinstance(item, BaseException):
@@ -213,6 +222,18 @@ class InferenceService:
             if not task.done():
                 task.cancel()
             await asyncio.wait([task])  # the generators' close() has run when the task ends
+
+    async def cancel_streams(self, timeout: float) -> None:
+        """Cancel every request still streaming, and wait up to ``timeout`` s for its generators to close.
+
+        The endpoint's stop calls it once the grace period is over: aiohttp leaves a handler that
+        still writes events running past its shutdown timeout, and the runtimes must not close under it.
+        """
+        tasks = list(self._streams)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
 
     def answer(
         self, model: ServedModel, outputs: Mapping[str, np.ndarray], classes: Mapping[str, int]
