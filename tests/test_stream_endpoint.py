@@ -691,3 +691,20 @@ def test_generate_stream_and_a_plain_infer_answer_as_the_bundled_server_answers(
             with TritonClient(triton.http_url if protocol == "http" else triton.grpc_url, protocol) as client:
                 with pytest.raises(InferenceError, match=r"model 'gen' streams .*: read it with a stream"):
                     client.infer("gen", {"N": np.array([1], np.int32)})
+
+
+@step(inputs={"n": ONE}, outputs={"x": TensorSpec("FP32", [1])})
+def to_nan(n):
+    yield {"x": np.array([1.5], np.float32)}
+    yield {"x": np.array([np.nan], np.float32)}
+
+
+def test_a_nan_output_streams_over_grpc_and_is_refused_as_json_with_the_way_to_read_it():
+    p = Pipeline("nan", inputs={"n": ONE})
+    p.output("x", p.add(to_nan, n=p.input("n"))["x"])
+    with LocalServer(p, modes=("fused",)) as s:
+        responses, error = grpc_stream(s.grpc_url, "nan_fused", n(1))
+        assert error is None and responses[0]["x"].tolist() == [1.5] and np.isnan(responses[1]["x"][0])
+        status, _, events = sse(s.http_url, "nan_fused", {"n": 1})
+        assert status == 200 and events[0]["x"] == 1.5
+        assert "output 'x' holds nan" in events[1]["error"] and "gRPC stream" in events[1]["error"], events

@@ -13,7 +13,9 @@ events"; ``tests/test_stream_endpoint.py`` compares the two), including its stat
 request refused before the pipeline runs is a JSON error with its usual status; a failure
 before the first response is an event with status 400; after it, status 200 (the events
 before it are already sent); ``generate`` of a stream of other than one response (a failure
-after the first counts as one more), status 200 with Triton's error. Non-finite floats are written ``NaN``/``Infinity``, as Triton writes them.
+after the first counts as one more), status 200 with Triton's error. One difference, as for
+``infer``: an output holding NaN or Infinity is refused (JSON has neither), where Triton writes
+``NaN``.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def answer_json(
     model: ServedModel, outputs: Mapping[str, np.ndarray], request_id: str | None
 ) -> str:
     """One response as Triton's generate extension writes it."""
-    answer: dict[str, Any] = {name: _value(array, model.pipeline.output_specs[name].dtype)
+    answer: dict[str, Any] = {name: _value(name, array, model.pipeline.output_specs[name].dtype)
                               for name, array in outputs.items()}
     if request_id is not None:
         answer["id"] = request_id
@@ -104,8 +106,13 @@ def answer_json(
     return json.dumps(answer, separators=(",", ":"), sort_keys=True)
 
 
-def _value(array: np.ndarray, datatype: str) -> Any:
+def _value(name: str, array: np.ndarray, datatype: str) -> Any:
     flat = np.asarray(array).reshape(-1)
+    if flat.dtype.kind == "f" and not np.isfinite(flat).all():
+        # as infer does (docs/endpoint.md): JSON has no NaN or Infinity, though Triton writes them
+        raise Refusal(INVALID, f"output '{name}' holds {flat[~np.isfinite(flat)][0]} ({datatype}), which JSON "
+                      "cannot carry (it has no NaN or Infinity); read this model with a gRPC stream "
+                      "(start_stream/async_stream_infer), which carries its bytes", tensor=name)
     if datatype == "BYTES":
         values = [v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else str(v) for v in flat]
     elif datatype in ("FP16", "BF16"):
