@@ -48,7 +48,8 @@ DECOUPLED_GRPC = "ModelInfer RPC doesn't support models with decoupled transacti
 
 def grpc_stream(url, model, inputs, outputs=None, *, request_id=""):
     """One request read with tritonclient's gRPC stream: ``(responses, error)``, each response a dict
-    of its outputs, read until the final flag (``triton_final_response``); an error ends it too."""
+    of its outputs, read until the final flag (``triton_final_response``) or an error: tritonclient
+    hands an error response on without its flags, and the ensemble puts the final flag on it."""
     answers = queue.SimpleQueue()
     client = tg.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
@@ -56,17 +57,16 @@ def grpc_stream(url, model, inputs, outputs=None, *, request_id=""):
         client.async_stream_infer(model, _grpc_inputs(inputs), request_id=request_id,
                                   outputs=None if outputs is None else [tg.InferRequestedOutput(o) for o in outputs],
                                   enable_empty_final_response=True)
-        responses, error = [], None
+        responses = []
         while True:
             result, failed = answers.get(timeout=60)
-            if failed is not None:  # the final flag follows an error here; a server's form may send none
-                error = failed.message()
-                continue
+            if failed is not None:
+                return responses, failed.message()
             response = result.get_response()
             if response.outputs:
                 responses.append({o.name: result.as_numpy(o.name) for o in response.outputs})
             if response.parameters["triton_final_response"].bool_param:
-                return responses, error
+                return responses, None
     finally:
         client.stop_stream()
         client.close()
@@ -118,6 +118,8 @@ def as_events(responses, model, request_id=None):
         if request_id is not None:
             event["id"] = request_id
         event.update(model_name=model, model_version="1")
+        if model.endswith("_ensemble"):  # as Triton's ensemble scheduler answers
+            event.update(sequence_end=False, sequence_id=0, sequence_start=False)
         events.append(event)
     return events
 
@@ -652,7 +654,7 @@ def test_the_endpoint_streams_message_for_message_as_the_bundled_server_streams_
                 return sorted(messages, key=lambda m: m["id"])
 
             expected = by_id(_messages(triton.grpc_url, to("gen"), "gen"))
-            for mode in MODES:
+            for mode in ("bls", "bls-sync", "fused"):  # the ensemble's answers as the compiled ensemble's, below
                 model = local.model_name(mode)
                 assert by_id(_messages(local.grpc_url, to(model), model)) == expected, (what, mode)
 
@@ -708,3 +710,108 @@ def test_a_nan_output_streams_over_grpc_and_is_refused_as_json_with_the_way_to_r
         status, _, events = sse(s.http_url, "nan_fused", {"n": 1})
         assert status == 200 and events[0]["x"] == 1.5
         assert "output 'x' holds nan" in events[1]["error"] and "gRPC stream" in events[1]["error"], events
+
+
+# ------------------------------------------------------------------ the same client code, then the server
+
+
+@pytest.fixture(scope="module")
+def compiled_server(tmp_path_factory):
+    """counting and textgen compiled with every form they have, side by side (``<name>_<form>``, the
+    names the local endpoint serves), on the bundled server."""
+    from pipelines.forms import FormLeftOutWarning
+    from pipelines.triton import TritonServer
+
+    pipelines = [counting(), textgen.make_textgen(max_new_tokens=12)]
+    with pytest.warns(FormLeftOutWarning, match="textgen"):  # its when block: no ensemble, here or there
+        repos = [p.compile("all") for p in pipelines]
+    path = repos[0].merge(*repos[1:]).write(tmp_path_factory.mktemp("stream_all") / "repo")
+    with LocalServer(pipelines[0]) as counting_local, LocalServer(pipelines[1]) as textgen_local, \
+            TritonServer(path, exit_timeout=3) as running:
+        yield running, {p.name: s for p, s in zip(pipelines, (counting_local, textgen_local), strict=True)}
+
+
+@pytest.mark.server
+def test_the_same_client_code_reads_the_same_streams_from_the_local_endpoint_and_the_servers_fused_form(
+        compiled_server):
+    """grpc_stream and sse, unchanged but for the URL: the server's compiled forms answer what the
+    local endpoint answers (the fused form, and the others where Triton keeps the order)."""
+    server, local = compiled_server
+    counting_local, textgen_local = local["counting"], local["textgen"]
+    asked = [(counting_local, "counting_fused", n(k), None) for k in (0, 1, 4)]
+    asked += [(counting_local, "counting_fused", n(3), list(subset))
+              for size in (1, 2) for subset in itertools.combinations(["word", "sq", "tok", "half"], size)]
+    asked += [(textgen_local, "textgen_fused", textgen.sample_inputs(prompt=prompt), None)
+              for prompt in ("Streaming pipelines answer", "hello there", "tell me a secret")]
+    asked += [(counting_local, f"counting_{form}", n(3), None) for form in ("bls", "bls_sync", "ensemble")]
+    asked += [(textgen_local, f"textgen_{form}", textgen.sample_inputs(), None) for form in ("bls", "bls_sync")]
+    for endpoint, model, inputs, outputs in asked:
+        here = grpc_stream(endpoint.grpc_url, model, inputs, outputs)
+        there = grpc_stream(server.grpc_url, model, inputs, outputs)
+        assert here[1] is None and as_lists(here[0]) == as_lists(there[0]) and there[1] is None, (model, inputs, outputs)
+        assert len(here[0]) >= 1 or int(inputs.get("n", [1])[0]) == 0
+        fields = {k: (v[0].decode() if v.dtype == object else int(v[0])) for k, v in inputs.items()}
+        if outputs is None:
+            assert sse(endpoint.http_url, model, dict(fields)) == sse(server.http_url, model, dict(fields)), model
+    # a failure mid-stream: the same responses before it, and the same error, over both protocols
+    for form in ("fused", "bls", "bls_sync"):
+        model = f"counting_{form}"
+        here, there = grpc_stream(counting_local.grpc_url, model, n(102)), grpc_stream(server.grpc_url, model, n(102))
+        assert as_lists(here[0]) == as_lists(there[0]) and len(here[0]) == 2, form
+        assert here[1] == there[1] and "count gave up after 2 responses" in here[1], form  # word for word
+        local_events = sse(counting_local.http_url, model, {"n": 102})
+        assert local_events == sse(server.http_url, model, {"n": 102}) and len(local_events[2]) == 3, form
+
+
+@pytest.mark.server
+def test_the_fused_form_streams_message_for_message_as_the_local_endpoint(compiled_server):
+    """Raw ModelStreamInfer messages, ids, flags and bytes, for the same requests to both."""
+    server, local = compiled_server
+    endpoint = local["counting"]
+    for requests in ([_named(3, empty=True, request_id="a")], [_named(2, request_id="b")], [_named(0, empty=True)],
+                     [_named(102, empty=True, request_id="e")],
+                     [_named(2, empty=True, request_id="x"), _named(3, empty=True, request_id="y")]):
+        expected = sorted(_messages(server.grpc_url, requests, "counting_fused"), key=lambda m: m["id"])
+        assert sorted(_messages(endpoint.grpc_url, requests, "counting_fused"), key=lambda m: m["id"]) == expected
+    for protocol in ("http", "grpc"):
+        with TritonClient(server.http_url if protocol == "http" else server.grpc_url, protocol) as client:
+            with pytest.raises(InferenceError, match=r"model 'counting_fused' streams .*: read it with a stream"):
+                client.infer("counting_fused", n(1))
+
+
+@pytest.mark.server
+def test_the_ensemble_mode_answers_with_the_sequence_parameters_and_ends_on_an_error_as_the_ensemble_form(
+        compiled_server):
+    """Triton's ensemble scheduler puts sequence_id/start/end on each response and the final flag on an
+    error (nothing follows it); where it puts the final flag otherwise is a race, and so is an error
+    after responses (it may overtake them), so those are left out."""
+    server, local = compiled_server
+    endpoint = local["counting"]
+
+    def settled(messages):
+        answered = []
+        for m in messages:
+            final = m["parameters"].pop("triton_final_response")
+            if m["outputs"] or m["error"]:  # the final flag alone, or on the last response: either
+                pairs = sorted(zip(m["outputs"], m["raw"], strict=True))  # the ensemble's own output order
+                m["outputs"], m["raw"] = [p[0] for p in pairs], [p[1] for p in pairs]
+                answered.append((m, final if m["error"] else None))
+        return answered
+
+    for requests in ([_named(3, empty=True, request_id="a", model="counting_ensemble")],
+                     [_named(0, empty=True, model="counting_ensemble")],
+                     [_named(100, empty=True, request_id="e", model="counting_ensemble")]):
+        expected = settled(_messages(server.grpc_url, requests, "counting_ensemble"))
+        assert settled(_messages(endpoint.grpc_url, requests, "counting_ensemble")) == expected, requests
+    assert sse(endpoint.http_url, "counting_ensemble", {"n": 2}) == sse(server.http_url, "counting_ensemble", {"n": 2})
+
+
+def _named(value, *, model="counting_fused", **options):
+    from tritonclient.grpc import service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name=model, id=options.get("request_id", ""))
+    request.inputs.add(name="n", datatype="INT32", shape=[1])
+    request.raw_input_contents.append(np.array([value], np.int32).tobytes())
+    if options.get("empty") is not None:
+        request.parameters["triton_enable_empty_final_response"].bool_param = options["empty"]
+    return request

@@ -1,12 +1,14 @@
 """Triton's generate extension: ``POST /v2/models/<model>/generate`` and ``generate_stream``.
 
 The request is one JSON object: each input by name (a string, a number, or a list of them:
-its length is the config's element count, or its one variable dim), and optionally ``id`` (echoed in each answer) and ``parameters`` (not read). Each
-answer is one JSON object: the outputs by name (a tensor of one element as that element,
-any other as a flat list), ``model_name``, ``model_version`` and ``id`` if given, keys in
-sorted order. ``generate_stream`` sends each response as a server-sent event
-(``data: {...}`` and a blank line), an error as ``data: {"error": "..."}``, and ends the
-body with the stream; ``generate`` answers a request that has exactly one response.
+its length is the config's element count, or its one variable dim), and optionally ``id``
+(echoed in each answer) and ``parameters`` (not read). Each answer is one JSON object: the
+outputs by name (a tensor of one element as that element, any other as a flat list),
+``model_name``, ``model_version``, ``id`` if given, and from the ensemble's model
+``sequence_id``/``sequence_start``/``sequence_end``, keys in sorted order.
+``generate_stream`` sends each response as a server-sent event (``data: {...}`` and a blank
+line), an error as ``data: {"error": "..."}``, and ends the body with the stream;
+``generate`` answers a request that has exactly one response.
 
 All of it as the bundled Triton 2.51 answers (``docs/triton_decoupled.md``, "HTTP server-sent
 events"; ``tests/test_stream_endpoint.py`` compares the two), including its statuses: a
@@ -103,6 +105,8 @@ def answer_json(
         answer["id"] = request_id
     answer["model_name"] = model.name
     answer["model_version"] = "1"
+    if model.mode == "ensemble":  # the sequence parameters Triton's ensemble scheduler puts on each response
+        answer.update(sequence_end=False, sequence_id=0, sequence_start=False)
     return json.dumps(answer, separators=(",", ":"), sort_keys=True)
 
 

@@ -10,7 +10,10 @@ its own; what each one gets, as the bundled server sends it to a decoupled Pytho
   (``enable_empty_final_response=True``, parameter ``triton_enable_empty_final_response``),
   an empty response with ``triton_final_response`` true (no ``model_version``, as Triton's);
 - a failure mid-stream: a response with ``error_message`` after the responses before it,
-  then the empty final response if asked;
+  then the empty final response if asked (the ensemble's model: the final flag on the error
+  itself, as Triton's ensemble scheduler ends a request with its error);
+- the ensemble's model puts Triton's sequence parameters on each response
+  (``sequence_id`` 0, ``sequence_start`` and ``sequence_end`` false, or the request's own);
 - a request refused before the pipeline runs (unknown model, wrong inputs): ``error_message``
   with an ``infer_response`` that holds only the ``id``, and nothing more;
 - a pipeline that does not stream: its one response, with ``triton_final_response`` true.
@@ -85,12 +88,15 @@ async def _answer(service: InferenceService, request: Any, send: Any) -> None:
         return
     timing = Timing(started, perf_counter_ns())
     streams = model.decoupled
+    ensemble = model.mode == "ensemble"
     sent = 0
     try:
         async with aclosing(service.stream(model, inputs, list(classes))) as responses:
             async for outputs in responses:
                 response = pb.ModelInferResponse(model_name=model.name, model_version="1", id=request.id)
                 response.parameters[FINAL].bool_param = not streams
+                if ensemble:
+                    _sequence(request, response)
                 fill_response(response, service, model, outputs, classes)
                 send(pb.ModelStreamInferResponse(infer_response=response))
                 sent += 1
@@ -99,15 +105,30 @@ async def _answer(service: InferenceService, request: Any, send: Any) -> None:
         if sent == 0 and _before_the_pipeline(exc):
             send(_refused(exc, model, request.id))
             return
+        # an ensemble ends the request with its error: the final flag is on it, and nothing follows
         failed = pb.ModelInferResponse(model_name=model.name, id=request.id)
-        failed.parameters[FINAL].bool_param = not streams
+        failed.parameters[FINAL].bool_param = not streams or ensemble
         send(pb.ModelStreamInferResponse(error_message=error_text(exc, model), infer_response=failed))
+        if ensemble:
+            return
     else:
         service.finished(model, timing, rows=batch_rows(model, inputs), infer_ns=perf_counter_ns() - timing.decoded)
     if streams and empty_final:
         final = pb.ModelInferResponse(model_name=model.name, id=request.id)
         final.parameters[FINAL].bool_param = True
         send(pb.ModelStreamInferResponse(infer_response=final))
+
+
+def _sequence(request: Any, response: pb.ModelInferResponse) -> None:
+    """The sequence parameters Triton's ensemble scheduler puts on each response it sends: the
+    request's ``sequence_id`` (0 if none), ``sequence_start`` and ``sequence_end`` (false if none)."""
+    for name in ("sequence_id", "sequence_start", "sequence_end"):
+        if name in request.parameters:
+            response.parameters[name].CopyFrom(request.parameters[name])
+        elif name == "sequence_id":
+            response.parameters[name].int64_param = 0
+        else:
+            response.parameters[name].bool_param = False
 
 
 def _empty_final(request: Any) -> bool:
