@@ -18,7 +18,6 @@ from .input_files import parse_forms, parse_inputs
 from .interrupts import sigterm_as_interrupt
 from .loading import load_pipeline
 from .output_paths import output_dir
-from .plan import refuse_streaming
 
 __all__ = ["load_pipeline", "main"]
 
@@ -203,7 +202,6 @@ def _cmd_serve_local(args: argparse.Namespace) -> int:
                              f"from this process, with no stubs: drop {'it' if len(given) == 1 else 'them'}, "
                              "or serve a compiled DIR without --local")
     p = load_pipeline(args.repository)
-    refuse_streaming(p, "serving it (serve --local)")
     options: dict[str, Any] = {} if args.modes is None else {"modes": args.modes}
     if args.http_max_input_size is not None:
         options["http_max_input_size"] = args.http_max_input_size

@@ -149,7 +149,7 @@ def test_server_forms_refuse_a_streaming_pipeline_in_one_line(tmp_path, capsys):
     spec = "pipelines.examples.textgen:pipeline"
     for argv in (["compile", spec, "--target", "ensemble", "--out", str(tmp_path / "repo")],
                  ["predict", spec, "--profile", "x.json"],
-                 ["bench", spec, "--server", "--requests", "1", "--concurrency", "1"], ["serve", "--local", spec]):
+                 ["bench", spec, "--server", "--requests", "1", "--concurrency", "1"]):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert (argv[0] == "compile" or said in err) and err.count("\n") == 1, (argv, err)

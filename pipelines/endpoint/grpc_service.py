@@ -2,13 +2,16 @@
 
 The service definition is the one tritonclient ships (``service_pb2_grpc``), so
 a ``tritonclient.grpc`` client cannot tell this endpoint from a server by its
-messages. Outputs always travel as ``raw_output_contents``, as Triton sends them.
+messages. Outputs always travel as ``raw_output_contents``, as Triton sends them. A streaming
+pipeline answers ``ModelStreamInfer`` (:mod:`.grpc_stream`) and refuses ``ModelInfer`` with
+Triton's words for a decoupled model.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+from collections.abc import AsyncIterator
 from time import perf_counter_ns
 from typing import Any
 
@@ -17,10 +20,10 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from ..freed_memory import glibc_function
-from .classification import grpc_class_count
-from .service import InferenceService, Timing, batch_rows
-from .status import INVALID, Refusal, error_text, status_of
-from .wire import array_from_bytes, array_from_contents, array_to_bytes
+from .grpc_messages import decode_request, fill_response, requested_classes
+from .grpc_stream import stream_infer
+from .service import DECOUPLED_GRPC, InferenceService, Timing, batch_rows
+from .status import Refusal, error_text, status_of
 
 __all__ = ["GRPC_OPTIONS", "add_service"]
 
@@ -108,42 +111,23 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         model = None
         try:
             model = self.service.model(request.model_name, request.model_version)
-            inputs = _decode(request, model.name)
-            # a name asked twice is answered once, as Triton answers it (the last asking wins)
-            classes = {o.name: grpc_class_count(o.name, o.parameters) for o in request.outputs}
+            self.service.refuse_plain(model, DECOUPLED_GRPC)  # before the inputs, as Triton does
+            inputs = decode_request(request, model.name)
+            classes = requested_classes(request)
             timing = Timing(started, perf_counter_ns())
             outputs, infer_ns = await self.service.infer(model, inputs, list(classes), timing)
             response = pb.ModelInferResponse(model_name=model.name, model_version="1", id=request.id)
-            for name, (array, datatype) in self.service.answer(model, outputs, classes).items():
-                response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
-                response.raw_output_contents.append(bytes(array_to_bytes(array, datatype)))
+            size = fill_response(response, self.service, model, outputs, classes)
             self.service.finished(model, timing, rows=batch_rows(model, inputs), infer_ns=infer_ns)
-            if sum(len(r) for r in request.raw_input_contents) + sum(map(len, response.raw_output_contents)) > TRIM_AFTER:
+            if sum(len(r) for r in request.raw_input_contents) + size > TRIM_AFTER:
                 _trim_soon()
             return response
         except Exception as exc:  # every failure is this request's answer; the endpoint keeps serving
             self.service.failed(request.model_name, Timing(started, started))
             await _abort(context, exc, model)
 
+    async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        # an async generator, so that grpc.aio cancels it (and its streams) when the client goes away
+        async for message in stream_infer(self.service, request_iterator):
+            yield message
 
-def _decode(request: Any, model: str) -> dict[str, Any]:
-    raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise Refusal(
-            INVALID,
-            f"expected {len(request.inputs)} raw_input_contents (one per input) but got {len(raw)} "
-            f"for model '{model}'",
-        )
-    inputs = {}
-    for i, tensor in enumerate(request.inputs):
-        if raw and tensor.contents.ListFields():
-            raise Refusal(INVALID, f"contents field must not be specified when using raw_input_contents for "
-                          f"'{tensor.name}' for model '{model}': send each input's data one way, all raw or all "
-                          "typed", tensor=tensor.name)
-        if raw:
-            inputs[tensor.name] = array_from_bytes(tensor.name, tensor.datatype, list(tensor.shape), raw[i], model=model)
-        else:
-            inputs[tensor.name] = array_from_contents(
-                tensor.name, tensor.datatype, list(tensor.shape), tensor.contents, model=model
-            )
-    return inputs

@@ -278,20 +278,30 @@ class LocalServer:
                 await self._stop.wait()
             finally:
                 service.ready = False
-                await _stop_front_ends(runner, server)
+                await _stop_front_ends(runner, server, service)
 
 
-async def _stop_front_ends(runner: web.AppRunner, server: grpc.aio.Server | None) -> None:
+async def _stop_front_ends(runner: web.AppRunner, server: grpc.aio.Server | None, service: InferenceService) -> None:
     """Stop both protocols at once: no new request is taken, those in flight get GRACE_PERIOD to finish.
 
     HTTP closes its listening socket and idle connections and waits for running handlers;
     gRPC answers new calls ``UNAVAILABLE`` and waits for running ones. Only what is still
-    running after the grace period is cancelled.
+    running after the grace period is cancelled: streams too, whose generators are closed
+    before the runtimes are.
     """
+    async def cancel_streams_late() -> None:
+        await asyncio.sleep(GRACE_PERIOD)
+        await service.cancel_streams(GRACE_PERIOD)
+
+    late = asyncio.ensure_future(cancel_streams_late())
     stops = [runner.cleanup()]
     if server is not None:
         stops.append(server.stop(GRACE_PERIOD))
-    await asyncio.gather(*stops)
+    try:
+        await asyncio.gather(*stops)
+    finally:
+        late.cancel()
+    await service.cancel_streams(GRACE_PERIOD)  # what the front ends let go of may still stream
 
 
 def _servable(pipeline: Pipeline, modes: Sequence[str] | None) -> tuple[tuple[str, ...], str | None]:

@@ -26,7 +26,8 @@ VERSION = "1"
 
 @dataclass(frozen=True, eq=False)
 class ServedModel:
-    """One local mode of a pipeline, served as the model ``name`` (``<pipeline>_<form>``)."""
+    """One local mode of a pipeline, served as the model ``name`` (``<pipeline>_<form>``); a
+    streaming pipeline's is decoupled (its config says so), as its compiled forms are."""
 
     name: str
     mode: str
@@ -37,6 +38,11 @@ class ServedModel:
     def in_process(self) -> bool:
         """Whether this form runs its Python steps inside its own model (no composing step models)."""
         return bool(getattr(form(self.mode), "in_process", False))
+
+    @property
+    def decoupled(self) -> bool:
+        """Whether it answers a request with a stream of responses (a streaming pipeline)."""
+        return self.pipeline.streaming
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -73,8 +79,18 @@ def served_models(pipeline: Pipeline, modes: tuple[str, ...]) -> dict[str, Serve
     for mode in modes:
         name = form(mode).model_name(pipeline.name, side_by_side=True)
         config = configs.get(name) or _signature_config(pipeline, name, mode, why or "not compiled")
+        if pipeline.streaming and not config.model_transaction_policy.decoupled:
+            # what Triton reports for a model that answers a request many times, as every form of it is
+            config = _copy(config)
+            config.model_transaction_policy.decoupled = True
         models[name] = ServedModel(name=name, mode=mode, pipeline=pipeline, config=config)
     return models
+
+
+def _copy(config: mc.ModelConfig) -> mc.ModelConfig:
+    copy = mc.ModelConfig()
+    copy.CopyFrom(config)
+    return copy
 
 
 def _signature_config(pipeline: Pipeline, name: str, mode: str, why: str) -> mc.ModelConfig:

@@ -10,6 +10,9 @@ A body is read once, into one buffer sized by its ``Content-Length`` (refused
 unread past ``--http-max-input-size``), and binary inputs are numpy views of
 that buffer; binary outputs are written from the arrays' own memory. So a large
 request costs about its own size, not a multiple of it (``docs/endpoint.md``).
+
+A streaming pipeline answers ``generate_stream`` (server-sent events, :mod:`.generate`) and
+refuses ``infer`` with Triton's words for a decoupled model (501).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from aiohttp import web
 
 from ..triton.payloads import message_to_dict
 from .classification import http_class_count
-from .service import InferenceService, Timing, batch_rows
+from .generate import generate, generate_stream
+from .service import DECOUPLED_HTTP, InferenceService, Timing, batch_rows
 from .status import INVALID, PARSE, Refusal, error_text, status_of
 from .wire import array_from_bytes, array_from_json, array_to_bytes, array_to_json
 
@@ -48,6 +52,8 @@ def make_app(service: InferenceService, *, max_input_size: int = DEFAULT_MAX_INP
         app.router.add_get(prefix + "/config", routes.model_config)
         app.router.add_get(prefix + "/stats", routes.model_stats)
         app.router.add_post(prefix + "/infer", routes.infer)
+        app.router.add_post(prefix + "/generate", routes.generate)
+        app.router.add_post(prefix + "/generate_stream", routes.generate_stream)
     app.router.add_get("/v2/health/live", routes.live)
     app.router.add_get("/v2/health/ready", routes.ready)
     app.router.add_get("/v2", routes.server_metadata)
@@ -71,7 +77,7 @@ async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse
         reason = exc.reason
         if exc.status == 404:
             reason += (f": this endpoint serves no {request.method} {request.path}; it serves Triton's /v2 routes "
-                       "(health, metadata, models/<name>[/versions/1][/ready|config|stats|infer], "
+                       "(health, metadata, models/<name>[/versions/1][/ready|config|stats|infer|generate|generate_stream], "
                        "models/stats, repository/index)")
         elif exc.status == 405:
             reason += f": {request.path} does not take {request.method}"
@@ -137,6 +143,7 @@ class _Routes:
         model = None
         try:
             model = self.service.model(name, request.match_info.get("version", ""))
+            self.service.refuse_plain(model, DECOUPLED_HTTP)  # unread, as Triton refuses it
             header_length = _header_length(request.headers.get(HEADER_LENGTH))
             body = await _read_body(request, self.max_input_size, header_length)
             header, inputs = _decode(body, header_length, model)
@@ -152,6 +159,25 @@ class _Routes:
         except Exception as exc:  # every failure is this request's answer; the endpoint keeps serving
             self.service.failed(name, Timing(started, started))
             return _error(exc, model)
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, generate)
+
+    async def generate_stream(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, generate_stream)
+
+    async def _generate(self, request: web.Request, answer: Any) -> web.StreamResponse:
+        """Triton's generate extension (:mod:`.generate`), for any pipeline, streaming or not."""
+        started = perf_counter_ns()
+        name = request.match_info["model"]
+        model = None
+        try:
+            model = self.service.model(name, request.match_info.get("version", ""))
+            body = await _read_body(request, self.max_input_size, None)
+        except Exception as exc:
+            self.service.failed(name, Timing(started, started))
+            return _error(exc, model)
+        return await answer(self.service, request, model, body, started)
 
 
 def _header_length(value: str | None) -> int | None:

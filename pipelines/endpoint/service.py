@@ -8,7 +8,8 @@ Everything runs on the endpoint's one event loop, so the counters need no lock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any
@@ -16,18 +17,23 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
+from ..errors import InferenceError
 from ..plan import plan_of
 from ..runtime.local import LocalRuntime
 from ..runtime.report import Report
 from .classification import classify
 from .models import VERSION, ModelStatistics, ServedModel, statistics_response
-from .status import INVALID, NOT_FOUND, Refusal
+from .status import INVALID, NOT_FOUND, UNSUPPORTED, Refusal
 
-__all__ = ["EXTENSIONS", "InferenceService", "Timing"]
+__all__ = ["DECOUPLED_GRPC", "DECOUPLED_HTTP", "EXTENSIONS", "InferenceService", "Timing"]
 
 SERVER_NAME = "pipelines-local"
 #: The protocol extensions this endpoint implements (Triton lists its own in the same field).
 EXTENSIONS = ("classification", "binary_tensor_data", "model_configuration", "statistics")
+#: Triton 2.51's refusal of a plain infer on a decoupled model, word for word (docs/triton_decoupled.md).
+DECOUPLED_HTTP = "HTTP end point doesn't support models with decoupled transaction policy"
+DECOUPLED_GRPC = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+_END = object()  # a stream's last item: it ended
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ class InferenceService:
         #: composing step model -> the nodes that call it, as compiled
         self.composing = {m.name: tuple(m.nodes) for m in plan_of(pipeline, warn=False).models}
         self.ready = False
+        self._streams: set[asyncio.Task] = set()  # the requests streaming now, each its runtime call
 
     # ------------------------------------------------------------ look-ups
 
@@ -166,6 +173,67 @@ class InferenceService:
         infer_ns = perf_counter_ns() - timing.decoded
         wanted = dict.fromkeys(requested or model.output_names)
         return {name: np.asarray(outputs[name]) for name in wanted}, infer_ns
+
+    def refuse_plain(self, model: ServedModel, words: str) -> None:
+        """Refuse a plain infer on a streaming pipeline, as Triton refuses one on a decoupled model."""
+        if model.decoupled:
+            raise Refusal(UNSUPPORTED, words, pipeline=model.pipeline.name)
+
+    async def stream(
+        self, model: ServedModel, inputs: Mapping[str, Any], requested: Sequence[str]
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
+        """Each response of one request as it comes: the requested outputs in the order asked (all,
+        in the model's order, when none are named); a pipeline that does not stream answers once.
+
+        A failure is raised after the responses before it. Closing the iterator early (the client
+        cancelled or went away) cancels the request: the pipeline's generators are closed (their
+        ``finally`` runs) before ``aclose()`` returns, once the call each one is in returns.
+        """
+        self.check_outputs(model, requested)
+        wanted = list(dict.fromkeys(requested or model.output_names))
+        runtime = self.runtimes[model.name]
+        answers: asyncio.Queue[Any] = asyncio.Queue()  # unbounded: a slow client holds responses, as Triton does
+
+        async def run() -> None:
+            try:
+                if model.decoupled:
+                    await runtime.stream(inputs, answers.put_nowait, list(requested) or None)
+                else:
+                    answers.put_nowait(await runtime.infer(inputs, list(requested) or None))
+            except asyncio.CancelledError:  # the reader went away, or the endpoint stops (cancel_streams)
+                answers.put_nowait(InferenceError(
+                    f"pipeline {model.pipeline.name!r}: the endpoint stopped while this request streamed "
+                    "(its grace period ran out); its generators are closed", pipeline=model.pipeline.name))
+                raise
+            except Exception as exc:  # after the responses before it, in the queue's order
+                answers.put_nowait(exc)
+            else:
+                answers.put_nowait(_END)
+
+        task = asyncio.ensure_future(run())
+        self._streams.add(task)
+        task.add_done_callback(self._streams.discard)
+        try:
+            while (item := await answers.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield {name: np.asarray(item[name]) for name in wanted}
+        finally:
+            if not task.done():
+                task.cancel()
+            await asyncio.wait([task])  # the generators' close() has run when the task ends
+
+    async def cancel_streams(self, timeout: float) -> None:
+        """Cancel every request still streaming, and wait up to ``timeout`` s for its generators to close.
+
+        The endpoint's stop calls it once the grace period is over: aiohttp leaves a handler that
+        still writes events running past its shutdown timeout, and the runtimes must not close under it.
+        """
+        tasks = list(self._streams)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
 
     def answer(
         self, model: ServedModel, outputs: Mapping[str, np.ndarray], classes: Mapping[str, int]

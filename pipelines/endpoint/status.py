@@ -8,7 +8,9 @@ each against it; ``docs/triton_statuses.md`` lists them):
   batch size, binary sizes, unknown outputs): HTTP 400, gRPC ``INVALID_ARGUMENT``;
 - a body that is not the protocol's JSON, or ``data`` that does not fit its shape:
   HTTP 500 (Triton answers those as internal errors), gRPC ``INVALID_ARGUMENT``;
-- a step that fails: HTTP 500, gRPC ``INTERNAL``.
+- a step that fails: HTTP 500, gRPC ``INTERNAL``;
+- a plain (non-streaming) infer on a decoupled model, which a streaming pipeline's is:
+  HTTP 501, gRPC ``UNIMPLEMENTED`` (``docs/triton_decoupled.md``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,17 @@ from ..serving import WireError, parse_error
 if TYPE_CHECKING:
     from .models import ServedModel
 
-__all__ = ["INTERNAL", "INVALID", "NOT_FOUND", "PARSE", "Refusal", "Status", "error_text", "status_of"]
+__all__ = [
+    "INTERNAL",
+    "INVALID",
+    "NOT_FOUND",
+    "PARSE",
+    "UNSUPPORTED",
+    "Refusal",
+    "Status",
+    "error_text",
+    "status_of",
+]
 
 # The local runtime opens its messages with where it happened; the wire format says that in its own fields.
 _WHERE = re.compile(r"^pipeline '[^']*'(?: step '[^']*')?:? ")
@@ -43,6 +55,7 @@ NOT_FOUND = Status(404, grpc.StatusCode.NOT_FOUND)
 INVALID = Status(400, grpc.StatusCode.INVALID_ARGUMENT)
 PARSE = Status(500, grpc.StatusCode.INVALID_ARGUMENT)
 INTERNAL = Status(500, grpc.StatusCode.INTERNAL)
+UNSUPPORTED = Status(501, grpc.StatusCode.UNIMPLEMENTED)
 
 
 class Refusal(InferenceError):

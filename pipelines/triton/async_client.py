@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InferenceError, PipelinesError, ServerError
+from .client import streams_refusal
 from .connection import ClientBase, grpc_channel_args, rejected
 from .payloads import InferRequest, message_to_dict, result_arrays
 from .rejections import explain_rejection
@@ -129,6 +130,9 @@ class AsyncTritonClient(ClientBase):
         try:
             return await self._call("infer on", model, timeout, over_http, over_grpc)
         except InferenceError as error:
+            streams = streams_refusal(error, model)
+            if streams is not None:
+                raise streams from error.__cause__
             if not rejected(error):
                 raise
             try:

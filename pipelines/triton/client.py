@@ -10,13 +10,33 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from tritonclient.utils import InferenceServerException
 
 from ..errors import InferenceError, PipelinesError, ServerError
 from .connection import ClientBase, grpc_channel_args, rejected
 from .payloads import InferRequest, message_to_dict, result_arrays
 from .rejections import explain_rejection
 
-__all__ = ["TritonClient"]
+__all__ = ["TritonClient", "streams_refusal"]
+
+#: What Triton 2.51 says to a plain infer on a decoupled model (HTTP 501, gRPC UNIMPLEMENTED), as a
+#: streaming pipeline's models are (docs/triton_decoupled.md); the local endpoint says the same.
+_DECOUPLED = "doesn't support models with decoupled transaction policy"
+
+
+def streams_refusal(error: InferenceError, model: str) -> InferenceError | None:
+    """The user's words for Triton's refusal of a plain infer on a model that streams; ``None``
+    if ``error`` is another one."""
+    cause = error.__cause__
+    said = cause.message() if isinstance(cause, InferenceServerException) else None
+    if not said or _DECOUPLED not in said:
+        return None
+    return InferenceError(
+        f"model {model!r} streams (it answers a request many times, and a plain infer takes one answer): read it "
+        f"with a stream (gRPC start_stream/async_stream_infer or HTTP generate_stream) [Triton: {said}]",
+        pipeline=error.pipeline,
+        step=error.step,
+    )
 
 
 class TritonClient(ClientBase):
@@ -122,6 +142,9 @@ class TritonClient(ClientBase):
                 lambda c, t: result_arrays(c.infer(**request.grpc(t)), "grpc"),
             )
         except InferenceError as error:
+            streams = streams_refusal(error, model)
+            if streams is not None:
+                raise streams from error.__cause__
             if not rejected(error):
                 raise
             try:
