@@ -63,6 +63,8 @@ __all__ = [
     "gated_ensemble",
     "plan_of",
     "refuse_streaming",
+    "refuse_streaming_form",
+    "STREAMING_FORMS",
 ]
 
 #: Version of the plan's JSON form; bumped on any incompatible change.
@@ -444,7 +446,7 @@ def critical_path(
     return path[::-1], total
 
 
-def gated_ensemble(plan: ExecutionPlan, external: Collection[str] = ()) -> bool:
+def gated_ensemble(plan: ExecutionPlan, external: Collection[str] = (), *, streams: bool = False) -> bool:
     """Whether ``plan``'s ensemble form carries step failures as data to a gate
     (:mod:`pipelines.compile.ensemble`) instead of answering with a step's own error.
 
@@ -456,9 +458,11 @@ def gated_ensemble(plan: ExecutionPlan, external: Collection[str] = ()) -> bool:
     arrives under). ``external`` names the nodes that stand for external models. The ensemble
     compiler lays the ensemble out by this; the local runtime runs every live node of a gated
     ensemble whatever outputs a request asks for, as Triton does, since every output passes
-    through the gate (docs/triton_requested_outputs.md).
+    through the gate (docs/triton_requested_outputs.md). ``streams``: a step of the plan streams;
+    its model carries its failures as data, always, so that only a gate can turn them into the
+    error response that a client reads (docs/compiled_repository.md, "Streaming steps").
     """
-    if any(o.negated for o in plan.outputs):  # only a gate model can negate an output (``~flag``)
+    if streams or any(o.negated for o in plan.outputs):  # only a gate model can negate an output (``~flag``)
         return True
     external = frozenset(external)
     upstream: dict[str, set[str]] = {}
@@ -518,4 +522,42 @@ def refuse_streaming(pipeline: Pipeline, what: str) -> None:
             f"and {what} does not stream yet: streaming "
             "pipelines run in the local runtime for now (p.stream(inputs, mode=...), p.run)",
             pipeline=pipeline.name,
+        )
+
+
+#: The forms whose compiled models stream a streaming pipeline so far; every other form refuses it
+#: (:func:`refuse_streaming_form`).
+STREAMING_FORMS = ("ensemble", "bls", "bls-sync", "fused")
+
+
+def refuse_streaming_form(pipeline: Pipeline, form: str) -> None:
+    """Raise :class:`~pipelines.errors.NotCompilableError` if the form named ``form`` cannot run
+    ``pipeline``, which streams: naming the pipeline, the step, why, and the forms that can.
+
+    The one place that says, form by form, what a streaming pipeline compiles to. The ensemble
+    cannot run a step that reads a stream whole: Triton hands the step after a decoupled one one
+    request per response, with nothing tying the requests to their stream.
+    """
+    if not pipeline.streaming:
+        return
+    live = plan_of(pipeline, warn=False).order
+    streams = [name for name in live if pipeline.nodes[name].step.streaming]
+    if not streams:  # the steps that stream feed no output: nothing streams
+        return
+    if form == "ensemble":
+        whole = [name for name in live if pipeline.nodes[name].step.whole_stream]
+        if whole:
+            raise NotCompilableError(
+                f"pipeline {pipeline.name!r}: the ensemble form cannot run step {whole[0]!r}, which reads the stream "
+                f"of {pipeline.stream_input(whole[0])!r} whole (whole_stream=True): Triton's ensemble gives the step "
+                "after a stream one request per response, with nothing tying them to their stream; the 'bls', "
+                "'bls-sync' and 'fused' forms can run it",
+                pipeline=pipeline.name, step=whole[0],
+            )
+    if form not in STREAMING_FORMS:
+        raise NotCompilableError(
+            f"pipeline {pipeline.name!r} streams (step {streams[0]!r}), and the {form!r} form does not stream yet; "
+            f"compile it to {' or '.join(map(repr, STREAMING_FORMS))}, or run it in the local runtime "
+            "(p.stream(inputs, mode=...))",
+            pipeline=pipeline.name, step=streams[0],
         )

@@ -37,8 +37,9 @@ ALLOWED = {
     # client sees the server's error response, translated into an InferenceError.
     "serving/lifecycle.py": "in-server only",
     "serving/sources.py": "in-server only",
-    # In the fused model's stub: the error text is a serving.WireError the client decodes.
-    "compile/models/fused_model.py": "in-server only",
+    # In the fused or BLS model's stub, loading a step: the model fails to load with the
+    # serving.WireError text in the server's log.
+    "compile/models/stream_calls.py": "in-server only",
     # Steps of the examples: user code that raises on purpose, to show a failing step.
     "examples/text.py": "user step",
     "examples/failing_branch.py": "user step",

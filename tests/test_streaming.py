@@ -258,6 +258,14 @@ def test_textgen_streams_a_token_per_response_and_a_refused_prompt_gets_one_answ
     assert [r["text"][0] for r in refused] == [textgen.REFUSED]
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_ungated_textgen_runs_in_every_mode_and_writes_the_gated_text(mode):
+    ungated = textgen.make_textgen(max_new_tokens=16, gate=False)
+    texts = [r["text"][0] for r in ungated.stream(textgen.sample_inputs(), mode=mode)]
+    gated = textgen.make_textgen(max_new_tokens=16).run(textgen.sample_inputs(), mode="fused")
+    assert texts == [r["text"][0] for r in gated] and len(texts) >= 1
+
+
 def test_textgen_detokenizer_keeps_a_character_split_over_tokens_whole():
     pieces = list(textgen.detokenize.impl(iter(np.array([[0xC3], [0xA9], [0x21]], np.int32))))
     assert [p["text"][0] for p in pieces] == [b"", "é".encode(), b"!"]

@@ -10,6 +10,7 @@ from pipelines import Pipeline, TensorSpec, step
 from pipelines.cli import main
 from pipelines.errors import DeclarationError, NotCompilableError, PipelinesError, StepDeclarationError
 from pipelines.examples import textgen
+from pipelines.forms import FormLeftOutWarning
 
 ONE = TensorSpec("INT32", [1])
 
@@ -137,22 +138,27 @@ def test_a_whole_stream_step_that_no_stream_feeds_and_outputs_of_two_paces_are_r
 def test_server_forms_refuse_a_streaming_pipeline_in_one_line(tmp_path, capsys):
     p = textgen.make_textgen()
     said = "streaming pipelines run in the local runtime for now"
-    for call in (lambda: p.compile("bls"), lambda: p.compile("all"), lambda: p.predict(None),
-                 lambda: p.advise(None)):
+    for call in (lambda: p.predict(None), lambda: p.advise(None)):
         with pytest.raises(NotCompilableError, match=said):
             call()
+    # compile: each form that cannot run it says so (the ensemble: its when block); the others stream
+    with pytest.raises(NotCompilableError, match="cannot skip a step"):
+        p.compile("ensemble")
+    with pytest.warns(FormLeftOutWarning, match="left the ensemble form out"):
+        assert set(p.compile("all").top_level) == {"textgen_bls", "textgen_bls_sync", "textgen_fused"}
     spec = "pipelines.examples.textgen:pipeline"
-    for argv in (["compile", spec, "--out", str(tmp_path / "repo")], ["predict", spec, "--profile", "x.json"],
+    for argv in (["compile", spec, "--target", "ensemble", "--out", str(tmp_path / "repo")],
+                 ["predict", spec, "--profile", "x.json"],
                  ["bench", spec, "--server", "--requests", "1", "--concurrency", "1"], ["serve", "--local", spec]):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
-        assert said in err and err.count("\n") == 1, (argv, err)
+        assert (argv[0] == "compile" or said in err) and err.count("\n") == 1, (argv, err)
     assert not (tmp_path / "repo").exists()
 
 
 def test_a_streaming_pipelines_refusals_come_from_the_errors_root():
     with pytest.raises(PipelinesError):
-        textgen.make_textgen().compile("fused")
+        textgen.make_textgen().compile("ensemble")
 
 
 def test_a_streaming_step_called_as_plain_python_lists_its_responses():

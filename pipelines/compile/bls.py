@@ -25,8 +25,10 @@ from ..plan import PLAN_FORMAT
 from ..repository_files import BLS_PLAN
 from .bound_plan import CompilePlan
 from .configs import set_parameters, top_level_python_config
+from .ensemble_wiring import ERR_OUTPUT
+from .fused import STREAM_FILES, in_process_steps, merged_needs, stream_nodes, streaming_model
 from .repository import CompiledModel
-from .step_models import model_files, plan_json
+from .step_models import model_files, model_source, plan_json
 
 __all__ = ["BLS_PLAN", "compile_bls", "compile_form"]
 
@@ -61,5 +63,25 @@ def compile_bls(plan: CompilePlan, name: str, *, form: Form, instance_count: int
             for node in plan.nodes
         },
     }
-    files = {**model_files("bls_model.py"), f"1/{BLS_PLAN}": plan_json(data)}
+    files: dict[str, Any] = dict(model_files("bls_model.py"))
+    needs: list[Any] = []
+    if pipeline.streaming:
+        streaming_model(config)
+        files.update({f"1/{module}": model_source(module) for module in STREAM_FILES})
+        data["streams"] = stream_nodes(plan)
+        data["err_output"] = ERR_OUTPUT  # what a streaming step's model carries its failures in
+        # Triton hands a model one request at a time, never a stream: a step that reads a stream
+        # whole runs in this model's process, as in the fused form (docs/triton_decoupled.md).
+        whole = [node for node in plan.nodes if node.step.whole_stream]
+        models = [m for m in plan.models if any(node.name in m.nodes for node in whole)]
+        step_files, folders, needs = in_process_steps(plan, models)
+        files.update(step_files)
+        data["in_process"] = {
+            node.name: {"folder": folders[node.model], "model": node.model, "step": node.step.name,
+                        "timeout_us": data["timeouts_us"][node.name]}
+            for node in whole
+        }
+    files[f"1/{BLS_PLAN}"] = plan_json(data)
+    if needs:
+        return CompiledModel(name, config, files, needs=lambda: merged_needs(needs))
     return CompiledModel(name, config, files)

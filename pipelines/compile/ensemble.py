@@ -43,7 +43,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import CompileError
-from ..plan import gated_ensemble, plan_of
+from ..plan import gated_ensemble, plan_of, refuse_streaming_form
 from ..tensor import TensorSpec
 from .bound_plan import BoundNode, CompilePlan, bind_plan
 from .configs import add_io
@@ -174,6 +174,7 @@ def layout_ensemble(plan: CompilePlan, *, gated: bool = False) -> EnsembleLayout
     (``benchmarks/compiled_vs_handwritten.py`` measures what the gate costs on a chain).
     """
     pipeline = plan.pipeline
+    refuse_streaming_form(pipeline, "ensemble")  # a step that reads a stream whole
     used_inputs = {ref.name for node in plan.nodes for ref in node.sources.values() if ref.is_input}
     unused = [i for i in pipeline.inputs if i not in used_inputs]
     if unused:
@@ -183,7 +184,8 @@ def layout_ensemble(plan: CompilePlan, *, gated: bool = False) -> EnsembleLayout
             pipeline=pipeline.name, tensor=unused[0],
         )
     names = TensorNames(plan)
-    if gated or gated_ensemble(plan.plan, external=[n.name for n in plan.nodes if n.step.is_external]):
+    external = [n.name for n in plan.nodes if n.step.is_external]
+    if gated or gated_ensemble(plan.plan, external, streams=streams(plan)):
         return _gated_layout(plan, names)
     return _plain_layout(plan, names)
 
@@ -207,6 +209,8 @@ def compile_ensemble(plan: CompilePlan, name: str, layout: EnsembleLayout | None
     pipeline = plan.pipeline
     config = mc.ModelConfig(name=name, platform="ensemble", max_batch_size=pipeline.max_batch_size)
     add_io(config, pipeline.inputs, pipeline.output_specs)
+    if streams(plan):  # Triton serves it decoupled anyway; the config says what it does (docs/triton_decoupled.md)
+        config.model_transaction_policy.decoupled = True
     for wiring in layout.wiring:
         step = config.ensemble_scheduling.step.add(model_name=wiring.node.model, model_version=-1)
         for key, value in wiring.inputs.items():
@@ -223,6 +227,11 @@ def compile_ensemble(plan: CompilePlan, name: str, layout: EnsembleLayout | None
             step.output_map[output] = output
         models.append(gate)
     return models
+
+
+def streams(plan: CompilePlan) -> bool:
+    """Whether a live step of ``plan`` streams: the ensemble is decoupled and gated."""
+    return any(node.step.streaming for node in plan.nodes)
 
 
 # ------------------------------------------------------------------ shapes
@@ -296,6 +305,10 @@ def _last_node_answers(plan: CompilePlan, python_nodes: set[str]) -> str | None:
     if len(producers) != 1 or plan.pipeline.negated_outputs:  # only the gate model negates an output
         return None
     (last,) = producers
+    if streams(plan):  # a streaming step's model carries its failures as data: a gate answers for it
+        last_step = next(n.step for n in plan.nodes if n.name == last)
+        if last_step.streaming:
+            return None
     shared = [m for m in plan.models if len(m.nodes) > 1 and not plan.step_of(m).is_external]
     if last not in python_nodes or any(last in m.nodes or not plan.step_of(m).inputs for m in shared):
         return None

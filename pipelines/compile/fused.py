@@ -31,9 +31,15 @@ from .bound_plan import CompilePlan
 from .configs import set_parameters, top_level_python_config
 from .repository import CompiledModel
 from .requirements import NUMPY_REQUIREMENT, ServerNeeds
-from .step_models import compile_step_model, model_files, plan_json, step_files
+from .step_models import compile_step_model, model_files, model_source, plan_json, step_files
 
-__all__ = ["FUSED_PLAN", "STEPS_DIR", "compile_form", "compile_fused"]
+__all__ = [
+    "FUSED_PLAN", "STEPS_DIR", "STREAM_FILES", "compile_form", "compile_fused", "in_process_steps", "merged_needs",
+    "stream_nodes", "streaming_model",
+]
+
+#: The modules that run one request of a streaming pipeline, copied beside the fused and BLS models.
+STREAM_FILES = ("stream_run.py", "stream_calls.py")
 
 STEPS_DIR = "steps"
 
@@ -49,21 +55,9 @@ def compile_fused(plan: CompilePlan, name: str, *, instance_count: int = 1) -> C
     config = top_level_python_config(pipeline, name, instance_count)
 
     files: dict[str, Any] = dict(model_files("fused_model.py"))
-    needs: list[Any] = []
-    steps = {}
-    for model in plan.models:
-        if plan.step_of(model).is_external:
-            continue
-        # The step model's own files (not the model): the same export, digest and checks.
-        compiled = compile_step_model(plan, model)
-        folder = f"{STEPS_DIR}/{model.name}"
-        for rel in step_files(compiled):
-            # Read now: a step that cannot be exported fails this compile, not the write (the
-            # local endpoint tells a pipeline it cannot compile by this).
-            compiled.files[f"1/{rel}"]  # noqa: B018
-            files[f"1/{folder}/{rel}"] = compiled.files.source(f"1/{rel}")
-        steps[model.name] = folder
-        needs.append(compiled.needs)
+    files.update({f"1/{module}": model_source(module) for module in STREAM_FILES})
+    step_files_, steps, needs = in_process_steps(plan, [m for m in plan.models if not plan.step_of(m).is_external])
+    files.update(step_files_)
     gpu = any(n.step.options.device == "gpu" for n in plan.nodes if not n.step.is_external and n.model)
     if gpu:  # a GPU step takes its inputs where they are, through DLPack
         set_parameters(config, {"FORCE_CPU_ONLY_INPUT_TENSORS": "no"})
@@ -93,8 +87,54 @@ def compile_fused(plan: CompilePlan, name: str, *, instance_count: int = 1) -> C
         "plan": plan.plan.to_json(),
         "nodes": nodes,
     }
+    if pipeline.streaming:
+        streaming_model(config)
+        data["streams"] = stream_nodes(plan)
     files[f"1/{FUSED_PLAN}"] = plan_json(data)
-    return CompiledModel(name, config, files, needs=lambda: _merged(needs))
+    return CompiledModel(name, config, files, needs=lambda: merged_needs(needs))
+
+
+def in_process_steps(plan: CompilePlan, models: list[Any]) -> tuple[dict[str, Any], dict[str, str], list[Any]]:
+    """What a top-level model needs to run ``models``' Python steps in its own process: their
+    files under ``1/steps/<model>/``, the folder of each model, and what each needs on the server."""
+    files: dict[str, Any] = {}
+    folders: dict[str, str] = {}
+    needs: list[Any] = []
+    for model in models:
+        # The step model's own files (not the model): the same export, digest and checks.
+        compiled = compile_step_model(plan, model)
+        folder = f"{STEPS_DIR}/{model.name}"
+        for rel in step_files(compiled):
+            # Read now: a step that cannot be exported fails this compile, not the write (the
+            # local endpoint tells a pipeline it cannot compile by this).
+            compiled.files[f"1/{rel}"]  # noqa: B018
+            files[f"1/{folder}/{rel}"] = compiled.files.source(f"1/{rel}")
+        folders[model.name] = folder
+        needs.append(compiled.needs)
+    return files, folders, needs
+
+
+def streaming_model(config: Any) -> None:
+    """A streaming pipeline's top-level model is decoupled: one response per response of its stream."""
+    config.model_transaction_policy.decoupled = True
+
+
+def stream_nodes(plan: CompilePlan) -> dict[str, dict[str, Any]]:
+    """Where each live node of a streaming pipeline runs, for ``models/stream_run.py``: ``of``, the
+    stream it runs once per response of (``None``: once per request); ``from``, the stream its
+    outputs belong to; ``streams``, whether it is a streaming step; ``whole`` and ``reads``, whether
+    it reads a stream whole, and which."""
+    pipeline = plan.pipeline
+    return {
+        node.name: {
+            "of": pipeline.stream_of(node.name),
+            "from": pipeline.stream_from(node.name),
+            "streams": node.step.streaming,
+            "whole": node.step.whole_stream,
+            "reads": pipeline.stream_input(node.name) if node.step.whole_stream else None,
+        }
+        for node in plan.nodes
+    }
 
 
 def _join_rows(plan: CompilePlan) -> int:
@@ -108,7 +148,7 @@ def _join_rows(plan: CompilePlan) -> int:
     return min([plan.pipeline.max_batch_size, *limits])
 
 
-def _merged(needs: list[Any]) -> ServerNeeds:
+def merged_needs(needs: list[Any]) -> ServerNeeds:
     requirements: list[str] = [NUMPY_REQUIREMENT]
     python = None
     for need in needs:

@@ -17,11 +17,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import re
+from collections import defaultdict
 
-try:  # in a repository: the copy beside this file (the stub imports this file as "<version>.model")
-    from . import serving
+try:  # in a repository: the copies beside this file (the stub imports this file as "<version>.model")
+    from . import serving, stream_calls, stream_run
 except ImportError:  # in the package, for tests and linters
     from pipelines import serving
+    from pipelines.compile.models import stream_calls, stream_run
 
 pb_utils = serving.pb_utils  # Triton's triton_python_backend_utils in a stub; None elsewhere
 
@@ -59,9 +62,16 @@ class TritonPythonModel:
             + [t["name"] for t in self.plan["tensors"] if t["dtype"] == "BYTES"],
         )
         self._pool = None  # threads for sync calls that have a timeout
+        # A streaming pipeline: where each node runs (once per request or per response; compile/fused.py).
+        self.streams = plan.get("streams")
+        if self.streams is not None:
+            self._stream_setup(args, version_dir, plan)
 
     def execute(self, requests):
-        # Returning a coroutine makes the stub run it on its event loop, as for `async def execute`.
+        # Returning a coroutine makes the stub run it on its event loop, as for `async def execute`
+        # (a decoupled model's in the background: execute() returns at once, responses go by sender).
+        if self.streams is not None:
+            return self._stream_requests(requests)
         if self.mode == "async":
             return self._execute_async(requests)
         return [self._answer_sync(request) for request in requests]
@@ -163,7 +173,7 @@ class TritonPythonModel:
             raise RequestFailed(serving.WireError("InputError", self.pipeline, str(exc), tensor=exc.tensor).text()) from None
         return {(None, name): given[name] for name in self.inputs}
 
-    def _request(self, node, run):
+    def _request(self, node, run, extra=()):
         # run.take inlined: this runs once per step of every request, and calls cost in a stub.
         values, remaining = run.values, run.remaining
         inputs = []
@@ -180,14 +190,14 @@ class TritonPythonModel:
         if branch is not None:
             run.release(self.branches.conditions[node["name"]])
         timeout = self.timeouts_us.get(node["name"], 0)
+        wanted = run.schedule.returns[node["name"]]
+        if extra:
+            wanted = [*wanted, *extra]
         if timeout:
             return pb_utils.InferenceRequest(
-                model_name=node["model"], requested_output_names=run.schedule.returns[node["name"]], inputs=inputs,
-                timeout=timeout,
+                model_name=node["model"], requested_output_names=wanted, inputs=inputs, timeout=timeout,
             )
-        return pb_utils.InferenceRequest(
-            model_name=node["model"], requested_output_names=run.schedule.returns[node["name"]], inputs=inputs
-        )
+        return pb_utils.InferenceRequest(model_name=node["model"], requested_output_names=wanted, inputs=inputs)
 
     def _collect(self, node, run, response):
         if response.has_error():
@@ -227,6 +237,122 @@ class TritonPythonModel:
             else:
                 tensors.append(run.take(key, name, out["dtype"]))
         return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    # ------------------------------------------------------------------ a streaming pipeline
+
+    def _stream_setup(self, args, version_dir, plan):
+        self.err_output = plan["err_output"]
+        self.dtypes = {(t["node"], t["name"]): t["dtype"] for t in self.plan["tensors"]}
+        self._layouts = {}
+        match = re.search(r"_(\d+)$", args.get("model_instance_name", ""))
+        self.whole_steps = {}  # the whole_stream steps, which run in this process (compile/bls.py)
+        for name, node in plan.get("in_process", {}).items():
+            if node["model"] not in self.whole_steps:
+                self.whole_steps[node["model"]] = stream_calls.load_step(
+                    version_dir, self.pipeline, name, node, int(match.group(1)) if match else 0)
+        # One request at a time where it calls exec() (bls-sync), or holds a whole_stream step's
+        # instance to its stream's end: two such steps could else wait on each other's request.
+        alone = self.mode == "sync" or bool(self.whole_steps)
+        self.streaming = asyncio.Lock() if alone else None
+
+    def finalize(self):
+        for step in getattr(self, "whole_steps", {}).values():
+            step.instance.finalize()
+
+    async def _stream_requests(self, requests):
+        await asyncio.gather(*(self._stream_request(request) for request in requests))
+
+    async def _stream_request(self, request):
+        """One request of a streaming pipeline: its responses, one by one, through its response sender."""
+        sender = request.get_response_sender()
+        if self.streaming is None:
+            return await self._stream_one(request, sender)
+        async with self.streaming:
+            return await self._stream_one(request, sender)
+
+    async def _stream_one(self, request, sender):
+        try:
+            run = self._start(request)
+        except RequestFailed as exc:
+            sender.send(_error(str(exc)))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        key = tuple(run.schedule.wanted)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = stream_run.Layout(run.schedule, self.streams)
+        rows = self._rows_of(run.values) if self.max_batch_size > 0 else None
+        await stream_run.StreamRun(self, sender, run.schedule, layout, run.values, rows, run.branch,
+                                   sequential=self.mode == "sync").run()
+
+    def _rows_of(self, values):
+        return values[(None, next(iter(self.inputs)))].shape()[0]
+
+    # What stream_run.StreamRun asks of its host (see its module docstring). Nothing is released:
+    # each response reads the request's tensors again.
+
+    def start_node(self, name, values, rows, schedule, branch, alone):
+        return self._stream_node(self.nodes[name], _kept(schedule, values, branch))
+
+    async def _stream_node(self, node, run):
+        if run.branch is not None and self._done_here(node, run):
+            return None
+        request = self._request(node, run)
+        if self.mode == "sync":
+            response = self._exec_within_timeout(node, request)
+        else:
+            limit = self.timeouts_us.get(node["name"], 0) / 1e6
+            try:
+                call = request.async_exec()
+                response = await (asyncio.wait_for(call, limit) if limit else call)
+            except asyncio.TimeoutError:
+                raise RequestFailed(_timed_out(self, node)) from None
+            except Exception as exc:  # e.g. the composing model is not loaded
+                raise _call_failed(exc, node["name"], self) from exc
+        self._collect(node, run, response)
+        return None  # its outputs are in the run's values already
+
+    async def open_stream(self, name, values, rows, schedule, branch):
+        node = self.nodes[name]
+        run = _kept(schedule, values, branch)
+        request = self._request(node, run, extra=[self.err_output])
+        try:
+            if self.mode == "sync":
+                responses = request.exec(decoupled=True)
+            else:
+                responses = await request.async_exec(decoupled=True)
+        except Exception as exc:  # e.g. the composing model is not loaded
+            raise _call_failed(exc, name, self) from exc
+        limit = self.timeouts_us.get(name, 0) / 1e6
+        return stream_calls.CalledStream(self, name, responses, run.schedule.returns[name], self.err_output, limit)
+
+    def whole_step(self, name):
+        return self.whole_steps[self.nodes[name]["model"]]
+
+    def gathered(self, name, key, values, branch):
+        value = values[key]
+        if value is serving.SKIPPED:
+            return value
+        dtype = self.dtypes.get(key) or self.inputs[key[1]].dtype
+        array = self._array(value, dtype)
+        if branch is not None:  # only the rows of the node's `when` blocks
+            array = branch.gather(array, self.branches.terms_of(key), self.branches.when[name])
+        return array
+
+    def held(self, name, array, dtype):
+        return self._tensor(name, array, dtype)
+
+    def respond(self, schedule, values, branch):
+        return self._respond(_kept(schedule, values, branch))
+
+    def fail(self, reason, node=None, tensor=None, kind="StepError"):
+        step = self.nodes[node]["step"] if node is not None else None
+        return RequestFailed(serving.WireError(kind, self.pipeline, reason, node, step, tensor).text())
+
+    def called_failure(self, name, text):
+        """A streaming step's failure, carried in its model's ``__err__``, said again with its node."""
+        node = self.nodes[name]
+        return RequestFailed(serving.called_model_error(text, self.pipeline, name, node["step"], node["model"]).text())
 
     # ------------------------------------------------------------------ when blocks
 
@@ -289,6 +415,18 @@ class _Run:
         return tensor
 
 
+
+
+#: a tensor's reads left in a streaming request: never zero, as each response reads the request's again
+_NEVER = 1 << 40
+
+
+def _kept(schedule, values, branch):
+    """A run over ``values`` that releases nothing (a streaming request's, or one response's)."""
+    run = _Run(schedule, values)
+    run.remaining = defaultdict(lambda: _NEVER)
+    run.branch = branch
+    return run
 
 
 async def _nothing():

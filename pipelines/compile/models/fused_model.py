@@ -25,15 +25,15 @@ import concurrent.futures
 import json
 import os
 import re
-import threading
 import time
 
 import numpy as np
 
-try:  # in a repository: the copy beside this file (the stub imports this file as "<version>.model")
-    from . import serving
+try:  # in a repository: the copies beside this file (the stub imports this file as "<version>.model")
+    from . import serving, stream_calls, stream_run
 except ImportError:  # in the package, for tests and linters
     from pipelines import serving
+    from pipelines.compile.models import stream_calls, stream_run
 
 pb_utils = serving.pb_utils  # Triton's triton_python_backend_utils in a stub; None elsewhere
 
@@ -45,19 +45,7 @@ PLAN_FILE = "fused.json"
 STEP_TIMES = "PIPELINES_STEP_TIMES"
 
 
-class _Step:
-    """One step's instance in this model, and what is decided about it once."""
-
-    def __init__(self, instance, gives, device, timeout_s, renew, file=None):
-        self.instance = instance
-        self.file = file  # the step's source file, which by-value code no longer names
-        self.gives = gives  # serving.Contract of its outputs
-        self.device = device
-        self.is_async = instance.is_async
-        self.lock = asyncio.Lock()  # a step shared by two nodes, or two runs, is called one at a time
-        self.timeout_s = timeout_s  # 0: none
-        self.renew = renew  # a fresh instance (initialize() again), for one abandoned past its timeout
-        self.broken = None  # why no fresh instance could be made: every later call fails with it
+_Step = stream_calls.InProcessStep  # one step's instance in this model (its earlier name here)
 
 
 class _StepTimes:
@@ -123,6 +111,12 @@ class TritonPythonModel:
         )
         self._schedules = {}
         self._dtype_writers = {}
+        # A streaming pipeline: where each node runs (once per request or per response; compile/fused.py).
+        self.streams = data.get("streams")
+        self._layouts = {}
+        # One request streams at a time in an instance, as one execute() runs at a time in a
+        # fused model that does not stream: a stream holds its steps' instances to its end.
+        self.streaming = asyncio.Lock() if self.streams else None
         self.branches = serving.Branches(self.plan)
         if not self.branches.any and not any(self.branches.fills.values()):
             self.branches = None  # a static DAG: every node, every row
@@ -131,49 +125,19 @@ class TritonPythonModel:
         try:
             for name, node in self.nodes.items():
                 if node["kind"] == "python" and node["model"] not in self.steps:
-                    self.steps[node["model"]] = self._load_step(version_dir, name, node, int(match.group(1)) if match else 0)
+                    self.steps[node["model"]] = stream_calls.load_step(version_dir, self.pipeline, name, node,
+                                                                     int(match.group(1)) if match else 0)
         except BaseException:
             self.finalize()
             raise
         widest = max((sum(1 for n in g if self.nodes[n]["kind"] == "python") for g in self.plan["groups"]), default=1)
         self.pool = concurrent.futures.ThreadPoolExecutor(max(2, widest), thread_name_prefix="fused-step")
 
-    def _load_step(self, version_dir, node_name, node, index):
-        folder = os.path.join(version_dir, node["folder"])
-        with open(os.path.join(folder, "step.json"), encoding="utf-8") as f:
-            step = json.load(f)
-        inputs = {n: serving.Spec.from_dict(s) for n, s in step["inputs"].items()}
-        outputs = {n: serving.Spec.from_dict(s) for n, s in step["outputs"].items()}
-        nodes = step.get("nodes") or [node_name]
-        config = serving.instance_config(
-            step=step["step"],
-            inputs=inputs,
-            outputs=outputs,
-            parameters=step.get("parameters") or {},
-            max_batch_size=int(step["max_batch_size"]),
-            pipeline=self.pipeline,
-            node=nodes[0] if len(nodes) == 1 else None,
-            instance_index=index,
-            device=step.get("device") or "cpu",
-        )
-        impl = None
-
-        def build():
-            nonlocal impl
-            try:
-                if impl is None:
-                    impl = serving.load_impl(step["impl"], folder)
-                return serving.StepInstance(step["step"], impl, list(outputs), config, array=step.get("array"))
-            except Exception as exc:
-                reason = f"could not be loaded: {serving.exception_reason(exc)}"
-                raise RuntimeError(serving.WireError("StepError", self.pipeline, reason, node_name, step["step"]).text()) from exc
-
-        timeout_s = node.get("timeout_us", 0) / 1e6
-        return _Step(build(), serving.Contract(outputs, int(step["max_batch_size"])), step.get("device"), timeout_s, build,
-                     step.get("file"))
-
     def execute(self, requests):
-        # Returning a coroutine makes the stub run it on its event loop, as for `async def execute`.
+        # Returning a coroutine makes the stub run it on its event loop, as for `async def execute`
+        # (a decoupled model's in the background: execute() returns at once, responses go by sender).
+        if self.streams is not None:
+            return self._stream_requests(requests)
         return self._execute(requests)
 
     def finalize(self):
@@ -239,13 +203,83 @@ class TritonPythonModel:
     def _respond(self, wanted, values):
         return pb_utils.InferenceResponse(output_tensors=[self.writers[n](n, values[n]) for n in wanted])
 
+    # ------------------------------------------------------------------ a streaming pipeline
+
+    async def _stream_requests(self, requests):
+        await asyncio.gather(*(self._stream_request(request) for request in requests))
+
+    async def _stream_request(self, request):
+        """One request of a streaming pipeline: its responses, one by one, through its response sender."""
+        sender = request.get_response_sender()
+        async with self.streaming:
+            try:
+                arrays, rows, wanted = self._read(request)
+            except NodeFailed as exc:
+                sender.send(_error(exc.wire.text()))
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
+            schedule = self._schedule(wanted)
+            layout = self._layouts.get(wanted)
+            if layout is None:
+                layout = self._layouts[wanted] = stream_run.Layout(schedule, self.streams)
+            values = {(None, name): value for name, value in arrays.items()}
+            branch = serving.Rows(self.branches, rows, values.__getitem__) if self.branches is not None else None
+            await stream_run.StreamRun(self, sender, schedule, layout, values, rows, branch).run()
+
+    def _schedule(self, wanted):
+        schedule = self._schedules.get(wanted)
+        if schedule is None:
+            schedule = self._schedules[wanted] = serving.Schedule(self.plan, wanted)
+        return schedule
+
+    # What stream_run.StreamRun asks of its host (see its module docstring). Nothing is released:
+    # each response reads the request's tensors again.
+
+    def start_node(self, name, values, rows, schedule, branch, alone):
+        node, count = self.nodes[name], rows
+        if branch is not None:
+            left = branch.settle(node, schedule.returns[name], lambda key, _dtype: values[key])
+            if left is not None:
+                values.update({(name, out): value for out, value in left.items()})
+                return _nothing()
+            count = branch.count(self.branches.when[name])
+        inputs = {s["input"]: serving.read_only(self.gathered(name, (s["node"], s["tensor"]), values, branch))
+                  for s in node["inputs"]}
+        return self._node(name, inputs, count, schedule, inline=alone)
+
+    async def open_stream(self, name, values, rows, schedule, branch):
+        node = self.nodes[name]
+        step = self.steps[node["model"]]
+        inputs = {}
+        for source in node["inputs"]:
+            value = serving.read_only(self.gathered(name, (source["node"], source["tensor"]), values, branch))
+            inputs[source["input"]] = _placed(value, step.device) if step.device is not None else value
+        return await stream_calls.InProcessStream.open(self, name, step, inputs, rows)
+
+    def whole_step(self, name):
+        return self.steps[self.nodes[name]["model"]]
+
+    def gathered(self, name, key, values, branch):
+        value = values[key]
+        if branch is not None:  # only the rows of the node's `when` blocks
+            value = branch.gather(value, self.branches.terms_of(key), self.branches.when[name])
+        return value
+
+    def held(self, name, array, dtype):
+        return array
+
+    def respond(self, schedule, values, branch):
+        return self._respond(schedule.wanted, self._answer_values(schedule, values, branch))
+
+    def fail(self, reason, node=None, tensor=None, kind="StepError"):
+        step = self.nodes[node]["step"] if node is not None else None
+        return NodeFailed(serving.WireError(kind, self.pipeline, reason, node, step, tensor))
+
     # ------------------------------------------------------------------ one run through the plan
 
     async def _run(self, arrays, rows, wanted):
         """The ``wanted`` outputs of one run (one request, or several joined) through the plan."""
-        schedule = self._schedules.get(wanted)
-        if schedule is None:
-            schedule = self._schedules[wanted] = serving.Schedule(self.plan, wanted)
+        schedule = self._schedule(wanted)
         values = {(None, name): value for name, value in arrays.items()}
         remaining = dict(schedule.uses)
         branches = self.branches
@@ -283,18 +317,19 @@ class TritonPythonModel:
                 values[(name, out)] = outputs[out]
 
         await serving.run_concurrently(schedule.after, start, collect)
-        plan_outputs = {out["name"]: out for out in self.plan["outputs"]}
-        keys = {name: (plan_outputs[name]["node"], plan_outputs[name]["tensor"]) for name in wanted}
+        return self._answer_values(schedule, values, branch)
 
-        def value(name):  # an output declared as ~flag: negated, before any fill
-            found = values[keys[name]]
+    def _answer_values(self, schedule, values, branch):
+        """The wanted outputs' values: an output declared as ~flag negated, an output of a branch filled."""
+        def value(name, key):
+            found = values[key]
             return serving.negated(found) if name in schedule.negated else found
 
         if branch is None:
-            return {name: value(name) for name in keys}
-        return {
-            name: branch.filled(value(name), branches.terms_of(key), branches.fills[name]) for name, key in keys.items()
-        }
+            return {name: value(name, key) for name, key in schedule.outputs}
+        branches = self.branches
+        return {name: branch.filled(value(name, key), branches.terms_of(key), branches.fills[name])
+                for name, key in schedule.outputs}
 
     def _branch_rows(self, node, branch, values, schedule, release):
         """How many rows ``node`` runs on; 0 once it is done: a select merged, or no row to run."""
@@ -354,14 +389,14 @@ class TritonPythonModel:
                 return await asyncio.wait_for(instance.execute_async(inputs), limit)
             except asyncio.TimeoutError:
                 raise NodeFailed(_timed_out(self.pipeline, node, limit, "the call was cancelled")) from None
-        call = _in_daemon_thread(instance.execute, inputs)
+        call = stream_calls.in_daemon_thread(instance.execute, inputs)
         try:
             return await asyncio.wait_for(asyncio.shield(call), limit)
         except asyncio.TimeoutError:
             pass
         call.add_done_callback(lambda done: _finalize_abandoned(done, instance))
         try:
-            step.instance = await _in_daemon_thread(step.renew)
+            step.instance = await stream_calls.in_daemon_thread(step.renew)
         except Exception as exc:  # build() wraps the step's own error in a wire error: say the step's
             step.broken = (f"its instance was abandoned by a call that ran past its timeout of {limit:g} s, and "
                            f"a fresh one could not be made: {serving.exception_reason(exc.__cause__ or exc)}")
@@ -428,34 +463,6 @@ def _timed_out(pipeline, node, limit, then):
     reason = (f"ran past its timeout of {limit:g} s (model {node['model']!r}); the request was answered "
               f"with this error, and {then}")
     return serving.WireError("StepTimeoutError", pipeline, reason, node["name"], node["step"])
-
-
-def _in_daemon_thread(fn, *args):
-    """``fn(*args)`` on a daemon thread of its own, as a future of the running loop: a call
-    that never returns keeps no pool's worker, and does not keep the stub from exiting."""
-    loop = asyncio.get_running_loop()
-    future = loop.create_future()
-
-    def settle(result, error):
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-
-    def run():
-        try:
-            result, error = fn(*args), None
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting coroutine
-            result, error = None, exc
-        try:
-            loop.call_soon_threadsafe(settle, result, error)
-        except RuntimeError:  # the loop is closed: nobody waits any more
-            pass
-
-    threading.Thread(target=run, name="fused-step-timed", daemon=True).start()
-    return future
 
 
 def _finalize_abandoned(done, instance):

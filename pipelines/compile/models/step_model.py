@@ -4,14 +4,20 @@ Copied verbatim as ``<model>/1/model.py``, with the ``serving/`` package beside 
 reads ``step.json``, loads the step (by import, or from ``step.pkl`` by value),
 runs its lifecycle, and answers each list of requests with one batched call,
 falling back to one call per request so that a failing request cannot take its
-neighbours down. It imports only the standard library, numpy and ``serving``,
-so a server needs no ``pipelines`` package (docs/triton.md).
+neighbours down. A streaming step (``"stream"`` in ``step.json``) is served decoupled:
+one response per yield, then the final flag alone (:class:`_Streams`). It imports only
+the standard library, numpy and ``serving``, so a server needs no ``pipelines``
+package (docs/triton.md).
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import re
+import threading
+import time
 
 import numpy as np
 
@@ -68,6 +74,8 @@ class TritonPythonModel:
         # The fast path reads with as_numpy() and writes Tensor(name, ndarray), which numpy 2 breaks (docs/gpu.md).
         host = not gpu and not serving.NUMPY_2 and all(spec.dtype != "BF16" for spec in inputs.values())
         self.answer_one = self._fast_path() if host and self.takes.checked_by_triton else self._answer_one
+        stream = plan.get("stream")
+        self.streams = _Streams(self, stream) if stream is not None else None
 
     def _config(self, args, plan, inputs, outputs):
         match = re.search(r"_(\d+)$", args.get("model_instance_name", ""))
@@ -90,6 +98,10 @@ class TritonPythonModel:
         return config
 
     def execute(self, requests):
+        if self.streams is not None:  # decoupled: every answer goes through the requests' response senders
+            for request in requests:
+                self.streams.serve(request)
+            return None
         if len(requests) == 1 and not self.ensemble.active:
             return [self.answer_one(requests[0])]
         inputs, errors = [], []
@@ -109,6 +121,9 @@ class TritonPythonModel:
         return [self._respond(r, res, err) for r, res, err in zip(requests, results, errors, strict=True)]
 
     def finalize(self):
+        streams = getattr(self, "streams", None)
+        if streams is not None:
+            streams.close()
         instance = getattr(self, "instance", None)
         if instance is not None:
             instance.finalize()
@@ -242,8 +257,9 @@ class TritonPythonModel:
         tensor = self._aliased(request)
         return self.node_aliases[tensor.name()] if tensor is not None else None
 
-    def _message(self, exc, kind, request=None):
-        """The error text a client reads pipeline, node, step and reason from (``serving.WireError``)."""
+    def _message(self, exc, kind, request=None, before=""):
+        """The error text a client reads pipeline, node, step and reason from (``serving.WireError``);
+        ``before`` goes in front of the reason (``response 3:`` in a stream)."""
         if isinstance(exc, serving.Refused):
             reason, tensor = str(exc), exc.tensor
         else:
@@ -251,6 +267,7 @@ class TritonPythonModel:
             reason = serving.exception_reason(exc, instance.home if instance else None, self.step_file)
             tensor = None
             kind = "StepError"
+        reason = f"{before} {reason}" if before else reason
         return serving.WireError(kind, self.pipeline, reason, self._node_of(request), self.step_name, tensor).text()
 
 
@@ -319,3 +336,177 @@ class _EnsembleExtras:
             failure = serving.failure_tensor(error or "", rows)
             tensors.append(self.err_writer(self.err_output, failure))
         return tensors
+
+
+class _Streams:
+    """A streaming step served decoupled (docs/compiled_repository.md, "Streaming steps").
+
+    Per request: one response per yield through the request's response sender, each with
+    the UINT8 ``__err__`` output flagged 0, then the final flag alone. A failure (the
+    generator raised, a yield broke the declared outputs, the step's timeout passed, a step
+    upstream failed) is one ordinary response of placeholder outputs whose ``__err__`` holds
+    the wire error, then the final flag: never an error response, which a BLS model calling
+    this one would not see, or would wait on for ever (docs/triton_decoupled.md).
+    """
+
+    def __init__(self, model, data):
+        self.model = model
+        self.err_output = data.get("err_output") or "__err__"
+        self.timeout_s = float(data.get("timeout_s") or 0)
+        model.ensemble.err_output = self.err_output  # written on every response, asked for or not
+        model.ensemble.active = True
+        self.loop = None  # an event loop of its own, made for the first async generator
+
+    def serve(self, request):
+        sender = request.get_response_sender()
+        try:
+            self._respond(request, sender)
+        except Exception as exc:  # a fault of ours (a tensor that would not write): still one answer
+            self._fail(request, sender, None, self.model._message(exc, "StepError", request))
+        finally:
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def close(self):
+        if self.loop is not None:
+            self.loop.close()
+
+    def _respond(self, request, sender):
+        model = self.model
+        wanted = set(request.requested_output_names() or ()) or None
+        upstream = model.ensemble.upstream_error(request)
+        if upstream is not None:  # its inputs are stand-ins: pass the failure on, as a plain step does
+            return self._fail(request, sender, wanted, upstream)
+        try:
+            arrays, rows = model._read(request)
+        except Exception as exc:
+            return self._fail(request, sender, wanted, model._message(exc, "InputError", request))
+        try:
+            pull = _Pull(model.instance.function(**arrays), self.timeout_s, self._loop)
+        except Exception as exc:
+            return self._fail(request, sender, wanted, model._message(exc, "StepError", request))
+        sent = 0
+        try:
+            # A client that cancels a direct call stops the generator; an ensemble or a BLS model
+            # does not pass its cancellation on (docs/triton_decoupled.md), so there it runs on.
+            while not sender.is_cancelled():
+                try:
+                    item = pull.next()
+                except _PastTimeout:
+                    return self._fail(request, sender, wanted, self._timed_out(request, sent, pull.stuck))
+                except Exception as exc:
+                    text = model._message(exc, "StepError", request, f"(after {sent} responses)")
+                    return self._fail(request, sender, wanted, text)
+                if item is _END:
+                    return None
+                try:
+                    outputs = serving.as_arrays(model.instance.normalise(item))
+                    model.gives.check_outputs(outputs, rows)
+                except Exception as exc:  # responses are numbered from 1, as `pipelines run` shows them
+                    return self._fail(request, sender, wanted, model._message(exc, "StepError", request, f"response {sent + 1}:"))
+                sender.send(pb_utils.InferenceResponse(output_tensors=self._tensors(outputs, wanted, None)))
+                sent += 1
+        finally:
+            pull.close()
+        return None
+
+    def _fail(self, request, sender, wanted, text):
+        model = self.model
+        stand_ins = model.ensemble.placeholders(request, model.outputs, model.max_batch_size)
+        sender.send(pb_utils.InferenceResponse(output_tensors=self._tensors(stand_ins, wanted, text)))
+
+    def _tensors(self, result, wanted, error):
+        model = self.model
+        tensors = [model.writers[n](n, result[n]) for n in result if wanted is None or n in wanted]
+        extras = set(model.ensemble.copies) if wanted is None else wanted
+        return tensors + model.ensemble.extra_tensors(
+            result, extras | {self.err_output}, error, model.max_batch_size, model.writers)
+
+    def _timed_out(self, request, sent, stuck):
+        model = self.model
+        reason = (f"ran past its timeout of {self.timeout_s:g} s after {sent} responses; the stream was ended "
+                  "with this error" + (", and the step may still be running" if stuck else ""))
+        return serving.WireError("StepTimeoutError", model.pipeline, reason, model._node_of(request),
+                                 model.step_name).text()
+
+    def _loop(self):
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+        return self.loop
+
+
+_END = object()  # a generator's end
+
+
+class _PastTimeout(Exception):
+    """The step's timeout passed before its stream ended."""
+
+
+class _Pull:
+    """A step's stream, one item at a time (a generator, an async one, or any iterable), within
+    an optional deadline: a sync step past it keeps running in the thread it was waited on in."""
+
+    def __init__(self, stream, limit_s, loop_of):
+        self.is_async = inspect.isasyncgen(stream)
+        self.stream = stream if self.is_async or hasattr(stream, "__next__") else iter(stream)
+        self.deadline = time.monotonic() + limit_s if limit_s else None
+        self.loop = loop_of() if self.is_async else None
+        self.stuck = False  # abandoned while it ran: it cannot be closed
+
+    def next(self):
+        left = None
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise _PastTimeout
+        try:
+            if self.is_async:
+                return self._next_async(left)
+            return next(self.stream, _END) if left is None else self._next_in_thread(left)
+        except SystemExit as exc:  # told as the step's failure, as a plain step's exit is
+            raise serving.StepExited(exc.code) from None
+        except KeyboardInterrupt as exc:
+            raise serving.StepInterrupted(exc) from None
+
+    def _next_async(self, left):
+        call = self.stream.__anext__()
+        try:
+            return self.loop.run_until_complete(call if left is None else asyncio.wait_for(call, left))
+        except StopAsyncIteration:
+            return _END
+        except asyncio.TimeoutError:
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                raise _PastTimeout from None
+            raise
+
+    def _next_in_thread(self, left):
+        box = []
+        done = threading.Event()
+
+        def pull():
+            try:
+                box.append((True, next(self.stream, _END)))
+            except BaseException as exc:  # handed to the waiting thread, which tells it
+                box.append((False, exc))
+            finally:
+                done.set()
+
+        threading.Thread(target=pull, daemon=True, name="stream-step").start()
+        if not done.wait(left):
+            self.stuck = True
+            raise _PastTimeout
+        ok, value = box[0]
+        if ok:
+            return value
+        raise value
+
+    def close(self):
+        """Run the generator's ``finally`` blocks (not for one still running in its thread)."""
+        if self.stuck:
+            return
+        try:
+            if self.is_async:
+                self.loop.run_until_complete(self.stream.aclose())
+            elif hasattr(self.stream, "close"):
+                self.stream.close()
+        except Exception:  # the stream's own failure, if any, was told already
+            pass

@@ -1,0 +1,338 @@
+"""One request of a streaming pipeline inside a server model: the fused and BLS models run it
+with this module, copied beside their ``model.py``; it imports only the standard library and
+``serving``, as they do.
+
+A streaming pipeline's top-level model is decoupled: it sends one response per response of
+the pipeline's output stream, in the stream's order, through the request's response sender,
+then the final flag alone (``TRITONSERVER_RESPONSE_COMPLETE_FINAL``). A failure is one error
+response after the responses before it, then the final flag. It runs as the local runtime's
+streams do (``pipelines/runtime/streams.py``): the once-per-request nodes as soon as the ones
+before them are done, each stream's responses in order (the model pulls the next response once
+the one before is answered), each response's own steps side by side (or one after another, in
+``bls-sync``), and a ``whole_stream`` step on the stream as it comes, through an iterator.
+
+What differs between the forms is the host (the model): how a node is called, how a stream is
+opened (a generator in this process, or a decoupled model called with BLS), and how tensors are
+held (arrays, or pb tensors). The host gives :class:`StreamRun` these methods:
+
+- ``start_node(name, values, rows, schedule, branch, alone)``: an awaitable of the node's outputs,
+  or of ``None`` once the node is settled without a call (its outputs written into ``values``);
+- ``open_stream(name, values, rows, schedule, branch)``: an awaitable of a stream (``next()``, ``close()``);
+- ``whole_step(name)``: the in-process :class:`InProcessStep`-like step of a ``whole_stream`` node;
+- ``gathered(name, key, values, branch)``: a tensor read by ``name`` as an array on its rows;
+- ``held(name, array, dtype)``: an array a whole_stream step made, as the host holds tensors;
+- ``nodes`` (name -> the plan's node) and ``dtypes`` ((node, output) -> dtype);
+- ``respond(schedule, values, branch)``: the pb response of one answer;
+- ``fail(reason, node=None, tensor=None, kind="StepError")``: the exception that carries a
+  ``serving.WireError`` for the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from collections import ChainMap
+
+try:  # in a repository: the copies beside this file (the stub imports them as "<version>.<module>")
+    from . import serving, stream_calls
+except ImportError:  # in the package, for tests and linters
+    from pipelines import serving
+    from pipelines.compile.models import stream_calls
+
+pb_utils = serving.pb_utils
+_END = stream_calls.END
+
+
+class Cancelled(Exception):
+    """The client cancelled the request: the stream stops, and nothing more is sent but the final flag."""
+
+
+class Layout:
+    """Where each node of one schedule runs: once per request, or once per response of a stream;
+    which nodes stream, which read a stream whole; which stream the answers come from.
+
+    ``streams`` is the compiler's record of each node (``pipelines.compile.fused.stream_nodes``):
+    ``of`` (the stream it runs once per response of), ``from`` (the stream its outputs belong to),
+    ``streams`` (it is a streaming step), ``whole`` and ``reads`` (the stream it reads whole).
+    """
+
+    def __init__(self, schedule, streams):
+        order = schedule.order
+        self.level = {n: streams[n]["of"] for n in order}
+        self.top = [n for n in order if self.level[n] is None]
+        self.sources = [n for n in order if streams[n]["streams"]]
+        self.whole = [n for n in order if streams[n]["whole"]]
+        self.reads = {n: streams[n]["reads"] for n in self.whole}
+        self.per_response = {s: [n for n in order if self.level[n] == s] for s in self.sources}
+        self.inner_after = {
+            s: {n: [b for b in schedule.after[n] if self.level[b] == s] for n in nodes}
+            for s, nodes in self.per_response.items()
+        }
+        self.readers = {s: [w for w in self.whole if self.reads[w] == s] for s in self.sources}
+        answers = {None if node is None else streams[node]["from"] for _, (node, _) in schedule.outputs}
+        self.answers = next(iter(answers)) if answers else None  # one stream, or none: the declaration says so
+        # The once-per-request nodes each waits for: those before it, except the stream a whole_stream
+        # step reads as it comes; a stream also waits for those its per-response steps read.
+        self.after = {}
+        ordered = {}  # one after another, a whole_stream step follows its stream
+        for name in self.top:
+            read = self.reads.get(name)
+            after = [b for b in schedule.after[name] if self.level[b] is None and b != read]
+            for node in self.per_response.get(name, ()):
+                after += [b for b in schedule.after[node] if self.level[b] is None and b != name and b not in after]
+            self.after[name] = after
+            ordered[name] = after + ([read] if read in self.level else [])
+        self.in_order = _in_order(self.top, ordered)
+
+
+def _in_order(names, after):
+    """``names`` in their order, each moved after those it waits for."""
+    placed, left = [], list(names)
+    while left:
+        ready = next(n for n in left if all(b in placed for b in after[n]))
+        placed.append(ready)
+        left.remove(ready)
+    return placed
+
+
+class StreamRun:
+    """One request of a streaming pipeline: ``await StreamRun(...).run()`` sends its responses,
+    its error if it fails, and the final flag."""
+
+    def __init__(self, host, sender, schedule, layout, values, rows, branch, *, sequential=False):
+        self.host = host
+        self.sender = sender
+        self.schedule = schedule
+        self.layout = layout
+        self.values = values  # the request's tensors: (node or None, name) -> tensor
+        self.rows = rows  # the request's rows (None: the pipeline does not batch)
+        self.branch = branch  # serving.Rows of a conditional plan, or None
+        self.sequential = sequential
+        self.done = {n: asyncio.Event() for n in layout.top}
+        self.items = {w: queue.SimpleQueue() for w in layout.whole}  # a whole_stream step's responses
+        self.sent = 0
+
+    async def run(self):
+        try:
+            if self.sequential:
+                await self._one_after_another()
+            else:
+                await _together([self._top(name) for name in self.layout.top])
+            if self.layout.answers is None:  # outputs made once per request: one answer
+                self._send(self.host.respond(self.schedule, self.values, self.branch))
+        except Cancelled:
+            pass
+        except Exception as exc:  # noqa: BLE001 - every failure is the client's error response
+            self._send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(_text(exc))))
+        finally:
+            try:
+                self.sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception:  # noqa: BLE001 - a cancelled request's sender may be closed: nobody reads it
+                pass
+
+    def _send(self, response):
+        if self.sender.is_cancelled():
+            raise Cancelled
+        self.sender.send(response)
+        self.sent += 1
+
+    async def _one_after_another(self):
+        # A whole_stream step reads its stream as it comes, beside the steps one after another.
+        async def in_turn():
+            for name in self.layout.in_order:
+                if name not in self.layout.whole:
+                    await self._top(name)
+
+        await _together([in_turn(), *(self._top(name) for name in self.layout.whole)])
+
+    async def _top(self, name):
+        """A once-per-request node, once the once-per-request nodes before it are done."""
+        for before in self.layout.after[name]:
+            await self.done[before].wait()
+        try:
+            if name in self.layout.whole:
+                await self._whole(name)
+            elif name in self.layout.sources:
+                await self._stream(name, await self._open(name))
+            else:
+                await self._nodes([name], {name: []}, self.values)
+        except Exception:
+            # The responses before the failure go on to the end: the steps that read this stream
+            # whole see it end, and answer what they made of it, before the error is sent.
+            self._end_readers(name)
+            for reader in self.layout.readers.get(name, ()):
+                await self.done[reader].wait()
+            raise
+        self.done[name].set()
+
+    def _count(self, name):
+        """The rows ``name`` runs on; 0 where its `when` blocks hold for none."""
+        if self.branch is None:
+            return self.rows
+        self.branch.read_conditions(name)
+        return self.branch.count(self.branch.branches.when[name])
+
+    async def _nodes(self, names, after, values):
+        """Run ``names`` (each after those of ``after`` it waits for), reading and writing ``values``."""
+        host, schedule = self.host, self.schedule
+
+        def start(name, alone):
+            return host.start_node(name, values, self.rows, schedule, self.branch, alone)
+
+        def collect(name, future):
+            outputs = future.result()
+            if outputs is not None:
+                for out in schedule.returns[name]:
+                    values[(name, out)] = outputs[out]
+
+        if self.sequential or len(names) == 1:
+            for name in names:
+                future = asyncio.ensure_future(start(name, True))
+                await asyncio.gather(future, return_exceptions=True)
+                collect(name, future)
+            return
+        await serving.run_concurrently({n: after[n] for n in names}, start, collect)
+
+    # ------------------------------------------------------------------ streams
+
+    async def _open(self, name):
+        if self.branch is not None and self._count(name) == 0:  # one response of skipped outputs
+            return _Skipped(self.schedule.returns[name])
+        return await self.host.open_stream(name, self.values, self._count(name), self.schedule, self.branch)
+
+    async def _stream(self, name, stream):
+        """Walk the responses of stream ``name`` in order, each through its steps, its readers and out."""
+        index = 0
+        try:
+            while True:
+                if self.sender.is_cancelled():  # the client gave up: stop pulling the generator
+                    raise Cancelled
+                outputs = await stream.next()
+                if outputs is None:
+                    break
+                if self.sender.is_cancelled():
+                    raise Cancelled
+                await self._response(name, index, outputs)
+                index += 1
+        finally:
+            self._end_readers(name)
+            await stream.close()
+
+    async def _response(self, name, index, outputs):
+        layout = self.layout
+        values = ChainMap({(name, out): value for out, value in outputs.items()}, self.values)
+        nodes = layout.per_response[name]
+        if nodes:
+            await self._nodes(nodes, layout.inner_after[name], values)
+        for reader in layout.readers[name]:
+            self.items[reader].put({i: self.host.gathered(reader, key, values, self.branch)
+                                    for i, key in self._streamed(reader, name)})
+        if layout.answers == name:
+            self._send(self.host.respond(self.schedule, values, self.branch))
+
+    def _streamed(self, reader, stream):
+        """``(input, key)`` of each input of ``reader`` that comes from ``stream``."""
+        level = self.layout.level
+        return [(s["input"], (s["node"], s["tensor"])) for s in self.host.nodes[reader]["inputs"]
+                if s["node"] is not None and (s["node"] == stream or level.get(s["node"]) == stream)]
+
+    def _end_readers(self, name):
+        for reader in self.layout.readers.get(name, ()):
+            self.items[reader].put(_END)
+
+    async def _whole(self, name):
+        """A step that reads its stream whole: its stream's inputs as iterators, in a thread of its own."""
+        returns = self.schedule.returns[name]
+        if self.branch is not None and self._count(name) == 0:
+            if name in self.layout.sources:
+                await self._stream(name, _Skipped(returns))
+            else:
+                self.values.update({(name, out): serving.SKIPPED for out in returns})
+            return
+        rows = self._count(name)
+        streamed = self._streamed(name, self.layout.reads[name])
+        items = self.items[name]
+        tee = _Tee(items, [i for i, _ in streamed])
+        inputs = {i: tee.of(i) for i, _ in streamed}
+        for source in self.host.nodes[name]["inputs"]:
+            if source["input"] not in inputs:
+                inputs[source["input"]] = self.host.gathered(name, (source["node"], source["tensor"]), self.values, self.branch)
+        step = self.host.whole_step(name)
+        if name in self.layout.sources:
+            await self._stream(name, await stream_calls.InProcessStream.open(self.host, name, step, inputs, rows, held_by=items))
+            return
+        outputs = await step.call_whole(self.host, name, inputs, rows, items)
+        for out in returns:
+            self.values[(name, out)] = self.host.held(out, outputs[out], self.host.dtypes.get((name, out)))
+
+
+class _Skipped:
+    """The one response of a stream no row of its `when` blocks holds: its outputs skipped."""
+
+    def __init__(self, returns):
+        self.left = [dict.fromkeys(returns, serving.SKIPPED)]
+
+    async def next(self):
+        return self.left.pop() if self.left else None
+
+    async def close(self):
+        pass
+
+
+class _Tee:
+    """The iterators a whole_stream step reads: one per streamed input, fed from one queue of items
+    (each a dict of those inputs for one response), so that they advance together."""
+
+    def __init__(self, items, names):
+        self._items = items
+        self._held = {n: [] for n in names}
+        self._ended = False
+
+    def of(self, name):
+        held = self._held[name]
+        while True:
+            if not held and (self._ended or not self._pull()):
+                return
+            yield held.pop(0)
+
+    def _pull(self):
+        item = self._items.get()
+        if item is _END:
+            self._ended = True
+            return False
+        for name, value in item.items():
+            if name in self._held:
+                self._held[name].append(value)
+        return True
+
+
+async def _together(coroutines):
+    """Run ``coroutines`` side by side; the first failure cancels the others, which are awaited."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        await _settled(tasks)
+    finally:
+        await _stopped(tasks)
+
+
+async def _settled(tasks):
+    """Wait for ``tasks``; raise the first failure as soon as it happens."""
+    pending = set(tasks)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()
+
+
+async def _stopped(tasks):
+    for task in tasks:
+        if not task.done():
+            task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _text(exc):
+    """The wire text an exception carries to the client."""
+    wire = getattr(exc, "wire", None)
+    return wire.text() if wire is not None else str(exc)
