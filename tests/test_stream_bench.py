@@ -235,3 +235,39 @@ def test_the_load_generator_streams_many_requests_at_once_on_the_server(decouple
     m = Measurement.from_load(Configuration("server", "bls", "bls_async"), load, batch=1, streaming=True)
     assert m.errors == 0 and m.requests > 0
     assert m.stream.responses == 5 * m.stream.requests and m.stream.itl.count == 4 * m.stream.requests
+
+
+@pytest.mark.server
+def test_bench_measures_the_fused_form_on_the_bundled_server_and_it_streams_the_local_text(tmp_path):
+    """The compiled fused form, served: the bench's figures from real streams (every response of
+    every request counted), and the text each prompt streams is the local runtime's."""
+    from contextlib import ExitStack
+
+    from pipelines.bench.runner import write_bench_repository
+    from pipelines.triton import TritonServer
+
+    pipeline = textgen.make_textgen(max_new_tokens=8)
+    requests = [textgen.sample_inputs(prompt=p) for p in ("One prompt", "Another, longer prompt", "a secret")]
+    local = [[r["text"][0] for r in pipeline.run(request, mode="fused")] for request in requests]
+    with ExitStack() as stack:
+        server = stack.enter_context(TritonServer(write_bench_repository(pipeline, tmp_path, stack), exit_timeout=5))
+        settings = BenchSettings(concurrency=(2,), url=server.grpc_url, protocol="grpc", local=False,
+                                 forms=("fused",), **SHORT)
+        result = run_benchmark(pipeline, settings, inputs=requests[0], out=tmp_path / "out", progress=False, echo=False)
+
+        async def served():
+            target = StreamingServerTarget(server.grpc_url, server.async_client("grpc"), "textgen_fused",
+                                           pipeline.inputs, timeout=30)
+            try:
+                return [[a["text"][0] for a in (await target.stream(r, keep=True)).answers] for r in requests]
+            finally:
+                await target.close()
+
+        assert anyio.run(served) == local
+    assert local[2] == [textgen.REFUSED]
+    (m,) = result.measurements
+    assert m.config.label == "server fused" and m.errors == 0, m.error_messages
+    st = m.stream
+    assert st.requests == m.requests > 0 and st.responses == len(local[0]) * st.requests
+    assert None not in (st.ttft.p50_ms, st.ttft.p95_ms, st.ttft.p99_ms, st.itl.p50_ms, st.itl.p99_ms)
+    assert "textgen_fused" in {t.model for t in m.breakdown}

@@ -33,7 +33,7 @@ from ..freed_memory import keep_freed_memory_here
 from ..graph import Pipeline
 from ..loading import load_pipeline_and_module
 from ..output_paths import output_dir
-from ..plan import ensemble_refusal, plan_of
+from ..plan import ensemble_refusal, plan_of, refuse_streaming_form
 from ..triton.statistics import breakdown_over
 from .inputs import sample_requests
 from .loadgen import LoadResult, run_load
@@ -428,14 +428,20 @@ def _server(
 
 
 def _ensemble_left_out(pipeline: Pipeline, settings: BenchSettings) -> str | None:
-    """Why the ensemble is not measured (a pipeline with ``when`` blocks), or None where it is."""
-    if "ensemble" not in settings.forms or not pipeline.conditional:
+    """Why the ensemble is not measured (a pipeline with ``when`` blocks, a stream read whole),
+    or None where it is."""
+    if "ensemble" not in settings.forms:
+        return None
+    why = ensemble_refusal(plan_of(pipeline, warn=False)) if pipeline.conditional else None
+    try:
+        refuse_streaming_form(pipeline, "ensemble")
+    except NotCompilableError as exc:
+        why = why or exc.message
+    if why is None:
         return None
     if settings.forms == ("ensemble",):
-        raise NotCompilableError(
-            f"{ensemble_refusal(plan_of(pipeline, warn=False))}: benchmark --forms bls,fused", pipeline=pipeline.name
-        )
-    return f"ensemble left out: {ensemble_refusal(plan_of(pipeline, warn=False))}"
+        raise NotCompilableError(f"{why}: benchmark --forms bls,fused", pipeline=pipeline.name)
+    return f"ensemble left out: {why}"
 
 
 def write_bench_repository(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack) -> Path:
