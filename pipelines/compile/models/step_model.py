@@ -57,7 +57,7 @@ class TritonPythonModel:
         self.readers = [(name, serving.tensor_reader(spec, gpu=gpu)) for name, spec in inputs.items()]
         self.writers = {name: serving.tensor_writer(spec, pb_utils) for name, spec in outputs.items()}
         self.outputs = outputs
-        self.ensemble = _EnsembleExtras(ensemble)
+        self.ensemble = _EnsembleExtras(ensemble, gpu)
         serving.refuse_strings_under_numpy_2(
             args.get("model_name", self.step_name),
             [n for n, spec in {**inputs, **outputs}.items() if spec.dtype == "BYTES"],
@@ -295,12 +295,16 @@ class _EnsembleExtras:
     forms do not and get error responses, which they handle safely).
     """
 
-    def __init__(self, data):
+    def __init__(self, data, gpu=False):
         self.copies = data.get("copies") or {}
         self.err_inputs = data.get("err_inputs") or []
         self.err_output = data.get("err_output")
         self.dims = data.get("placeholders") or {}
         self.active = bool(self.copies or self.err_inputs or self.err_output)
+        # a streaming step's: output -> (its input, a reader, a writer), the request's tensors sent on each response
+        self.carries = {out: (c["input"], serving.tensor_reader(serving.Spec.from_dict(c["spec"]), gpu=gpu),
+                              serving.tensor_writer(serving.Spec.from_dict(c["spec"]), pb_utils))
+                        for out, c in (data.get("carries") or {}).items()}
         self.err_writer = serving.tensor_writer(serving.Spec("UINT8", (-1,)), pb_utils)
 
     def upstream_error(self, request):
@@ -356,6 +360,7 @@ class _Streams:
         model.ensemble.err_output = self.err_output  # written on every response, asked for or not
         model.ensemble.active = True
         self.loop = None  # an event loop of its own, made for the first async generator
+        self.carried = []
 
     def serve(self, request):
         sender = request.get_response_sender()
@@ -373,6 +378,11 @@ class _Streams:
     def _respond(self, request, sender):
         model = self.model
         wanted = set(request.requested_output_names() or ()) or None
+        self.carried = []  # the request's tensors, sent again on each response (docs: "Streaming steps")
+        for out, (name, read, write) in model.ensemble.carries.items():
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None and (wanted is None or out in wanted):
+                self.carried.append((out, read(tensor), write))
         upstream = model.ensemble.upstream_error(request)
         if upstream is not None:  # its inputs are stand-ins: pass the failure on, as a plain step does
             return self._fail(request, sender, wanted, upstream)
@@ -418,6 +428,7 @@ class _Streams:
         model = self.model
         tensors = [model.writers[n](n, result[n]) for n in result if wanted is None or n in wanted]
         extras = set(model.ensemble.copies) if wanted is None else wanted
+        tensors += [write(out, value) for out, value, write in self.carried]
         return tensors + model.ensemble.extra_tensors(
             result, extras | {self.err_output}, error, model.max_batch_size, model.writers)
 
