@@ -128,6 +128,24 @@ def test_a_plain_pipeline_keeps_its_table_results_and_plots(tmp_path):
     assert not (tmp_path / "ttft_p50.png").exists()
 
 
+def test_a_stream_read_whole_leaves_the_ensemble_out_and_says_why():
+    """No `when`, but a step that reads the stream whole: the ensemble cannot run it."""
+    from pipelines import Pipeline
+    from pipelines.errors import NotCompilableError
+
+    p = Pipeline("whole", inputs={"prompt": TensorSpec("BYTES", [1])})
+    tokens = p.add(textgen.tokenize, prompt=p.input("prompt"))
+    generated = p.add(textgen.decode.with_options(parameters={"max_new_tokens": 4}), tokens=tokens["tokens"])
+    p.output("text", p.add(textgen.detokenize, token=generated["token"])["text"])
+    result = run_benchmark(p, BenchSettings(concurrency=(1,), server=False, forms=("ensemble", "fused"), **SHORT),
+                           inputs=textgen.sample_inputs(), out=None, progress=False, echo=False)
+    assert [m.config.form for m in result.measurements] == ["fused"]
+    assert any(n.startswith("ensemble left out") and "whole_stream=True" in n for n in result.notes), result.notes
+    with pytest.raises(NotCompilableError, match=r"reads the stream of 'decode' whole.*benchmark --forms bls,fused"):
+        run_benchmark(p, BenchSettings(concurrency=(1,), server=False, forms=("ensemble",), **SHORT),
+                      inputs=textgen.sample_inputs(), out=None, progress=False, echo=False)
+
+
 # ------------------------------------------------------------------------ the user's prompts
 
 
