@@ -13,6 +13,7 @@ from .results import BenchmarkResult
 from .runner import run_benchmark
 from .settings import DEFAULT_PIPELINE, BenchSettings
 from .stability import StabilityRule
+from .streams import StreamSummary, StreamTimes, stream_figures
 from .verdict import RatioComparison
 
 __all__ = [
@@ -28,9 +29,12 @@ __all__ = [
     "ModelTimes",
     "RatioComparison",
     "StabilityRule",
+    "StreamSummary",
+    "StreamTimes",
     "Window",
     "prediction_table",
     "render",
     "run_benchmark",
     "run_load",
+    "stream_figures",
 ]

@@ -16,6 +16,7 @@ from ..interrupts import sigterm_as_interrupt
 from ..loading import load_pipeline_and_module
 from ..runtime.step_process import ISOLATIONS
 from ..triton.async_client import COMPRESSIONS
+from .inputs import given_requests
 from .measurement import FORMS
 from .runner import run_benchmark
 from .settings import DEFAULT_PIPELINE, BenchSettings
@@ -63,8 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a request not answered in this time counts as an error (default: 60)")
     parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                         help="send your own request: one .npy per pipeline input (repeat the flag), batch dimension "
-                        "included, as 'pipelines run' takes them; without it the requests come from the pipeline "
-                        "module's sample_inputs(batch) function if it has one, else random tensors")
+                        "included, as 'pipelines run' takes them; or PROMPTS.txt (NAME=PROMPTS.txt), one request per "
+                        "line, the line as the pipeline's text (BYTES) input; without it the requests come from the "
+                        "pipeline module's sample_inputs(batch) function if it has one, else random tensors")
     parser.add_argument("--size", type=int, default=16,
                         help="size of variable (-1) dims in generated inputs (default: 16)")
     parser.add_argument("--out", metavar="DIR", default="bench-results",
@@ -110,17 +112,19 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _given_inputs(spec: str, pairs: Sequence[str], settings: BenchSettings) -> dict | None:
-    """The request that ``--input NAME=FILE.npy`` flags make, checked against the pipeline's inputs."""
+def _given_inputs(spec: str, pairs: Sequence[str], settings: BenchSettings) -> dict | list[dict] | None:
+    """The request(s) that ``--input NAME=FILE.npy`` and ``PROMPTS.txt`` flags make, checked against
+    the pipeline's inputs."""
     if not pairs:
         return None
     if settings.batch != 1:
         raise PipelinesError("--batch does not apply with --input: the files' arrays are sent as they are, "
                              "their first axis being the batch; drop --batch")
     pipeline, _ = load_pipeline_and_module(spec)
-    inputs = parse_inputs(pairs, pipeline)
-    unknown = sorted(set(inputs) - set(pipeline.inputs))
-    missing = sorted(set(pipeline.inputs) - set(inputs))
+    inputs = given_requests(pipeline, pairs, parse_inputs)
+    given = inputs[0] if isinstance(inputs, list) else inputs
+    unknown = sorted(set(given) - set(pipeline.inputs))
+    missing = sorted(set(pipeline.inputs) - set(given))
     if unknown or missing:
         raise PipelinesError(
             f"pipeline {pipeline.name!r} takes inputs {sorted(pipeline.inputs)}; --input "

@@ -4,7 +4,8 @@ N workers each send a request, wait for its answer and send the next one, so the
 server always holds N requests (perf_analyzer's ``--concurrency-range``). Windows
 repeat until the stability rule is met or ``max_trials`` is reached. A request that
 fails is counted as an error of the window in which it ended, with its message;
-it is never dropped, and its latency is kept out of the percentiles.
+it is never dropped, and its latency is kept out of the percentiles. A request of a streaming
+pipeline answers with its :class:`~pipelines.bench.streams.StreamTimes`, which the window keeps.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 from ..errors import PipelinesError, ServerDiedError
 from .progress import Progress
 from .stability import StabilityRule
+from .streams import StreamTimes
 
 __all__ = ["LoadPlan", "LoadResult", "Window", "run_load"]
 
@@ -68,7 +70,8 @@ class Window:
 
     ``latencies`` are the successful requests' latencies in seconds;
     ``completed_by_sample[i]`` counts the requests (answered or failed) that
-    carried input sample ``i``, and ``errors_by_sample[i]`` those that failed.
+    carried input sample ``i``, and ``errors_by_sample[i]`` those that failed. ``streams``
+    holds the successful streamed requests' times (a streaming pipeline's; else empty).
     """
 
     seconds: float
@@ -77,6 +80,7 @@ class Window:
     completed_by_sample: tuple[int, ...]
     errors_by_sample: tuple[int, ...]
     error_messages: Mapping[str, int]
+    streams: tuple[StreamTimes, ...] = ()
 
     @property
     def successes(self) -> int:
@@ -108,6 +112,7 @@ class Window:
             completed_by_sample=tuple(int(sum(c)) for c in zip(*(w.completed_by_sample for w in windows), strict=True)),
             errors_by_sample=tuple(int(sum(c)) for c in zip(*(w.errors_by_sample for w in windows), strict=True)),
             error_messages=messages,
+            streams=tuple(s for w in windows for s in w.streams),
         )
 
 
@@ -155,12 +160,16 @@ class _Recorder:
         self.completed = [0] * samples
         self.failed = [0] * samples
         self.messages: dict[str, int] = {}
+        self.streams: list[StreamTimes] = []
 
     @property
     def count(self) -> int:
         return len(self.latencies) + self.errors
 
-    def ok(self, sample: int, latency: float) -> None:
+    def ok(self, sample: int, latency: float, answer: Any = None) -> None:
+        if isinstance(answer, StreamTimes):  # the stream's own clock: from sending to its end
+            self.streams.append(answer)
+            latency = answer.latency
         self.latencies.append(latency)
         self.completed[sample] += 1
 
@@ -181,6 +190,7 @@ class _Recorder:
             completed_by_sample=tuple(self.completed),
             errors_by_sample=tuple(self.failed),
             error_messages=dict(self.messages),
+            streams=tuple(self.streams),
         )
 
 
@@ -234,7 +244,7 @@ async def run_load(
             start = perf_counter()
             try:
                 with anyio.fail_after(plan.timeout):
-                    await infer(samples[sample])
+                    answer = await infer(samples[sample])
             except ServerDiedError as exc:  # no later request can be answered: the run ends with it
                 fatal = fatal or exc
                 scope.cancel()
@@ -245,7 +255,7 @@ async def run_load(
                 # gone): without a checkpoint the workers would spin and starve everything else.
                 await anyio.lowlevel.checkpoint()
             else:
-                current.ok(sample, perf_counter() - start)
+                current.ok(sample, perf_counter() - start, answer)
             # A window of N answers closes on the N-th, exactly; the controller picks it up.
             if counting and current.count >= plan.requests:
                 filled.append(rotate())

@@ -13,6 +13,7 @@ from ..forms import form_names
 from ..triton.statistics import ModelTimes
 from .latency import LatencySummary
 from .loadgen import LoadResult
+from .streams import StreamSummary, stream_figures
 
 __all__ = ["FORMS", "Configuration", "Measurement"]
 
@@ -52,7 +53,9 @@ class Measurement:
     ``throughput`` is successful requests per second (``batch`` items each);
     ``errors`` counts failed requests in the measured windows, never dropped.
     ``breakdown`` is the server's per-model time, ``local_report`` the local
-    runtime's cost report; each is empty where it does not apply.
+    runtime's cost report; each is empty where it does not apply. ``stream`` holds a
+    streaming pipeline's figures (time to first response, between responses, responses per
+    second); ``None`` for a pipeline that answers once, whose results stay as they were.
     """
 
     config: Configuration
@@ -71,6 +74,7 @@ class Measurement:
     errors_by_sample: tuple[int, ...]
     breakdown: tuple[ModelTimes, ...] = ()
     local_report: Mapping[str, Any] | None = None
+    stream: StreamSummary | None = None
 
     @classmethod
     def from_load(
@@ -81,6 +85,7 @@ class Measurement:
         batch: int,
         breakdown: tuple[ModelTimes, ...] = (),
         local_report: Mapping[str, Any] | None = None,
+        streaming: bool = False,
     ) -> Measurement:
         measured = load.measured
         return cls(
@@ -100,10 +105,11 @@ class Measurement:
             errors_by_sample=measured.errors_by_sample,
             breakdown=tuple(breakdown),
             local_report=local_report,
+            stream=stream_figures(measured.streams, measured.seconds) if streaming else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "config": self.config.to_dict(),
             "concurrency": self.concurrency,
             "batch": self.batch,
@@ -122,3 +128,6 @@ class Measurement:
             "breakdown": [t.to_dict() for t in self.breakdown],
             "local_report": None if self.local_report is None else dict(self.local_report),
         }
+        if self.stream is not None:  # a plain pipeline's results keep the keys they always had
+            data["stream"] = self.stream.to_dict()
+        return data

@@ -1,5 +1,6 @@
 """PNG plots of throughput and p95 latency against concurrency, one line per configuration,
-the way the yolov5 Triton guide draws its BLS-against-ensemble figures.
+the way the yolov5 Triton guide draws its BLS-against-ensemble figures; for a streaming
+pipeline also its time to first response (p50).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ __all__ = ["PLOT_EXTRA", "PLOT_FILES", "plot_results"]
 #: The extra that installs matplotlib: ``pip install 'pipelines[plot]'``.
 PLOT_EXTRA = "plot"
 
-#: The files plot_results writes.
-PLOT_FILES = ("throughput.png", "latency_p95.png")
+#: The files plot_results writes (the last one for a streaming pipeline only).
+PLOT_FILES = ("throughput.png", "latency_p95.png", "ttft_p50.png")
 
 # One colour and marker per form; the local runtime dashed, the server solid, so each
 # form's prediction sits next to its measurement.
@@ -24,7 +25,8 @@ _STYLES = {form: ("os^Dvp<>"[i % 8], f"C{i % 10}") for i, form in enumerate(FORM
 
 
 def plot_results(measurements: Sequence[Measurement], out: str | os.PathLike[str], *, title: str) -> list[Path]:
-    """Write ``throughput.png`` and ``latency_p95.png`` into ``out``; return their paths.
+    """Write ``throughput.png`` and ``latency_p95.png`` into ``out``, and for a streaming pipeline
+    ``ttft_p50.png`` (time to first response per form); return their paths.
 
     Raises ImportError without matplotlib (the ``plot`` extra); the benchmark then
     says so in one line, its results already written.
@@ -40,10 +42,13 @@ def plot_results(measurements: Sequence[Measurement], out: str | os.PathLike[str
     for m in measurements:
         series.setdefault(m.config.label, []).append(m)
     written = []
-    figures = (
+    figures = [
         (PLOT_FILES[0], "throughput (infer/s)", lambda m: m.throughput),
         (PLOT_FILES[1], "p95 latency (ms)", lambda m: m.latency.p95_ms),
-    )
+    ]
+    if any(m.stream is not None for m in measurements):
+        figures.append((PLOT_FILES[2], "time to first response, p50 (ms)",
+                        lambda m: m.stream.ttft.p50_ms if m.stream is not None else None))
     for filename, ylabel, value in figures:
         fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
         try:

@@ -20,6 +20,7 @@ __all__ = [
     "ratio_table",
     "render",
     "results_table",
+    "stream_table",
 ]
 
 
@@ -34,8 +35,11 @@ def render(result: BenchmarkResult, *, tables: bool = True, files: bool = True) 
             f"windows of {window}, stability ±{s.get('stability', 0):.0%}"
             + (f", server requests and responses compressed with {s['compression']} (--compression)"
                if s.get("compression") else "") + "\n",
-            results_table(result.measurements),
+            stream_table(result.measurements) if _streams(result.measurements) else results_table(result.measurements),
         ]
+        if _streams(result.measurements):
+            parts += ["(ms; first: time to first response, between: time between one request's consecutive responses, "
+                      "stream: the whole request; req/s and resp/s over the measured windows)"]
         server = [m for m in result.measurements if m.breakdown]
         if server:
             parts += ["\nserver time per request by model (µs, Triton statistics API, delta over the measured "
@@ -62,6 +66,36 @@ def render(result: BenchmarkResult, *, tables: bool = True, files: bool = True) 
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def _streams(measurements: Sequence[Measurement]) -> bool:
+    return any(m.stream is not None for m in measurements)
+
+
+def stream_table(measurements: Sequence[Measurement]) -> str:
+    """A streaming pipeline's figures: requests and responses per second, time to first response
+    (p50, p95, p99), time between responses (p50, p99) and the whole stream's p50, in ms."""
+    headers = ["configuration", "conc", "req/s", "resp/s", "first p50", "p95", "p99", "between p50", "p99",
+               "stream p50", "errors", "stable"]
+    rows = [
+        [
+            m.config.label,
+            str(m.concurrency),
+            f"{st.requests_per_s:.1f}",
+            f"{st.responses_per_s:.1f}",
+            _ms(st.ttft.p50_ms),
+            _ms(st.ttft.p95_ms),
+            _ms(st.ttft.p99_ms),
+            _ms(st.itl.p50_ms),
+            _ms(st.itl.p99_ms),
+            _ms(m.latency.p50_ms),
+            str(m.errors),
+            "yes" if m.stable else "NO",
+        ]
+        for m in measurements
+        if (st := m.stream) is not None
+    ]
+    return format_table(headers, rows)
 
 
 def results_table(measurements: Sequence[Measurement]) -> str:

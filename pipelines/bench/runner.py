@@ -33,7 +33,7 @@ from ..freed_memory import keep_freed_memory_here
 from ..graph import Pipeline
 from ..loading import load_pipeline_and_module
 from ..output_paths import output_dir
-from ..plan import ensemble_refusal, plan_of, refuse_streaming
+from ..plan import ensemble_refusal, plan_of, refuse_streaming_form
 from ..triton.statistics import breakdown_over
 from .inputs import sample_requests
 from .loadgen import LoadResult, run_load
@@ -43,7 +43,7 @@ from .plots import PLOT_EXTRA, PLOT_FILES, plot_results
 from .progress import Progress
 from .report_tables import render
 from .results import BenchmarkResult, machine_info, now, package_versions
-from .server_target import ServerTarget, model_name
+from .server_target import ServerTarget, StreamingServerTarget, check_streaming_settings, model_name
 from .settings import DEFAULT_PIPELINE, BenchSettings
 from .verdict import compare_ratios, verdict
 
@@ -80,8 +80,7 @@ def run_benchmark(
     if not isinstance(settings, BenchSettings):
         raise PipelinesError(f"run_benchmark takes a BenchSettings as settings; got {type(settings).__name__}")
     pipeline, module, spec = _resolve(target)
-    if settings.on_server:
-        refuse_streaming(pipeline, "benchmarking it on a server")
+    check_streaming_settings(pipeline, settings)
     left_out = _ensemble_left_out(pipeline, settings)
     if left_out:
         settings = replace(settings, forms=tuple(f for f in settings.forms if f != "ensemble"))
@@ -99,6 +98,8 @@ def run_benchmark(
     measurements: list[Measurement] = []
     versions: dict[str, str | None] = {}
     server_notes: list[str] = []  # what the server measured is not the deployed model (a stand-in)
+    if pipeline.streaming and settings.on_server and settings.protocol != "grpc":
+        server_notes.append("the server's streams were measured over gRPC (ModelStreamInfer), whatever --protocol says")
 
     def result(status: str, files: Sequence[str] = (), notes: Sequence[str] = ()) -> BenchmarkResult:
         ordered = sorted(measurements, key=_order)
@@ -295,11 +296,14 @@ def _run_async(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _finish(bar: Progress, label: str, m: Measurement) -> None:
-    lat = m.latency
+    lat, st = m.latency, m.stream
     figures = (
         f"{m.throughput:,.1f} infer/s, p50 {lat.p50_ms:.2f} ms, p95 {lat.p95_ms:.2f} ms"
         if lat.count else "no successful request"
     )
+    if st is not None and st.ttft.count:
+        figures = (f"{st.requests_per_s:,.1f} req/s, {st.responses_per_s:,.1f} resp/s, first response p50 "
+                   f"{st.ttft.p50_ms:.2f} ms" + (f", between p50 {st.itl.p50_ms:.2f} ms" if st.itl.count else ""))
     errors = f", {m.errors} errors" if m.errors else ""
     stable = "" if m.stable else f", NOT stable after {m.windows} windows"
     bar.finish(label, figures + errors + stable)
@@ -310,7 +314,7 @@ async def _measure(
     samples: list[dict[str, Any]],
     settings: BenchSettings,
     bar: Progress,
-    connect: Callable[[], Any] | None,
+    connect: tuple[Callable[[], Any], str | None] | None,
     measurements: list[Measurement],
     level_done: Callable[[int, bool], None],
 ) -> None:
@@ -331,9 +335,15 @@ async def _measure(
                 runtime = local_target(pipeline, form, server_copies=settings.server_copies, isolation=settings.isolation)
                 targets.append((Configuration("local", form), await stack.enter_async_context(runtime)))
         if connect is not None:
-            client = await stack.enter_async_context(connect())
+            make_client, grpc_url = connect
+            client = await stack.enter_async_context(make_client())
             for form in settings.forms:
                 config = Configuration("server", form, model_name(pipeline.name, form))
+                if pipeline.streaming and grpc_url is not None:
+                    streamed = StreamingServerTarget(grpc_url, client, config.model, pipeline.inputs, timeout=settings.timeout)
+                    stack.push_async_callback(streamed.close)
+                    targets.append((config, streamed))
+                    continue
                 targets.append((config, ServerTarget(client, client, config.model, timeout=settings.timeout)))
         for i, c in enumerate(settings.concurrency):
             plan = settings.plan(c)
@@ -366,11 +376,12 @@ def _measurement(config: Configuration, target: Any, loads: Sequence[LoadResult]
     """One target's turns at one level, pooled into one measurement (the server's statistics summed;
     ``others``: the top-level models of the other server targets, whose late requests are theirs)."""
     load = LoadResult.pooled(loads)
+    streaming = bool(getattr(target, "streaming", False))
     if isinstance(target, ServerTarget):
         brackets = [b for one in loads if (b := one.bracket) is not None]
         times = breakdown_over(brackets, first=[config.model] if config.model else [], leave_out=others)
-        return Measurement.from_load(config, load, batch=batch, breakdown=tuple(times))
-    return Measurement.from_load(config, load, batch=batch, local_report=target.report())
+        return Measurement.from_load(config, load, batch=batch, breakdown=tuple(times), streaming=streaming)
+    return Measurement.from_load(config, load, batch=batch, local_report=target.report(), streaming=streaming)
 
 
 def _reset_once(target: Any) -> Callable[[], Any]:
@@ -394,8 +405,9 @@ def _server(
     stack: ExitStack,
     versions: dict[str, str | None],
     notes: list[str],
-) -> Callable[[], Any]:
-    """Start the embedded server (or reach the remote one); return how to make its async client.
+) -> tuple[Callable[[], Any], str | None]:
+    """Start the embedded server (or reach the remote one); return how to make its async client,
+    and its gRPC address (None for a remote one over HTTP), where streams are measured.
     ``notes`` gets a line for each model the embedded server serves through a stand-in."""
     from ..triton import AsyncTritonClient
 
@@ -403,25 +415,33 @@ def _server(
         url = settings.url
         bar.note(f"measuring the Triton server at {url} ({settings.protocol})")
         versions["tritonserver"] = _version_at(url, settings.protocol, 10)  # one it cannot reach fails now, not last
-        return lambda: AsyncTritonClient(url, settings.protocol, compression=settings.compression)
+        return (lambda: AsyncTritonClient(url, settings.protocol, compression=settings.compression),
+                url if settings.protocol == "grpc" else None)
     server = _start_server(pipeline, out_dir, stack, bar)
     for stand_in in server.stand_ins.values():
         # Said once, in the report's notes; the server's start has already said it in short.
         notes.append(f"server figures measured with a STAND-IN for {stand_in.model!r}: {stand_in.label}; "
                      "measure a full Triton with --url HOST:PORT for that model's own")
     versions["tritonserver"] = _server_version(server.http_url, "http")
-    return lambda: server.async_client(settings.protocol, compression=settings.compression)  # fails fast if it dies
+    # fails fast if it dies
+    return lambda: server.async_client(settings.protocol, compression=settings.compression), server.grpc_url
 
 
 def _ensemble_left_out(pipeline: Pipeline, settings: BenchSettings) -> str | None:
-    """Why the ensemble is not measured (a pipeline with ``when`` blocks), or None where it is."""
-    if "ensemble" not in settings.forms or not pipeline.conditional:
+    """Why the ensemble is not measured (a pipeline with ``when`` blocks, a stream read whole),
+    or None where it is."""
+    if "ensemble" not in settings.forms:
+        return None
+    why = ensemble_refusal(plan_of(pipeline, warn=False)) if pipeline.conditional else None
+    try:
+        refuse_streaming_form(pipeline, "ensemble")
+    except NotCompilableError as exc:
+        why = why or exc.message
+    if why is None:
         return None
     if settings.forms == ("ensemble",):
-        raise NotCompilableError(
-            f"{ensemble_refusal(plan_of(pipeline, warn=False))}: benchmark --forms bls,fused", pipeline=pipeline.name
-        )
-    return f"ensemble left out: {ensemble_refusal(plan_of(pipeline, warn=False))}"
+        raise NotCompilableError(f"{why}: benchmark --forms bls,fused", pipeline=pipeline.name)
+    return f"ensemble left out: {why}"
 
 
 def write_bench_repository(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack) -> Path:

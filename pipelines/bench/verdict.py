@@ -150,6 +150,19 @@ def _wobble(m: Measurement) -> float:
     return (max(values) - min(values)) / (sum(values) / len(values))
 
 
+def _first_response(measurements: Sequence[Measurement], where: str) -> str | None:
+    """For a streaming pipeline: which form answers first at the lowest load, and the others' times."""
+    served = [m for m in _served(measurements, where) if m.stream is not None and m.stream.ttft.p50_ms is not None]
+    if not served:
+        return None
+    low = min(m.concurrency for m in served)
+    ranked = sorted((m for m in served if m.concurrency == low), key=lambda m: m.stream.ttft.p50_ms)
+    best, rest = ranked[0], ranked[1:]
+    others = f" ({', '.join(f'{m.config.form} {m.stream.ttft.p50_ms:.2f} ms' for m in rest)})" if rest else ""
+    return (f"the first response comes soonest from {best.config.form} at concurrency {low}: p50 "
+            f"{best.stream.ttft.p50_ms:.2f} ms{others}")
+
+
 def _spread(measurements: Sequence[Measurement], where: str) -> str | None:
     """How much slower bls-sync is than the ensemble at the lowest load, where steps are not queued."""
     at = _index(measurements)
@@ -178,6 +191,9 @@ def verdict(measurements: Sequence[Measurement], *, pipeline: str,
         spread = _spread(measurements, where)
         if spread:
             parts.append(f"{where_text.split(',')[0]}, {spread}.")
+        first = _first_response(measurements, where)
+        if first:
+            parts.append(f"{where_text.split(',')[0]}, {first}.")
     if predictions:
         parts.append(_prediction_verdict(predictions, measurements))
     errors = sum(m.errors for m in measurements)

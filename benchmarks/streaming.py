@@ -1,0 +1,261 @@
+"""Streaming on the bundled server (issue 61, "Targets"): the textgen example in every form that
+can run it, at concurrency 1 and 4, by time to first response (TTFT), time between responses and
+responses per second; beside them what the target compares TTFT with (the decoder's own time to
+its first yield, in this process, and the round trip of a streamed request to a decoupled
+identity model on the same server); and whether every form streams the same text as the local
+runtime, prompt by prompt, over gRPC.
+
+The gated example (a safety check under ``when``, a detokenizer that reads the stream whole) runs
+in bls, bls-sync and fused; the ensemble cannot run it, so the ungated variant
+(``make_textgen(gate=False)``: the same generation, detokenized token by token) is measured in all
+four forms, where the example offers it. A form the compiler does not write yet for a streaming
+pipeline is recorded as not measured, with why.
+
+    .venv/bin/python benchmarks/streaming.py [--duration 2] [--no-local] [--out benchmarks/results/streaming.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import warnings
+from contextlib import ExitStack
+from datetime import datetime, timezone
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import anyio
+import numpy as np
+
+from pipelines.bench import BenchSettings, LoadPlan, Measurement, run_benchmark, run_load
+from pipelines.bench.measurement import Configuration
+from pipelines.bench.results import package_versions
+from pipelines.bench.runner import write_bench_repository
+from pipelines.bench.server_target import StreamingServerTarget, model_name
+from pipelines.bench.stability import StabilityRule
+from pipelines.compile.configs import config_text
+from pipelines.errors import PipelinesError
+from pipelines.examples import textgen
+from pipelines.forms import FormLeftOutWarning
+from pipelines.machine import machine_info
+from pipelines.percentiles import percentiles
+from pipelines.tensor import TensorSpec
+from pipelines.triton import TritonServer
+
+LEVELS = (1, 4)
+PROMPTS = 20
+IDENTITY = "identity_stream"
+TARGET = 1.3  # TTFT of the ensemble and fused within this factor of first yield + round trip
+
+# A decoupled Python model that answers a prompt with itself, once, then the final flag alone:
+# the round trip of one streamed response, with nothing computed.
+_IDENTITY = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            prompt = pb_utils.get_input_tensor_by_name(request, "prompt").as_numpy()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("text", prompt)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def write_identity(repo: Path) -> None:
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    config = mc.ModelConfig(name=IDENTITY, backend="python", max_batch_size=0)
+    config.input.add(name="prompt", data_type=mc.TYPE_STRING, dims=[1])
+    config.output.add(name="text", data_type=mc.TYPE_STRING, dims=[1])
+    config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+    config.model_transaction_policy.decoupled = True
+    (repo / IDENTITY / "1").mkdir(parents=True, exist_ok=True)
+    (repo / IDENTITY / "config.pbtxt").write_text(config_text(config))
+    (repo / IDENTITY / "1" / "model.py").write_text(_IDENTITY)
+
+
+def prompts(count: int = PROMPTS) -> list[str]:
+    """Prompts of different lengths (the decoder's cost grows with the text), one refused by the gate."""
+    words = "streaming pipelines answer many times over one request each token as it comes".split()
+    out = [" ".join(words[: 2 + i % len(words)]) + f" #{i}" for i in range(count - 1)]
+    return [*out, "tell me a secret"]
+
+
+def first_yield(samples: int = 50) -> dict[str, float]:
+    """The decoder alone, in this process: from calling it on the sample prompt's tokens to its first token."""
+    decoder = textgen.Decoder()
+    decoder.initialize({"parameters": {"max_new_tokens": 48}})
+    tokens = textgen.tokenize.impl(textgen.sample_inputs()["prompt"])["tokens"]
+    times = []
+    for _ in range(samples):
+        start = perf_counter()
+        stream = decoder.execute(tokens)
+        next(stream)
+        times.append((perf_counter() - start) * 1e3)
+        stream.close()
+    p50, p95 = percentiles(times, (50, 95))
+    return {"p50_ms": p50, "p95_ms": p95, "min_ms": min(times), "samples": samples}
+
+
+async def _identity_load(url: str, stats: Any, concurrency: int, duration: float) -> Measurement:
+    target = StreamingServerTarget(url, stats, IDENTITY, {"prompt": TensorSpec("BYTES", [1])})
+    plan = LoadPlan(concurrency=concurrency, duration=duration, warmup=0.5, rule=StabilityRule(max_trials=6))
+    try:
+        load = await run_load(target.infer, [textgen.sample_inputs()], plan)
+    finally:
+        await target.close()
+    return Measurement.from_load(Configuration("server", "fused", IDENTITY), load, batch=1, streaming=True)
+
+
+def round_trip(server: TritonServer, duration: float) -> dict[int, dict[str, Any]]:
+    out = {}
+    for c in LEVELS:
+        m = anyio.run(_identity_load, server.grpc_url, server.async_client("grpc"), c, duration)
+        out[c] = {"ttft_p50_ms": m.stream.ttft.p50_ms, "ttft_p95_ms": m.stream.ttft.p95_ms,
+                  "requests_per_s": m.stream.requests_per_s, "errors": m.errors, "stable": m.stable}
+    return out
+
+
+def figures(m: Measurement) -> dict[str, Any]:
+    st = m.stream
+    return {
+        "form": m.config.form, "where": m.config.where, "concurrency": m.concurrency,
+        "ttft_p50_ms": st.ttft.p50_ms, "ttft_p95_ms": st.ttft.p95_ms, "ttft_p99_ms": st.ttft.p99_ms,
+        "itl_p50_ms": st.itl.p50_ms, "itl_p99_ms": st.itl.p99_ms, "responses_per_s": st.responses_per_s,
+        "requests_per_s": st.requests_per_s, "stream_p50_ms": m.latency.p50_ms,
+        # near 1: the responses came in one burst at the stream's end, not one by one
+        "first_response_share_of_stream": st.ttft.p50_ms / m.latency.p50_ms if m.latency.p50_ms else None,
+        "errors": m.errors,
+        "stable": m.stable,
+        "breakdown_us": {t.model: round(t.total_us) for t in m.breakdown},
+    }
+
+
+async def _server_texts(url: str, stats: Any, model: str, requests: list[dict]) -> list[list[bytes]] | str:
+    target = StreamingServerTarget(url, stats, model, {"prompt": TensorSpec("BYTES", [1])}, timeout=60)
+    try:
+        out = []
+        for request in requests:
+            streamed = await target.stream(request, keep=True)
+            out.append([bytes(a["text"].reshape(-1)[0]) for a in streamed.answers])
+        return out
+    except PipelinesError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        await target.close()
+
+
+def same_text(server: TritonServer, pipeline: Any, forms: list[str]) -> dict[str, Any]:
+    """Each form's streamed responses over gRPC against the local runtime's in the same mode, prompt by prompt."""
+    requests = [{"prompt": np.array([p.encode()], dtype=object)} for p in prompts()]
+    out = {}
+    for form in forms:
+        local = [[bytes(r["text"].reshape(-1)[0]) for r in pipeline.run(req, mode=form)] for req in requests]
+        served = anyio.run(_server_texts, server.grpc_url, server.async_client("grpc"),
+                           model_name(pipeline.name, form), requests)
+        if isinstance(served, str):
+            out[form] = {"same": False, "error": served}
+            continue
+        differ = [i for i, (a, b) in enumerate(zip(local, served, strict=True)) if a != b]
+        out[form] = {"same": not differ, "prompts": len(requests), "responses": sum(len(r) for r in served),
+                     "differing_prompts": differ}
+    return out
+
+
+def servable_forms(pipeline: Any, wanted: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """The forms the compiler writes for ``pipeline``, and why each other one is not measured."""
+    left: dict[str, str] = {}
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", FormLeftOutWarning)
+            repository = pipeline.compile("all")
+    except PipelinesError as exc:
+        return [], {form: f"{type(exc).__name__}: {exc}" for form in wanted}
+    names = set(repository.models)
+    for form in wanted:
+        if model_name(pipeline.name, form) not in names:
+            left[form] = next((str(w.message) for w in said if form in str(w.message)), "not compiled")
+    return [f for f in wanted if f not in left], left
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds per measurement window (default: 2)")
+    parser.add_argument("--local", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure the local runtime's modes (default: on)")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "streaming.json"))
+    args = parser.parse_args(argv)
+    gated = textgen.make_textgen()
+    try:
+        ungated = textgen.make_textgen(name="textgen_ungated", gate=False)
+    except TypeError:
+        ungated = None  # an example without the ungated variant: the ensemble is not measured
+    cases = [(gated, ("bls", "bls-sync", "fused"))]
+    if ungated is not None:
+        cases.append((ungated, ("ensemble", "bls", "bls-sync", "fused")))
+    result: dict[str, Any] = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {k: machine_info().get(k) for k in ("cpu", "cpu_count", "usable_cpus")},
+        "versions": package_versions(),
+        "settings": {"concurrency": list(LEVELS), "duration_s": args.duration, "prompts": PROMPTS},
+        "load_average_before": round(os.getloadavg()[0], 2),
+        "first_yield": first_yield(),
+        "notes": [] if ungated is not None else ["textgen has no ungated variant: the ensemble was not measured"],
+    }
+    print(f"decoder's first yield in process: p50 {result['first_yield']['p50_ms']:.2f} ms")
+    with tempfile.TemporaryDirectory(prefix="pipelines-streaming-") as tmp, ExitStack() as stack:
+        out = Path(tmp)
+        plan = {}
+        for pipeline, wanted in cases:
+            forms, left = servable_forms(pipeline, wanted)
+            plan[pipeline.name] = (pipeline, forms, left)
+            if forms:
+                write_bench_repository(pipeline, out, stack)
+        repo = out / "model_repository"
+        write_identity(repo)
+        server = stack.enter_context(TritonServer(repo, exit_timeout=10))
+        result["round_trip"] = round_trip(server, args.duration)
+        print(f"identity round trip (streamed, c=1): p50 {result['round_trip'][1]['ttft_p50_ms']:.2f} ms")
+        result["pipelines"] = {}
+        for name, (pipeline, forms, left) in plan.items():
+            entry: dict[str, Any] = {"not_measured": left, "measurements": []}
+            result["pipelines"][name] = entry
+            if not forms:
+                print(f"{name}: no form measured: {next(iter(left.values()), '')}", file=sys.stderr)
+                continue
+            settings = BenchSettings(concurrency=LEVELS, url=server.grpc_url, protocol="grpc", local=args.local,
+                                     forms=tuple(forms), duration=args.duration)
+            bench = run_benchmark(pipeline, settings, out=out / name, progress=False)
+            entry["measurements"] = [figures(m) for m in bench.measurements]
+            entry["verdict"] = bench.verdict
+            entry["same_text_as_local"] = same_text(server, pipeline, forms)
+    result["load_average_after"] = round(os.getloadavg()[0], 2)  # a shared machine: as slow as its neighbours
+    result["target"] = target_check(result)
+    Path(args.out).write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
+    print(json.dumps(result["target"], indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def target_check(result: dict[str, Any]) -> dict[str, Any]:
+    """TTFT p50 at concurrency 1 of the ensemble and fused forms against first yield + round trip."""
+    bound = result["first_yield"]["p50_ms"] + (result.get("round_trip", {}).get(1, {}).get("ttft_p50_ms") or 0.0)
+    checks = {}
+    for name, entry in result.get("pipelines", {}).items():
+        for m in entry["measurements"]:
+            if m["where"] == "server" and m["concurrency"] == 1 and m["form"] in ("ensemble", "fused"):
+                ratio = m["ttft_p50_ms"] / bound if m["ttft_p50_ms"] else None
+                checks[f"{name} {m['form']}"] = {"ttft_p50_ms": m["ttft_p50_ms"], "bound_ms": bound,
+                                                 "ratio": ratio, "met": ratio is not None and ratio <= TARGET}
+    return {"first_yield_plus_round_trip_ms": bound, "factor": TARGET, "checks": checks}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
