@@ -514,13 +514,13 @@ def project(plan: ExecutionPlan, wanted: frozenset[str], position: dict[str, int
 
 def refuse_streaming(pipeline: Pipeline, what: str) -> None:
     """Raise :class:`~pipelines.errors.NotCompilableError` if ``pipeline`` streams: ``what`` (a
-    server form, a prediction, a benchmark) does not stream yet; the local runtime does."""
+    prediction) has no model of a stream; the bench measures every form of one."""
     if pipeline.streaming:
         streams = [repr(n.name) for n in pipeline.nodes.values() if n.step.streaming]
         raise NotCompilableError(
             f"pipeline {pipeline.name!r} streams ({'steps' if len(streams) > 1 else 'step'} {', '.join(streams)}), "
-            f"and {what} does not stream yet: streaming "
-            "pipelines run in the local runtime for now (p.stream(inputs, mode=...), p.run)",
+            f"and {what} does not simulate streams: measure its forms with `pipelines bench ... --server` "
+            "(time to first response and between responses)",
             pipeline=pipeline.name,
         )
 

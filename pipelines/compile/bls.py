@@ -63,11 +63,11 @@ def compile_bls(plan: CompilePlan, name: str, *, form: Form, instance_count: int
             for node in plan.nodes
         },
     }
-    files: dict[str, Any] = dict(model_files("bls_model.py"))
+    # The streaming modules travel with every BLS model: model.py imports them whether it streams or not.
+    files: dict[str, Any] = {**model_files("bls_model.py"), **{f"1/{m}": model_source(m) for m in STREAM_FILES}}
     needs: list[Any] = []
     if pipeline.streaming:
         streaming_model(config)
-        files.update({f"1/{module}": model_source(module) for module in STREAM_FILES})
         data["streams"] = stream_nodes(plan)
         data["err_output"] = ERR_OUTPUT  # what a streaming step's model carries its failures in
         # Triton hands a model one request at a time, never a stream: a step that reads a stream
