@@ -141,6 +141,9 @@ def test_a_busy_noise_record_widens_every_range_and_every_table_says_so():
                for n in busy.notes)
     assert line in str(busy) and line in busy._repr_html_()
     assert not any("busy" in n for n in quiet.notes)
+    # and which source widens them: other processes' load, +61 % alone; nothing on the quiet machine
+    assert "the ranges are widest from load (+61% alone: other processes' load)" in busy.notes
+    assert not any(n.startswith("the ranges are widest") for n in quiet.notes)
     record = busy.noise_record()
     assert record["busy"] is True and quiet.noise_record()["busy"] is False
     assert record["spreads"] == pytest.approx(machine) and record["widening"] == pytest.approx(wide)

@@ -36,6 +36,7 @@ from .ranges import (
     shift_spread,
     step_spread,
     ways,
+    wide_sources,
     widening,
 )
 from .spec import Curve, Load, SimResult, SimSpec, StepSpec, WayCost
@@ -439,5 +440,7 @@ def predict(
         configuration = predictor.default(name)
         for load in wanted:
             rows.append(predictor.row(configuration, load))
+    if line := wide_sources([r.spreads for r in rows]):
+        predictor.notes.append(line)
     return Prediction(pipeline.name, tuple(rows), predictor.describe(), tuple(predictor.notes), predictor.noise,
                       predictor.machine)

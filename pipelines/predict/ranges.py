@@ -25,7 +25,7 @@ from ..calibration.noise import LEVEL, MAX_WIDENING, MachineNoise, Z, measuremen
 from .spec import WayCost
 
 __all__ = ["LEVEL", "MODEL_SPREAD", "SIMULATION_SPREAD", "Z", "Spread", "machine_spread", "shift_spread",
-           "step_spread", "ways", "widening"]
+           "step_spread", "ways", "wide_sources", "widening"]
 
 #: The simulation's own error, a standard deviation of log(predicted / measured), for a figure of one request alone
 #: (concurrency 1) and of a queue (throughput under load, every p95): the least that, beside the other sources as they
@@ -87,6 +87,32 @@ class Spread:
 def widening(parts: Mapping[str, float]) -> float:
     """What ``parts`` alone widen a figure by, either way: the high end's share over the figure."""
     return math.expm1(Z * Spread(parts).total)
+
+
+#: What each source is, in the line that names the sources that widen a prediction's ranges most.
+SOURCES = {"model": "the simulation's own error", "simulation": "the closed loop's precision",
+           "steps": "the steps' costs: their rounds disagreed", "boundaries": "the calibration's intervals",
+           "measurement": "the server's window-to-window spread", "load": "other processes' load",
+           "steal": "stolen CPU time"}
+#: A source is named where it alone puts a range's high end this far above its figure (at the median over the rows).
+WIDE = 0.15
+
+
+def wide_sources(rows: Sequence[Mapping[str, Mapping[str, float]] | None]) -> str:
+    """One line naming the sources that widen the ranges most (each alone beyond :data:`WIDE`, at its median over
+    the rows' figures), widest first; "" where none does. ``rows``: each row's ``spreads``."""
+    by: dict[str, list[float]] = {}
+    for spreads in rows:
+        for parts in (spreads or {}).values():
+            for name, value in parts.items():
+                by.setdefault(name, []).append(value)
+    medians = {name: sorted(v)[len(v) // 2] for name, v in by.items()}
+    wide = sorted(((math.expm1(Z * v), name) for name, v in medians.items() if math.expm1(Z * v) > WIDE),
+                  reverse=True)
+    if not wide:
+        return ""
+    return "the ranges are widest from " + ", ".join(f"{name} (+{w:.0%} alone: {SOURCES.get(name, name)})"
+                                                     for w, name in wide)
 
 
 # ------------------------------------------------------------------ the calibration's costs one error up
