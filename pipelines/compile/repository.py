@@ -205,8 +205,9 @@ def write_models(
     First every step's code is loaded as a server would load it (:mod:`.import_check`): a step
     that would fail to load is refused before anything is written.
     """
-    check_steps_import(repo)
-    return write_repository(repo, path, overwrite=overwrite, overwrite_hint=overwrite_hint, write_model=_write_model)
+    check_steps_import(repo.models)
+    return write_repository(repo.models, path, top_level=repo.top_level, overwrite=overwrite,
+                            overwrite_hint=overwrite_hint, write_model=_write_model)
 
 
 def _write_model(root: Path, model: CompiledModel) -> None:

@@ -27,11 +27,10 @@ from ..plan import ensemble_refusal, plan_of, refuse_streaming
 from ..tensor import TensorSpec, numpy_dtype
 from .configuration import Configuration, default_configuration
 from .prediction_rows import Prediction, PredictionRow
-from .spec import Curve, Load, SimResult, SimSpec, StepSpec, WayCost
+from .spec import Curve, Load, SimResult, SimSpec, StepSpec, WayCost, way_costs
 
 __all__ = ["Prediction", "PredictionRow", "Predictor", "predict"]
 
-MIB = float(1 << 20)
 #: A closed loop's measured requests and warm-up. It settles into a repeating schedule: 500 give the
 #: figures of 8000 within 0.8 % (throughput) and 1.4 % (p50), most of them exactly, in half the time
 #: of 1000 (docs/simulation.md, "The queues"). An open loop's figures are a sample: it keeps Load's 1000.
@@ -42,31 +41,6 @@ RANGE_LOOP = {"requests": 120, "warmup": 30}
 #: The least a range is widened by, either way: the closed loop's own precision (500 requests give the figures of
 #: 8000 within 0.8 % for throughput and 1.4 % for p50), so that a profile without intervals names no winner by less.
 SIMULATION_SPREAD = 0.015
-
-
-def _ways(cost: Any, bound: int = 0) -> tuple[WayCost, WayCost]:
-    """A profile boundary as the simulator reads it: the measured curve each way, or, for an
-    old profile with only a line, half its fixed cost each way plus its cost per byte. ``bound``
-    -1 or 1: each figure at the low or high end of its confidence interval (never below zero, and
-    never past the figure itself the wrong way), where the profile has intervals."""
-    if cost.sizes:
-        ins, outs = tuple(cost.in_us), tuple(cost.out_us)
-        if bound and cost.in_ci and cost.out_ci:
-            ins, outs = _bounded(ins, cost.in_ci, bound), _bounded(outs, cost.out_ci, bound)
-        return WayCost(tuple(cost.sizes), ins), WayCost(tuple(cost.sizes), outs)
-    fixed, per_mib = cost.fixed_us, cost.us_per_mib
-    if bound and cost.fixed_ci and cost.per_mib_ci:
-        fixed, per_mib = _bounded((fixed, per_mib), (cost.fixed_ci, cost.per_mib_ci), bound)
-    line = WayCost((0, int(MIB)), (fixed / 2, fixed / 2 + per_mib))
-    return line, line
-
-
-def _bounded(figures: Sequence[float], intervals: Sequence[tuple[float, float]], bound: int) -> tuple[float, ...]:
-    """Each figure at the low (``bound`` -1) or high (1) end of its interval, never below zero, and never past the
-    figure itself the wrong way (a bootstrap's interval need not hold the fit's clipped figure)."""
-    if bound < 0:
-        return tuple(max(0.0, min(f, lo)) for f, (lo, _) in zip(figures, intervals, strict=True))
-    return tuple(max(f, hi) for f, (_, hi) in zip(figures, intervals, strict=True))
 
 
 def _rows_of(pipeline: Pipeline, inputs: Mapping[str, Any]) -> int:
@@ -144,7 +118,7 @@ class Predictor:
         self.rows = _rows_of(pipeline, self.inputs)
         self.in_bytes = _nbytes(self.inputs) / self.rows
         self.out_bytes = self._output_bytes()
-        self.costs = {name: _ways(cost) for name, cost in self.server.costs.items()}
+        self.costs = {name: way_costs(cost) for name, cost in self.server.costs.items()}
         if cores is not None and not (isinstance(cores, (int, float)) and cores >= 1):
             raise ArgumentError(f"cores is a number >= 1 (the server's cores); got {cores!r}")
         # The server machine's cores, as the profile recorded them: the simulation shares them
@@ -392,7 +366,7 @@ class Predictor:
 
     def _costs_at(self, bound: int) -> dict[str, tuple[WayCost, WayCost]]:
         if (found := self._bounded_costs.get(bound)) is None:
-            found = self._bounded_costs[bound] = {name: _ways(c, bound) for name, c in self.server.costs.items()}
+            found = self._bounded_costs[bound] = {name: way_costs(c, bound) for name, c in self.server.costs.items()}
         return found
 
     def _deps(self, name: str) -> tuple[str, ...]:

@@ -23,7 +23,7 @@ from ..errors import ArgumentError, PipelinesError
 from ..plan import ExecutionPlan, NodePlan, plan_of
 from ..requests import check_request
 from .code_digest import code_digest
-from .spec import WayCost
+from .spec import WayCost, way_costs
 from .step_cache import StepCache, cache_key, value_digest
 from .step_profile import StepProfile
 from .step_runner import host, rows_of
@@ -580,13 +580,11 @@ def steps_for(pipeline: Pipeline, inputs: Mapping[str, Any], local: Mapping[str,
     (:class:`~pipelines.predict.Predictor`): ``local`` for ``step_costs="local"``, or ``"auto"`` with no
     ``url``; else the server's (:func:`server_step_costs`, over the server profile ``server``'s protocol),
     each step's source and any fallback added to ``notes``."""
-    from .prediction import _ways
-
     if step_costs not in STEP_COSTS:
         raise ArgumentError(f"step_costs is one of {', '.join(STEP_COSTS)}; got {step_costs!r}")
     if step_costs == "local" or (step_costs == "auto" and url is None):
         return dict(local), dict(local)
-    found = server_step_costs(pipeline, inputs, local, _ways(server.costs["stub"]), url=url,
+    found = server_step_costs(pipeline, inputs, local, way_costs(server.costs["stub"]), url=url,
                               protocol=server.protocol if server.protocol in ("http", "grpc") else "http", cache=cache)
     notes += found.notes()
     return dict(found.profiles), dict(found.fused or local)
