@@ -30,8 +30,9 @@ all run from this one plan, so they agree on:
 :meth:`ExecutionPlan.for_outputs` prunes the plan to the nodes a subset of the
 outputs needs (cached per subset), for requests that ask for fewer outputs.
 
-:func:`plan_of` builds it (:mod:`pipelines.planning`). Not copied into a model repository:
-the BLS executor inside Triton reads the plan as JSON, and cuts it as this module does.
+:func:`pipelines.planning.plan_of` builds it from a graph, which this module does not know.
+Not copied into a model repository: the BLS executor inside Triton reads the plan as JSON,
+and cuts it as this module does.
 """
 
 from __future__ import annotations
@@ -39,13 +40,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .errors import ArgumentError, NotCompilableError
+from .errors import ArgumentError
 from .serving import cut_plan
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .graph import Pipeline
 
 __all__ = [
     "PLAN_FORMAT",
@@ -61,8 +59,6 @@ __all__ = [
     "critical_path",
     "ensemble_refusal",
     "gated_ensemble",
-    "plan_of",
-    "refuse_streaming",
 ]
 
 #: Version of the plan's JSON form; bumped on any incompatible change.
@@ -486,17 +482,6 @@ def ensemble_refusal(plan: ExecutionPlan, *, what: str = "an ensemble") -> str:
     )
 
 
-def plan_of(pipeline: Pipeline, *, warn: bool = True) -> ExecutionPlan:
-    """The execution plan of ``pipeline`` (validated first).
-
-    ``warn``: say, with a :class:`DeadNodeWarning`, which nodes feed no output. The
-    building is :mod:`pipelines.planning`'s.
-    """
-    from .planning import build_plan  # it reads this module's classes: imported once they exist
-
-    return build_plan(pipeline, warn=warn)
-
-
 def project(plan: ExecutionPlan, wanted: frozenset[str], position: dict[str, int] | None = None) -> ExecutionPlan:
     """``plan`` cut down to the nodes the outputs ``wanted`` need, with everything derived again.
 
@@ -506,16 +491,3 @@ def project(plan: ExecutionPlan, wanted: frozenset[str], position: dict[str, int
     shrink. ``position`` orders the nodes of a parallel group (default: plan order).
     """
     return ExecutionPlan.from_json(cut_plan(plan.to_json(), wanted, position))
-
-
-def refuse_streaming(pipeline: Pipeline, what: str) -> None:
-    """Raise :class:`~pipelines.errors.NotCompilableError` if ``pipeline`` streams: ``what`` (a
-    server form, a prediction, a benchmark) does not stream yet; the local runtime does."""
-    if pipeline.streaming:
-        streams = [repr(n.name) for n in pipeline.nodes.values() if n.step.streaming]
-        raise NotCompilableError(
-            f"pipeline {pipeline.name!r} streams ({'steps' if len(streams) > 1 else 'step'} {', '.join(streams)}), "
-            f"and {what} does not stream yet: streaming "
-            "pipelines run in the local runtime for now (p.stream(inputs, mode=...), p.run)",
-            pipeline=pipeline.name,
-        )

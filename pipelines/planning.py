@@ -1,7 +1,7 @@
 """Building the execution plan from a validated pipeline: its live nodes, each node's
 composing model and its name, and the ensemble tensor that carries each wire.
 
-:func:`pipelines.plan.plan_of` is the way in; the plan itself, its JSON form and its
+:func:`plan_of` is the way in; the plan itself, its JSON form and its
 queries are :mod:`pipelines.plan`'s.
 """
 
@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from .errors import NotCompilableError
 from .plan import (
     MODEL_SEPARATOR,
     DeadNodeWarning,
@@ -31,7 +32,29 @@ from .plan import (
 if TYPE_CHECKING:  # pragma: no cover
     from .graph import Pipeline
 
-__all__ = ["build_plan"]
+__all__ = ["build_plan", "plan_of", "refuse_streaming"]
+
+
+def plan_of(pipeline: Pipeline, *, warn: bool = True) -> ExecutionPlan:
+    """The execution plan of ``pipeline`` (validated first).
+
+    ``warn``: say, with a :class:`DeadNodeWarning`, which nodes feed no output. The
+    building is :func:`build_plan`'s.
+    """
+    return build_plan(pipeline, warn=warn)
+
+
+def refuse_streaming(pipeline: Pipeline, what: str) -> None:
+    """Raise :class:`~pipelines.errors.NotCompilableError` if ``pipeline`` streams: ``what`` (a
+    server form, a prediction, a benchmark) does not stream yet; the local runtime does."""
+    if pipeline.streaming:
+        streams = [repr(n.name) for n in pipeline.nodes.values() if n.step.streaming]
+        raise NotCompilableError(
+            f"pipeline {pipeline.name!r} streams ({'steps' if len(streams) > 1 else 'step'} {', '.join(streams)}), "
+            f"and {what} does not stream yet: streaming "
+            "pipelines run in the local runtime for now (p.stream(inputs, mode=...), p.run)",
+            pipeline=pipeline.name,
+        )
 
 
 def build_plan(pipeline: Pipeline, *, warn: bool = True) -> ExecutionPlan:
