@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from ..graph import Pipeline
+from ..graph import Graph
 
 __all__ = ["LocalTarget", "local_target"]
 
@@ -34,7 +34,7 @@ class LocalTarget:
 
 @asynccontextmanager
 async def local_target(
-    pipeline: Pipeline, mode: str, *, server_copies: bool = True, isolation: str = "thread"
+    pipeline: Graph, mode: str, *, server_copies: bool = True, isolation: str = "thread"
 ) -> AsyncIterator[LocalTarget]:
     """Start the local runtime in ``mode`` (a form of :data:`pipelines.forms.FORMS`); it
     executes the pipeline, and predicts no server."""

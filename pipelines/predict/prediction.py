@@ -22,8 +22,9 @@ from ..calibration.noise import MAX_WIDENING, MachineNoise
 from ..errors import ArgumentError
 from ..forms import FORMS
 from ..forms import form as form_named
-from ..graph import Pipeline
-from ..plan import ensemble_refusal, plan_of, refuse_streaming
+from ..graph import Graph
+from ..plan import ensemble_refusal
+from ..planning import plan_of, refuse_streaming
 from ..tensor import TensorSpec, numpy_dtype
 from .configuration import Configuration, default_configuration
 from .prediction_rows import Prediction, PredictionRow
@@ -43,7 +44,7 @@ RANGE_LOOP = {"requests": 120, "warmup": 30}
 SIMULATION_SPREAD = 0.015
 
 
-def _rows_of(pipeline: Pipeline, inputs: Mapping[str, Any]) -> int:
+def _rows_of(pipeline: Graph, inputs: Mapping[str, Any]) -> int:
     if not pipeline.batched:
         return 1
     first = next(iter(inputs.values()))
@@ -70,7 +71,7 @@ class Predictor:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: Graph,
         profile: Any,
         *,
         inputs: Mapping[str, Any] | None = None,
@@ -91,7 +92,7 @@ class Predictor:
 
         watch = NoiseWatch()  # how steady this machine is while the steps are measured
 
-        if not isinstance(pipeline, Pipeline):
+        if not isinstance(pipeline, Graph):
             raise ArgumentError(f"predict needs a Pipeline; got {type(pipeline).__name__}")
         pipeline.validate()
         refuse_streaming(pipeline, "predicting (or advising) its forms")
@@ -487,7 +488,7 @@ def loads(concurrency: Iterable[int] | int | None, rate: Iterable[float] | float
     return out
 
 
-def sample_inputs(pipeline: Pipeline, module: Any = None) -> dict[str, Any]:
+def sample_inputs(pipeline: Graph, module: Any = None) -> dict[str, Any]:
     """One request for a pipeline with no inputs given: ``module``'s own ``sample_inputs()`` or
     ``make_sample()`` where it has one (as the benchmark sends), else random tensors shaped by
     the pipeline's input specs."""
@@ -497,7 +498,7 @@ def sample_inputs(pipeline: Pipeline, module: Any = None) -> dict[str, Any]:
 
 
 def predict(
-    pipeline: Pipeline,
+    pipeline: Graph,
     profile: Any,
     concurrency: Sequence[int] | int | None = (1, 4, 16),
     forms: Iterable[str] | None = None,

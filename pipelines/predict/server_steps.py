@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..compile import compile_pipeline
 from ..errors import ArgumentError, PipelinesError
-from ..plan import ExecutionPlan, NodePlan, plan_of
+from ..plan import ExecutionPlan, NodePlan
+from ..planning import plan_of
 from ..requests import check_request
 from .code_digest import code_digest
 from .spec import WayCost, way_costs
@@ -29,7 +31,7 @@ from .step_profile import StepProfile
 from .step_runner import host, rows_of
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..graph import Pipeline
+    from ..graph import Graph
 
 __all__ = ["STEP_COSTS", "ServerStepCosts", "server_step_costs"]
 
@@ -88,7 +90,7 @@ class ServerStepCosts:
 
 
 def server_step_costs(
-    pipeline: Pipeline,
+    pipeline: Graph,
     inputs: Mapping[str, Any],
     local: Mapping[str, StepProfile],
     stub: tuple[WayCost, WayCost],
@@ -194,7 +196,7 @@ def _identity(url: str | None, protocol: str) -> str:
 class _Run:
     """One pipeline's server step costs: each node's cache key, and the run on the server."""
 
-    def __init__(self, pipeline: Pipeline, inputs: Mapping[str, Any], local: Mapping[str, StepProfile],
+    def __init__(self, pipeline: Graph, inputs: Mapping[str, Any], local: Mapping[str, StepProfile],
                  url: str | None, protocol: str) -> None:
         if protocol not in ("http", "grpc"):
             raise ArgumentError(f"protocol must be 'http' or 'grpc'; got {protocol!r}")
@@ -294,15 +296,15 @@ class _Run:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a step sent by value is said so when the pipeline is compiled
-                compiled = self.pipeline.compile(form)
+                compiled = compile_pipeline(self.pipeline.validate(), form)
         except PipelinesError as exc:
             raise _CannotServe(f"pipeline {self.pipeline.name!r} does not compile to the {form} form "
                                f"({_first_line(exc)})") from None
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                twins = self.twins.compile("ensemble")
-                fused = self.pipeline.compile("fused")
+                twins = compile_pipeline(self.twins.validate(), "ensemble")
+                fused = compile_pipeline(self.pipeline.validate(), "fused")
         except PipelinesError as exc:
             raise _CannotServe(f"the twins of the steps of pipeline {self.pipeline.name!r} (what their stubs cost) "
                                f"do not compile ({_first_line(exc)})") from None
@@ -330,14 +332,14 @@ class _Run:
         return server
 
     @functools.cached_property
-    def twins(self) -> Pipeline:
+    def twins(self) -> Graph:
         """A pipeline of each timed step's twin: its inputs and outputs, and no work (:func:`_twin`). What the
         twin holds its instance for is its stub's (and adapter's) part of the step's, in the same moment."""
-        from ..graph import Pipeline
+        from ..graph import Graph
 
         specs = {f"in__{node}__{name}": spec for node in self.keys
                  for name, spec in self.pipeline.nodes[node].step.inputs.items()}
-        twins = Pipeline(f"{self.pipeline.name}__twins", inputs=specs, max_batch_size=self.pipeline.max_batch_size)
+        twins = Graph(f"{self.pipeline.name}__twins", inputs=specs, max_batch_size=self.pipeline.max_batch_size)
         for node in self.keys:
             step = self.pipeline.nodes[node].step
             added = twins.add(_twin(node, step, self.local[node], self.pipeline.batched), name=node,
@@ -497,7 +499,7 @@ class _Run:
                            dtype=spec.numpy_dtype) for o, spec in step.outputs.items()}
 
 
-def model_name_of(pipeline: Pipeline) -> str:
+def model_name_of(pipeline: Graph) -> str:
     """The pipeline's fused model."""
     from ..forms import model_name
 
@@ -573,7 +575,7 @@ def _first_line(what: Any) -> str:
     return text.splitlines()[0] if text else type(what).__name__
 
 
-def steps_for(pipeline: Pipeline, inputs: Mapping[str, Any], local: Mapping[str, StepProfile], server: Any, *,
+def steps_for(pipeline: Graph, inputs: Mapping[str, Any], local: Mapping[str, StepProfile], server: Any, *,
               step_costs: str = "auto", url: str | None = None, cache: str | Path | None = None,
               notes: list[str]) -> tuple[dict[str, StepProfile], dict[str, StepProfile]]:
     """The step profiles a prediction simulates its step models with, and those of the fused form
