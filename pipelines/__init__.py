@@ -19,7 +19,9 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:  # what a type checker reads for the names imported on first use (_LAZY)
     from .compile import ModelRepository, compile_pipeline
     from .pipeline import Pipeline
-    from .predict import Advice, Prediction, advise, predict
+    from .predict.advise import Advice, advise
+    from .predict.prediction import predict
+    from .predict.prediction_rows import Prediction
     from .runtime import LocalRuntime, compare
 
 # Imported on first use: the step models on a Triton server import this package,

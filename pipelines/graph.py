@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import networkx as nx
 import numpy as np
@@ -84,7 +84,7 @@ class Graph:
         self._nodes: dict[str, Node] = {}
         self._bindings: dict[str, dict[str, TensorRef]] = {}
         self._outputs: dict[str, TensorRef] = {}
-        self._graph = nx.DiGraph()
+        self._graph: nx.DiGraph[str] = nx.DiGraph()
         self._order_index: dict[str, int] = {}
         self._when_stack: list[Condition] = []  # the open `with p.when(...)` blocks, outermost first
         self._when: dict[str, tuple[Condition, ...]] = {}  # node -> the conditions it runs under
@@ -192,7 +192,7 @@ class Graph:
                 "inputs and outputs share one namespace in Triton, so rename the output",
                 pipeline=self.name, tensor=name,
             )
-        if ref.is_input:
+        if ref.node is None:  # a pipeline input
             raise DeclarationError(
                 f"pipeline {self.name!r}: output {name!r} would be pipeline input {ref.name!r} itself; "
                 "a Triton ensemble cannot pass an input straight through, so add a step that produces it",
@@ -445,7 +445,8 @@ class Graph:
                     "feeds it; wire one of its inputs to a streaming step's output, or drop whole_stream",
                     pipeline=self.name, step=node.name,
                 )
-        levels = {name: self.stream_from(ref.node) for name, ref in self._outputs.items()}
+        # An output is a step's, never an input (output() refuses one): its node is a name.
+        levels = {name: self.stream_from(cast(str, ref.node)) for name, ref in self._outputs.items()}
         if len(set(levels.values())) > 1:
             said = ", ".join(
                 f"{name!r} ({'once per request' if s is None else f'once per response of {s!r}'})"

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -164,7 +164,7 @@ class Predictor:
         on (from the step profiles, so an external step priced by ``costs=`` needs no stand-in)."""
         total = 0.0
         for ref in self.pipeline.outputs.values():
-            spec = self.steps[ref.node].outputs.get(ref.name)
+            spec = self.steps[cast(str, ref.node)].outputs.get(ref.name)  # an output is a step's (Graph.output)
             if spec is None:
                 continue
             total += _row_bytes(spec)
@@ -198,10 +198,10 @@ class Predictor:
             shares[names[name].key] = float(share)
         rates = {}
         for label, term in terms.items():
-            share = shares.get(term.key)
-            if share is None:
-                share = shares[term.key] = self._counted_share(term, module)
-            rates[label] = 1.0 - share if term.negated else share
+            known = shares.get(term.key)
+            if known is None:
+                known = shares[term.key] = self._counted_share(term, module)
+            rates[label] = 1.0 - known if term.negated else known
         return rates
 
     def _counted_share(self, term: Any, module: Any) -> float:

@@ -9,6 +9,7 @@ import contextlib
 import functools
 import importlib.metadata
 import math
+import os
 import statistics
 import tempfile
 import time
@@ -97,7 +98,7 @@ def server_step_costs(
     *,
     url: str | None = None,
     protocol: str = "http",
-    cache: str | Path | None = None,
+    cache: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ServerStepCosts:
     """Each live step of ``pipeline`` timed as its own model on a Triton server: the bundled one,
@@ -576,7 +577,7 @@ def _first_line(what: Any) -> str:
 
 
 def steps_for(pipeline: Graph, inputs: Mapping[str, Any], local: Mapping[str, StepProfile], server: Any, *,
-              step_costs: str = "auto", url: str | None = None, cache: str | Path | None = None,
+              step_costs: str = "auto", url: str | None = None, cache: str | os.PathLike[str] | None = None,
               notes: list[str]) -> tuple[dict[str, StepProfile], dict[str, StepProfile]]:
     """The step profiles a prediction simulates its step models with, and those of the fused form
     (:class:`~pipelines.predict.Predictor`): ``local`` for ``step_costs="local"``, or ``"auto"`` with no

@@ -149,7 +149,7 @@ class LocalRuntime:
         )
         # The plan as the server's executors read it: serving.Schedule cuts it to a request's outputs.
         self._plan_data = self.plan.to_json()
-        self._schedules = {None: Schedule(self._plan_data, self.plan.output_names)}  # None: every output
+        self._schedules: dict[frozenset[str] | None, Schedule] = {None: Schedule(self._plan_data, self.plan.output_names)}  # None: every output
         self._layouts: dict[int, StreamLayout] = {}  # a streaming pipeline's, by schedule
         self._bytes_inputs = frozenset(n for n, spec in pipeline.inputs.items() if spec.dtype == "BYTES")
         check_steps(pipeline, self.plan, self.device)
@@ -408,7 +408,7 @@ class LocalRuntime:
             # Let requests submitted together all register before the first step decides to run inline.
             await anyio.lowlevel.checkpoint()
             streams = deliver is not None and p.streaming
-            run = self._stream_run(schedule, deliver).run if streams else scheduler.run
+            run = self._stream_run(schedule, deliver).run if streams and deliver is not None else scheduler.run
             try:
                 if self._bls_gate is None:
                     await run(req)
