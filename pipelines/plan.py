@@ -440,7 +440,7 @@ def critical_path(
     return path[::-1], total
 
 
-def gated_ensemble(plan: ExecutionPlan, external: Collection[str] = ()) -> bool:
+def gated_ensemble(plan: ExecutionPlan, external: Collection[str] = (), *, streams: bool = False) -> bool:
     """Whether ``plan``'s ensemble form carries step failures as data to a gate
     (:mod:`pipelines.compile.ensemble`) instead of answering with a step's own error.
 
@@ -452,9 +452,11 @@ def gated_ensemble(plan: ExecutionPlan, external: Collection[str] = ()) -> bool:
     arrives under). ``external`` names the nodes that stand for external models. The ensemble
     compiler lays the ensemble out by this; the local runtime runs every live node of a gated
     ensemble whatever outputs a request asks for, as Triton does, since every output passes
-    through the gate (docs/triton_requested_outputs.md).
+    through the gate (docs/triton_requested_outputs.md). ``streams``: a step of the plan streams;
+    its model carries its failures as data, always, so that only a gate can turn them into the
+    error response that a client reads (docs/compiled_repository.md, "Streaming steps").
     """
-    if any(o.negated for o in plan.outputs):  # only a gate model can negate an output (``~flag``)
+    if streams or any(o.negated for o in plan.outputs):  # only a gate model can negate an output (``~flag``)
         return True
     external = frozenset(external)
     upstream: dict[str, set[str]] = {}

@@ -30,12 +30,12 @@ from .plan import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .graph import Pipeline
+    from .graph import Graph
 
-__all__ = ["build_plan", "plan_of", "refuse_streaming"]
+__all__ = ["STREAMING_FORMS", "build_plan", "plan_of", "refuse_streaming", "refuse_streaming_form"]
 
 
-def plan_of(pipeline: Pipeline, *, warn: bool = True) -> ExecutionPlan:
+def plan_of(pipeline: Graph, *, warn: bool = True) -> ExecutionPlan:
     """The execution plan of ``pipeline`` (validated first).
 
     ``warn``: say, with a :class:`DeadNodeWarning`, which nodes feed no output. The
@@ -44,7 +44,7 @@ def plan_of(pipeline: Pipeline, *, warn: bool = True) -> ExecutionPlan:
     return build_plan(pipeline, warn=warn)
 
 
-def refuse_streaming(pipeline: Pipeline, what: str) -> None:
+def refuse_streaming(pipeline: Graph, what: str) -> None:
     """Raise :class:`~pipelines.errors.NotCompilableError` if ``pipeline`` streams: ``what`` (a
     server form, a prediction, a benchmark) does not stream yet; the local runtime does."""
     if pipeline.streaming:
@@ -57,7 +57,45 @@ def refuse_streaming(pipeline: Pipeline, what: str) -> None:
         )
 
 
-def build_plan(pipeline: Pipeline, *, warn: bool = True) -> ExecutionPlan:
+#: The forms whose compiled models stream a streaming pipeline so far; every other form refuses it
+#: (:func:`refuse_streaming_form`).
+STREAMING_FORMS = ("ensemble",)
+
+
+def refuse_streaming_form(pipeline: Graph, form: str) -> None:
+    """Raise :class:`~pipelines.errors.NotCompilableError` if the form named ``form`` cannot run
+    ``pipeline``, which streams: naming the pipeline, the step, why, and the forms that can.
+
+    The one place that says, form by form, what a streaming pipeline compiles to. The ensemble
+    cannot run a step that reads a stream whole: Triton hands the step after a decoupled one one
+    request per response, with nothing tying the requests to their stream.
+    """
+    if not pipeline.streaming:
+        return
+    live = plan_of(pipeline, warn=False).order
+    streams = [name for name in live if pipeline.nodes[name].step.streaming]
+    if not streams:  # the steps that stream feed no output: nothing streams
+        return
+    if form == "ensemble":
+        whole = [name for name in live if pipeline.nodes[name].step.whole_stream]
+        if whole:
+            raise NotCompilableError(
+                f"pipeline {pipeline.name!r}: the ensemble form cannot run step {whole[0]!r}, which reads the stream "
+                f"of {pipeline.stream_input(whole[0])!r} whole (whole_stream=True): Triton's ensemble gives the step "
+                "after a stream one request per response, with nothing tying them to their stream; the 'bls', "
+                "'bls-sync' and 'fused' forms can run it",
+                pipeline=pipeline.name, step=whole[0],
+            )
+    if form not in STREAMING_FORMS:
+        raise NotCompilableError(
+            f"pipeline {pipeline.name!r} streams (step {streams[0]!r}), and the {form!r} form does not stream yet; "
+            f"compile it to {' or '.join(map(repr, STREAMING_FORMS))}, or run it in the local runtime "
+            "(p.stream(inputs, mode=...))",
+            pipeline=pipeline.name, step=streams[0],
+        )
+
+
+def build_plan(pipeline: Graph, *, warn: bool = True) -> ExecutionPlan:
     """The execution plan of ``pipeline`` (validated first).
 
     ``warn``: say, with a :class:`DeadNodeWarning`, which nodes feed no output.
@@ -140,7 +178,7 @@ def _caller_level() -> int:
     return level
 
 
-def _name_models(pipeline: Pipeline, order: tuple[str, ...]) -> tuple[tuple[ModelPlan, ...], dict[str, str]]:
+def _name_models(pipeline: Graph, order: tuple[str, ...]) -> tuple[tuple[ModelPlan, ...], dict[str, str]]:
     """Each live node's composing model, and the models in the order of their first node.
 
     A Python step gets one model per node it is used at: the model knows its node, so its
@@ -204,7 +242,7 @@ def _candidates_by_node(pipeline: str, node: str) -> Iterable[str]:
         i += 1
 
 
-def _name_tensors(pipeline: Pipeline, live: ExecutionPlan) -> dict[Key, str]:
+def _name_tensors(pipeline: Graph, live: ExecutionPlan) -> dict[Key, str]:
     """Tensor -> ensemble tensor name, for every tensor something reads.
 
     A pipeline output keeps its own name (the first output, where one tensor

@@ -119,7 +119,7 @@ def test_a_wrong_dtype_or_shape_names_the_step_the_response_and_the_tensor(mode,
         yield {"tok": np.array([1], np.int32)}
         yield {"tok": wrong}
 
-    with pytest.raises(StepError, match=r"node 'count', step 'drifts', tensor 'tok': response 1: output 'tok' " + said) as err:
+    with pytest.raises(StepError, match=r"node 'count', step 'drifts', tensor 'tok': response 2: output 'tok' " + said) as err:
         list(chain(drifts).stream(n(0), mode=mode))
     assert err.value.tensor == "tok"
 
@@ -256,6 +256,14 @@ def test_textgen_streams_a_token_per_response_and_a_refused_prompt_gets_one_answ
     assert texts == [r["text"][0] for r in p.run(textgen.sample_inputs(), mode="bls")]
     refused = p.run(textgen.sample_inputs(prompt="Tell me a SECRET"), mode=mode)
     assert [r["text"][0] for r in refused] == [textgen.REFUSED]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ungated_textgen_runs_in_every_mode_and_writes_the_gated_text(mode):
+    ungated = textgen.make_textgen(max_new_tokens=16, gate=False)
+    texts = [r["text"][0] for r in ungated.stream(textgen.sample_inputs(), mode=mode)]
+    gated = textgen.make_textgen(max_new_tokens=16).run(textgen.sample_inputs(), mode="fused")
+    assert texts == [r["text"][0] for r in gated] and len(texts) >= 1
 
 
 def test_textgen_detokenizer_keeps_a_character_split_over_tokens_whole():

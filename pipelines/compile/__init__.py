@@ -16,7 +16,7 @@ from ..forms import FORMS, FormLeftOutWarning, TimeoutNotEnforcedWarning, forms_
 from ..forms import TARGETS as FORM_TARGETS
 from ..graph import Graph
 from ..plan import ensemble_refusal
-from ..planning import refuse_streaming
+from ..planning import refuse_streaming_form
 from .bound_plan import CompilePlan, bind_plan
 from .checks import check_compilable
 from .ensemble import layout_ensemble
@@ -55,7 +55,6 @@ def compile_pipeline(
     """
     if not isinstance(pipeline, Graph):
         raise CompileError(f"compile_pipeline needs a Pipeline; got {pipeline!r}")
-    refuse_streaming(pipeline, "compiling it for Triton")
     try:
         forms = forms_of_target(target)
     except ValueError as exc:
@@ -68,22 +67,25 @@ def compile_pipeline(
     plan = bind_plan(pipeline)
     check_compilable(pipeline, plan.plan)
     side_by_side = target not in FORMS
-    if plan.plan.conditional and FORMS["ensemble"] in forms:
-        # Triton's ensemble scheduler runs every step for every request: it cannot skip a branch.
+    refusals = {form.name: why for form in forms if (why := _refusal(pipeline, plan, form.name)) is not None}
+    if refusals:
         if not side_by_side:
-            raise NotCompilableError(
-                f"{ensemble_refusal(plan.plan)}: compile('bls') or compile('fused')", pipeline=pipeline.name
+            raise next(iter(refusals.values()))
+        if len(refusals) == len(forms):
+            said = "; ".join(f"{name}: {why.message}" for name, why in refusals.items())
+            raise NotCompilableError(f"pipeline {pipeline.name!r}: no form of compile({target!r}) can run it ({said})",
+                                     pipeline=pipeline.name)
+        forms = tuple(f for f in forms if f.name not in refusals)
+        for name, why in refusals.items():
+            said = ensemble_refusal(plan.plan) if name == "ensemble" and plan.plan.conditional else why.message
+            warnings.warn(
+                f"{said}; compile({target!r}) left the {name} form out and wrote {', '.join(f.name for f in forms)}",
+                FormLeftOutWarning,
+                stacklevel=3,
             )
-        forms = tuple(f for f in forms if f.name != "ensemble")
-        warnings.warn(
-            f"{ensemble_refusal(plan.plan)}; compile({target!r}) left the ensemble form out and wrote "
-            f"{', '.join(f.name for f in forms)}",
-            FormLeftOutWarning,
-            stacklevel=3,
-        )
 
-    timed = [n.name for n in plan.plan.nodes
-             if getattr(pipeline.nodes[n.name].step, "options", None) and pipeline.nodes[n.name].step.options.timeout]
+    # A streaming step's own model bounds its stream by its timeout, in the ensemble too.
+    timed = [n.name for n in plan.nodes if n.step.options.timeout and not n.step.streaming]
     if timed and FORMS["ensemble"] in forms:
         warnings.warn(
             f"pipeline {pipeline.name!r}: {', '.join(map(repr, timed))} declare timeout=, which the ensemble form "
@@ -111,6 +113,19 @@ def compile_pipeline(
         top.append(name)
     return ModelRepository({name: _owned(model, pipeline.name) for name, model in models.items()},
                            top_level=tuple(top))
+
+
+def _refusal(pipeline: Graph, plan: CompilePlan, form: str) -> NotCompilableError | None:
+    """Why the form named ``form`` cannot run ``pipeline``, or ``None`` where it can."""
+    if form == "ensemble" and plan.plan.conditional:
+        # Triton's ensemble scheduler runs every step for every request: it cannot skip a branch.
+        return NotCompilableError(f"{ensemble_refusal(plan.plan)}: compile('bls') or compile('fused')",
+                                  pipeline=pipeline.name)
+    try:
+        refuse_streaming_form(pipeline, form)
+    except NotCompilableError as exc:
+        return exc
+    return None
 
 
 def _owned(model: CompiledModel, pipeline: str) -> CompiledModel:

@@ -44,10 +44,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import CompileError
 from ..plan import gated_ensemble
-from ..planning import plan_of
+from ..planning import plan_of, refuse_streaming_form
 from ..tensor import TensorSpec
 from .bound_plan import BoundNode, CompilePlan, bind_plan
 from .configs import add_io
+from .ensemble_streams import StreamWiring, stream_wiring
 from .ensemble_wiring import (
     ERR_OUTPUT,
     NODE_ALIAS,
@@ -105,6 +106,7 @@ class ModelExtras:
     placeholders: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     node_input: str | None = None
     node_aliases: Mapping[str, str] = field(default_factory=dict)
+    carries: Mapping[str, tuple[str, TensorSpec]] = field(default_factory=dict)
 
     def add_to(self, config: mc.ModelConfig, step_outputs: Mapping[str, TensorSpec]) -> None:
         """Declare the extra tensors in the composing model's config."""
@@ -120,6 +122,11 @@ class ModelExtras:
             config.input.add(name=name, data_type=mc.TYPE_UINT8, dims=[-1], optional=True)
         if self.err_output:
             config.output.add(name=self.err_output, data_type=mc.TYPE_UINT8, dims=[-1])
+        for output, (input_name, spec) in self.carries.items():
+            # optional: a BLS model calling the streaming step directly gives none
+            config.input.add(name=input_name, data_type=mc.DataType.Value(spec.config_dtype), dims=list(spec.dims),
+                             optional=True)
+            config.output.add(name=output, data_type=mc.DataType.Value(spec.config_dtype), dims=list(spec.dims))
 
     def to_dict(self) -> dict:
         """The adapter's part of ``step.json`` (the node aliases only where the model has them)."""
@@ -131,6 +138,8 @@ class ModelExtras:
         }
         if self.node_input is not None:
             data.update(node_input=self.node_input, node_aliases=dict(self.node_aliases))
+        if self.carries:
+            data["carries"] = {out: {"input": i, "spec": spec.to_dict()} for out, (i, spec) in self.carries.items()}
         return data
 
 
@@ -175,6 +184,7 @@ def layout_ensemble(plan: CompilePlan, *, gated: bool = False) -> EnsembleLayout
     (``benchmarks/compiled_vs_handwritten.py`` measures what the gate costs on a chain).
     """
     pipeline = plan.pipeline
+    refuse_streaming_form(pipeline, "ensemble")  # a step that reads a stream whole
     used_inputs = {ref.name for node in plan.nodes for ref in node.sources.values() if ref.is_input}
     unused = [i for i in pipeline.inputs if i not in used_inputs]
     if unused:
@@ -184,7 +194,8 @@ def layout_ensemble(plan: CompilePlan, *, gated: bool = False) -> EnsembleLayout
             pipeline=pipeline.name, tensor=unused[0],
         )
     names = TensorNames(plan)
-    if gated or gated_ensemble(plan.plan, external=[n.name for n in plan.nodes if n.step.is_external]):
+    external = [n.name for n in plan.nodes if n.step.is_external]
+    if gated or gated_ensemble(plan.plan, external, streams=streams(plan)):
         return _gated_layout(plan, names)
     return _plain_layout(plan, names)
 
@@ -208,6 +219,8 @@ def compile_ensemble(plan: CompilePlan, name: str, layout: EnsembleLayout | None
     pipeline = plan.pipeline
     config = mc.ModelConfig(name=name, platform="ensemble", max_batch_size=pipeline.max_batch_size)
     add_io(config, pipeline.inputs, pipeline.output_specs)
+    if streams(plan):  # Triton serves it decoupled anyway; the config says what it does (docs/triton_decoupled.md)
+        config.model_transaction_policy.decoupled = True
     for wiring in layout.wiring:
         step = config.ensemble_scheduling.step.add(model_name=wiring.node.model, model_version=-1)
         for key, value in wiring.inputs.items():
@@ -224,6 +237,11 @@ def compile_ensemble(plan: CompilePlan, name: str, layout: EnsembleLayout | None
             step.output_map[output] = output
         models.append(gate)
     return models
+
+
+def streams(plan: CompilePlan) -> bool:
+    """Whether a live step of ``plan`` streams: the ensemble is decoupled and gated."""
+    return any(node.step.streaming for node in plan.nodes)
 
 
 # ------------------------------------------------------------------ shapes
@@ -297,6 +315,10 @@ def _last_node_answers(plan: CompilePlan, python_nodes: set[str]) -> str | None:
     if len(producers) != 1 or plan.pipeline.negated_outputs:  # only the gate model negates an output
         return None
     (last,) = producers
+    if streams(plan):  # a streaming step's model carries its failures as data: a gate answers for it
+        last_step = next(n.step for n in plan.nodes if n.name == last)
+        if last_step.streaming:
+            return None
     shared = [m for m in plan.models if len(m.nodes) > 1 and not plan.step_of(m).is_external]
     if last not in python_nodes or any(last in m.nodes or not plan.step_of(m).inputs for m in shared):
         return None
@@ -308,6 +330,7 @@ def _gated_layout(plan: CompilePlan, names: TensorNames) -> EnsembleLayout:
     python_nodes = {n.name for n in plan.nodes if not n.step.is_external}
     by_name = {n.name: n for n in plan.nodes}
     last = _last_node_answers(plan, python_nodes)
+    stream = stream_wiring(plan, names)
 
     # Every pipeline output comes out of the gate, and the steps write internal tensors;
     # unless the last node is the gate, which then writes the outputs itself.
@@ -330,6 +353,8 @@ def _gated_layout(plan: CompilePlan, names: TensorNames) -> EnsembleLayout:
                 if source not in found:
                     found.append(source)
         sources[node.name] = found
+    if stream is not None:
+        _carry_failures(stream, sources, python_nodes)
 
     err_counts: dict[str, int] = {}
     for node in plan.nodes:
@@ -350,6 +375,7 @@ def _gated_layout(plan: CompilePlan, names: TensorNames) -> EnsembleLayout:
                 pipeline=pipeline.name, step=model.nodes[0],
             )
         err_inputs = tuple(f"{ERR_INPUT}{i}" for i in range(err_counts.get(model.name, 0)))
+        carries = _carries_of(stream, model.nodes)
         if model.nodes == (last,):
             # It answers with the first failure upstream, or its own, as an error response.
             copies = exposure_copies(plan, by_name[last])
@@ -359,13 +385,18 @@ def _gated_layout(plan: CompilePlan, names: TensorNames) -> EnsembleLayout:
             err_inputs=err_inputs,
             err_output=ERR_OUTPUT,
             placeholders=MappingProxyType(placeholders(plan, model, by_name)),
+            carries=carries,
             **alias_extras(aliases.get(model.name)),
         )
 
     wiring = []
     for node in plan.nodes:
-        inputs = aliased({k: renamed.get(v, v) for k, v in node.inputs.items()}, node, aliases)
+        read = {k: stream.carried_input(node.name, v) if stream else v for k, v in node.inputs.items()}
+        inputs = aliased({k: renamed.get(v, v) for k, v in read.items()}, node, aliases)
         outputs = {k: renamed.get(v, v) for k, v in node.outputs.items()}
+        if stream is not None and node.name == stream.stream:
+            for tensor, carry in stream.carries.items():
+                inputs[carry.input], outputs[carry.output] = tensor, carry.tensor
         if node.name in python_nodes:
             for i, source in enumerate(sources[node.name]):
                 inputs[f"{ERR_INPUT}{i}"] = err_tensor[source]
@@ -394,7 +425,8 @@ def _gated_layout(plan: CompilePlan, names: TensorNames) -> EnsembleLayout:
         gate_outputs[output] = by_tensor[tensor]
     gate_errors = {}
     for node in plan.nodes:
-        if node.name in python_nodes:
+        # Once per response, the gate cannot read a failure made once per request: the stream carries it.
+        if node.name in python_nodes and (stream is None or node.name in stream.per_response | {stream.stream}):
             key = f"err__{len(gate_errors)}"
             gate_inputs[key] = err_tensor[node.name]
             gate_errors[key] = (node.name, node.model)
@@ -402,6 +434,29 @@ def _gated_layout(plan: CompilePlan, names: TensorNames) -> EnsembleLayout:
         plan, True, MappingProxyType(extras), tuple(wiring),
         MappingProxyType(gate_inputs), MappingProxyType(gate_outputs), MappingProxyType(gate_errors),
     )
+
+
+def _carry_failures(stream: StreamWiring, sources: dict[str, list[str]], python_nodes: set[str]) -> None:
+    """The failure inputs of a streaming ensemble (``sources``: node -> the nodes whose failures it
+    reads), moved so that no step run once per response reads one made once per request: the
+    streaming step reads the failures of the steps whose tensors it carries, and passes them on."""
+    for node, found in sources.items():
+        if node in stream.per_response:
+            found[:] = [s for s in found if not stream.reads_the_request(node, s)]
+    found = sources[stream.stream]
+    for carry in stream.carries.values():
+        if carry.producer is None:
+            continue
+        for source in [carry.producer] if carry.producer in python_nodes else sources[carry.producer]:
+            if source not in found:
+                found.append(source)
+
+
+def _carries_of(stream: StreamWiring | None, nodes: tuple[str, ...]) -> Mapping[str, tuple[str, TensorSpec]]:
+    """A streaming step model's carries: output -> (input, spec)."""
+    if stream is None or stream.stream not in nodes:
+        return MappingProxyType({})
+    return MappingProxyType({c.output: (c.input, c.spec) for c in stream.carries.values()})
 
 
 def _compile_gate(layout: EnsembleLayout, name: str, *, ensemble: str) -> CompiledModel:

@@ -40,6 +40,7 @@ from ..plan import ModelPlan
 from ..step import Step
 from .bound_plan import CompilePlan
 from .configs import add_io, set_parameters
+from .ensemble_wiring import ERR_OUTPUT
 from .repository import CompiledModel, FileCopy
 from .requirements import NUMPY_REQUIREMENT, ServerNeeds, distributions_of, is_installed_module, python_version
 from .step_pickle import STEP_PICKLE, PickledStep, _names_imported_by  # noqa: F401 - the last one for tests
@@ -98,7 +99,23 @@ def compile_step_model(plan: CompilePlan, model: ModelPlan, extras: Any = None) 
     compiled = _python_model(plan, model, step, extras)
     if extras is not None:
         extras.add_to(compiled.config, step.outputs)
+    if step.streaming:
+        _stream(plan, model, step, compiled.config, extras)
     return compiled
+
+
+def _stream(plan: CompilePlan, model: ModelPlan, step: Step, config: mc.ModelConfig, extras: Any) -> None:
+    """A streaming step's model is decoupled and always carries its failures in ``__err__``
+    (docs/compiled_repository.md, "Streaming steps")."""
+    if ERR_OUTPUT in step.inputs or ERR_OUTPUT in step.outputs:
+        raise CompileError(
+            f"pipeline {plan.name!r}: streaming step {model.nodes[0]!r} has a tensor named {ERR_OUTPUT!r}; its "
+            "model carries its failures in an output of that name, so rename it",
+            pipeline=plan.name, step=model.nodes[0], tensor=ERR_OUTPUT,
+        )
+    config.model_transaction_policy.decoupled = True
+    if extras is None or not extras.err_output:
+        config.output.add(name=ERR_OUTPUT, data_type=mc.TYPE_UINT8, dims=[-1])
 
 
 def _base_config(model: ModelPlan, step: Step) -> mc.ModelConfig:
@@ -141,6 +158,8 @@ def _python_model(plan: CompilePlan, model: ModelPlan, step: Step, extras: Any =
     }
     if extras is not None:
         base["ensemble"] = extras.to_dict()
+    if step.streaming:  # served decoupled; the timeout bounds the whole stream (0: none)
+        base["stream"] = {"err_output": ERR_OUTPUT, "timeout_s": float(step.options.timeout or 0)}
     reference = step_reference(step)
     source, why = (None, None) if reference is not None else source_files(step)
     needs: Any

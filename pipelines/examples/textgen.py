@@ -2,6 +2,10 @@
 generator, one token per response) -> detokenize (reads the stream whole), with a safety check
 on the prompt beside the tokenizer that skips generation for a prompt it refuses.
 
+``make_textgen(gate=False)`` is the same generation without the safety check, detokenized token
+by token (``detokenize_token``): no ``when`` block and no step that reads the stream whole, so
+the ensemble form can run it too, and all four forms can be compared on it.
+
 The decoder is a one-layer attention decoder over bytes with random weights (a fixed seed): its
 text means nothing, but it works as a real one does, one token at a time, each attending over
 every token so far through a key/value cache, so a token costs more the longer the text.
@@ -23,6 +27,7 @@ __all__ = [
     "Decoder",
     "decode",
     "detokenize",
+    "detokenize_token",
     "make_textgen",
     "pipeline",
     "safety",
@@ -112,12 +117,25 @@ def detokenize(token):
         yield {"text": np.array([utf8.decode(bytes([int(t[0])])).encode()], dtype=object)}
 
 
-def make_textgen(*, name: str = "textgen", max_new_tokens: int = 48) -> Pipeline:
+@step(inputs={"token": TensorSpec("INT32", [1])}, outputs={"text": TensorSpec("BYTES", [1])})
+def detokenize_token(token):
+    """One token's text on its own: the decoder samples printable ASCII only, one byte a
+    character, so no character spans two tokens and no state is needed."""
+    return {"text": np.array([bytes([int(token[0])])], dtype=object)}
+
+
+def make_textgen(*, name: str = "textgen", max_new_tokens: int = 48, gate: bool = True) -> Pipeline:
+    """The pipeline; ``gate=False``: no safety check and a token-by-token detokenizer (every form)."""
     p = Pipeline(name, inputs={"prompt": TensorSpec("BYTES", [1])})
     tokens = p.add(tokenize, prompt=p.input("prompt"))
+    decoder = decode.with_options(parameters={"max_new_tokens": max_new_tokens})
+    if not gate:
+        generated = p.add(decoder, tokens=tokens["tokens"])
+        p.output("text", p.add(detokenize_token, token=generated["token"])["text"])
+        return p
     check = p.add(safety, prompt=p.input("prompt"))
     with p.when(check["safe"]):
-        generated = p.add(decode.with_options(parameters={"max_new_tokens": max_new_tokens}), tokens=tokens["tokens"])
+        generated = p.add(decoder, tokens=tokens["tokens"])
         text = p.add(detokenize, token=generated["token"])
     p.output("text", text["text"], otherwise=REFUSED)
     return p

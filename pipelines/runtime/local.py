@@ -360,7 +360,7 @@ class LocalRuntime:
         if self.mode != "ensemble":
             return False
         external = [n.name for n in self.plan.nodes if self.pipeline.nodes[n.name].step.is_external]
-        return gated_ensemble(self.plan, external)
+        return gated_ensemble(self.plan, external, streams=self.pipeline.streaming)
 
     def report(self) -> Report:
         """Costs aggregated over every request served since the start (or :meth:`reset_report`)."""

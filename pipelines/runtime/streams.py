@@ -433,8 +433,8 @@ class Responses:
         except Exception as exc:
             assert model is not None
             raise model._raised(exc, f"(after {self.index} responses)") from exc
-        index, self.index = self.index, self.index + 1
-        return _checked(model, item, index, self.rows)
+        self.index += 1  # counted from 1, as `pipelines run` numbers responses and the server forms name them
+        return _checked(model, item, self.index, self.rows)
 
     async def close(self) -> None:
         gen, model, lease = self.gen, self.model, self.lease
@@ -454,7 +454,7 @@ class Responses:
 
 
 def _checked(model: StepModel, item: Any, index: int, rows: int) -> dict[str, Any]:
-    """One yield as a dict of arrays of the step's declared outputs, or an error naming its index."""
+    """One yield as a dict of arrays of the step's declared outputs, or an error naming its number (from 1)."""
     step = model.step
     try:
         outputs = serving.normalise_outputs(list(step.outputs), item, _fail(step.name))

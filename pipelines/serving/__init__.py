@@ -15,6 +15,7 @@ runtime and the server check with one set of words. Each module holds one role:
 - ``sources``: a step's own source file imported in a server, with ``pipelines`` stood in for;
 - ``rows``: requests joined and split by rows, and ``when`` blocks;
 - ``schedule``: a plan's nodes run concurrently, and the plan cut to the wanted outputs.
+- ``streams``: a streaming step's responses pulled one at a time, within its timeout.
 - ``onnx_session``: an ONNX file run by onnxruntime, checked against a model's declared tensors.
 """
 
@@ -55,6 +56,7 @@ from .lifecycle import (
 from .onnx_session import OnnxFileError, OnnxSession, config_specs
 from .rows import SKIPPED, Branches, Rows, concat_rows, concatenable, negated, run_joined, split_rows
 from .schedule import Schedule, cut_plan, run_concurrently
+from .streams import END, PastTimeout, Pull
 from .tensors import (
     HOPS,
     HostHops,
@@ -81,11 +83,14 @@ from .wire import (
 __all__ = [
     "ARRAY_KINDS",
     "DL_HOST",
+    "END",
     "HOPS",
     "NUMPY_2",
     "NUMPY_DTYPES",
     "OnnxFileError",
     "OnnxSession",
+    "PastTimeout",
+    "Pull",
     "SKIPPED",
     "Branches",
     "Contract",

@@ -46,7 +46,9 @@ class TritonPythonModel:
                 if said is None:
                     reason = f"failed (model {entry['model']!r}): {text}"
                     said = serving.WireError("StepError", self.pipeline, reason)
-                error = serving.WireError(said.kind, self.pipeline, said.reason, entry["node"], said.step, said.tensor)
+                # A failure a streaming step passed on names the node it began in; others name no node or this one.
+                node = said.node or entry["node"]
+                error = serving.WireError(said.kind, self.pipeline, said.reason, node, said.step, said.tensor)
                 return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(error.text()))
         wanted = list(request.requested_output_names() or ()) or list(self.outputs)
         tensors = []

@@ -4,12 +4,15 @@ Copied verbatim as ``<model>/1/model.py``, with the ``serving/`` package beside 
 reads ``step.json``, loads the step (by import, or from ``step.pkl`` by value),
 runs its lifecycle, and answers each list of requests with one batched call,
 falling back to one call per request so that a failing request cannot take its
-neighbours down. It imports only the standard library, numpy and ``serving``,
-so a server needs no ``pipelines`` package (docs/triton.md).
+neighbours down. A streaming step (``"stream"`` in ``step.json``) is served decoupled:
+one response per yield, then the final flag alone (:class:`_Streams`). It imports only
+the standard library, numpy and ``serving``, so a server needs no ``pipelines``
+package (docs/triton.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 
@@ -51,7 +54,7 @@ class TritonPythonModel:
         self.readers = [(name, serving.tensor_reader(spec, gpu=gpu)) for name, spec in inputs.items()]
         self.writers = {name: serving.tensor_writer(spec, pb_utils) for name, spec in outputs.items()}
         self.outputs = outputs
-        self.ensemble = _EnsembleExtras(ensemble)
+        self.ensemble = _EnsembleExtras(ensemble, gpu)
         serving.refuse_strings_under_numpy_2(
             args.get("model_name", self.step_name),
             [n for n, spec in {**inputs, **outputs}.items() if spec.dtype == "BYTES"],
@@ -68,6 +71,8 @@ class TritonPythonModel:
         # The fast path reads with as_numpy() and writes Tensor(name, ndarray), which numpy 2 breaks (docs/gpu.md).
         host = not gpu and not serving.NUMPY_2 and all(spec.dtype != "BF16" for spec in inputs.values())
         self.answer_one = self._fast_path() if host and self.takes.checked_by_triton else self._answer_one
+        stream = plan.get("stream")
+        self.streams = _Streams(self, stream) if stream is not None else None
 
     def _config(self, args, plan, inputs, outputs):
         match = re.search(r"_(\d+)$", args.get("model_instance_name", ""))
@@ -90,6 +95,10 @@ class TritonPythonModel:
         return config
 
     def execute(self, requests):
+        if self.streams is not None:  # decoupled: every answer goes through the requests' response senders
+            for request in requests:
+                self.streams.serve(request)
+            return None
         if len(requests) == 1 and not self.ensemble.active:
             return [self.answer_one(requests[0])]
         inputs, errors = [], []
@@ -109,6 +118,9 @@ class TritonPythonModel:
         return [self._respond(r, res, err) for r, res, err in zip(requests, results, errors, strict=True)]
 
     def finalize(self):
+        streams = getattr(self, "streams", None)
+        if streams is not None:
+            streams.close()
         instance = getattr(self, "instance", None)
         if instance is not None:
             instance.finalize()
@@ -242,8 +254,9 @@ class TritonPythonModel:
         tensor = self._aliased(request)
         return self.node_aliases[tensor.name()] if tensor is not None else None
 
-    def _message(self, exc, kind, request=None):
-        """The error text a client reads pipeline, node, step and reason from (``serving.WireError``)."""
+    def _message(self, exc, kind, request=None, before=""):
+        """The error text a client reads pipeline, node, step and reason from (``serving.WireError``);
+        ``before`` goes in front of the reason (``response 3:`` in a stream)."""
         if isinstance(exc, serving.Refused):
             reason, tensor = str(exc), exc.tensor
         else:
@@ -251,6 +264,7 @@ class TritonPythonModel:
             reason = serving.exception_reason(exc, instance.home if instance else None, self.step_file)
             tensor = None
             kind = "StepError"
+        reason = f"{before} {reason}" if before else reason
         return serving.WireError(kind, self.pipeline, reason, self._node_of(request), self.step_name, tensor).text()
 
 
@@ -278,12 +292,16 @@ class _EnsembleExtras:
     forms do not and get error responses, which they handle safely).
     """
 
-    def __init__(self, data):
+    def __init__(self, data, gpu=False):
         self.copies = data.get("copies") or {}
         self.err_inputs = data.get("err_inputs") or []
         self.err_output = data.get("err_output")
         self.dims = data.get("placeholders") or {}
         self.active = bool(self.copies or self.err_inputs or self.err_output)
+        # a streaming step's: output -> (its input, a reader, a writer), the request's tensors sent on each response
+        self.carries = {out: (c["input"], serving.tensor_reader(serving.Spec.from_dict(c["spec"]), gpu=gpu),
+                              serving.tensor_writer(serving.Spec.from_dict(c["spec"]), pb_utils))
+                        for out, c in (data.get("carries") or {}).items()}
         self.err_writer = serving.tensor_writer(serving.Spec("UINT8", (-1,)), pb_utils)
 
     def upstream_error(self, request):
@@ -319,3 +337,106 @@ class _EnsembleExtras:
             failure = serving.failure_tensor(error or "", rows)
             tensors.append(self.err_writer(self.err_output, failure))
         return tensors
+
+
+class _Streams:
+    """A streaming step served decoupled (docs/compiled_repository.md, "Streaming steps").
+
+    Per request: one response per yield through the request's response sender, each with
+    the UINT8 ``__err__`` output flagged 0, then the final flag alone. A failure (the
+    generator raised, a yield broke the declared outputs, the step's timeout passed, a step
+    upstream failed) is one ordinary response of placeholder outputs whose ``__err__`` holds
+    the wire error, then the final flag: never an error response, which a BLS model calling
+    this one would not see, or would wait on for ever (docs/triton_decoupled.md).
+    """
+
+    def __init__(self, model, data):
+        self.model = model
+        self.err_output = data.get("err_output") or "__err__"
+        self.timeout_s = float(data.get("timeout_s") or 0)
+        model.ensemble.err_output = self.err_output  # written on every response, asked for or not
+        model.ensemble.active = True
+        self.loop = None  # an event loop of its own, made for the first async generator
+        self.carried = []
+
+    def serve(self, request):
+        sender = request.get_response_sender()
+        try:
+            self._respond(request, sender)
+        except Exception as exc:  # a fault of ours (a tensor that would not write): still one answer
+            self._fail(request, sender, None, self.model._message(exc, "StepError", request))
+        finally:
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def close(self):
+        if self.loop is not None:
+            self.loop.close()
+
+    def _respond(self, request, sender):
+        model = self.model
+        wanted = set(request.requested_output_names() or ()) or None
+        self.carried = []  # the request's tensors, sent again on each response (docs: "Streaming steps")
+        for out, (name, read, write) in model.ensemble.carries.items():
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None and (wanted is None or out in wanted):
+                self.carried.append((out, read(tensor), write))
+        upstream = model.ensemble.upstream_error(request)
+        if upstream is not None:  # its inputs are stand-ins: pass the failure on, as a plain step does
+            return self._fail(request, sender, wanted, upstream)
+        try:
+            arrays, rows = model._read(request)
+        except Exception as exc:
+            return self._fail(request, sender, wanted, model._message(exc, "InputError", request))
+        try:
+            pull = serving.Pull(model.instance.function(**arrays), self.timeout_s, self._loop)
+        except Exception as exc:
+            return self._fail(request, sender, wanted, model._message(exc, "StepError", request))
+        sent = 0
+        try:
+            # A client that cancels a direct call stops the generator; an ensemble or a BLS model
+            # does not pass its cancellation on (docs/triton_decoupled.md), so there it runs on.
+            while not sender.is_cancelled():
+                try:
+                    item = pull.next()
+                except serving.PastTimeout:
+                    return self._fail(request, sender, wanted, self._timed_out(request, sent, pull.stuck))
+                except Exception as exc:
+                    text = model._message(exc, "StepError", request, f"(after {sent} responses)")
+                    return self._fail(request, sender, wanted, text)
+                if item is serving.END:
+                    return None
+                try:
+                    outputs = serving.as_arrays(model.instance.normalise(item))
+                    model.gives.check_outputs(outputs, rows)
+                except Exception as exc:  # responses are numbered from 1, as `pipelines run` shows them
+                    return self._fail(request, sender, wanted, model._message(exc, "StepError", request, f"response {sent + 1}:"))
+                sender.send(pb_utils.InferenceResponse(output_tensors=self._tensors(outputs, wanted, None)))
+                sent += 1
+        finally:
+            pull.close()
+        return None
+
+    def _fail(self, request, sender, wanted, text):
+        model = self.model
+        stand_ins = model.ensemble.placeholders(request, model.outputs, model.max_batch_size)
+        sender.send(pb_utils.InferenceResponse(output_tensors=self._tensors(stand_ins, wanted, text)))
+
+    def _tensors(self, result, wanted, error):
+        model = self.model
+        tensors = [model.writers[n](n, result[n]) for n in result if wanted is None or n in wanted]
+        extras = set(model.ensemble.copies) if wanted is None else wanted
+        tensors += [write(out, value) for out, value, write in self.carried]
+        return tensors + model.ensemble.extra_tensors(
+            result, extras | {self.err_output}, error, model.max_batch_size, model.writers)
+
+    def _timed_out(self, request, sent, stuck):
+        model = self.model
+        reason = (f"ran past its timeout of {self.timeout_s:g} s after {sent} responses; the stream was ended "
+                  "with this error" + (", and the step may still be running" if stuck else ""))
+        return serving.WireError("StepTimeoutError", model.pipeline, reason, model._node_of(request),
+                                 model.step_name).text()
+
+    def _loop(self):
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+        return self.loop
