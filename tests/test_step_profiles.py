@@ -14,7 +14,7 @@ import pytest
 
 from pipelines import ArgumentError, InputError, Pipeline, StepError, TensorSpec, external_model, step
 from pipelines.examples import basic, text, yolov5
-from pipelines.plan import plan_of
+from pipelines.planning import plan_of
 from pipelines.predict.code_digest import code_digest
 from pipelines.predict.gil_share import usable_cores
 from pipelines.predict.memory_share import MIN_CPU_US, measure_memory_share, streamer
@@ -136,7 +136,7 @@ def test_each_figure_is_the_median_of_rounds_over_the_steps(monkeypatch):
     """Three rounds over the steps, after one run that hands each step its inputs: in the
     second round ``first`` is slow (the machine held up for a moment), and its figure leaves
     that round out. The timings read a virtual clock that each call moves on by its cost."""
-    import pipelines.predict.step_timing as step_timing
+    from pipelines.predict import step_timing
 
     clock = [0.0]
     monkeypatch.setattr(step_timing, "perf_counter", lambda: clock[0])

@@ -15,9 +15,31 @@ import numpy as np
 
 from ..errors import PipelinesError
 
-__all__ = ["MIB", "Cost", "cost_from_json"]
+__all__ = ["BOUNDARIES", "MIB", "Cost", "cost_from_json"]
 
 MIB = float(1 << 20)
+
+#: The kinds of boundary a profile prices, with what each one is.
+BOUNDARIES = {
+    "request": "a request entering and leaving the server (client, protocol, front end); bytes in + out",
+    "ensemble": "the ensemble scheduler's own work per request, beyond its steps; bytes in + out",
+    "ensemble_step": "an ensemble step's input and output, passed by the ensemble scheduler; bytes in + out",
+    "bls_call": "a BLS call made from a stub and its response (async execute); bytes in + out",
+    "bls_model": "the BLS model's own stub taking the request's tensors in and giving them out; bytes in + out",
+    "bls_sync_call": "a BLS call made from a stub and its response (sync execute); bytes in + out",
+    "bls_sync_model": "the sync BLS model's own stub, as bls_model; bytes in + out",
+    "fused_model": "the fused model's own stub taking the request's tensors in and giving them out; bytes in + out",
+    "fused_step": "the fused model's own work around each Python step it runs in its process (no copy: its "
+    "tensors pass as references); fixed",
+    "stub": "a Python step's stub: its inputs in, its fresh outputs out (shared memory, the stub process); "
+    "bytes in + out",
+    "ensemble_stub": "a Python step's stub as an ensemble runs it (its outputs go to the ensemble's tensors); "
+    "bytes in + out",
+    "bls_stub": "a Python step's stub as a BLS model calls it (async execute); bytes in + out",
+    "bls_sync_stub": "a Python step's stub as a sync BLS model calls it; bytes in + out",
+    "ensemble_gate": "what a gated ensemble pays per request beyond its gate model's step and stub (the failure "
+    "tensors every step carries); by the intermediates' bytes",
+}
 
 
 @dataclass(frozen=True)

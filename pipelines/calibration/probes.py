@@ -24,9 +24,9 @@ from time import perf_counter
 
 import numpy as np
 
-from ..compile import ModelRepository
+from ..compile import ModelRepository, compile_pipeline
 from ..forms import model_name
-from ..graph import Pipeline
+from ..graph import Graph
 from ..step import step
 from ..tensor import TensorSpec
 from .wake import sleep_pipeline, wake_pipeline
@@ -106,7 +106,7 @@ def count(n):
     return {"m": n}
 
 
-def _identities(p: Pipeline, ref, steps: int):
+def _identities(p: Graph, ref, steps: int):
     """``steps`` identity nodes after ``ref``, each a model of its own."""
     for i in range(steps):
         node = identity if i == 0 else identity.with_options()  # a copy: a model of its own
@@ -118,7 +118,7 @@ def _identity_models(pipeline: str, steps: int) -> tuple[str, ...]:
     return tuple(f"{pipeline}__identity" if i == 0 else f"{pipeline}__id_{i}" for i in range(steps))
 
 
-def grown_pipeline(steps: int = GROWN_STEPS, *, gated: bool = False) -> Pipeline:
+def grown_pipeline(steps: int = GROWN_STEPS, *, gated: bool = False) -> Graph:
     """``n -> grow -> identity x steps -> shrink -> y``: intermediates of ``n`` bytes between
     a request and an answer of a few bytes; ``gated``: also ``n -> count -> m`` beside the
     chain, which gates its ensemble (a gate model answers, as no one step gives both outputs).
@@ -137,7 +137,7 @@ def grown_pipeline(steps: int = GROWN_STEPS, *, gated: bool = False) -> Pipeline
     - ``ensemble_gate`` (gated): its latency less the plain grown ensemble's, less the gate
       model's step and stub, which the profile prices already.
     """
-    p = Pipeline(GATED if gated else GROWN, inputs={"n": NBYTES}, max_batch_size=8)
+    p = Graph(GATED if gated else GROWN, inputs={"n": NBYTES}, max_batch_size=8)
     ref = p.add(grow, n=p.input("n"))["y"]
     p.output("y", p.add(shrink, x=_identities(p, ref, steps))["y"])
     if gated:
@@ -145,7 +145,7 @@ def grown_pipeline(steps: int = GROWN_STEPS, *, gated: bool = False) -> Pipeline
     return p
 
 
-def probe_pipeline(steps: int) -> Pipeline:
+def probe_pipeline(steps: int) -> Graph:
     """``x -> identity -> ... -> y``: ``steps`` nodes, each its own composing model.
 
     One model per node, as most pipelines have: a step model shared by several
@@ -171,7 +171,7 @@ def probe_pipeline(steps: int) -> Pipeline:
       each step) and its intercept ``fused_model``.
     - without statistics, the lines go through the latencies, less the request.
     """
-    p = Pipeline(f"probe_{steps}", inputs={"x": BYTES}, max_batch_size=8)
+    p = Graph(f"probe_{steps}", inputs={"x": BYTES}, max_batch_size=8)
     p.output("y", _identities(p, p.input("x"), steps))
     return p
 
@@ -266,9 +266,10 @@ def probe_plan(chains: tuple[int, ...] = CHAINS, sizes: tuple[int, ...] = SIZES)
 def probe_repository(chains: tuple[int, ...] = CHAINS) -> ModelRepository:
     """The probe pipelines in one repository: the chains in every form, the grown probe as an ensemble
     and BLS models (async and sync)."""
-    repos = [probe_pipeline(n).compile("all") for n in sorted(chains)] + [grown_pipeline().compile("both")]
-    repos.append(grown_pipeline(gated=True).compile("ensemble"))
-    repos += [wake_pipeline().compile("ensemble"), sleep_pipeline().compile("ensemble")]  # step models called directly
+    repos = [compile_pipeline(probe_pipeline(n), "all") for n in sorted(chains)]
+    repos += [compile_pipeline(grown_pipeline(), "both"), compile_pipeline(grown_pipeline(gated=True), "ensemble")]
+    # the step models of these two are called directly
+    repos += [compile_pipeline(wake_pipeline(), "ensemble"), compile_pipeline(sleep_pipeline(), "ensemble")]
     first, *rest = repos
     return first.merge(*rest) if rest else first
 

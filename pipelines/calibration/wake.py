@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PipelinesError
-from ..graph import Pipeline
+from ..graph import Graph
 from ..step import step
 from ..tensor import TensorSpec
 
@@ -57,16 +57,16 @@ def sleeper(ms):
     return {"worked": np.full_like(ms, (perf_counter() - began) * 1e3)}
 
 
-def wake_pipeline() -> Pipeline:
+def wake_pipeline() -> Graph:
     """The wake probe that works: one step, whose model the calibration calls directly."""
-    p = Pipeline("probe_wake", inputs={"ms": MS}, max_batch_size=0)
+    p = Graph("probe_wake", inputs={"ms": MS}, max_batch_size=0)
     p.output("worked", p.add(waiter, ms=p.input("ms"))["worked"])
     return p
 
 
-def sleep_pipeline() -> Pipeline:
+def sleep_pipeline() -> Graph:
     """The wake probe that sleeps: one step, whose model the calibration calls directly."""
-    p = Pipeline("probe_sleep", inputs={"ms": MS}, max_batch_size=0)
+    p = Graph("probe_sleep", inputs={"ms": MS}, max_batch_size=0)
     p.output("worked", p.add(sleeper, ms=p.input("ms"))["worked"])
     return p
 

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -22,8 +22,9 @@ from ..calibration.noise import MachineNoise
 from ..errors import ArgumentError
 from ..forms import FORMS
 from ..forms import form as form_named
-from ..graph import Pipeline
-from ..plan import ensemble_refusal, plan_of, refuse_streaming
+from ..graph import Graph
+from ..plan import ensemble_refusal
+from ..planning import plan_of, refuse_streaming
 from ..tensor import TensorSpec, numpy_dtype
 from .configuration import Configuration, default_configuration
 from .prediction_rows import Prediction, PredictionRow
@@ -58,7 +59,7 @@ def _ways(cost: Any, shift: float = 0.0) -> tuple[WayCost, WayCost]:
     return ways(cost, shift)
 
 
-def _rows_of(pipeline: Pipeline, inputs: Mapping[str, Any]) -> int:
+def _rows_of(pipeline: Graph, inputs: Mapping[str, Any]) -> int:
     if not pipeline.batched:
         return 1
     first = next(iter(inputs.values()))
@@ -85,7 +86,7 @@ class Predictor:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: Graph,
         profile: Any,
         *,
         inputs: Mapping[str, Any] | None = None,
@@ -106,7 +107,7 @@ class Predictor:
 
         watch = NoiseWatch()  # how steady this machine is while the steps are measured
 
-        if not isinstance(pipeline, Pipeline):
+        if not isinstance(pipeline, Graph):
             raise ArgumentError(f"predict needs a Pipeline; got {type(pipeline).__name__}")
         pipeline.validate()
         refuse_streaming(pipeline, "predicting (or advising) its forms")
@@ -180,7 +181,7 @@ class Predictor:
         on (from the step profiles, so an external step priced by ``costs=`` needs no stand-in)."""
         total = 0.0
         for ref in self.pipeline.outputs.values():
-            spec = self.steps[ref.node].outputs.get(ref.name)
+            spec = self.steps[cast(str, ref.node)].outputs.get(ref.name)  # an output is a step's (Graph.output)
             if spec is None:
                 continue
             total += _row_bytes(spec)
@@ -402,7 +403,7 @@ def loads(concurrency: Iterable[int] | int | None, rate: Iterable[float] | float
     return out
 
 
-def sample_inputs(pipeline: Pipeline, module: Any = None) -> dict[str, Any]:
+def sample_inputs(pipeline: Graph, module: Any = None) -> dict[str, Any]:
     """One request for a pipeline with no inputs given: ``module``'s own ``sample_inputs()`` or
     ``make_sample()`` where it has one (as the benchmark sends), else random tensors shaped by
     the pipeline's input specs."""
@@ -412,7 +413,7 @@ def sample_inputs(pipeline: Pipeline, module: Any = None) -> dict[str, Any]:
 
 
 def predict(
-    pipeline: Pipeline,
+    pipeline: Graph,
     profile: Any,
     concurrency: Sequence[int] | int | None = (1, 4, 16),
     forms: Iterable[str] | None = None,

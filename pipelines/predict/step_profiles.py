@@ -18,7 +18,8 @@ import numpy as np
 
 from ..errors import ArgumentError, InferenceError
 from ..freed_memory import keep_freed_memory_here
-from ..plan import ExecutionPlan, NodePlan, plan_of
+from ..plan import ExecutionPlan, NodePlan
+from ..planning import plan_of
 from ..requests import check_request
 from ..step import Step
 from ..tensor import TensorSpec
@@ -31,7 +32,7 @@ from .step_runner import StepRunner, blame, host, rows_of
 from .step_timing import COLD_BYTES, TARGET_S, evict, time_call
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..graph import Pipeline
+    from ..graph import Graph
 
 __all__ = ["StepProfile", "profile_steps"]
 
@@ -43,7 +44,7 @@ Given = tuple[tuple[int, ...], tuple[float, ...]]  # a cost given by the user: r
 ROUNDS = 3
 
 
-def profile_steps(pipeline: Pipeline, inputs: Mapping[str, Any], *, cache: str | os.PathLike[str] | None = None,
+def profile_steps(pipeline: Graph, inputs: Mapping[str, Any], *, cache: str | os.PathLike[str] | None = None,
                   batch_sizes: Sequence[int] | None = None, repeats: int | None = None,
                   costs: Mapping[str, float | Mapping[int, float]] | None = None,
                   progress: Progress | None = None) -> dict[str, StepProfile]:
@@ -68,7 +69,7 @@ def profile_steps(pipeline: Pipeline, inputs: Mapping[str, Any], *, cache: str |
 class _Profiler:
     """One call of :func:`profile_steps`: the checked arguments, and the walk over the plan."""
 
-    def __init__(self, pipeline: Pipeline, inputs: Mapping[str, Any], cache: str | os.PathLike[str] | None,
+    def __init__(self, pipeline: Graph, inputs: Mapping[str, Any], cache: str | os.PathLike[str] | None,
                  batch_sizes: Sequence[int] | None, repeats: int | None, costs: Mapping[str, Any] | None,
                  progress: Progress | None) -> None:
         self.pipeline = pipeline

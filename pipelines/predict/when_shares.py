@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentError
-from ..graph import Pipeline
+from ..graph import Graph
 from ..plan import ExecutionPlan
 
 __all__ = ["WhenShares"]
@@ -21,7 +21,7 @@ class WhenShares:
     """One pipeline's ``when`` conditions, counted on ``inputs`` (``inputs_given``: the user's request, else the
     module's samples stand in); each counted share is said in ``notes``."""
 
-    def __init__(self, pipeline: Pipeline, plan: ExecutionPlan, inputs: Mapping[str, Any], inputs_given: bool,
+    def __init__(self, pipeline: Graph, plan: ExecutionPlan, inputs: Mapping[str, Any], inputs_given: bool,
                  notes: list[str]) -> None:
         self.pipeline, self.plan, self.inputs, self._inputs_given, self.notes = (
             pipeline, plan, inputs, inputs_given, notes)

@@ -33,7 +33,7 @@ import anyio
 
 from .. import serving
 from ..errors import PipelinesError, StepError, StepTimeoutError
-from ..graph import Pipeline
+from ..graph import Graph
 from ..serving import SKIPPED, Rows, Schedule
 from ..step import check_outputs
 from .instances import StepModel
@@ -52,7 +52,7 @@ class StreamLayout:
     """Where each node of a schedule runs in a streaming pipeline: once per request, or once per
     response of a stream; which steps read a stream whole; which stream the answers come from."""
 
-    def __init__(self, pipeline: Pipeline, schedule: Schedule) -> None:
+    def __init__(self, pipeline: Graph, schedule: Schedule) -> None:
         order = schedule.order
         self.level = {n: pipeline.stream_of(n) for n in order}
         self.top = [n for n in order if self.level[n] is None]
@@ -94,7 +94,7 @@ class StreamRun:
     def __init__(
         self,
         *,
-        pipeline: Pipeline,
+        pipeline: Graph,
         scheduler: Scheduler,
         layout: StreamLayout,
         mode: str,
