@@ -102,10 +102,12 @@ def test_a_local_run_of_textgen_reports_every_measure(tmp_path):
         st = m.stream
         assert m.errors == 0 and st.requests == m.requests > 0, m
         assert st.responses == tokens * st.requests and st.empty == 0
-        for figure in (st.ttft.p50_ms, st.ttft.p95_ms, st.ttft.p99_ms, st.itl.p50_ms, st.itl.p99_ms):
+        for figure in (st.ttft.p50_ms, st.ttft.p95_ms, st.ttft.p99_ms):
             assert figure is not None and figure > 0
+        # On a starved machine responses may reach the client together: a gap of zero is a measure too.
+        assert st.itl.p50_ms is not None and st.itl.p99_ms is not None and st.itl.p50_ms >= 0
         assert st.ttft.p50_ms <= st.ttft.p95_ms <= st.ttft.p99_ms and st.itl.p50_ms <= st.itl.p99_ms
-        assert st.ttft.p50_ms < m.latency.p50_ms  # the first response comes before the stream ends
+        assert st.ttft.p50_ms <= m.latency.p50_ms  # the first response comes no later than the stream's end
         assert st.responses_per_s == pytest.approx(tokens * st.requests_per_s)
         assert st.requests_per_s == pytest.approx(m.throughput)
     saved = json.loads((tmp_path / "results.json").read_text())
