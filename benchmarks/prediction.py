@@ -371,7 +371,8 @@ def score_repeat(names, predictions, firsts, results, settings, out: Path, *, pr
 
 
 def latest_tables(summary: dict) -> str:
-    """The latest run as markdown: its provenance line, the range targets, every figure, the winners."""
+    """The latest run as markdown: its provenance line, the range targets, each pipeline's figures and winners, and
+    the figures outside their range."""
     machine = summary.get("machine") or {}
     settings = summary.get("settings") or {}
     load = summary.get("load_average") or {}
@@ -392,15 +393,43 @@ def latest_tables(summary: dict) -> str:
         + (", ".join(f"{k} {v:.1%}" for k, v in (summary.get("range_sources") or {}).items()) or "not recorded")
         + ".",
         "",
-        "| pipeline | conc | figure | predicted | range | measured | error | in range |",
-        "|---|---:|---|---:|---:|---:|---:|---|",
-        *(f"| {c['pipeline']} | {c['conc']} | {c['figure']} | {c['predicted']} | {c['range']} | {c['measured']} "
-          f"| {c['error']} | {c['covered']} |" for c in summary.get("checks", [])),
+        "| pipeline | figures in range | median half-width | largest | winner at 1 | at 4 | at 16 |",
+        "|---|---:|---:|---:|---|---|---|",
+        *_pipeline_rows(summary),
         "",
-        "| pipeline | conc | predicted winner | measured winner | |", "|---|---:|---|---|---|",
-        *(f"| {' | '.join(str(c) for c in row)} |" for row in summary.get("winners", [])),
+        "The figures outside their range (every figure: `benchmarks/results/prediction.json`):",
+        "",
+        "| pipeline | conc | figure | predicted | range | measured | error | the server's windows |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+        *(f"| {c['pipeline']} | {c['conc']} | {c['figure']} | {c['predicted']} | {c['range']} | {c['measured']} "
+          f"| {c['error']} | {c.get('windows', '')} |" for c in summary.get("checks", []) if c.get("covered") == "OUT"),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _half_width(check: dict) -> float | None:
+    """A recorded check's half-width, as a share of its predicted figure (from its range's text)."""
+    try:
+        low, high = (float(v) for v in str(check["range"]).split("…"))
+        return (high - low) / 2 / float(check["predicted"])
+    except (KeyError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _pipeline_rows(summary: dict) -> list[str]:
+    """One markdown row per pipeline: its figures in range, their half-widths, and each level's verdict."""
+    rows = []
+    for name in (summary.get("settings") or {}).get("pipelines", []):
+        mine = [c for c in summary.get("checks", []) if c["pipeline"] == name]
+        widths = [w for w in map(_half_width, mine) if w is not None]
+        verdicts = {w[1]: f"{w[2]} ({'ok' if w[-1] == 'ok' else 'wrong'})" for w in summary.get("winners", [])
+                    if w[0] == name}
+        if not mine:
+            continue
+        rows.append(f"| {name} | {sum(c.get('covered') == 'in' for c in mine)} of {len(mine)} "
+                    f"| {statistics.median(widths):.0%} | {max(widths):.0%} | "
+                    + " | ".join(verdicts.get(str(c), "") for c in LEVELS) + " |")
+    return rows
 
 
 def write_table(summary: dict) -> None:
