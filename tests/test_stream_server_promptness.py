@@ -21,7 +21,8 @@ import tritonclient.grpc as grpcclient
 from pipelines import Pipeline, TensorSpec, step
 from pipelines.triton import TritonServer
 
-pytestmark = pytest.mark.server
+# The steps of this file travel by value: it imports what a server need not have (tritonclient.grpc).
+pytestmark = [pytest.mark.server, pytest.mark.filterwarnings("ignore::pipelines.compile.step_sources.StepByValueWarning")]
 
 ONE = TensorSpec("INT32", [1])
 FORMS = ("ensemble", "bls", "bls-sync", "fused")
