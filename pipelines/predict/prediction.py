@@ -100,8 +100,8 @@ class Predictor:
         step_costs: str = "auto",
         url: str | None = None,
     ) -> None:
-        from ..calibration.noise import NoiseWatch
         from ..calibration.profile import default_lanes, load_profile
+        from ..profiling.noise_watch import NoiseWatch
         from ..profiling.server_steps import steps_for
         from ..profiling.step_profiles import profile_steps
 
