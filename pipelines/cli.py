@@ -353,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
               "bench --profile).",
               ["calibrate --out profile.json", "calibrate --quick --out profile.json",
                "calibrate --url HOST:8001 --protocol grpc --out remote-grpc.json"],
-              "pipelines.calibration.calibrate_command")
+              "pipelines.profiling.calibrate_command")
 
     _delegate(sub, "predict", "predict each form's latency and throughput on a profiled server",
               "Simulate the pipeline's forms on the server that a profile measured: the server's schedule "

@@ -1,7 +1,7 @@
 """``p.predict(profile, ...)``: a pipeline's forms simulated on a server profile.
 
 The server profile (``pipelines calibrate``) prices the boundaries; the step profiles
-(:mod:`pipelines.predict.step_profiles`, each step run for real here) price the steps; the
+(:mod:`pipelines.profiling.step_profiles`, each step run for real here) price the steps; the
 simulator (:mod:`pipelines.predict.simulator`) plays the server's schedule on a virtual
 clock. This module builds what the simulator is given (:class:`~pipelines.predict.spec.SimSpec`)
 from those three, and shapes its answers into a :class:`Prediction`.
@@ -25,6 +25,7 @@ from ..forms import form as form_named
 from ..graph import Graph
 from ..plan import ensemble_refusal
 from ..planning import plan_of, refuse_streaming
+from ..profiling.when_shares import WhenShares
 from ..tensor import TensorSpec, numpy_dtype
 from .configuration import Configuration, default_configuration
 from .prediction_rows import Prediction, PredictionRow
@@ -41,7 +42,6 @@ from .ranges import (
     widening,
 )
 from .spec import Curve, Load, SimResult, SimSpec, StepSpec, WayCost
-from .when_shares import WhenShares
 
 __all__ = ["SIMULATION_SPREAD", "Prediction", "PredictionRow", "Predictor", "predict"]
 
@@ -100,10 +100,10 @@ class Predictor:
         step_costs: str = "auto",
         url: str | None = None,
     ) -> None:
-        from ..calibration.noise import NoiseWatch
         from ..calibration.profile import default_lanes, load_profile
-        from .server_steps import steps_for
-        from .step_profiles import profile_steps
+        from ..profiling.noise_watch import NoiseWatch
+        from ..profiling.server_steps import steps_for
+        from ..profiling.step_profiles import profile_steps
 
         watch = NoiseWatch()  # how steady this machine is while the steps are measured
 
@@ -432,7 +432,7 @@ def predict(
     ``allow_mismatch``: use a profile measured on another machine (warns instead of refusing).
     ``step_costs``: ``"server"`` times each step's own model on the bundled Triton server (or ``url``),
     ``"local"`` takes the step profiles timed here, ``"auto"`` (default) the server at ``url`` where one
-    is given; the notes say where each step's cost came from (:mod:`pipelines.predict.server_steps`).
+    is given; the notes say where each step's cost came from (:mod:`pipelines.profiling.server_steps`).
     """
     wanted = loads(concurrency, rate)
     predictor = Predictor(pipeline, profile, **options)

@@ -24,6 +24,7 @@ from time import perf_counter
 
 import numpy as np
 
+from ..calibration.cost import size_label
 from ..compile import ModelRepository, compile_pipeline
 from ..forms import model_name
 from ..graph import Graph
@@ -74,7 +75,7 @@ class identity:  # noqa: N801 - the probe step models are named after it
     one waiting on a step that takes a while has gone to sleep and must be woken.
     Measured on this machine, a 1 ms step made each hand-off 30–130 µs dearer than
     an instant one, in every form (docs/calibration_internals.md). Busy, not asleep, so that
-    the time is exact and :func:`pipelines.calibration.measure.measure_probes` can
+    the time is exact and :func:`pipelines.profiling.measure.measure_probes` can
     take it off.
     """
 
@@ -124,7 +125,7 @@ def grown_pipeline(steps: int = GROWN_STEPS, *, gated: bool = False) -> Graph:
     chain, which gates its ensemble (a gate model answers, as no one step gives both outputs).
 
     What it prices, at each size, with its requests back to back as a pipeline's come
-    (:func:`pipelines.calibration.measure.measure_probes`):
+    (:func:`pipelines.profiling.measure.measure_probes`):
 
     - ``ensemble_stub``, ``bls_stub`` and ``bls_sync_stub``: the stub of a step whose
       input comes from a step and whose output goes to one, in each form. Their figure is
@@ -154,7 +155,7 @@ def probe_pipeline(steps: int) -> Graph:
     does not pay.
 
     What its probes price, at each size, from medians over the rounds
-    (:mod:`pipelines.calibration.fit`):
+    (:mod:`pipelines.profiling.fit`):
 
     - called as ``probe_1``'s step model alone (kind ``"step"``): ``stub``, from the step's own
       statistics (compute input, infer and output, less its work), and ``request``: the
@@ -277,8 +278,3 @@ def probe_repository(chains: tuple[int, ...] = CHAINS) -> ModelRepository:
 def write_probe_repository(path: str | os.PathLike[str], chains: tuple[int, ...] = CHAINS) -> Path:
     """Write the probe repository to ``path`` (to deploy on a remote server before calibrating it)."""
     return probe_repository(chains).write(path, overwrite=True)
-
-
-def size_label(n: int) -> str:
-    """``n`` bytes as the probes are named: "64 KiB", "4 MiB"."""
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"

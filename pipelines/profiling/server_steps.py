@@ -24,11 +24,11 @@ from ..compile import compile_pipeline
 from ..errors import ArgumentError, PipelinesError
 from ..plan import ExecutionPlan, NodePlan
 from ..planning import plan_of
+from ..predict.spec import WayCost, way_costs
+from ..predict.step_profile import StepProfile
 from ..requests import check_request
 from .code_digest import code_digest
-from .spec import WayCost, way_costs
 from .step_cache import StepCache, cache_key, value_digest
-from .step_profile import StepProfile
 from .step_runner import host, rows_of
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -20,6 +20,7 @@ from ..errors import ArgumentError, InferenceError
 from ..freed_memory import keep_freed_memory_here
 from ..plan import ExecutionPlan, NodePlan
 from ..planning import plan_of
+from ..predict.step_profile import StepProfile
 from ..requests import check_request
 from ..step import Step
 from ..tensor import TensorSpec
@@ -27,7 +28,6 @@ from .code_digest import code_digest
 from .gil_share import GIL_PAIRS, GIL_TARGET_S, gil_losses
 from .memory_share import MIN_CPU_US, measure_memory_share, streamer
 from .step_cache import StepCache, cache_key, value_digest
-from .step_profile import StepProfile
 from .step_runner import StepRunner, blame, host, rows_of
 from .step_timing import COLD_BYTES, TARGET_S, evict, time_call
 
