@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from pipelines import ArgumentError, InputError, Pipeline, StepError, TensorSpec, external_model, step
+from pipelines.core.planning import plan_of
 from pipelines.examples import basic, text, yolov5
-from pipelines.planning import plan_of
 from pipelines.predict.code_digest import code_digest
 from pipelines.predict.gil_share import usable_cores
 from pipelines.predict.memory_share import MIN_CPU_US, measure_memory_share, streamer

@@ -13,9 +13,9 @@ from functools import partial
 from pathlib import Path
 from time import perf_counter
 
+from ..commands.output_paths import output_dir
 from ..errors import PipelinesError
 from ..freed_memory import keep_freed_memory_here
-from ..output_paths import output_dir
 from .fit import fit_rounds
 from .measure import Budget, measure_lanes, measure_probes, measure_rounds, round_request_us
 from .noise import NoiseWatch, round_disagreement

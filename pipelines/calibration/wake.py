@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from ..core.graph import Graph
+from ..core.step import step
+from ..core.tensor import TensorSpec
 from ..errors import PipelinesError
-from ..graph import Graph
-from ..step import step
-from ..tensor import TensorSpec
 
 __all__ = ["SLEEP_MODEL", "WAITS_MS", "WAKE_MODEL", "checked_wake", "fit_wake", "measure_wake", "sleep_pipeline",
            "wake_pipeline"]

@@ -11,12 +11,12 @@ from collections.abc import Callable
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ..core.graph import Graph
+from ..core.plan import ensemble_refusal
+from ..core.planning import refuse_streaming_form
 from ..errors import CompileError, NotCompilableError
 from ..forms import FORMS, FormLeftOutWarning, TimeoutNotEnforcedWarning, forms_of_target
 from ..forms import TARGETS as FORM_TARGETS
-from ..graph import Graph
-from ..plan import ensemble_refusal
-from ..planning import refuse_streaming_form
 from . import bls, ensemble, fused
 from .bound_plan import CompilePlan, bind_plan
 from .checks import check_compilable
