@@ -72,39 +72,17 @@ class Form:
 FORMS: MappingProxyType[str, Form] = MappingProxyType({
     f.name: f
     for f in (
-        Form(
-            name="ensemble",
-            suffix="_ensemble",
-            scheduler="event",
-            one_execute_per_instance=False,
-            server_copies=1,
-            summary="platform: ensemble; Triton's scheduler starts each step when its inputs are ready",
-        ),
-        Form(
-            name="bls",
-            suffix="_bls",
-            scheduler="concurrent",
-            one_execute_per_instance=True,
-            server_copies=2,
-            summary="a Python model; async def execute, independent steps concurrent with async_exec()",
-        ),
-        Form(
-            name="bls-sync",
-            suffix="_bls_sync",
-            scheduler="sequential",
-            one_execute_per_instance=True,
-            server_copies=2,
-            summary="a Python model calling the steps one after another with exec()",
-        ),
-        Form(
-            name="fused",
-            suffix="_fused",
-            scheduler="concurrent",
-            one_execute_per_instance=True,
-            server_copies=2,  # an external step's BLS call, as in "bls"
-            summary="one Python model running the Python steps in-process, concurrently; external models through BLS",
-            in_process=True,
-        ),
+        # Form(name, suffix, scheduler, one_execute_per_instance, server_copies, summary[, in_process])
+        Form("ensemble", "_ensemble", "event", False, 1,
+             "platform: ensemble; Triton's scheduler starts each step when its inputs are ready"),
+        Form("bls", "_bls", "concurrent", True, 2,
+             "a Python model; async def execute, independent steps concurrent with async_exec()"),
+        Form("bls-sync", "_bls_sync", "sequential", True, 2,
+             "a Python model calling the steps one after another with exec()"),
+        # Two server copies: an external step's BLS call, as in "bls".
+        Form("fused", "_fused", "concurrent", True, 2,
+             "one Python model running the Python steps in-process, concurrently; external models through BLS",
+             in_process=True),
     )
 })
 
