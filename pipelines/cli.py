@@ -12,14 +12,14 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from .commands.input_files import parse_forms, parse_inputs
+from .commands.interrupts import sigterm_as_interrupt
+from .commands.loading import load_pipeline
+from .commands.output_paths import output_dir
 from .compile import compile_pipeline
-from .diagram_text import to_dot, to_mermaid
+from .drawing.diagram_text import to_dot, to_mermaid
 from .errors import PipelinesError
 from .forms import FORMS, TARGETS
-from .input_files import parse_forms, parse_inputs
-from .interrupts import sigterm_as_interrupt
-from .loading import load_pipeline
-from .output_paths import output_dir
 
 __all__ = ["load_pipeline", "main"]
 

@@ -21,6 +21,7 @@ from pipelines.calibration import (
     ProfileMismatchWarning,
     load_profile,
 )
+from pipelines.calibration.cost import FORM_COSTS
 from pipelines.calibration.profile import BOUNDARIES, with_stand_ins
 from pipelines.cli import main as cli_main
 from pipelines.errors import ArgumentError, PipelinesError
@@ -45,9 +46,10 @@ def predict_us(costs, kind, steps, size):
     that pipelines/profiling/fit.py solves (its docstring), each crossing with the tensor in and out."""
     priced = with_stand_ins(costs)
     form = None if kind == "step" else FORMS[kind]
-    once = ("request", "stub") if form is None else ("request", form.own_cost)
-    per_step = (() if form is None else (form.in_process_step_cost,) if form.in_process
-                else (form.call_cost, form.stub_cost))
+    pays = None if kind == "step" else FORM_COSTS[kind]
+    once = ("request", "stub") if pays is None else ("request", pays.own_cost)
+    per_step = (() if form is None or pays is None else (pays.in_process_step_cost,) if form.in_process
+                else (pays.call_cost, pays.stub_cost))
 
     def crossing(name):
         return priced[name].way_us(size, leaving=False) + priced[name].way_us(size, leaving=True)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from pipelines import ArgumentError, InputError, Pipeline, StepError, TensorSpec, external_model, step
+from pipelines.core.planning import plan_of
 from pipelines.examples import basic, text, yolov5
-from pipelines.planning import plan_of
 from pipelines.predict.spec import Curve
 from pipelines.profiling.code_digest import code_digest
 from pipelines.profiling.gil_share import usable_cores

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import PipelinesError
 
-__all__ = ["BOUNDARIES", "MIB", "Cost", "cost_from_json"]
+__all__ = ["BOUNDARIES", "FORM_COSTS", "MIB", "Cost", "FormCosts", "cost_from_json"]
 
 MIB = float(1 << 20)
 
@@ -39,6 +39,34 @@ BOUNDARIES = {
     "bls_sync_stub": "a Python step's stub as a sync BLS model calls it; bytes in + out",
     "ensemble_gate": "what a gated ensemble pays per request beyond its gate model's step and stub (the failure "
     "tensors every step carries); by the intermediates' bytes",
+}
+
+
+@dataclass(frozen=True)
+class FormCosts:
+    """The boundaries of :data:`BOUNDARIES` that one form (:data:`pipelines.forms.FORMS`) pays.
+
+    Per step call, and once per request for its top-level model (the ensemble scheduler, or the
+    BLS model's stub); its Python steps' stubs cost more where the ensemble runs them than where a
+    BLS model calls them (docs/calibration_internals.md)."""
+
+    call_cost: str
+    own_cost: str
+    stub_cost: str
+    # What the top-level model's own Python does around each step it runs in its process (the
+    # fused model's bookkeeping per step), or "" where none runs so.
+    in_process_step_cost: str = ""
+
+
+#: What each form pays, by form name: the calibration fits these boundaries, the simulator charges them.
+FORM_COSTS = {
+    "ensemble": FormCosts(call_cost="ensemble_step", own_cost="ensemble", stub_cost="ensemble_stub"),
+    "bls": FormCosts(call_cost="bls_call", own_cost="bls_model", stub_cost="bls_stub"),
+    "bls-sync": FormCosts(call_cost="bls_sync_call", own_cost="bls_sync_model", stub_cost="bls_sync_stub"),
+    # External models are called with async_exec(), as in "bls"; its own probes price the model (not
+    # the BLS model's); its Python steps run in-process, so bls_stub is paid by none.
+    "fused": FormCosts(call_cost="bls_call", own_cost="fused_model", stub_cost="bls_stub",
+                       in_process_step_cost="fused_step"),
 }
 
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from ..commands.output_paths import replace_text
 from ..errors import PipelinesError, ProfileMismatchError
-from ..output_paths import replace_text
 from .cost import BOUNDARIES, MIB, Cost, checked_wake, cost_from_json
 from .noise import MachineNoise, round_disagreement
 

@@ -49,7 +49,7 @@ def calibration_store() -> Path:
 def calibration_key(url: str | None, protocol: str, version: str) -> str:
     """What decides a server profile: the server (the bundled one, or its URL), its Triton version, the
     protocol, and this machine's CPU and cores (those the client, and the bundled server, run on)."""
-    from ..machine import machine_info
+    from ..commands.machine import machine_info
 
     machine = machine_info()
     key = {"format": 1, "server": url or "bundled", "version": version, "protocol": protocol,

@@ -19,14 +19,14 @@ from typing import Any, cast
 import numpy as np
 
 from ..calibration.noise import MachineNoise
+from ..core.graph import Graph
+from ..core.plan import ensemble_refusal
+from ..core.planning import plan_of, refuse_streaming
+from ..core.tensor import TensorSpec, numpy_dtype
 from ..errors import ArgumentError
 from ..forms import FORMS
 from ..forms import form as form_named
-from ..graph import Graph
-from ..plan import ensemble_refusal
-from ..planning import plan_of, refuse_streaming
 from ..profiling.when_shares import WhenShares
-from ..tensor import TensorSpec, numpy_dtype
 from .configuration import Configuration, default_configuration
 from .prediction_rows import Prediction, PredictionRow
 from .ranges import (
@@ -189,7 +189,7 @@ class Predictor:
 
     def _require_match(self, allow_mismatch: bool) -> None:
         """Step profiles are measured on this machine: the server profile must come from one like it."""
-        from ..machine import machine_info
+        from ..commands.machine import machine_info
 
         found = self.server.require_match(machine=machine_info(), allow_mismatch=allow_mismatch)
         self.notes += [f"the profile was measured elsewhere: {d}" for d in found]
@@ -407,7 +407,7 @@ def sample_inputs(pipeline: Graph, module: Any = None) -> dict[str, Any]:
     """One request for a pipeline with no inputs given: ``module``'s own ``sample_inputs()`` or
     ``make_sample()`` where it has one (as the benchmark sends), else random tensors shaped by
     the pipeline's input specs."""
-    from ..sample_inputs import sample_requests
+    from ..commands.sample_inputs import sample_requests
 
     return dict(sample_requests(pipeline, module=module)[0])
 

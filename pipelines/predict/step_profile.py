@@ -11,8 +11,8 @@ from dataclasses import MISSING, dataclass, fields
 from types import MappingProxyType
 from typing import Any
 
+from ..core.tensor import TensorSpec
 from ..errors import ArgumentError, PipelinesError
-from ..tensor import TensorSpec
 
 __all__ = ["StepProfile"]
 

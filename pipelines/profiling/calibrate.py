@@ -15,9 +15,9 @@ from time import perf_counter
 
 from ..calibration.noise import round_disagreement
 from ..calibration.profile import Profile
+from ..commands.output_paths import output_dir
 from ..errors import PipelinesError
 from ..freed_memory import keep_freed_memory_here
-from ..output_paths import output_dir
 from .fit import fit_rounds
 from .measure import Budget, measure_lanes, measure_probes, measure_rounds, round_request_us
 from .noise_watch import NoiseWatch

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..commands.interrupts import sigterm_as_interrupt
+from ..commands.output_paths import output_file, same_file
 from ..errors import ArgumentError
-from ..interrupts import sigterm_as_interrupt
-from ..output_paths import output_file, same_file
 from .calibrate import ProbesNotDeployed, calibrate
 from .measure import Budget
 from .probes import CHAINS, SIZES

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..step import Step
+from ..core.step import Step
 
 __all__ = ["code_digest"]
 

@@ -24,6 +24,7 @@ from statistics import median
 
 import numpy as np
 
+from ..calibration.cost import FORM_COSTS
 from ..calibration.profile import BOUNDARIES, MIB, STAND_INS, Cost, Point
 from ..errors import ArgumentError
 from ..forms import FORMS
@@ -32,10 +33,10 @@ from .probes import BLS_KINDS, GATED_ROW, GROWN_ROW, GROWN_STEPS, HELD_KINDS, KI
 __all__ = ["estimate", "fit_costs", "fit_rounds"]
 
 # What each chained probe kind (a form) pays once per request, and per step (a call, or the fused model's own work).
-_KINDS_OF = {kind: (FORMS[kind].own_cost, FORMS[kind].in_process_step_cost or FORMS[kind].call_cost)
+_KINDS_OF = {kind: (FORM_COSTS[kind].own_cost, FORM_COSTS[kind].in_process_step_cost or FORM_COSTS[kind].call_cost)
              for kind in KINDS if kind in FORMS}
 # The stub of each kind's steps, priced from that kind's own probes (none in the fused model's process).
-_STUB_OF = {kind: FORMS[kind].stub_cost for kind in _KINDS_OF if not FORMS[kind].in_process}
+_STUB_OF = {kind: FORM_COSTS[kind].stub_cost for kind in _KINDS_OF if not FORMS[kind].in_process}
 # The kind of probe whose line (over chain lengths) prices each boundary: "slope" or "intercept"
 # (in the kinds' order: a boundary's stand-in is priced before it).
 _FROM_LINE = {name: (kind, part) for kind, (once, per_step) in _KINDS_OF.items()
@@ -147,7 +148,7 @@ def _calls_from_grown(at: At, by_size: dict[int, list[Row]], *, clip: bool) -> N
     (docs/calibration_internals.md, "The fit")."""
     smallest = min(at)
     for kind in BLS_KINDS:
-        own, call = FORMS[kind].own_cost, FORMS[kind].call_cost
+        own, call = FORM_COSTS[kind].own_cost, FORM_COSTS[kind].call_cost
         small_way = sum(at[smallest][call]) / 2
         own_small = sum(at[smallest][own])
         for size, rows in by_size.items():

@@ -26,10 +26,10 @@ import numpy as np
 
 from ..calibration.cost import size_label
 from ..compile import ModelRepository, compile_pipeline
+from ..core.graph import Graph
+from ..core.step import step
+from ..core.tensor import TensorSpec
 from ..forms import model_name
-from ..graph import Graph
-from ..step import step
-from ..tensor import TensorSpec
 from .wake import sleep_pipeline, wake_pipeline
 
 __all__ = ["BLS_KINDS", "BUSY_MS", "CHAINS", "GATED_ROW", "GROWN_KINDS", "GROWN_ROW", "GROWN_STEPS", "HELD_KINDS",

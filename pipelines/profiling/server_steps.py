@@ -21,18 +21,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..compile import compile_pipeline
+from ..core.plan import ExecutionPlan, NodePlan
+from ..core.planning import plan_of
+from ..core.requests import check_request
 from ..errors import ArgumentError, PipelinesError
-from ..plan import ExecutionPlan, NodePlan
-from ..planning import plan_of
 from ..predict.spec import WayCost, way_costs
 from ..predict.step_profile import StepProfile
-from ..requests import check_request
 from .code_digest import code_digest
 from .step_cache import StepCache, cache_key, value_digest
 from .step_runner import host, rows_of
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..graph import Graph
+    from ..core.graph import Graph
 
 __all__ = ["STEP_COSTS", "ServerStepCosts", "server_step_costs"]
 
@@ -336,7 +336,7 @@ class _Run:
     def twins(self) -> Graph:
         """A pipeline of each timed step's twin: its inputs and outputs, and no work (:func:`_twin`). What the
         twin holds its instance for is its stub's (and adapter's) part of the step's, in the same moment."""
-        from ..graph import Graph
+        from ..core.graph import Graph
 
         specs = {f"in__{node}__{name}": spec for node in self.keys
                  for name, spec in self.pipeline.nodes[node].step.inputs.items()}
@@ -517,7 +517,7 @@ def _timed_sizes(mine: StepProfile) -> list[int]:
 def _twin(node: str, step: Any, mine: StepProfile, batched: bool) -> Any:
     """A step with ``step``'s inputs and outputs that does no work: it answers fresh zeros shaped as the step's
     outputs were (by the batch's rows), so its stub copies as many bytes in and out as the step's does."""
-    from ..step import step as declare
+    from ..core.step import step as declare
 
     shapes = {out: (spec.numpy_dtype, tuple(spec.dims)) for out, spec in mine.outputs.items()}
 

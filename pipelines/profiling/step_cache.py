@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from ..commands.output_paths import output_file, replace_text
+from ..core.tensor import TensorSpec
 from ..errors import PipelinesError
-from ..output_paths import output_file, replace_text
 from ..predict.step_profile import StepProfile
-from ..tensor import TensorSpec
 from .gil_share import usable_cores
 
 __all__ = ["CACHE_FORMAT", "StepCache", "cache_key", "value_digest"]
@@ -30,7 +30,7 @@ CACHE_FORMAT = 7
 
 class StepCache:
     """The profiles file: ``{"format": CACHE_FORMAT, "profiles": {key: profile}}``; written whole, through
-    a temporary file (:func:`~pipelines.output_paths.replace_text`), keeping the entries of other
+    a temporary file (:func:`~pipelines.commands.output_paths.replace_text`), keeping the entries of other
     pipelines and steps that share it."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..core.plan import ExecutionPlan, NodePlan
+from ..core.planning import plan_of
+from ..core.requests import check_request
+from ..core.step import Step
+from ..core.tensor import TensorSpec
 from ..errors import ArgumentError, InferenceError
 from ..freed_memory import keep_freed_memory_here
-from ..plan import ExecutionPlan, NodePlan
-from ..planning import plan_of
 from ..predict.step_profile import StepProfile
-from ..requests import check_request
-from ..step import Step
-from ..tensor import TensorSpec
 from .code_digest import code_digest
 from .gil_share import GIL_PAIRS, GIL_TARGET_S, gil_losses
 from .memory_share import MIN_CPU_US, measure_memory_share, streamer
@@ -32,7 +32,7 @@ from .step_runner import StepRunner, blame, host, rows_of
 from .step_timing import COLD_BYTES, TARGET_S, evict, time_call
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..graph import Graph
+    from ..core.graph import Graph
 
 __all__ = ["StepProfile", "profile_steps"]
 

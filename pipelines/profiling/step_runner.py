@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from .. import serving
+from ..core.step import Step, check_outputs, instance_config
 from ..errors import PipelinesError, StepError
-from ..step import Step, check_outputs, instance_config
 
 __all__ = ["StepRunner", "blame", "host", "rows_of"]
 

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from ..calibration.cost import checked_wake
-from ..graph import Graph
-from ..step import step
-from ..tensor import TensorSpec
+from ..core.graph import Graph
+from ..core.step import step
+from ..core.tensor import TensorSpec
 
 __all__ = ["SLEEP_MODEL", "WAITS_MS", "WAKE_MODEL", "checked_wake", "fit_wake", "measure_wake", "sleep_pipeline",
            "wake_pipeline"]

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from ..core.graph import Graph
+from ..core.plan import ExecutionPlan
 from ..errors import ArgumentError
-from ..graph import Graph
-from ..plan import ExecutionPlan
 
 __all__ = ["WhenShares"]
 
@@ -64,7 +64,7 @@ class WhenShares:
         """The share of true rows of a condition tensor over the sample requests: the request given (``inputs=``,
         ``--input``), else the module's own samples. A tensor that steps compute is counted by running those steps
         here, on each sample; where they cannot run here, the share is refused, not guessed."""
-        from ..sample_inputs import sample_requests
+        from ..commands.sample_inputs import sample_requests
 
         label = term.tensor if term.node is None else f"{term.node}.{term.tensor}"
         if module is None:  # the module that declared the pipeline, as the benchmark finds it

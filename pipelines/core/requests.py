@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import serving
-from .errors import InputError
-from .serving import is_array
+from .. import serving
+from ..errors import InputError
+from ..serving import is_array
 from .tensor import TensorSpec
 
 __all__ = ["check_request", "is_array"]

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from . import serving
-from .blocking import run_blocking
-from .errors import PipelinesError, StepDeclarationError, StepError
+from .. import serving
+from ..blocking import run_blocking
+from ..errors import PipelinesError, StepDeclarationError, StepError
 from .names import check_name
 from .step_options import (  # re-exported: a step's options are declared with it
     DynamicBatching,

@@ -10,8 +10,8 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import PipelinesError
-from .forms import FORMS
+from ..errors import PipelinesError
+from ..forms import FORMS
 
 __all__ = ["parse_forms", "parse_inputs", "parse_levels"]
 
@@ -48,7 +48,7 @@ def _load_npy(name: str, file: str) -> Any:
     """``np.load`` without pickles, except object arrays of str/bytes (BYTES tensors), read safely."""
     import numpy as np
 
-    from .serving import bytes_tensor
+    from ..serving import bytes_tensor
 
     try:
         with open(file, "rb") as f:

@@ -13,9 +13,9 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
-from .errors import PipelinesError
-from .graph import Graph
-from .step import Step
+from ..core.graph import Graph
+from ..core.step import Step
+from ..errors import PipelinesError
 
 __all__ = ["load_pipeline", "load_pipeline_and_module"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import InvalidNameError
+from ..errors import InvalidNameError
 
 __all__ = ["MAX_NAME_LENGTH", "check_name"]
 

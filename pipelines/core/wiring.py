@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .errors import (
+from ..errors import (
     BatchingMismatchError,
     ConditionError,
     DeclarationError,

@@ -2,7 +2,7 @@
 composing model and its name, and the ensemble tensor that carries each wire.
 
 :func:`plan_of` is the way in; the plan itself, its JSON form and its
-queries are :mod:`pipelines.plan`'s.
+queries are :mod:`pipelines.core.plan`'s.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .errors import NotCompilableError
+from ..errors import NotCompilableError
 from .plan import (
     MODEL_SEPARATOR,
     DeadNodeWarning,

@@ -3,7 +3,7 @@
 A node is a handle into its pipeline: what it is bound to and which ``when`` blocks
 it runs in are kept by the pipeline, which the node reads here (hence ``_bindings``).
 :class:`GraphView` is what a node and the wiring checks read of it, typed apart from
-:class:`~pipelines.graph.Graph` so that the graph imports them and not the other way round.
+:class:`~pipelines.core.graph.Graph` so that the graph imports them and not the other way round.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
 
-from .errors import UnknownTensorError
+from ..errors import UnknownTensorError
 from .step import Step
 from .tensor import TensorSpec
 from .tensor_ref import Condition, TensorRef
@@ -23,7 +23,7 @@ __all__ = ["GraphView", "Node"]
 
 class GraphView(Protocol):
     """What a :class:`Node` and the wiring checks read of the graph they belong to
-    (a :class:`~pipelines.graph.Graph`)."""
+    (a :class:`~pipelines.core.graph.Graph`)."""
 
     name: str
     max_batch_size: int

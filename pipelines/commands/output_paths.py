@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import ArgumentError
+from ..errors import ArgumentError
 
 __all__ = ["output_dir", "output_file", "replace_text", "same_file"]
 

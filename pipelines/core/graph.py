@@ -21,7 +21,7 @@ from typing import Any, TypeVar, cast
 import networkx as nx
 import numpy as np
 
-from .errors import (
+from ..errors import (
     CycleError,
     DeclarationError,
     DtypeMismatchError,

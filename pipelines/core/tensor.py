@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import TensorSpecError
-from .serving import NUMPY_DTYPES, Spec
+from ..errors import TensorSpecError
+from ..serving import NUMPY_DTYPES, Spec
 
 __all__ = [
     "DATATYPES",

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import PipelinesError
-from .graph import Graph
-from .tensor import TensorSpec
+from ..core.graph import Graph
+from ..core.tensor import TensorSpec
+from ..errors import PipelinesError
 
 __all__ = ["random_request", "sample_requests"]
 

@@ -30,7 +30,7 @@ all run from this one plan, so they agree on:
 :meth:`ExecutionPlan.for_outputs` prunes the plan to the nodes a subset of the
 outputs needs (cached per subset), for requests that ask for fewer outputs.
 
-:func:`pipelines.planning.plan_of` builds it from a graph, which this module does not know.
+:func:`pipelines.core.planning.plan_of` builds it from a graph, which this module does not know.
 Not copied into a model repository: the BLS executor inside Triton reads the plan as JSON,
 and cuts it as this module does.
 """
@@ -42,8 +42,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ArgumentError
-from .serving import cut_plan
+from ..errors import ArgumentError
+from ..serving import cut_plan
 
 __all__ = [
     "PLAN_FORMAT",

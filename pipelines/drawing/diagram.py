@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape
 
 if TYPE_CHECKING:
-    from .graph import Graph
+    from ..core.graph import Graph
 
 __all__ = ["Diagram", "diagram"]
 

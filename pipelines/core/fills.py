@@ -1,7 +1,7 @@
 """``otherwise=``: what the rows that did not run a ``when`` block get in its output.
 
 The value is checked against the output's spec when ``p.output(...)`` is called and
-held as a :class:`~pipelines.plan.Fill`, plain data that the plan carries as JSON.
+held as a :class:`~pipelines.core.plan.Fill`, plain data that the plan carries as JSON.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConditionError
+from ..errors import ConditionError
 from .node import GraphView
 from .plan import Fill
 from .tensor_ref import TensorRef

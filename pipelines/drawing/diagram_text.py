@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from .tensor_ref import Condition, TensorRef
+from ..core.tensor_ref import Condition, TensorRef
 
 if TYPE_CHECKING:
-    from .graph import Graph
+    from ..core.graph import Graph
 
 __all__ = ["to_dot", "to_mermaid"]
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from . import serving
-from .errors import StepDeclarationError
+from .. import serving
+from ..errors import StepDeclarationError
 
 __all__ = ["DynamicBatching", "ExternalModel", "ModelOptions", "ParameterValue", "parameter_text"]
 
@@ -75,7 +75,7 @@ class ModelOptions:
     local modes (an ensemble has no per-step timeout, and neither has its mode).
     ``share_model``: whether the nodes that use this step share one composing model and
     its instances (``True``) or each get one of their own (``False``); ``None`` means no
-    for a Python step and yes for an external model (:mod:`pipelines.plan`, model names).
+    for a Python step and yes for an external model (:mod:`pipelines.core.plan`, model names).
     """
 
     max_batch_size: int | None = None
