@@ -33,7 +33,8 @@ from pipelines.examples.failing_branch import (
     make_failing_chain,
     make_failing_diamond,
 )
-from pipelines.plan import gated_ensemble, plan_of
+from pipelines.plan import gated_ensemble
+from pipelines.planning import plan_of
 from pipelines.triton import TritonServer
 
 GROUPS = [("http", 16), ("http", 64), ("grpc", 16), ("grpc", 64)]

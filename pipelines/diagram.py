@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape
 
 if TYPE_CHECKING:
-    from .graph import Pipeline
+    from .graph import Graph
 
 __all__ = ["Diagram", "diagram"]
 
@@ -287,7 +287,7 @@ class _Wire:
     out_y: float = 0.0
 
 
-def diagram(p: Pipeline) -> Diagram:
+def diagram(p: Graph) -> Diagram:
     """Lay out ``p``: columns of topological generations, labelled edges, nothing overlapping."""
     items: dict[tuple[str, str], _Item] = {}
     wires: list[_Wire] = []
@@ -437,7 +437,7 @@ def diagram(p: Pipeline) -> Diagram:
     return Diagram(_header(p), width, height, tuple(boxes), tuple(edges), tuple(frames), tuple(dashed))
 
 
-def _header(p: Pipeline) -> str:
+def _header(p: Graph) -> str:
     batching = (f"max_batch_size {p.max_batch_size}: shapes leave out the batch dimension"
                 if p.batched else "no batching: shapes are whole")
     return f"pipeline {p.name!r} · {len(p.nodes)} steps · {batching}"

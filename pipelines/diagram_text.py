@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 from .tensor_ref import Condition, TensorRef
 
 if TYPE_CHECKING:
-    from .graph import Pipeline
+    from .graph import Graph
 
 __all__ = ["to_dot", "to_mermaid"]
 
 Block = tuple[Condition, ...]  # a when block: the conditions down to it, outermost first
 
 
-def to_mermaid(p: Pipeline) -> str:
+def to_mermaid(p: Graph) -> str:
     """``p`` as a Mermaid flowchart (renders in GitHub and Jupyter)."""
     nodes = p.nodes
     # Numbered ids, as names that differ only by '-', '_' or '.' would share a sanitised one.
@@ -54,7 +54,7 @@ def to_mermaid(p: Pipeline) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_dot(p: Pipeline) -> str:
+def to_dot(p: Graph) -> str:
     """``p`` in Graphviz DOT."""
     nodes = p.nodes
     q, nl = _dot_quote, "\n"
@@ -93,14 +93,14 @@ def to_dot(p: Pipeline) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _wires(p: Pipeline, arrow: str) -> Iterator[tuple[TensorRef, str, str]]:
+def _wires(p: Graph, arrow: str) -> Iterator[tuple[TensorRef, str, str]]:
     """Each wire into a step: its tensor, the step, and its label (``"y -> x"`` where the names differ)."""
     for node_name, node in p.nodes.items():
         for input_name, ref in node.bindings.items():
             yield ref, node_name, ref.name if ref.name == input_name else f"{ref.name} {arrow} {input_name}"
 
 
-def _blocks(p: Pipeline) -> dict[Block, list[str]]:
+def _blocks(p: Graph) -> dict[Block, list[str]]:
     """Each ``when`` block and the nodes directly in it, in order."""
     blocks: dict[Block, list[str]] = {}
     for name, node in p.nodes.items():

@@ -6,17 +6,15 @@ held as a :class:`~pipelines.plan.Fill`, plain data that the plan carries as JSO
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .errors import ConditionError
+from .node import GraphView
 from .plan import Fill
 from .tensor_ref import TensorRef
 from .wiring import terms
-
-if TYPE_CHECKING:
-    from .graph import Pipeline
 
 __all__ = ["UNSET", "fill_for"]
 
@@ -24,7 +22,7 @@ __all__ = ["UNSET", "fill_for"]
 UNSET: Any = object()
 
 
-def fill_for(p: Pipeline, name: str, ref: TensorRef, otherwise: Any) -> Fill | None:
+def fill_for(p: GraphView, name: str, ref: TensorRef, otherwise: Any) -> Fill | None:
     """``otherwise`` checked against output ``name`` (``ref``) and held as plan data."""
     when = terms(p, ref)
     if not when:

@@ -1,12 +1,14 @@
-"""``Pipeline``: the typed DAG of steps, checked wire by wire as it is built.
+"""``Graph``: the typed DAG of steps, checked wire by wire as it is built.
 
 Every wire is checked when it is made (names, dtypes, dims, batching), so a
 mistake fails at the line that made it. The validated graph is what both the
 compilers and the local runtime read; neither reaches back into the other.
 
-The pipeline keeps the state; its helpers live by role: ``tensor_ref.py`` and
-``node.py`` (the handles it gives out), ``wiring.py`` and ``fills.py`` (the checks),
-``diagram_text.py`` and ``diagram.py`` (drawing), ``facade.py`` (compile, run, predict).
+The graph keeps the state; its helpers live by role: ``tensor_ref.py`` and
+``node.py`` (the handles it gives out), ``wiring.py`` and ``fills.py`` (the checks).
+It knows nothing of what it becomes: the user's :class:`~pipelines.Pipeline`
+(``pipeline.py``, at the top of the package) is this graph with ``compile``, ``run``,
+``stream``, ``predict``, ``advise`` and its drawings.
 """
 
 from __future__ import annotations
@@ -14,12 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar, cast
 
 import networkx as nx
 import numpy as np
 
-from .diagram_text import to_dot, to_mermaid
 from .errors import (
     CycleError,
     DeclarationError,
@@ -29,7 +30,6 @@ from .errors import (
     TensorProducedTwiceError,
     UnknownTensorError,
 )
-from .facade import PipelineFacade
 from .fills import UNSET, fill_for
 from .names import check_name
 from .node import Node
@@ -39,14 +39,13 @@ from .tensor import TensorSpec
 from .tensor_ref import Condition, TensorRef
 from .wiring import as_ref, check_batching, check_bound, check_condition, check_select, check_wire
 
-if TYPE_CHECKING:
-    from .diagram import Diagram
-
 # Condition, Node and TensorRef are defined beside this module and imported from here too.
-__all__ = ["Condition", "Node", "Pipeline", "TensorRef"]
+__all__ = ["Condition", "Graph", "Node", "TensorRef"]
+
+_G = TypeVar("_G", bound="Graph")
 
 
-class Pipeline(PipelineFacade):
+class Graph:
     """A typed DAG of steps with named inputs and outputs.
 
     ``max_batch_size > 0`` means every tensor has a leading batch dimension that
@@ -85,7 +84,7 @@ class Pipeline(PipelineFacade):
         self._nodes: dict[str, Node] = {}
         self._bindings: dict[str, dict[str, TensorRef]] = {}
         self._outputs: dict[str, TensorRef] = {}
-        self._graph = nx.DiGraph()
+        self._graph: nx.DiGraph[str] = nx.DiGraph()
         self._order_index: dict[str, int] = {}
         self._when_stack: list[Condition] = []  # the open `with p.when(...)` blocks, outermost first
         self._when: dict[str, tuple[Condition, ...]] = {}  # node -> the conditions it runs under
@@ -193,7 +192,7 @@ class Pipeline(PipelineFacade):
                 "inputs and outputs share one namespace in Triton, so rename the output",
                 pipeline=self.name, tensor=name,
             )
-        if ref.is_input:
+        if ref.node is None:  # a pipeline input
             raise DeclarationError(
                 f"pipeline {self.name!r}: output {name!r} would be pipeline input {ref.name!r} itself; "
                 "a Triton ensemble cannot pass an input straight through, so add a step that produces it",
@@ -337,11 +336,11 @@ class Pipeline(PipelineFacade):
 
     def __repr__(self) -> str:
         return (
-            f"<Pipeline {self.name!r}: {len(self._nodes)} steps, inputs {list(self.inputs)}, "
+            f"<{type(self).__name__} {self.name!r}: {len(self._nodes)} steps, inputs {list(self.inputs)}, "
             f"outputs {list(self._outputs)}, max_batch_size={self.max_batch_size}>"
         )
 
-    def validate(self) -> Pipeline:
+    def validate(self: _G) -> _G:
         """Check that the pipeline is complete: every input bound, at least one output."""
         check_bound(self, self._nodes, why="this pipeline to compile or run")
         if not self._outputs:
@@ -366,31 +365,6 @@ class Pipeline(PipelineFacade):
     def critical_path(self, costs: Mapping[str, float] | None = None) -> tuple[list[str], float]:
         """The most expensive dependency chain and its cost (each node costs 1 by default)."""
         return critical_path(self.topological_order(), self._graph.predecessors, costs, self._order_index)
-
-    # ------------------------------------------------------------------- drawing
-
-    def to_mermaid(self) -> str:
-        """The graph as a Mermaid flowchart (renders in GitHub and Jupyter)."""
-        return to_mermaid(self)
-
-    def to_dot(self) -> str:
-        """The graph in Graphviz DOT."""
-        return to_dot(self)
-
-    def diagram(self) -> Diagram:
-        """The pipeline drawn: stages left to right, each edge labelled with name, dtype and shape.
-
-        ``.to_svg()`` needs nothing; ``.to_png(path)`` needs matplotlib. Jupyter shows a
-        pipeline this way by itself (``_repr_mimebundle_``).
-        """
-        from .diagram import diagram
-
-        return diagram(self)
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        bundle = self.diagram()._repr_mimebundle_(include, exclude)
-        bundle["text/plain"] = repr(self)
-        return bundle
 
     # ------------------------------------------------------------------ internal
 
@@ -471,7 +445,8 @@ class Pipeline(PipelineFacade):
                     "feeds it; wire one of its inputs to a streaming step's output, or drop whole_stream",
                     pipeline=self.name, step=node.name,
                 )
-        levels = {name: self.stream_from(ref.node) for name, ref in self._outputs.items()}
+        # An output is a step's, never an input (output() refuses one): its node is a name.
+        levels = {name: self.stream_from(cast(str, ref.node)) for name, ref in self._outputs.items()}
         if len(set(levels.values())) > 1:
             said = ", ".join(
                 f"{name!r} ({'once per request' if s is None else f'once per response of {s!r}'})"

@@ -14,13 +14,13 @@ from pathlib import Path
 from types import ModuleType
 
 from .errors import PipelinesError
-from .graph import Pipeline
+from .graph import Graph
 from .step import Step
 
 __all__ = ["load_pipeline", "load_pipeline_and_module"]
 
 
-def load_pipeline(spec: str) -> Pipeline:
+def load_pipeline(spec: str) -> Graph:
     """Import ``MODULE:ATTR`` and return the :class:`Pipeline` it names.
 
     ``ATTR`` is a Pipeline or a function that takes no arguments and returns one.
@@ -28,7 +28,7 @@ def load_pipeline(spec: str) -> Pipeline:
     return load_pipeline_and_module(spec)[0]
 
 
-def load_pipeline_and_module(spec: str) -> tuple[Pipeline, ModuleType]:
+def load_pipeline_and_module(spec: str) -> tuple[Graph, ModuleType]:
     """The pipeline ``spec`` names and the module it came from (the benchmark reads its samples)."""
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
@@ -46,7 +46,7 @@ def load_pipeline_and_module(spec: str) -> tuple[Pipeline, ModuleType]:
             f"{spec!r} is the step {obj.name!r}, not a Pipeline; name the Pipeline that uses it "
             f"(pipelines in {module_name!r}: {_pipelines_in(module)})"
         )
-    if callable(obj) and not isinstance(obj, Pipeline):
+    if callable(obj) and not isinstance(obj, Graph):
         try:
             inspect.signature(obj).bind()
         except TypeError as exc:  # it needs arguments the command line cannot give
@@ -57,7 +57,7 @@ def load_pipeline_and_module(spec: str) -> tuple[Pipeline, ModuleType]:
         except ValueError:  # no signature to read (a builtin): call it and see
             pass
         obj = obj()
-    if not isinstance(obj, Pipeline):
+    if not isinstance(obj, Graph):
         raise PipelinesError(
             f"{spec!r} is a {type(obj).__name__}, not a Pipeline (pipelines in {module_name!r}: {_pipelines_in(module)})"
         )
@@ -74,7 +74,7 @@ def _line_in(exc: BaseException, path: Path) -> str:
 
 
 def _pipelines_in(module: ModuleType) -> list[str] | str:
-    return [n for n, v in vars(module).items() if isinstance(v, Pipeline)] or "none"
+    return [n for n, v in vars(module).items() if isinstance(v, Graph)] or "none"
 
 
 def _import(spec: str, module_name: str) -> ModuleType:

@@ -2,6 +2,8 @@
 
 A node is a handle into its pipeline: what it is bound to and which ``when`` blocks
 it runs in are kept by the pipeline, which the node reads here (hence ``_bindings``).
+:class:`GraphView` is what a node and the wiring checks read of it, typed apart from
+:class:`~pipelines.graph.Graph` so that the graph imports them and not the other way round.
 """
 
 from __future__ import annotations
@@ -9,23 +11,41 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .errors import UnknownTensorError
 from .step import Step
+from .tensor import TensorSpec
 from .tensor_ref import Condition, TensorRef
 
-if TYPE_CHECKING:
-    from .graph import Pipeline
+__all__ = ["GraphView", "Node"]
 
-__all__ = ["Node"]
+
+class GraphView(Protocol):
+    """What a :class:`Node` and the wiring checks read of the graph they belong to
+    (a :class:`~pipelines.graph.Graph`)."""
+
+    name: str
+    max_batch_size: int
+    _bindings: dict[str, dict[str, TensorRef]]  # node -> input -> the tensor that feeds it
+    _when: dict[str, tuple[Condition, ...]]  # node -> the conditions it runs under
+    _selects: set[str]
+
+    @property
+    def inputs(self) -> Mapping[str, TensorSpec]: ...
+
+    @property
+    def nodes(self) -> Mapping[str, Node]: ...
+
+    @property
+    def batched(self) -> bool: ...
 
 
 @dataclass(frozen=True, eq=False)
 class Node:
     """One use of a step in a pipeline, under its own name. ``node["out"]`` is a typed reference."""
 
-    pipeline: Pipeline
+    pipeline: GraphView
     name: str
     step: Step
 

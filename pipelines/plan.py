@@ -30,8 +30,9 @@ all run from this one plan, so they agree on:
 :meth:`ExecutionPlan.for_outputs` prunes the plan to the nodes a subset of the
 outputs needs (cached per subset), for requests that ask for fewer outputs.
 
-:func:`plan_of` builds it (:mod:`pipelines.planning`). Not copied into a model repository:
-the BLS executor inside Triton reads the plan as JSON, and cuts it as this module does.
+:func:`pipelines.planning.plan_of` builds it from a graph, which this module does not know.
+Not copied into a model repository: the BLS executor inside Triton reads the plan as JSON,
+and cuts it as this module does.
 """
 
 from __future__ import annotations
@@ -39,13 +40,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .errors import ArgumentError, NotCompilableError
+from .errors import ArgumentError
 from .serving import cut_plan
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .graph import Pipeline
 
 __all__ = [
     "PLAN_FORMAT",
@@ -61,10 +59,6 @@ __all__ = [
     "critical_path",
     "ensemble_refusal",
     "gated_ensemble",
-    "plan_of",
-    "refuse_streaming",
-    "refuse_streaming_form",
-    "STREAMING_FORMS",
 ]
 
 #: Version of the plan's JSON form; bumped on any incompatible change.
@@ -490,17 +484,6 @@ def ensemble_refusal(plan: ExecutionPlan, *, what: str = "an ensemble") -> str:
     )
 
 
-def plan_of(pipeline: Pipeline, *, warn: bool = True) -> ExecutionPlan:
-    """The execution plan of ``pipeline`` (validated first).
-
-    ``warn``: say, with a :class:`DeadNodeWarning`, which nodes feed no output. The
-    building is :mod:`pipelines.planning`'s.
-    """
-    from .planning import build_plan  # it reads this module's classes: imported once they exist
-
-    return build_plan(pipeline, warn=warn)
-
-
 def project(plan: ExecutionPlan, wanted: frozenset[str], position: dict[str, int] | None = None) -> ExecutionPlan:
     """``plan`` cut down to the nodes the outputs ``wanted`` need, with everything derived again.
 
@@ -511,53 +494,3 @@ def project(plan: ExecutionPlan, wanted: frozenset[str], position: dict[str, int
     """
     return ExecutionPlan.from_json(cut_plan(plan.to_json(), wanted, position))
 
-
-def refuse_streaming(pipeline: Pipeline, what: str) -> None:
-    """Raise :class:`~pipelines.errors.NotCompilableError` if ``pipeline`` streams: ``what`` (a
-    prediction) has no model of a stream; the bench measures every form of one."""
-    if pipeline.streaming:
-        streams = [repr(n.name) for n in pipeline.nodes.values() if n.step.streaming]
-        raise NotCompilableError(
-            f"pipeline {pipeline.name!r} streams ({'steps' if len(streams) > 1 else 'step'} {', '.join(streams)}), "
-            f"and {what} does not simulate streams: measure its forms with `pipelines bench ... --server` "
-            "(time to first response and between responses)",
-            pipeline=pipeline.name,
-        )
-
-
-#: The forms whose compiled models stream a streaming pipeline so far; every other form refuses it
-#: (:func:`refuse_streaming_form`).
-STREAMING_FORMS = ("ensemble", "bls", "bls-sync", "fused")
-
-
-def refuse_streaming_form(pipeline: Pipeline, form: str) -> None:
-    """Raise :class:`~pipelines.errors.NotCompilableError` if the form named ``form`` cannot run
-    ``pipeline``, which streams: naming the pipeline, the step, why, and the forms that can.
-
-    The one place that says, form by form, what a streaming pipeline compiles to. The ensemble
-    cannot run a step that reads a stream whole: Triton hands the step after a decoupled one one
-    request per response, with nothing tying the requests to their stream.
-    """
-    if not pipeline.streaming:
-        return
-    live = plan_of(pipeline, warn=False).order
-    streams = [name for name in live if pipeline.nodes[name].step.streaming]
-    if not streams:  # the steps that stream feed no output: nothing streams
-        return
-    if form == "ensemble":
-        whole = [name for name in live if pipeline.nodes[name].step.whole_stream]
-        if whole:
-            raise NotCompilableError(
-                f"pipeline {pipeline.name!r}: the ensemble form cannot run step {whole[0]!r}, which reads the stream "
-                f"of {pipeline.stream_input(whole[0])!r} whole (whole_stream=True): Triton's ensemble gives the step "
-                "after a stream one request per response, with nothing tying them to their stream; the 'bls', "
-                "'bls-sync' and 'fused' forms can run it",
-                pipeline=pipeline.name, step=whole[0],
-            )
-    if form not in STREAMING_FORMS:
-        raise NotCompilableError(
-            f"pipeline {pipeline.name!r} streams (step {streams[0]!r}), and the {form!r} form does not stream yet; "
-            f"compile it to {' or '.join(map(repr, STREAMING_FORMS))}, or run it in the local runtime "
-            "(p.stream(inputs, mode=...))",
-            pipeline=pipeline.name, step=streams[0],
-        )

@@ -1,7 +1,7 @@
 """Building the execution plan from a validated pipeline: its live nodes, each node's
 composing model and its name, and the ensemble tensor that carries each wire.
 
-:func:`pipelines.plan.plan_of` is the way in; the plan itself, its JSON form and its
+:func:`plan_of` is the way in; the plan itself, its JSON form and its
 queries are :mod:`pipelines.plan`'s.
 """
 
@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from .errors import NotCompilableError
 from .plan import (
     MODEL_SEPARATOR,
     DeadNodeWarning,
@@ -29,12 +30,72 @@ from .plan import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .graph import Pipeline
+    from .graph import Graph
 
-__all__ = ["build_plan"]
+__all__ = ["STREAMING_FORMS", "build_plan", "plan_of", "refuse_streaming", "refuse_streaming_form"]
 
 
-def build_plan(pipeline: Pipeline, *, warn: bool = True) -> ExecutionPlan:
+def plan_of(pipeline: Graph, *, warn: bool = True) -> ExecutionPlan:
+    """The execution plan of ``pipeline`` (validated first).
+
+    ``warn``: say, with a :class:`DeadNodeWarning`, which nodes feed no output. The
+    building is :func:`build_plan`'s.
+    """
+    return build_plan(pipeline, warn=warn)
+
+
+def refuse_streaming(pipeline: Graph, what: str) -> None:
+    """Raise :class:`~pipelines.errors.NotCompilableError` if ``pipeline`` streams: ``what`` (a
+    prediction) has no model of a stream; the bench measures every form of one."""
+    if pipeline.streaming:
+        streams = [repr(n.name) for n in pipeline.nodes.values() if n.step.streaming]
+        raise NotCompilableError(
+            f"pipeline {pipeline.name!r} streams ({'steps' if len(streams) > 1 else 'step'} {', '.join(streams)}), "
+            f"and {what} does not simulate streams: measure its forms with `pipelines bench ... --server` "
+            "(time to first response and between responses)",
+            pipeline=pipeline.name,
+        )
+
+
+#: The forms whose compiled models stream a streaming pipeline so far; every other form refuses it
+#: (:func:`refuse_streaming_form`).
+STREAMING_FORMS = ("ensemble", "bls", "bls-sync", "fused")
+
+
+def refuse_streaming_form(pipeline: Graph, form: str) -> None:
+    """Raise :class:`~pipelines.errors.NotCompilableError` if the form named ``form`` cannot run
+    ``pipeline``, which streams: naming the pipeline, the step, why, and the forms that can.
+
+    The one place that says, form by form, what a streaming pipeline compiles to. The ensemble
+    cannot run a step that reads a stream whole: Triton hands the step after a decoupled one one
+    request per response, with nothing tying the requests to their stream.
+    """
+    if not pipeline.streaming:
+        return
+    live = plan_of(pipeline, warn=False).order
+    streams = [name for name in live if pipeline.nodes[name].step.streaming]
+    if not streams:  # the steps that stream feed no output: nothing streams
+        return
+    if form == "ensemble":
+        whole = [name for name in live if pipeline.nodes[name].step.whole_stream]
+        if whole:
+            raise NotCompilableError(
+                f"pipeline {pipeline.name!r}: the ensemble form cannot run step {whole[0]!r}, which reads the stream "
+                f"of {pipeline.stream_input(whole[0])!r} whole (whole_stream=True): Triton's ensemble gives the step "
+                "after a stream one request per response, with nothing tying them to their stream; the 'bls', "
+                "'bls-sync' and 'fused' forms can run it",
+                pipeline=pipeline.name, step=whole[0],
+            )
+    if form not in STREAMING_FORMS:
+        raise NotCompilableError(
+            f"pipeline {pipeline.name!r} streams (step {streams[0]!r}), and the {form!r} form does not stream yet; "
+            f"compile it to {' or '.join(map(repr, STREAMING_FORMS))}, or run it in the local runtime "
+            "(p.stream(inputs, mode=...))",
+            pipeline=pipeline.name, step=streams[0],
+        )
+
+
+def build_plan(pipeline: Graph, *, warn: bool = True) -> ExecutionPlan:
     """The execution plan of ``pipeline`` (validated first).
 
     ``warn``: say, with a :class:`DeadNodeWarning`, which nodes feed no output.
@@ -117,7 +178,7 @@ def _caller_level() -> int:
     return level
 
 
-def _name_models(pipeline: Pipeline, order: tuple[str, ...]) -> tuple[tuple[ModelPlan, ...], dict[str, str]]:
+def _name_models(pipeline: Graph, order: tuple[str, ...]) -> tuple[tuple[ModelPlan, ...], dict[str, str]]:
     """Each live node's composing model, and the models in the order of their first node.
 
     A Python step gets one model per node it is used at: the model knows its node, so its
@@ -181,7 +242,7 @@ def _candidates_by_node(pipeline: str, node: str) -> Iterable[str]:
         i += 1
 
 
-def _name_tensors(pipeline: Pipeline, live: ExecutionPlan) -> dict[Key, str]:
+def _name_tensors(pipeline: Graph, live: ExecutionPlan) -> dict[Key, str]:
     """Tensor -> ensemble tensor name, for every tensor something reads.
 
     A pipeline output keeps its own name (the first output, where one tensor

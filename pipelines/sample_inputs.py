@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .errors import PipelinesError
-from .graph import Pipeline
+from .graph import Graph
 from .tensor import TensorSpec
 
 __all__ = ["random_request", "sample_requests"]
@@ -35,7 +35,7 @@ def _random_tensor(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Gene
     return rng.standard_normal(shape).astype(dtype)
 
 
-def random_request(pipeline: Pipeline, *, batch: int = 1, size: int = 16, seed: int = 0) -> dict[str, np.ndarray]:
+def random_request(pipeline: Graph, *, batch: int = 1, size: int = 16, seed: int = 0) -> dict[str, np.ndarray]:
     """One request of random data shaped by the pipeline's inputs (batch dim first when it batches)."""
     rng = np.random.default_rng(seed)
     lead = (batch,) if pipeline.batched else ()
@@ -57,7 +57,7 @@ def _as_list(value: Any, where: str) -> list[dict[str, Any]]:
 
 
 def sample_requests(
-    pipeline: Pipeline,
+    pipeline: Graph,
     *,
     module: ModuleType | None = None,
     inputs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
@@ -111,7 +111,7 @@ def _takes_batch(maker: Any, name: str) -> bool:
                          "holds) or sample_inputs(), returning one request (a dict of arrays) or a list of them")
 
 
-def _image_request(pipeline: Pipeline, sample: Mapping[str, Any], batch: int) -> dict[str, Any]:
+def _image_request(pipeline: Graph, sample: Mapping[str, Any], batch: int) -> dict[str, Any]:
     # An example's make_sample(seed) gives one HWC image (and its true boxes); a batch repeats it,
     # since the images of one batch must share a size.
     (name,) = pipeline.inputs

@@ -226,7 +226,7 @@ def instance_config(
     )
 
 
-def _step_failure(step: Step) -> serving.Fail:
+def _step_failure(step: Step) -> Callable[[str, str | None], StepError]:
     """Turns what :mod:`pipelines.serving` refuses into a :class:`StepError` naming the step."""
 
     def fail(message: str, tensor: str | None) -> StepError:
@@ -354,7 +354,8 @@ def step(
         max_batch_size=max_batch_size,
         instance_count=instance_count,
         instance_kind=instance_kind,
-        dynamic_batching=dynamic_batching,
+        # ModelOptions takes True or a dict too and keeps a DynamicBatching (its __post_init__).
+        dynamic_batching=dynamic_batching,  # type: ignore[arg-type]
         device=device,
         parameters=parameters or {},
         timeout=timeout,

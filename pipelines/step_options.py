@@ -109,7 +109,9 @@ class ModelOptions:
             raise StepDeclarationError(
                 f"array must be one of {', '.join(map(repr, serving.ARRAY_KINDS))} or None; got {self.array!r}"
             )
-        clash = {("numpy", "gpu"): "numpy arrays live on the host", ("cupy", "cpu"): "CuPy arrays live on a GPU"}
+        clash: dict[tuple[str | None, str | None], str] = {
+            ("numpy", "gpu"): "numpy arrays live on the host", ("cupy", "cpu"): "CuPy arrays live on a GPU"
+        }
         if (self.array, self.device) in clash:
             raise StepDeclarationError(
                 f"array={self.array!r} cannot go with device={self.device!r}: {clash[(self.array, self.device)]}; "

@@ -7,7 +7,7 @@ map each Triton datatype name to its numpy dtype and to the config's ``TYPE_*``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,5 +139,5 @@ class TensorSpec(Spec):
         return {"dtype": self.dtype, "dims": list(self.dims)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TensorSpec:
+    def from_dict(cls, data: Mapping[str, Any]) -> TensorSpec:
         return cls(data["dtype"], data["dims"])

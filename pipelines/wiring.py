@@ -1,4 +1,4 @@
-"""The checks a ``Pipeline`` makes as it is wired: references, dtypes, dims, batching,
+"""The checks a ``Graph`` makes as it is wired: references, dtypes, dims, batching,
 ``when`` blocks and bound inputs. Each raises where the mistake is made, naming both
 ends of the wire and the fix; the pipeline keeps the state, these only read it.
 """
@@ -6,7 +6,7 @@ ends of the wire and the fix; the pipeline keeps the state, these only read it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import (
     BatchingMismatchError,
@@ -17,12 +17,9 @@ from .errors import (
     UnboundInputError,
     UnknownTensorError,
 )
-from .node import Node
+from .node import GraphView, Node
 from .step import Step
 from .tensor_ref import Condition, TensorRef
-
-if TYPE_CHECKING:
-    from .graph import Pipeline
 
 __all__ = [
     "as_ref",
@@ -36,7 +33,7 @@ __all__ = [
 ]
 
 
-def as_ref(p: Pipeline, value: Any, where: str) -> TensorRef:
+def as_ref(p: GraphView, value: Any, where: str) -> TensorRef:
     """``value`` as a reference to a tensor of ``p``: a ``TensorRef``, or a step with one output."""
     if isinstance(value, Node):
         if len(value.step.outputs) != 1:
@@ -70,7 +67,7 @@ def as_ref(p: Pipeline, value: Any, where: str) -> TensorRef:
     return value
 
 
-def check_wire(p: Pipeline, node: Node, input_name: str, value: Any, *, when: tuple[Condition, ...] = ()) -> TensorRef:
+def check_wire(p: GraphView, node: Node, input_name: str, value: Any, *, when: tuple[Condition, ...] = ()) -> TensorRef:
     """``value`` checked as what feeds ``node``'s input ``input_name`` inside the ``when`` blocks ``when``."""
     expected = node.step.inputs.get(input_name)
     if expected is None:
@@ -97,12 +94,12 @@ def check_wire(p: Pipeline, node: Node, input_name: str, value: Any, *, when: tu
     return ref
 
 
-def terms(p: Pipeline, ref: TensorRef) -> tuple[Condition, ...]:
+def terms(p: GraphView, ref: TensorRef) -> tuple[Condition, ...]:
     """The conditions under which ``ref`` exists: its producer's ``when`` blocks."""
     return () if ref.node is None else p.nodes[ref.node].when
 
 
-def check_reach(p: Pipeline, ref: TensorRef, when: tuple[Condition, ...], where: str) -> None:
+def check_reach(p: GraphView, ref: TensorRef, when: tuple[Condition, ...], where: str) -> None:
     """Refuse a read of ``ref`` where some rows may not have run the block that makes it."""
     missing = [c for c in terms(p, ref) if c not in when]
     if missing:
@@ -115,7 +112,7 @@ def check_reach(p: Pipeline, ref: TensorRef, when: tuple[Condition, ...], where:
         )
 
 
-def check_condition(p: Pipeline, value: Any, what: str, *, when: tuple[Condition, ...]) -> Condition:
+def check_condition(p: GraphView, value: Any, what: str, *, when: tuple[Condition, ...]) -> Condition:
     """``value`` as a checked condition: a BOOL tensor with one element per row, readable in ``when``."""
     cond = value if isinstance(value, Condition) else Condition(as_ref(p, value, f"{what}(...)"))
     ref = as_ref(p, cond.ref, f"{what}(...)")
@@ -138,7 +135,7 @@ def check_condition(p: Pipeline, value: Any, what: str, *, when: tuple[Condition
 
 
 def check_select(
-    p: Pipeline, cond: Condition, then: Any, otherwise: Any, *, when: tuple[Condition, ...]
+    p: GraphView, cond: Condition, then: Any, otherwise: Any, *, when: tuple[Condition, ...]
 ) -> tuple[TensorRef, TensorRef]:
     """The two sides of a select on ``cond`` inside ``when``: one spec, fixed dims, each made where it is read."""
     what = f"select({cond.describe()[5:-1]})"
@@ -167,7 +164,7 @@ def check_select(
     return then, other
 
 
-def check_batching(p: Pipeline, step: Step, node_name: str) -> None:
+def check_batching(p: GraphView, step: Step, node_name: str) -> None:
     """Refuse a step whose own ``max_batch_size`` cannot serve the pipeline's batches."""
     own = step.options.max_batch_size
     if own is None:
@@ -188,7 +185,7 @@ def check_batching(p: Pipeline, step: Step, node_name: str) -> None:
         )
 
 
-def check_bound(p: Pipeline, node_names: Iterable[str], *, why: str) -> None:
+def check_bound(p: GraphView, node_names: Iterable[str], *, why: str) -> None:
     """Refuse the first of ``node_names`` (in declaration order) with an input left unbound."""
     wanted = set(node_names)
     for n, node in p.nodes.items():

@@ -23,7 +23,8 @@ from pipelines.compile import compile_pipeline
 from pipelines.errors import ArgumentError, NotFoundError
 from pipelines.forms import form, forms_of_target
 from pipelines.percentiles import percentiles
-from pipelines.plan import ExecutionPlan, plan_of
+from pipelines.plan import ExecutionPlan
+from pipelines.planning import plan_of
 from pipelines.runtime import LocalRuntime
 from pipelines.runtime.device import resolve_device
 from pipelines.runtime.report import compare

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from pipelines import Pipeline, TensorSpec, step
 from pipelines.examples.basic import add, diamond
-from pipelines.plan import DeadNodeWarning, plan_of
+from pipelines.plan import DeadNodeWarning
+from pipelines.planning import plan_of
 
 V = TensorSpec("FP32", [-1])
 

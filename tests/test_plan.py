@@ -16,7 +16,8 @@ from toy_steps import V, add, explode, inc, split
 
 from pipelines import Pipeline
 from pipelines.examples.basic import make_diamond
-from pipelines.plan import DeadNodeWarning, ExecutionPlan, plan_of
+from pipelines.plan import DeadNodeWarning, ExecutionPlan
+from pipelines.planning import plan_of
 from pipelines.runtime import MODES, LocalRuntime
 
 

@@ -20,7 +20,8 @@ from pipelines.errors import (
     ShapeMismatchError,
 )
 from pipelines.forms import FormLeftOutWarning
-from pipelines.plan import ExecutionPlan, plan_of
+from pipelines.plan import ExecutionPlan
+from pipelines.planning import plan_of
 
 MODES = ("bls", "bls-sync", "fused")
 CASES = {"none": (0, 3), "some": (2, 3), "all": (3, 0)}

@@ -74,8 +74,8 @@ def kept_calibration(url: str | None = None, protocol: str = "http", *, store: s
             say(f"the calibration kept in {path} cannot be read ({exc}); calibrating again")
         else:
             return KeptCalibration(path, True, server, profile.date)
-    from .calibrate import calibrate
-    from .calibrate_command import QUICK
+    from ..profiling.calibrate import calibrate
+    from ..profiling.calibrate_command import QUICK
 
     say(f"no calibration kept for {server}: calibrating it{' (quick)' if quick else ''}, once")
     profile: Profile = calibrate(url, protocol, progress=progress, **(QUICK if quick else {}))

@@ -14,8 +14,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..errors import CompileError, NotCompilableError
 from ..forms import FORMS, FormLeftOutWarning, TimeoutNotEnforcedWarning, forms_of_target
 from ..forms import TARGETS as FORM_TARGETS
-from ..graph import Pipeline
-from ..plan import ensemble_refusal, refuse_streaming_form
+from ..graph import Graph
+from ..plan import ensemble_refusal
+from ..planning import refuse_streaming_form
 from .bound_plan import CompilePlan, bind_plan
 from .checks import check_compilable
 from .ensemble import layout_ensemble
@@ -40,7 +41,7 @@ TARGETS = tuple(FORM_TARGETS)
 
 
 def compile_pipeline(
-    pipeline: Pipeline, target: str = "both", *, bls_instance_count: int = 1, fused_instance_count: int = 1
+    pipeline: Graph, target: str = "both", *, bls_instance_count: int = 1, fused_instance_count: int = 1
 ) -> ModelRepository:
     """Compile ``pipeline`` into an in-memory :class:`ModelRepository`.
 
@@ -52,7 +53,7 @@ def compile_pipeline(
     ``bls_instance_count`` sets the BLS models' instance count, ``fused_instance_count``
     the fused model's (each fused instance holds an instance of every Python step).
     """
-    if not isinstance(pipeline, Pipeline):
+    if not isinstance(pipeline, Graph):
         raise CompileError(f"compile_pipeline needs a Pipeline; got {pipeline!r}")
     try:
         forms = forms_of_target(target)
@@ -114,7 +115,7 @@ def compile_pipeline(
                            top_level=tuple(top))
 
 
-def _refusal(pipeline: Pipeline, plan: CompilePlan, form: str) -> NotCompilableError | None:
+def _refusal(pipeline: Graph, plan: CompilePlan, form: str) -> NotCompilableError | None:
     """Why the form named ``form`` cannot run ``pipeline``, or ``None`` where it can."""
     if form == "ensemble" and plan.plan.conditional:
         # Triton's ensemble scheduler runs every step for every request: it cannot skip a branch.

@@ -43,7 +43,8 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import CompileError
-from ..plan import gated_ensemble, plan_of, refuse_streaming_form
+from ..plan import gated_ensemble
+from ..planning import plan_of, refuse_streaming_form
 from ..tensor import TensorSpec
 from .bound_plan import BoundNode, CompilePlan, bind_plan
 from .configs import add_io

@@ -18,7 +18,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import InferenceError
-from ..plan import plan_of
+from ..planning import plan_of
 from ..runtime.local import LocalRuntime
 from ..runtime.report import Report
 from .classification import classify

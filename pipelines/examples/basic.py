@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from ..graph import Pipeline
+from ..pipeline import Pipeline
 from ..step import step
 from ..tensor import TensorSpec
 

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from ..graph import Pipeline
+from ..pipeline import Pipeline
 from ..step import DynamicBatching, step
 from ..tensor import TensorSpec
 

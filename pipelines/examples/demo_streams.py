@@ -26,7 +26,7 @@ from ..bench import BenchmarkResult, BenchSettings, render, run_benchmark
 from ..compile import ModelRepository
 from ..errors import PipelinesError
 from ..forms import FORMS
-from ..graph import Pipeline
+from ..pipeline import Pipeline
 from . import textgen
 
 __all__ = [

@@ -19,7 +19,7 @@ import anyio
 import numpy as np
 
 from ..errors import InferenceError
-from ..graph import Pipeline
+from ..pipeline import Pipeline
 from ..step import DynamicBatching, step
 from ..tensor import TensorSpec
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph import Pipeline
+from ..pipeline import Pipeline
 from ..step import step
 from ..tensor import TensorSpec
 

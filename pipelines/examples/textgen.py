@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..graph import Pipeline
+from ..pipeline import Pipeline
 from ..step import step
 from ..tensor import TensorSpec
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PipelinesError
-from ..graph import Pipeline
+from ..pipeline import Pipeline
 from ..step import Step
 from ..steps.detector import CLASS_NAMES, PALETTE
 from ..steps.detector import detector as stand_in_detector

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..graph import Pipeline
+from ..pipeline import Pipeline
 from ..step import Step, step
 from ..steps.detector import detector as stand_in_detector
 from ..steps.letterbox import letterbox

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..compile import compile_pipeline
 from ..errors import PipelinesError
 from ..forms import FORMS
 from ..input_files import parse_forms, parse_levels
@@ -213,7 +214,7 @@ def advise_main(args: argparse.Namespace) -> int:
         from .configuration import configured
 
         best = advice.best.configuration
-        repo = configured(pipeline, best).compile(best.form, **best.compile_options())
+        repo = compile_pipeline(configured(pipeline, best).validate(), best.form, **best.compile_options())
         path = write_models(repo, args.write, overwrite_hint="removing the models first")
         print(f"wrote the winner ({best.label()}) to {path}: {', '.join(sorted(repo.models))}")
     return 0

@@ -45,7 +45,7 @@ from .step_process import ProcessInstance
 from .thread_calls import ThreadCall, running_asyncio_loop, thread_hop_cost, wait_for_future
 from .workers import StepThreads
 
-# InstancePool, Lease and thread_hop_cost are re-exported for their importers (batching, local).
+# InstancePool, Lease and thread_hop_cost are re-exported for their importer (local).
 __all__ = ["InstancePool", "Lease", "StepModel", "thread_hop_cost"]
 
 

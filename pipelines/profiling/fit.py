@@ -24,10 +24,10 @@ from statistics import median
 
 import numpy as np
 
+from ..calibration.profile import BOUNDARIES, MIB, STAND_INS, Cost, Point
 from ..errors import ArgumentError
 from ..forms import FORMS
 from .probes import BLS_KINDS, GATED_ROW, GROWN_ROW, GROWN_STEPS, HELD_KINDS, KINDS
-from .profile import BOUNDARIES, MIB, STAND_INS, Cost, Point
 
 __all__ = ["estimate", "fit_costs", "fit_rounds"]
 

@@ -16,9 +16,9 @@ import numpy as np
 
 from ..errors import PipelinesError
 from ..output_paths import output_file, replace_text
+from ..predict.step_profile import StepProfile
 from ..tensor import TensorSpec
 from .gil_share import usable_cores
-from .step_profile import StepProfile
 
 __all__ = ["CACHE_FORMAT", "StepCache", "cache_key", "value_digest"]
 
@@ -83,7 +83,7 @@ def cache_key(digest: str, inputs: Mapping[str, TensorSpec], returns: Sequence[s
     """A key of all that decides a step's cost: its code, what it is handed (and ``origins``: where
     each input came from, since a step's cost can follow its inputs' values), what it hands on, the
     batch sizes, its device, any cost given, and this machine (docs/step_profiles.md).
-    ``server``: the server that measured it (:mod:`pipelines.predict.server_steps`); None: here."""
+    ``server``: the server that measured it (:mod:`pipelines.profiling.server_steps`); None: here."""
     key = {
         "format": CACHE_FORMAT,
         "digest": digest,

@@ -24,9 +24,10 @@ from time import perf_counter
 
 import numpy as np
 
-from ..compile import ModelRepository
+from ..calibration.cost import size_label
+from ..compile import ModelRepository, compile_pipeline
 from ..forms import model_name
-from ..graph import Pipeline
+from ..graph import Graph
 from ..step import step
 from ..tensor import TensorSpec
 from .wake import sleep_pipeline, wake_pipeline
@@ -74,7 +75,7 @@ class identity:  # noqa: N801 - the probe step models are named after it
     one waiting on a step that takes a while has gone to sleep and must be woken.
     Measured on this machine, a 1 ms step made each hand-off 30–130 µs dearer than
     an instant one, in every form (docs/calibration_internals.md). Busy, not asleep, so that
-    the time is exact and :func:`pipelines.calibration.measure.measure_probes` can
+    the time is exact and :func:`pipelines.profiling.measure.measure_probes` can
     take it off.
     """
 
@@ -106,7 +107,7 @@ def count(n):
     return {"m": n}
 
 
-def _identities(p: Pipeline, ref, steps: int):
+def _identities(p: Graph, ref, steps: int):
     """``steps`` identity nodes after ``ref``, each a model of its own."""
     for i in range(steps):
         node = identity if i == 0 else identity.with_options()  # a copy: a model of its own
@@ -118,13 +119,13 @@ def _identity_models(pipeline: str, steps: int) -> tuple[str, ...]:
     return tuple(f"{pipeline}__identity" if i == 0 else f"{pipeline}__id_{i}" for i in range(steps))
 
 
-def grown_pipeline(steps: int = GROWN_STEPS, *, gated: bool = False) -> Pipeline:
+def grown_pipeline(steps: int = GROWN_STEPS, *, gated: bool = False) -> Graph:
     """``n -> grow -> identity x steps -> shrink -> y``: intermediates of ``n`` bytes between
     a request and an answer of a few bytes; ``gated``: also ``n -> count -> m`` beside the
     chain, which gates its ensemble (a gate model answers, as no one step gives both outputs).
 
     What it prices, at each size, with its requests back to back as a pipeline's come
-    (:func:`pipelines.calibration.measure.measure_probes`):
+    (:func:`pipelines.profiling.measure.measure_probes`):
 
     - ``ensemble_stub``, ``bls_stub`` and ``bls_sync_stub``: the stub of a step whose
       input comes from a step and whose output goes to one, in each form. Their figure is
@@ -137,7 +138,7 @@ def grown_pipeline(steps: int = GROWN_STEPS, *, gated: bool = False) -> Pipeline
     - ``ensemble_gate`` (gated): its latency less the plain grown ensemble's, less the gate
       model's step and stub, which the profile prices already.
     """
-    p = Pipeline(GATED if gated else GROWN, inputs={"n": NBYTES}, max_batch_size=8)
+    p = Graph(GATED if gated else GROWN, inputs={"n": NBYTES}, max_batch_size=8)
     ref = p.add(grow, n=p.input("n"))["y"]
     p.output("y", p.add(shrink, x=_identities(p, ref, steps))["y"])
     if gated:
@@ -145,7 +146,7 @@ def grown_pipeline(steps: int = GROWN_STEPS, *, gated: bool = False) -> Pipeline
     return p
 
 
-def probe_pipeline(steps: int) -> Pipeline:
+def probe_pipeline(steps: int) -> Graph:
     """``x -> identity -> ... -> y``: ``steps`` nodes, each its own composing model.
 
     One model per node, as most pipelines have: a step model shared by several
@@ -154,7 +155,7 @@ def probe_pipeline(steps: int) -> Pipeline:
     does not pay.
 
     What its probes price, at each size, from medians over the rounds
-    (:mod:`pipelines.calibration.fit`):
+    (:mod:`pipelines.profiling.fit`):
 
     - called as ``probe_1``'s step model alone (kind ``"step"``): ``stub``, from the step's own
       statistics (compute input, infer and output, less its work), and ``request``: the
@@ -171,7 +172,7 @@ def probe_pipeline(steps: int) -> Pipeline:
       each step) and its intercept ``fused_model``.
     - without statistics, the lines go through the latencies, less the request.
     """
-    p = Pipeline(f"probe_{steps}", inputs={"x": BYTES}, max_batch_size=8)
+    p = Graph(f"probe_{steps}", inputs={"x": BYTES}, max_batch_size=8)
     p.output("y", _identities(p, p.input("x"), steps))
     return p
 
@@ -266,9 +267,10 @@ def probe_plan(chains: tuple[int, ...] = CHAINS, sizes: tuple[int, ...] = SIZES)
 def probe_repository(chains: tuple[int, ...] = CHAINS) -> ModelRepository:
     """The probe pipelines in one repository: the chains in every form, the grown probe as an ensemble
     and BLS models (async and sync)."""
-    repos = [probe_pipeline(n).compile("all") for n in sorted(chains)] + [grown_pipeline().compile("both")]
-    repos.append(grown_pipeline(gated=True).compile("ensemble"))
-    repos += [wake_pipeline().compile("ensemble"), sleep_pipeline().compile("ensemble")]  # step models called directly
+    repos = [compile_pipeline(probe_pipeline(n), "all") for n in sorted(chains)]
+    repos += [compile_pipeline(grown_pipeline(), "both"), compile_pipeline(grown_pipeline(gated=True), "ensemble")]
+    # the step models of these two are called directly
+    repos += [compile_pipeline(wake_pipeline(), "ensemble"), compile_pipeline(sleep_pipeline(), "ensemble")]
     first, *rest = repos
     return first.merge(*rest) if rest else first
 
@@ -276,8 +278,3 @@ def probe_repository(chains: tuple[int, ...] = CHAINS) -> ModelRepository:
 def write_probe_repository(path: str | os.PathLike[str], chains: tuple[int, ...] = CHAINS) -> Path:
     """Write the probe repository to ``path`` (to deploy on a remote server before calibrating it)."""
     return probe_repository(chains).write(path, overwrite=True)
-
-
-def size_label(n: int) -> str:
-    """``n`` bytes as the probes are named: "64 KiB", "4 MiB"."""
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"

@@ -9,6 +9,7 @@ import contextlib
 import functools
 import importlib.metadata
 import math
+import os
 import statistics
 import tempfile
 import time
@@ -19,17 +20,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..compile import compile_pipeline
 from ..errors import ArgumentError, PipelinesError
-from ..plan import ExecutionPlan, NodePlan, plan_of
+from ..plan import ExecutionPlan, NodePlan
+from ..planning import plan_of
+from ..predict.spec import WayCost, way_costs
+from ..predict.step_profile import StepProfile
 from ..requests import check_request
 from .code_digest import code_digest
-from .spec import WayCost
 from .step_cache import StepCache, cache_key, value_digest
-from .step_profile import StepProfile
 from .step_runner import host, rows_of
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..graph import Pipeline
+    from ..graph import Graph
 
 __all__ = ["STEP_COSTS", "ServerStepCosts", "server_step_costs"]
 
@@ -88,14 +91,14 @@ class ServerStepCosts:
 
 
 def server_step_costs(
-    pipeline: Pipeline,
+    pipeline: Graph,
     inputs: Mapping[str, Any],
     local: Mapping[str, StepProfile],
     stub: tuple[WayCost, WayCost],
     *,
     url: str | None = None,
     protocol: str = "http",
-    cache: str | Path | None = None,
+    cache: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ServerStepCosts:
     """Each live step of ``pipeline`` timed as its own model on a Triton server: the bundled one,
@@ -194,7 +197,7 @@ def _identity(url: str | None, protocol: str) -> str:
 class _Run:
     """One pipeline's server step costs: each node's cache key, and the run on the server."""
 
-    def __init__(self, pipeline: Pipeline, inputs: Mapping[str, Any], local: Mapping[str, StepProfile],
+    def __init__(self, pipeline: Graph, inputs: Mapping[str, Any], local: Mapping[str, StepProfile],
                  url: str | None, protocol: str) -> None:
         if protocol not in ("http", "grpc"):
             raise ArgumentError(f"protocol must be 'http' or 'grpc'; got {protocol!r}")
@@ -294,15 +297,15 @@ class _Run:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a step sent by value is said so when the pipeline is compiled
-                compiled = self.pipeline.compile(form)
+                compiled = compile_pipeline(self.pipeline.validate(), form)
         except PipelinesError as exc:
             raise _CannotServe(f"pipeline {self.pipeline.name!r} does not compile to the {form} form "
                                f"({_first_line(exc)})") from None
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                twins = self.twins.compile("ensemble")
-                fused = self.pipeline.compile("fused")
+                twins = compile_pipeline(self.twins.validate(), "ensemble")
+                fused = compile_pipeline(self.pipeline.validate(), "fused")
         except PipelinesError as exc:
             raise _CannotServe(f"the twins of the steps of pipeline {self.pipeline.name!r} (what their stubs cost) "
                                f"do not compile ({_first_line(exc)})") from None
@@ -330,14 +333,14 @@ class _Run:
         return server
 
     @functools.cached_property
-    def twins(self) -> Pipeline:
+    def twins(self) -> Graph:
         """A pipeline of each timed step's twin: its inputs and outputs, and no work (:func:`_twin`). What the
         twin holds its instance for is its stub's (and adapter's) part of the step's, in the same moment."""
-        from ..graph import Pipeline
+        from ..graph import Graph
 
         specs = {f"in__{node}__{name}": spec for node in self.keys
                  for name, spec in self.pipeline.nodes[node].step.inputs.items()}
-        twins = Pipeline(f"{self.pipeline.name}__twins", inputs=specs, max_batch_size=self.pipeline.max_batch_size)
+        twins = Graph(f"{self.pipeline.name}__twins", inputs=specs, max_batch_size=self.pipeline.max_batch_size)
         for node in self.keys:
             step = self.pipeline.nodes[node].step
             added = twins.add(_twin(node, step, self.local[node], self.pipeline.batched), name=node,
@@ -497,7 +500,7 @@ class _Run:
                            dtype=spec.numpy_dtype) for o, spec in step.outputs.items()}
 
 
-def model_name_of(pipeline: Pipeline) -> str:
+def model_name_of(pipeline: Graph) -> str:
     """The pipeline's fused model."""
     from ..forms import model_name
 
@@ -573,20 +576,18 @@ def _first_line(what: Any) -> str:
     return text.splitlines()[0] if text else type(what).__name__
 
 
-def steps_for(pipeline: Pipeline, inputs: Mapping[str, Any], local: Mapping[str, StepProfile], server: Any, *,
-              step_costs: str = "auto", url: str | None = None, cache: str | Path | None = None,
+def steps_for(pipeline: Graph, inputs: Mapping[str, Any], local: Mapping[str, StepProfile], server: Any, *,
+              step_costs: str = "auto", url: str | None = None, cache: str | os.PathLike[str] | None = None,
               notes: list[str]) -> tuple[dict[str, StepProfile], dict[str, StepProfile]]:
     """The step profiles a prediction simulates its step models with, and those of the fused form
     (:class:`~pipelines.predict.Predictor`): ``local`` for ``step_costs="local"``, or ``"auto"`` with no
     ``url``; else the server's (:func:`server_step_costs`, over the server profile ``server``'s protocol),
     each step's source and any fallback added to ``notes``."""
-    from .prediction import _ways
-
     if step_costs not in STEP_COSTS:
         raise ArgumentError(f"step_costs is one of {', '.join(STEP_COSTS)}; got {step_costs!r}")
     if step_costs == "local" or (step_costs == "auto" and url is None):
         return dict(local), dict(local)
-    found = server_step_costs(pipeline, inputs, local, _ways(server.costs["stub"]), url=url,
+    found = server_step_costs(pipeline, inputs, local, way_costs(server.costs["stub"]), url=url,
                               protocol=server.protocol if server.protocol in ("http", "grpc") else "http", cache=cache)
     notes += found.notes()
     return dict(found.profiles), dict(found.fused or local)

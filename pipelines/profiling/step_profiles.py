@@ -18,7 +18,9 @@ import numpy as np
 
 from ..errors import ArgumentError, InferenceError
 from ..freed_memory import keep_freed_memory_here
-from ..plan import ExecutionPlan, NodePlan, plan_of
+from ..plan import ExecutionPlan, NodePlan
+from ..planning import plan_of
+from ..predict.step_profile import StepProfile
 from ..requests import check_request
 from ..step import Step
 from ..tensor import TensorSpec
@@ -26,12 +28,11 @@ from .code_digest import code_digest
 from .gil_share import GIL_PAIRS, GIL_TARGET_S, gil_losses
 from .memory_share import MIN_CPU_US, measure_memory_share, streamer
 from .step_cache import StepCache, cache_key, value_digest
-from .step_profile import StepProfile
 from .step_runner import StepRunner, blame, host, rows_of
 from .step_timing import COLD_BYTES, TARGET_S, evict, time_call
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..graph import Pipeline
+    from ..graph import Graph
 
 __all__ = ["StepProfile", "profile_steps"]
 
@@ -43,7 +44,7 @@ Given = tuple[tuple[int, ...], tuple[float, ...]]  # a cost given by the user: r
 ROUNDS = 3
 
 
-def profile_steps(pipeline: Pipeline, inputs: Mapping[str, Any], *, cache: str | os.PathLike[str] | None = None,
+def profile_steps(pipeline: Graph, inputs: Mapping[str, Any], *, cache: str | os.PathLike[str] | None = None,
                   batch_sizes: Sequence[int] | None = None, repeats: int | None = None,
                   costs: Mapping[str, float | Mapping[int, float]] | None = None,
                   progress: Progress | None = None) -> dict[str, StepProfile]:
@@ -68,7 +69,7 @@ def profile_steps(pipeline: Pipeline, inputs: Mapping[str, Any], *, cache: str |
 class _Profiler:
     """One call of :func:`profile_steps`: the checked arguments, and the walk over the plan."""
 
-    def __init__(self, pipeline: Pipeline, inputs: Mapping[str, Any], cache: str | os.PathLike[str] | None,
+    def __init__(self, pipeline: Graph, inputs: Mapping[str, Any], cache: str | os.PathLike[str] | None,
                  batch_sizes: Sequence[int] | None, repeats: int | None, costs: Mapping[str, Any] | None,
                  progress: Progress | None) -> None:
         self.pipeline = pipeline

@@ -55,7 +55,7 @@ class Sample:
     byte, whose own work is nothing. Above its figure at the smallest size, it is the part of a
     stub's cost that its input's size sets on the stub's side (docs/calibration_internals.md).
 
-    Those six are read per round; the fit (:func:`pipelines.calibration.fit.fit_rounds`)
+    Those six are read per round; the fit (:func:`pipelines.profiling.fit.fit_rounds`)
     takes their medians over the rounds, and bootstraps the rounds for the intervals.
     """
 
@@ -65,7 +65,7 @@ class Sample:
 
     def round_rows(self) -> list[tuple]:
         """``(kind, steps, bytes, round, latency_us, stub_us, stub_in_us, model_us, steps_us,
-        reader_us)`` per round: what :func:`pipelines.calibration.fit.fit_rounds` reads."""
+        reader_us)`` per round: what :func:`pipelines.profiling.fit.fit_rounds` reads."""
         p = self.probe
         return [(p.row_kind, p.steps, p.size, k, *figures) for k, figures in enumerate(self.rounds)]
 
@@ -142,7 +142,7 @@ def measure_probes(
     timed request of a chain (around each burst of a grown probe) for the stub's own cost, and
     for a BLS or ensemble probe its top-level model's (what it holds its instance, or the
     request; see :class:`Sample`). ``busy_ms`` is
-    what each probe step works before it answers (:data:`~pipelines.calibration.probes.BUSY_MS`):
+    what each probe step works before it answers (:data:`~pipelines.profiling.probes.BUSY_MS`):
     it is taken off them all, so that a sample holds the server's costs only. ``clock`` is what times requests and rounds
     (seconds; a virtual one in tests, which then know each figure exactly).
     """

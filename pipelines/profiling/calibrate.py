@@ -13,14 +13,15 @@ from functools import partial
 from pathlib import Path
 from time import perf_counter
 
+from ..calibration.noise import round_disagreement
+from ..calibration.profile import Profile
 from ..errors import PipelinesError
 from ..freed_memory import keep_freed_memory_here
 from ..output_paths import output_dir
 from .fit import fit_rounds
 from .measure import Budget, measure_lanes, measure_probes, measure_rounds, round_request_us
-from .noise import NoiseWatch, round_disagreement
+from .noise_watch import NoiseWatch
 from .probes import BUSY_MS, CHAINS, SIZES, Probe, probe_plan, probe_repository
-from .profile import Profile
 from .wake import SLEEP_MODEL, WAKE_MODEL, fit_wake, measure_wake
 
 __all__ = ["MachineBusyWarning", "ProbesNotDeployed", "calibrate"]

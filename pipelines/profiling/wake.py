@@ -2,7 +2,7 @@
 the ``wake`` and ``wake_idle`` curves of a profile (docs/simulation.md, "Waking a side that waited").
 
 The probes price every boundary with steps that work
-:data:`~pipelines.calibration.probes.BUSY_MS` before they answer; a real step works longer, and the
+:data:`~pipelines.profiling.probes.BUSY_MS` before they answer; a real step works longer, and the
 thread that waits for it goes to sleep and must be woken. So a step model is called directly with
 several work times (``wake``), and a second one that sleeps instead, leaving every core idle
 (``wake_idle``). Both are read against the working probe's 0.5 ms figure, less what the sleep itself
@@ -12,16 +12,15 @@ overslept (a step profile holds that part), and halved: a direct call has two ha
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from statistics import median
 from time import perf_counter, sleep
 from typing import Any
 
 import numpy as np
 
-from ..errors import PipelinesError
-from ..graph import Pipeline
+from ..calibration.cost import checked_wake
+from ..graph import Graph
 from ..step import step
 from ..tensor import TensorSpec
 
@@ -57,16 +56,16 @@ def sleeper(ms):
     return {"worked": np.full_like(ms, (perf_counter() - began) * 1e3)}
 
 
-def wake_pipeline() -> Pipeline:
+def wake_pipeline() -> Graph:
     """The wake probe that works: one step, whose model the calibration calls directly."""
-    p = Pipeline("probe_wake", inputs={"ms": MS}, max_batch_size=0)
+    p = Graph("probe_wake", inputs={"ms": MS}, max_batch_size=0)
     p.output("worked", p.add(waiter, ms=p.input("ms"))["worked"])
     return p
 
 
-def sleep_pipeline() -> Pipeline:
+def sleep_pipeline() -> Graph:
     """The wake probe that sleeps: one step, whose model the calibration calls directly."""
-    p = Pipeline("probe_sleep", inputs={"ms": MS}, max_batch_size=0)
+    p = Graph("probe_sleep", inputs={"ms": MS}, max_batch_size=0)
     p.output("worked", p.add(sleeper, ms=p.input("ms"))["worked"])
     return p
 
@@ -111,21 +110,3 @@ def fit_wake(over: dict[float, Sequence[float]], against: dict[float, Sequence[f
     and never below 0 (a wake costs nothing less than the probes' own)."""
     first = median((against or over)[WAITS_MS[0]])
     return tuple((ms * 1e3, max(0.0, (median(over[ms]) - first) / HANDOFFS)) for ms in WAITS_MS)
-
-
-def checked_wake(points: Iterable[Sequence[float]]) -> tuple[tuple[float, float], ...]:
-    """``points`` as sorted ``(waited µs, µs)`` pairs; refused, naming the pair, where one is not
-    two finite numbers >= 0 or two share a wait."""
-    out = []
-    for pair in points:
-        try:
-            waited, us = (float(v) for v in pair)
-        except (TypeError, ValueError):
-            raise PipelinesError(f"a profile's wake is (waited µs, µs) pairs; got {pair!r}") from None
-        if not (math.isfinite(waited) and math.isfinite(us) and waited >= 0 and us >= 0):
-            raise PipelinesError(f"a profile's wake is (waited µs, µs) pairs of finite numbers >= 0; got {pair!r}")
-        out.append((waited, us))
-    out.sort()
-    if len({w for w, _ in out}) != len(out):
-        raise PipelinesError(f"a profile's wake has one pair per wait; got {out!r}")
-    return tuple(out)

@@ -1,5 +1,5 @@
 """How far two threads of one process fail to overlap one step: its GIL share, the part of its CPU time that the fused
-form's threads cannot run side by side. Measured for :mod:`pipelines.predict.step_profiles` by running the step in one
+form's threads cannot run side by side. Measured for :mod:`pipelines.profiling.step_profiles` by running the step in one
 thread, then in two.
 """
 
