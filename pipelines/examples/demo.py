@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.stream:
                 streamed_alike = demo_streams.run_streaming_part(server.grpc_url)
             print("\n== stopping the server ...", flush=True)
-    print(f"\nmake demo took {time.perf_counter() - started:.0f} s")
+    print(f"\nthe demo took {time.perf_counter() - started:.0f} s")
     if not streamed_alike:
         print("a form of the streaming pipeline streamed another text than the local runtime: see above")
         return 1

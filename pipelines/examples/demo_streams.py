@@ -220,8 +220,8 @@ def run_streaming_part(grpc_url: str, *, out: TextIO = sys.stdout, bench: bool =
         started = time.perf_counter()
         result = bench_forms(grpc_url, concurrency=concurrency, duration=duration,
                              progress=bool(getattr(sys.stderr, "isatty", lambda: False)()))
-        out.write(f"  measured in {time.perf_counter() - started:.0f} s\n")
-        out.write("  " + bench_table(result).replace("\n", "\n  ") + "\n")
+        out.write(f"  measured in {time.perf_counter() - started:.0f} s\n\n")
+        out.write("".join(f"  {line}\n" if line else "\n" for line in bench_table(result).splitlines()))
         out.write("\nFor figures you would publish (the same prompts, longer windows): "
                   "pipelines bench pipelines.examples.demo_streams:ungated --server\n")
     out.flush()
