@@ -57,9 +57,9 @@ from pathlib import Path
 
 from pipelines.bench import BenchSettings, run_benchmark
 from pipelines.calibration import load_profile
+from pipelines.commands.loading import load_pipeline_and_module
+from pipelines.commands.machine import machine_info
 from pipelines.forms import FORMS
-from pipelines.loading import load_pipeline_and_module
-from pipelines.machine import machine_info
 from pipelines.predict import advise, predict
 from pipelines.predict.prediction import sample_inputs
 from pipelines.profiling.calibrate import calibrate
