@@ -41,11 +41,11 @@ from pipelines import Pipeline
 from pipelines.bench import BenchSettings, run_benchmark
 from pipelines.bench.results import machine_info
 from pipelines.bench.runner import write_bench_repository
+from pipelines.commands.loading import load_pipeline_and_module
+from pipelines.commands.sample_inputs import sample_requests
 from pipelines.examples.basic import VECTOR, Work, make_diamond
 from pipelines.forms import FORMS
 from pipelines.forms import form as form_of
-from pipelines.loading import load_pipeline_and_module
-from pipelines.sample_inputs import sample_requests
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "perf_analyzer_vs_bench.json"

@@ -56,12 +56,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipelines.bench import BenchSettings, run_benchmark
-from pipelines.calibration import calibrate, load_profile
+from pipelines.calibration import load_profile
+from pipelines.commands.loading import load_pipeline_and_module
+from pipelines.commands.machine import machine_info
 from pipelines.forms import FORMS
-from pipelines.loading import load_pipeline_and_module
-from pipelines.machine import machine_info
 from pipelines.predict import advise, predict
 from pipelines.predict.prediction import sample_inputs
+from pipelines.profiling.calibrate import calibrate
 from pipelines.tables import format_table
 
 # boundaries.py is the benchmark's own fixture, beside this file (on sys.path when run as a script).
@@ -473,7 +474,7 @@ def main(argv=None) -> int:
         profile_path = Path(args.profile)
         load_profile(profile_path)
     else:
-        from pipelines.calibration.calibrate_command import QUICK
+        from pipelines.profiling.calibrate_command import QUICK
 
         profile = calibrate(progress=not args.quiet, **(QUICK if args.quick else {}))
         profile_path = out / "profile.json"

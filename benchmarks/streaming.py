@@ -49,13 +49,13 @@ from pipelines.bench.results import package_versions
 from pipelines.bench.runner import write_bench_repository
 from pipelines.bench.server_target import StreamingServerTarget, model_name
 from pipelines.bench.stability import StabilityRule
+from pipelines.commands.machine import machine_info
 from pipelines.compile.configs import config_text
+from pipelines.core.tensor import TensorSpec
 from pipelines.errors import PipelinesError
 from pipelines.examples import textgen
 from pipelines.forms import FormLeftOutWarning
-from pipelines.machine import machine_info
 from pipelines.percentiles import percentiles
-from pipelines.tensor import TensorSpec
 from pipelines.triton import TritonServer
 
 LEVELS = (1, 4)

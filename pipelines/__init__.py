@@ -8,11 +8,11 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from . import errors
+from .core.graph import Condition, Node, TensorRef
+from .core.step import DynamicBatching, ExternalModel, ModelOptions, Step, external_model, step
+from .core.tensor import DATATYPES, TensorSpec
 from .errors import *  # noqa: F403 - every error class, named once: in errors.__all__
 from .forms import FormLeftOutWarning, TimeoutNotEnforcedWarning
-from .graph import Condition, Node, TensorRef
-from .step import DynamicBatching, ExternalModel, ModelOptions, Step, external_model, step
-from .tensor import DATATYPES, TensorSpec
 
 __version__ = "0.1.0"
 

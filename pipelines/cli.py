@@ -12,14 +12,14 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from .commands.input_files import parse_forms, parse_inputs
+from .commands.interrupts import sigterm_as_interrupt
+from .commands.loading import load_pipeline
+from .commands.output_paths import output_dir
 from .compile import compile_pipeline
-from .diagram_text import to_dot, to_mermaid
+from .drawing.diagram_text import to_dot, to_mermaid
 from .errors import PipelinesError
 from .forms import FORMS, TARGETS
-from .input_files import parse_forms, parse_inputs
-from .interrupts import sigterm_as_interrupt
-from .loading import load_pipeline
-from .output_paths import output_dir
 
 __all__ = ["load_pipeline", "main"]
 
@@ -353,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
               "bench --profile).",
               ["calibrate --out profile.json", "calibrate --quick --out profile.json",
                "calibrate --url HOST:8001 --protocol grpc --out remote-grpc.json"],
-              "pipelines.calibration.calibrate_command")
+              "pipelines.profiling.calibrate_command")
 
     _delegate(sub, "predict", "predict each form's latency and throughput on a profiled server",
               "Simulate the pipeline's forms on the server that a profile measured: the server's schedule "

@@ -3,7 +3,7 @@
 
 It sits at the top of the package, above the layers it calls (compile, runtime, predict), as
 Merlin's ``Ensemble`` sits over its runtime-free ``Graph``: the declaration and its checks are the
-core's (:class:`pipelines.graph.Graph`), which knows nothing of what a graph compiles to.
+core's (:class:`pipelines.core.graph.Graph`), which knows nothing of what a graph compiles to.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .compile import ModelRepository, compile_pipeline
-from .diagram import Diagram, diagram
-from .diagram_text import to_dot, to_mermaid
-from .graph import Graph
+from .core.graph import Graph
+from .drawing.diagram import Diagram, diagram
+from .drawing.diagram_text import to_dot, to_mermaid
 from .predict import Advice, Prediction
 from .predict import advise as advise_pipeline
 from .predict import predict as predict_pipeline
@@ -56,7 +56,7 @@ class Pipeline(Graph):
         """Run once in the local runtime (blocking; works inside Jupyter's running loop too).
 
         ``outputs``: answer only these, running only the steps they need (as tritonclient asks).
-        A streaming pipeline (:attr:`~pipelines.graph.Graph.streaming`) answers the list of
+        A streaming pipeline (:attr:`~pipelines.core.graph.Graph.streaming`) answers the list of
         its responses, as :meth:`stream` yields them.
         """
         self.validate()

@@ -75,7 +75,7 @@ def test_a_lazy_or_type_checking_import_makes_a_circle_too(tmp_path, monkeypatch
 def test_pipeline_is_the_users_class_over_the_cores_graph():
     import pipelines
     from pipelines import Pipeline, predict
-    from pipelines.graph import Graph
+    from pipelines.core.graph import Graph
     from pipelines.pipeline import Pipeline as TopPipeline
     from pipelines.predict.prediction import predict as predict_function
 
@@ -88,5 +88,5 @@ def test_pipeline_is_the_users_class_over_the_cores_graph():
     assert set(graph.predecessors("pipelines.pipeline")) <= {"pipelines", "pipelines.cli", "pipelines.__main__"} | {
         m for m in graph if m.startswith("pipelines.examples.")
     }
-    assert not {m for m in nx.descendants(graph, "pipelines.graph") if m.split(".")[1] in
+    assert not {m for m in nx.descendants(graph, "pipelines.core.graph") if m.split(".")[1] in
                 {"compile", "runtime", "predict", "calibration", "bench", "endpoint", "triton", "pipeline"}}

@@ -18,8 +18,6 @@ from pipelines.bench.results import machine_info
 from pipelines.calibration.noise import (
     MAX_WIDENING,
     MachineNoise,
-    NoiseWatch,
-    _tree_ticks,
     measurement_spread,
     round_disagreement,
     share_spread,
@@ -39,6 +37,7 @@ from pipelines.predict.ranges import (
     step_spread,
     ways,
 )
+from pipelines.profiling.noise_watch import NoiseWatch, _tree_ticks
 
 #: The diamond's steps priced as given: nothing measured here, so nothing of this machine's load enters.
 GIVEN = {"branch_0": 2000.0, "branch_1": 2000.0, "join_0": 100.0}

@@ -21,10 +21,10 @@ from pipelines.bench.report_tables import render
 from pipelines.bench.server_target import StreamingServerTarget, check_streaming_settings
 from pipelines.bench.stability import StabilityRule
 from pipelines.bench.streams import StreamTimes, stream_figures
+from pipelines.commands.input_files import parse_inputs
+from pipelines.core.tensor import TensorSpec
 from pipelines.errors import InferenceError, PipelinesError
 from pipelines.examples import textgen
-from pipelines.input_files import parse_inputs
-from pipelines.tensor import TensorSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_triton_decoupled_facts import write_models  # noqa: E402  (the hand-written decoupled models)

@@ -1,4 +1,4 @@
-"""The requests a benchmark sends: :mod:`pipelines.sample_inputs`, which the prediction
+"""The requests a benchmark sends: :mod:`pipelines.commands.sample_inputs`, which the prediction
 shares, under the name the benchmark has always given them; and the user's prompts, one
 request per line of a text file (``--input prompts.txt``), for a pipeline that takes text.
 """
@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from ..commands.sample_inputs import random_request, sample_requests
+from ..core.graph import Graph
 from ..errors import PipelinesError
-from ..graph import Graph
-from ..sample_inputs import random_request, sample_requests
 
 __all__ = [
     "PROMPT_SUFFIXES", "given_requests", "is_prompt_file", "prompt_requests", "random_request", "sample_requests",

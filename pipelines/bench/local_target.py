@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from time import perf_counter
 from typing import Any
 
-from ..graph import Graph
+from ..core.graph import Graph
 from .streams import StreamTimes
 
 __all__ = ["LocalTarget", "local_target"]

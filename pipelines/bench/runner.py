@@ -27,15 +27,15 @@ from typing import Any, TextIO
 
 import anyio
 
+from ..commands.loading import load_pipeline_and_module
+from ..commands.output_paths import output_dir
 from ..compile import compile_pipeline
+from ..core.graph import Graph
+from ..core.plan import ensemble_refusal
+from ..core.planning import plan_of, refuse_streaming_form
 from ..errors import NotCompilableError, PipelinesError, sole_exception
 from ..forms import FormLeftOutWarning
 from ..freed_memory import keep_freed_memory_here
-from ..graph import Graph
-from ..loading import load_pipeline_and_module
-from ..output_paths import output_dir
-from ..plan import ensemble_refusal
-from ..planning import plan_of, refuse_streaming_form
 from ..triton.statistics import breakdown_over
 from .inputs import sample_requests
 from .loadgen import LoadResult, run_load

@@ -17,11 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from ..commands.output_paths import replace_text
 from ..errors import PipelinesError, ProfileMismatchError
-from ..output_paths import replace_text
-from .cost import BOUNDARIES, MIB, Cost, cost_from_json
+from .cost import BOUNDARIES, MIB, Cost, checked_wake, cost_from_json
 from .noise import MachineNoise, round_disagreement
-from .wake import checked_wake
 
 __all__ = [
     "BOUNDARIES",
@@ -81,12 +80,12 @@ class Profile:
     ``round_samples`` each probe's figures in each round, ``(kind, steps, bytes, round,
     latency µs, stub µs, of which in, BLS hold µs, steps' hold µs, reader µs)``: the costs are the
     fit of their medians over the rounds, and each cost's intervals (``ci_level``, 0.95)
-    a bootstrap over the rounds (:func:`pipelines.calibration.fit.fit_rounds`). Older
+    a bootstrap over the rounds (:func:`pipelines.profiling.fit.fit_rounds`). Older
     profiles have none (0, ``()``).
 
     ``wake`` is what a hand-off between processes costs beyond the boundaries' figures once
     the side that waits for it has waited a while: ``(waited µs, µs)`` points, from probes
-    whose step works that long (:mod:`pipelines.calibration.wake`). A thread that waits
+    whose step works that long (:mod:`pipelines.profiling.wake`). A thread that waits
     long enough sleeps, and its core idles; waking them takes longer the longer they slept.
     ``wake_idle`` is the same where every core idled that long (a step that sleeps, or waits
     on a GPU). Profiles without them (older ones) price no wake.
@@ -94,7 +93,7 @@ class Profile:
     ``round_request_us`` is what each request of a fused model's round adds to the time the round
     holds its instance, beyond the first and beyond its bytes (its request read, its answer made):
     the slope of a fused probe's hold over the rows of its rounds
-    (:func:`pipelines.calibration.measure.measure_rounds`). Profiles without it (older ones) price 0.
+    (:func:`pipelines.profiling.measure.measure_rounds`). Profiles without it (older ones) price 0.
 
     ``noise`` is how steady the machine was while it was calibrated (:class:`~pipelines.calibration.noise.MachineNoise`):
     a profile calibrated on a busy machine is still used, and every table it feeds says so. ``None`` (older

@@ -11,8 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..tables import format_table
-from .cost import BOUNDARIES
-from .probes import size_label
+from .cost import BOUNDARIES, size_label
 
 __all__ = ["plot_profile", "profile_table"]
 

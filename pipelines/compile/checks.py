@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from ..core.graph import Graph
+from ..core.names import MAX_NAME_LENGTH
+from ..core.plan import ExecutionPlan
 from ..errors import CompileError, DeclarationError, InvalidNameError
-from ..graph import Graph
-from ..names import MAX_NAME_LENGTH
-from ..plan import ExecutionPlan
 
 __all__ = ["check_compilable"]
 

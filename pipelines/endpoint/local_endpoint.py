@@ -24,11 +24,11 @@ from typing import Any, TextIO
 import grpc
 from aiohttp import web
 
+from ..core.graph import Graph
+from ..core.plan import ensemble_refusal
+from ..core.planning import plan_of
 from ..errors import NotCompilableError, PipelinesError, ServerError, ServerStartError
 from ..freed_memory import one_heap_here
-from ..graph import Graph
-from ..plan import ensemble_refusal
-from ..planning import plan_of
 from ..runtime.local import MODES, LocalRuntime
 from ..runtime.report import Report
 from .grpc_service import GRPC_OPTIONS, add_service

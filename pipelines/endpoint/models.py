@@ -16,9 +16,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
 from ..compile import compile_pipeline
+from ..core.graph import Graph
 from ..errors import CompileError
 from ..forms import FormLeftOutWarning, form
-from ..graph import Graph
 
 __all__ = ["ModelStatistics", "ServedModel", "served_models"]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.step import step
+from ..core.tensor import TensorSpec
 from ..pipeline import Pipeline
-from ..step import step
-from ..tensor import TensorSpec
 
 __all__ = ["make_text", "measure", "pipeline", "sample_inputs", "shout"]
 

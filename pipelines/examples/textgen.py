@@ -18,9 +18,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..core.step import step
+from ..core.tensor import TensorSpec
 from ..pipeline import Pipeline
-from ..step import step
-from ..tensor import TensorSpec
 
 __all__ = [
     "BLOCKED",

@@ -12,11 +12,11 @@ from typing import Any, TypeVar
 
 import networkx as nx
 
+from ..core.graph import Graph
+from ..core.planning import plan_of
+from ..core.step import DynamicBatching
 from ..errors import ArgumentError
 from ..forms import form as form_named
-from ..graph import Graph
-from ..planning import plan_of
-from ..step import DynamicBatching
 
 __all__ = ["Configuration", "ModelChoice", "configured", "default_configuration"]
 

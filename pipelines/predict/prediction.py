@@ -1,7 +1,7 @@
 """``p.predict(profile, ...)``: a pipeline's forms simulated on a server profile.
 
 The server profile (``pipelines calibrate``) prices the boundaries; the step profiles
-(:mod:`pipelines.predict.step_profiles`, each step run for real here) price the steps; the
+(:mod:`pipelines.profiling.step_profiles`, each step run for real here) price the steps; the
 simulator (:mod:`pipelines.predict.simulator`) plays the server's schedule on a virtual
 clock. This module builds what the simulator is given (:class:`~pipelines.predict.spec.SimSpec`)
 from those three, and shapes its answers into a :class:`Prediction`.
@@ -19,13 +19,14 @@ from typing import Any, cast
 import numpy as np
 
 from ..calibration.noise import MachineNoise
+from ..core.graph import Graph
+from ..core.plan import ensemble_refusal
+from ..core.planning import plan_of, refuse_streaming
+from ..core.tensor import TensorSpec, numpy_dtype
 from ..errors import ArgumentError
 from ..forms import FORMS
 from ..forms import form as form_named
-from ..graph import Graph
-from ..plan import ensemble_refusal
-from ..planning import plan_of, refuse_streaming
-from ..tensor import TensorSpec, numpy_dtype
+from ..profiling.when_shares import WhenShares
 from .configuration import Configuration, default_configuration
 from .prediction_rows import Prediction, PredictionRow
 from .ranges import (
@@ -41,7 +42,6 @@ from .ranges import (
     widening,
 )
 from .spec import Curve, Load, SimResult, SimSpec, StepSpec, WayCost
-from .when_shares import WhenShares
 
 __all__ = ["SIMULATION_SPREAD", "Prediction", "PredictionRow", "Predictor", "predict"]
 
@@ -100,10 +100,10 @@ class Predictor:
         step_costs: str = "auto",
         url: str | None = None,
     ) -> None:
-        from ..calibration.noise import NoiseWatch
         from ..calibration.profile import default_lanes, load_profile
-        from .server_steps import steps_for
-        from .step_profiles import profile_steps
+        from ..profiling.noise_watch import NoiseWatch
+        from ..profiling.server_steps import steps_for
+        from ..profiling.step_profiles import profile_steps
 
         watch = NoiseWatch()  # how steady this machine is while the steps are measured
 
@@ -189,7 +189,7 @@ class Predictor:
 
     def _require_match(self, allow_mismatch: bool) -> None:
         """Step profiles are measured on this machine: the server profile must come from one like it."""
-        from ..machine import machine_info
+        from ..commands.machine import machine_info
 
         found = self.server.require_match(machine=machine_info(), allow_mismatch=allow_mismatch)
         self.notes += [f"the profile was measured elsewhere: {d}" for d in found]
@@ -407,7 +407,7 @@ def sample_inputs(pipeline: Graph, module: Any = None) -> dict[str, Any]:
     """One request for a pipeline with no inputs given: ``module``'s own ``sample_inputs()`` or
     ``make_sample()`` where it has one (as the benchmark sends), else random tensors shaped by
     the pipeline's input specs."""
-    from ..sample_inputs import sample_requests
+    from ..commands.sample_inputs import sample_requests
 
     return dict(sample_requests(pipeline, module=module)[0])
 
@@ -432,7 +432,7 @@ def predict(
     ``allow_mismatch``: use a profile measured on another machine (warns instead of refusing).
     ``step_costs``: ``"server"`` times each step's own model on the bundled Triton server (or ``url``),
     ``"local"`` takes the step profiles timed here, ``"auto"`` (default) the server at ``url`` where one
-    is given; the notes say where each step's cost came from (:mod:`pipelines.predict.server_steps`).
+    is given; the notes say where each step's cost came from (:mod:`pipelines.profiling.server_steps`).
     """
     wanted = loads(concurrency, rate)
     predictor = Predictor(pipeline, profile, **options)

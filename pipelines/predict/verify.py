@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from ..compile import compile_pipeline
+from ..core.graph import Graph
 from ..errors import ArgumentError
 from ..forms import model_name
-from ..graph import Graph
 from ..tables import format_table
 from .configuration import Configuration, configured
 

@@ -35,9 +35,9 @@ from typing import Any
 import anyio
 
 from .. import serving
+from ..core.graph import Node
+from ..core.step import DynamicBatching, check_outputs, instance_config
 from ..errors import PipelinesError, StepError, StepTimeoutError
-from ..graph import Node
-from ..step import DynamicBatching, check_outputs, instance_config
 from .batching import DynamicBatcher
 from .device import CopyCounter, Placement
 from .instance_pool import InstancePool, Lease

@@ -1,7 +1,7 @@
 """The local runtime: run a pipeline's execution plan without a server, as Triton would.
 
 There is one mode per form of :data:`pipelines.forms.FORMS`; all give the same
-answers and run the same plan (:mod:`pipelines.plan`: live nodes only, pruned to
+answers and run the same plan (:mod:`pipelines.core.plan`: live nodes only, pruned to
 the requested outputs by ``serving.Schedule``, as the server's executors prune it).
 They differ in the form's scheduler (:mod:`pipelines.runtime.scheduler`):
 
@@ -39,13 +39,13 @@ import anyio
 import anyio.lowlevel
 
 from ..blocking import run_blocking
+from ..core.graph import Graph
+from ..core.plan import critical_path, ensemble_refusal, gated_ensemble
+from ..core.planning import plan_of
+from ..core.requests import check_request
 from ..errors import InferenceError, InputError, NotCompilableError, PipelinesError, StepError
 from ..forms import form_names
 from ..freed_memory import keep_freed_memory_here
-from ..graph import Graph
-from ..plan import critical_path, ensemble_refusal, gated_ensemble
-from ..planning import plan_of
-from ..requests import check_request
 from ..serving import Branches, Schedule, bytes_tensor
 from .bls_gate import BlsGate
 from .device import Placement

@@ -7,10 +7,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from ..core.graph import Graph
+from ..core.plan import ExecutionPlan
 from ..errors import ArgumentError, InferenceError, StepError
 from ..forms import Form, form
-from ..graph import Graph
-from ..plan import ExecutionPlan
 from .device import gpu_available, resolve_device
 from .step_process import ISOLATIONS, isolation_supported
 

@@ -32,10 +32,10 @@ from typing import Any
 import anyio
 
 from .. import serving
+from ..core.graph import Graph
+from ..core.step import check_outputs
 from ..errors import PipelinesError, StepError, StepTimeoutError
-from ..graph import Graph
 from ..serving import SKIPPED, Rows, Schedule
-from ..step import check_outputs
 from .instances import StepModel
 from .scheduler import Request, Scheduler
 

@@ -46,7 +46,7 @@ class TritonPythonModel:
             self.inputs, self.max_batch_size,
             checked_by_triton=serving.config_declares(model_config, self.inputs, self.max_batch_size),
         )
-        # The execution plan (pipelines.plan.ExecutionPlan.to_json): nodes, tensors, outputs.
+        # The execution plan (pipelines.core.plan.ExecutionPlan.to_json): nodes, tensors, outputs.
         self.plan = plan["plan"]
         self.timeouts_us = {name: int(us) for name, us in plan.get("timeouts_us", {}).items()}
         self.outputs = {out["name"]: out for out in self.plan["outputs"]}

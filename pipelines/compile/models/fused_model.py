@@ -40,7 +40,7 @@ pb_utils = serving.pb_utils  # Triton's triton_python_backend_utils in a stub; N
 #: The model's plan in its version folder (written by pipelines/compile/fused.py).
 PLAN_FILE = "fused.json"
 #: A folder in the server's environment: each instance then times its sync Python steps and writes the times
-#: there as it is finalized (``pipelines.predict.server_steps`` sets it on the server it starts). Unset, as on
+#: there as it is finalized (``pipelines.profiling.server_steps`` sets it on the server it starts). Unset, as on
 #: any other server, nothing is timed.
 STEP_TIMES = "PIPELINES_STEP_TIMES"
 
