@@ -345,7 +345,8 @@ def inherited(repo: Path, pipeline: Any, forms: list[str], args: Any, out: Path)
         bench = run_benchmark(pipeline, settings, out=out / "inherited", progress=False, echo=False)
         floor = per_response_floor(server, args.duration)
     return {"env": {k: os.environ.get(k) for k in ONE_THREAD}, "load_average": load_average(),
-            "measurements": [figures(m) for m in bench.measurements], "per_response_floor": floor}
+            "first_yield": first_yield_with({}), "measurements": [figures(m) for m in bench.measurements],
+            "per_response_floor": floor}
 
 
 def per_response(result: dict[str, Any]) -> dict[str, Any]:
