@@ -69,7 +69,8 @@ class TritonPythonModel:
 
     def execute(self, requests):
         if self.streams is not None and self.loop is not None:  # one stream at a time: in execute() itself
-            self.loop.run_until_complete(self._stream_requests(requests))
+            for request in requests:  # in turn, as they would take the instance's streaming lock
+                self.loop.run_until_complete(self._stream_request(request))
             return None
         # Returning a coroutine makes the stub run it on its event loop, as for `async def execute`
         # (a decoupled model's in the background: execute() returns at once, responses go by sender).

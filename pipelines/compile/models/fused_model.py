@@ -140,7 +140,8 @@ class TritonPythonModel:
         # A decoupled model answers by its response senders; execute() returns once they are done,
         # and Triton keeps the next requests queued for this instance meanwhile.
         if self.streams is not None:
-            self.loop.run_until_complete(self._stream_requests(requests))
+            for request in requests:  # in turn, as they would take the instance's streaming lock
+                self.loop.run_until_complete(self._stream_request(request))
             return None
         # Returning a coroutine makes the stub run it on its event loop, as for `async def execute`.
         return self._execute(requests)

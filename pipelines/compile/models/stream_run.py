@@ -83,6 +83,12 @@ class Layout:
             self.after[name] = after
             ordered[name] = after + ([read] if read in self.level else [])
         self.in_order = _in_order(self.top, ordered)
+        # The once-per-request nodes that cannot start before each one ends (they wait for it, or for
+        # one that does): no company for a stream that runs, as they have nothing to do meanwhile.
+        behind = {}
+        for name in self.in_order:  # each after the ones it waits for
+            behind[name] = set(self.after[name]).union(*(behind[b] for b in self.after[name]))
+        self.held_up_by = {n: {m for m in self.top if n in behind[m]} for n in self.top}
 
 
 def _in_order(names, after):
@@ -112,7 +118,6 @@ class StreamRun:
         self.done = {n: asyncio.Event() for n in layout.top}
         self.items = {w: queue.SimpleQueue() for w in layout.whole}  # a whole_stream step's responses
         self.sent = 0
-        self.running = set()  # the once-per-request nodes under way now
 
     async def run(self):
         try:
@@ -151,7 +156,6 @@ class StreamRun:
         """A once-per-request node, once the once-per-request nodes before it are done."""
         for before in self.layout.after[name]:
             await self.done[before].wait()
-        self.running.add(name)
         try:
             if name in self.layout.whole:
                 await self._whole(name)
@@ -166,8 +170,6 @@ class StreamRun:
             for reader in self.layout.readers.get(name, ()):
                 await self.done[reader].wait()
             raise
-        finally:
-            self.running.discard(name)
         self.done[name].set()
 
     def _count(self, name):
@@ -221,9 +223,15 @@ class StreamRun:
             await stream.close()
 
     def _alone(self, name):
-        """Whether stream ``name`` is all that runs in this process now: its next response may then be
-        pulled on the event loop itself, without a hop to a thread and back (stream_calls)."""
-        return self.one_at_a_time and self.running == {name}
+        """Whether stream ``name`` is all that can run in this process now: its next response may then
+        be pulled on the event loop itself, without a hop to a thread and back (stream_calls). A node
+        that could run beside it (begun or not) needs the event loop free between two pulls."""
+        if not self.one_at_a_time:
+            return False
+        # One after another, only the whole_stream steps run beside the node in turn.
+        beside = self.layout.whole if self.sequential else self.layout.top
+        waiting = self.layout.held_up_by[name]
+        return all(self.done[n].is_set() or n in waiting for n in beside if n != name)
 
     async def _response(self, name, index, outputs):
         layout = self.layout
