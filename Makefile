@@ -41,9 +41,11 @@ test-fast: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
 
+# The type checker reads its modules from pyproject.toml ([tool.mypy]): the public API's.
 lint: $(STAMP)
 	$(BIN)/ruff check pipelines tests benchmarks
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/ensemble_vs_bls.py --out bench-results

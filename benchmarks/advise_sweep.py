@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipelines.bench.inputs import sample_requests
-from pipelines.loading import load_pipeline_and_module
+from pipelines.commands.loading import load_pipeline_and_module
 from pipelines.predict import advise
 from pipelines.predict.configuration import Configuration
 from pipelines.predict.verify import measure_configurations, verified_table

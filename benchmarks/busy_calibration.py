@@ -21,8 +21,8 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipelines.loading import load_pipeline_and_module
-from pipelines.machine import machine_info
+from pipelines.commands.loading import load_pipeline_and_module
+from pipelines.commands.machine import machine_info
 from pipelines.predict import predict
 from pipelines.predict.prediction import sample_inputs
 

@@ -26,6 +26,8 @@ from pathlib import Path
 import anyio
 
 from pipelines.compile import compile_pipeline
+from pipelines.core.plan import gated_ensemble
+from pipelines.core.planning import plan_of
 from pipelines.examples.failing_branch import (
     expected_answer,
     expected_chain_answer,
@@ -33,7 +35,6 @@ from pipelines.examples.failing_branch import (
     make_failing_chain,
     make_failing_diamond,
 )
-from pipelines.plan import gated_ensemble, plan_of
 from pipelines.triton import TritonServer
 
 GROUPS = [("http", 16), ("http", 64), ("grpc", 16), ("grpc", 64)]

@@ -37,11 +37,12 @@ import anyio
 from gpu_server import measure_server, stub_environment, torch_detector, unpack_server, yolo, yolo_inputs
 from prediction import LEVELS, checks_of
 
-from pipelines.calibration import calibrate, load_profile
-from pipelines.calibration.calibrate_command import QUICK
-from pipelines.calibration.probes import probe_repository
+from pipelines.calibration import load_profile
 from pipelines.forms import FORMS
 from pipelines.predict import predict
+from pipelines.profiling.calibrate import calibrate
+from pipelines.profiling.calibrate_command import QUICK
+from pipelines.profiling.probes import probe_repository
 from pipelines.steps.detector import detector as stand_in_detector
 from pipelines.tables import format_table
 from pipelines.triton import TritonServer

@@ -1,8 +1,8 @@
 """``pipelines bench`` against perf_analyzer, NVIDIA's load generator, on one embedded server.
 
-For every form of yolov5, a diamond and a fan-out whose three outputs are 256 KiB each,
-both tools measure the same model with the same requests, window length and number of
-windows, in pairs taken one right after the other (the order alternates between pairs, so
+For every form of yolov5, a diamond and a fan-out whose three outputs are 256 KiB each (and,
+with ``--pipelines``, ``threaded`` and ``tensor16`` from ``untuned.py``), both tools measure
+the same model with the same requests, window length and number of windows, in pairs taken one right after the other (the order alternates between pairs, so
 a machine whose speed drifts moves both alike). The target is the median of the pairs'
 ratios within ±10 % of perf_analyzer's, for p50 latency and for throughput.
 
@@ -41,11 +41,11 @@ from pipelines import Pipeline
 from pipelines.bench import BenchSettings, run_benchmark
 from pipelines.bench.results import machine_info
 from pipelines.bench.runner import write_bench_repository
+from pipelines.commands.loading import load_pipeline_and_module
+from pipelines.commands.sample_inputs import sample_requests
 from pipelines.examples.basic import VECTOR, Work, make_diamond
 from pipelines.forms import FORMS
 from pipelines.forms import form as form_of
-from pipelines.loading import load_pipeline_and_module
-from pipelines.sample_inputs import sample_requests
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "perf_analyzer_vs_bench.json"
@@ -58,7 +58,8 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pipe
 TARGET = 0.10
 FAN_FLOATS = 64 * 1024  # 256 KiB of FP32 per output
 #: yolov5 in every form; the others where forms differ most (bls-sync is the ensemble's steps in turn)
-FORMS_OF = {"diamond5": ("ensemble", "bls", "fused"), "fan3_256k": ("ensemble", "bls", "fused")}
+FORMS_OF = {"diamond5": ("ensemble", "bls", "fused"), "fan3_256k": ("ensemble", "bls", "fused"),
+            "threaded": ("ensemble", "bls", "fused"), "tensor16": ("ensemble", "bls", "fused")}
 
 
 class Unavailable(Exception):
@@ -151,18 +152,27 @@ def pipelines() -> dict[str, tuple[Pipeline, list[dict[str, np.ndarray]]]]:
     yolo, module = load_pipeline_and_module("pipelines.examples.yolov5:pipeline")
     fan_input = [{"x": np.random.default_rng(i).random((1, FAN_FLOATS), dtype=np.float32)} for i in range(2)]
     diamond = make_diamond(ms=5.0, name="diamond5")
+    # untuned.py, beside this file (on sys.path when run as a script): benchmarks/prediction.py's two untuned pipelines
+    from untuned import make_tensor16, make_threaded
+
+    threaded, tensor16 = make_threaded(), make_tensor16()
     return {
         "yolov5": (yolo, sample_requests(yolo, module=module)),
         "diamond5": (diamond, sample_requests(diamond, size=16)),
         "fan3_256k": (fan3_256k(), fan_input),
+        "threaded": (threaded, sample_requests(threaded)),
+        "tensor16": (tensor16, sample_requests(tensor16, count=2)),  # 16 MiB each, base64 in perf_analyzer's file
     }
 
 
-def input_data(samples: list[dict[str, np.ndarray]], path: Path) -> Path:
+def input_data(samples: list[dict[str, np.ndarray]], path: Path, batched: bool = True) -> Path:
     """perf_analyzer's --input-data file: the bench's requests, in turn, raw bytes as base64
-    (shapes without the batch axis: perf_analyzer adds it with -b 1)."""
-    data = [{name: {"b64": base64.b64encode(np.ascontiguousarray(a[0]).tobytes()).decode(),
-                    "shape": list(a.shape[1:])} for name, a in s.items()} for s in samples]
+    (shapes without the batch axis: perf_analyzer adds it with -b 1; a pipeline that does not batch has none)."""
+    def one(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a[0] if batched else a)
+
+    data = [{name: {"b64": base64.b64encode(one(a).tobytes()).decode(), "shape": list(one(a).shape)}
+             for name, a in s.items()} for s in samples]
     path.write_text(json.dumps({"data": data}))
     return path
 
@@ -222,7 +232,7 @@ def run(args: argparse.Namespace) -> dict:
         server = stack.enter_context(TritonServer(work / "model_repository"))
         url = server.http_url.split("://")[-1]
         for name, (pipeline, samples) in chosen.items():
-            data = input_data(samples, work / f"{name}.json")
+            data = input_data(samples, work / f"{name}.json", pipeline.batched)
             for form in args.forms:
                 if form == "ensemble" and pipeline.conditional or form not in FORMS_OF.get(name, FORMS):
                     continue
@@ -324,7 +334,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=1.0,
                         help="seconds of load before each measurement, by each tool, not measured (default: 1)")
     parser.add_argument("--forms", default=",".join(FORMS))
-    parser.add_argument("--pipelines", default="yolov5,diamond5,fan3_256k")
+    parser.add_argument("--pipelines", default="yolov5,diamond5,fan3_256k",
+                        help="some of yolov5,diamond5,fan3_256k,threaded,tensor16")
     parser.add_argument("--table", action="store_true", help="only write the tables from the results json")
     parser.add_argument("--out", type=Path, default=RESULTS,
                         help="the results json (default: benchmarks/results/perf_analyzer_vs_bench.json); the "

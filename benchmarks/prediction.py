@@ -18,7 +18,11 @@ And the targets of issue 59 for each figure's range (p50 at 1, throughput at 4 a
 - width: the median half-width of the ranges is <= 15 % of the figure, and none is over 35 %;
 - winners: a winner the prediction names (its range clears the others') is the measured one
   (within 5 %); a "no clear winner" is right only where the forms it names as tying measured
-  within 10 % of each other, the measured best among them.
+  within 10 % of each other, the measured best among them. Counted as named right, named
+  wrong (target: none), tied right and tied wrong.
+
+Each range is a 90 % interval, its sources in quadrature (pipelines/predict/ranges.py); the
+median of each source over the figures is printed and recorded, to show which one sets the width.
 
 The load average of the machine at the start and the end of the run is recorded with the
 results (benchmarks/results/prediction.json), and so is each noise record.
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -51,12 +56,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipelines.bench import BenchSettings, run_benchmark
-from pipelines.calibration import calibrate, load_profile
+from pipelines.calibration import load_profile
+from pipelines.commands.loading import load_pipeline_and_module
+from pipelines.commands.machine import machine_info
 from pipelines.forms import FORMS
-from pipelines.loading import load_pipeline_and_module
-from pipelines.machine import machine_info
 from pipelines.predict import advise, predict
 from pipelines.predict.prediction import sample_inputs
+from pipelines.profiling.calibrate import calibrate
 from pipelines.tables import format_table
 
 # boundaries.py is the benchmark's own fixture, beside this file (on sys.path when run as a script).
@@ -67,6 +73,9 @@ PIPELINES = {
     "large": "boundaries:large",
     "twin": "pipelines.examples.capacity:twin",  # one step at instance_count=2
     "batched": "pipelines.examples.capacity:batched",  # a dynamically batched step
+    # untuned.py, beside this file: written for issue 59's targets and not tuned on
+    "threaded": "untuned:threaded",  # steps on several threads: BLAS, and a pool of the step's own
+    "tensor16": "untuned:tensor16",  # 16 MiB tensors between steps
 }
 LEVELS = (1, 4, 16)
 LATENCY_C1 = 0.10
@@ -95,6 +104,8 @@ class Check:
     windows: tuple[float, float] = (0.0, 0.0)
     # The predicted range (low, high); None where the guess has none (a pass of the server).
     bounds: tuple[float, float] | None = None
+    # The range's sources, each a standard deviation of the figure's log (PredictionRow.spreads).
+    sources: tuple[tuple[str, float], ...] = ()
 
     @property
     def covered(self) -> bool | None:
@@ -184,10 +195,12 @@ def checks_of(name: str, predicted, measured) -> tuple[list[Check], list[list[st
             row = by[f, c]
             if c == 1:
                 checks.append(Check(name, c, f"{f} p50 ms", row.p50_ms, p50, LATENCY_C1,
-                                    window_band(windows, throughput, latency=True), _bounds(row, "p50_ms_range")))
+                                    window_band(windows, throughput, latency=True), _bounds(row, "p50_ms_range"),
+                                    _sources(row, "p50_us")))
             else:
                 checks.append(Check(name, c, f"{f} infer/s", row.throughput, throughput, THROUGHPUT,
-                                    window_band(windows, throughput), _bounds(row, "throughput_range")))
+                                    window_band(windows, throughput), _bounds(row, "throughput_range"),
+                                    _sources(row, "throughput")))
         server = {f: measured[f, c][1] for f in forms if (f, c) in measured}
         if server:
             winners.append([name, str(c), *judged(predicted, server, c)])
@@ -197,6 +210,11 @@ def checks_of(name: str, predicted, measured) -> tuple[list[Check], list[list[st
 def _bounds(row, name: str) -> tuple[float, float] | None:
     bounds = getattr(row, name, None)
     return None if bounds is None else (float(bounds[0]), float(bounds[1]))
+
+
+def _sources(row, figure: str) -> tuple[tuple[str, float], ...]:
+    spreads = getattr(row, "spreads", None) or {}
+    return tuple(sorted((spreads.get(figure) or {}).items()))
 
 
 def judged(predicted, server: dict[str, float], c: int) -> list[str]:
@@ -228,6 +246,50 @@ def range_targets(checks: list[Check]) -> list[list[str]]:
              "ok" if median <= MEDIAN_HALF_WIDTH else "MISSED"],
             ["largest half-width", f"{widest:.1%}", f"<= {MAX_HALF_WIDTH:.0%}",
              "ok" if widest <= MAX_HALF_WIDTH else "MISSED"]]
+
+
+def winner_counts(winners: list[list[str]]) -> list[list[str]]:
+    """The verdicts counted: named right, named wrong (target: none), tied right, tied wrong; [what, count, target,
+    ok]. A tie is right where the forms it names measured within NO_WINNER_TIE of each other."""
+    named = [w for w in winners if not w[2].startswith("none")]
+    tied = [w for w in winners if w[2].startswith("none")]
+    wrong = sum(w[-1] != "ok" for w in named)
+    tied_wrong = sum(w[-1] != "ok" for w in tied)
+    return [["winners named and right", str(len(named) - wrong), "", ""],
+            ["winners named and wrong", str(wrong), "0", "ok" if wrong == 0 else "MISSED"],
+            [f"no clear winner, measured within {NO_WINNER_TIE:.0%} (right)", str(len(tied) - tied_wrong), "", ""],
+            ["no clear winner, measured further apart (wrong)", str(tied_wrong), "0",
+             "ok" if tied_wrong == 0 else "MISSED"]]
+
+
+def source_medians(checks: list[Check]) -> dict[str, float]:
+    """Each source of the ranges, its median standard deviation over the figures that have it."""
+    by: dict[str, list[float]] = {}
+    for c in checks:
+        for name, value in c.sources:
+            by.setdefault(name, []).append(value)
+    return {name: round(statistics.median(values), 4) for name, values in sorted(by.items())}
+
+
+def fitted_model(checks: list[Check], level: float = COVERAGE) -> dict[str, float | None]:
+    """The least ``model`` source (pipelines.predict.ranges.MODEL_SPREAD) for a figure alone (concurrency 1) and in a
+    queue that, beside the run's other sources as recorded, would have held ``level`` of its figures of that kind: what
+    this run supports, to set the constants from a quiet run (None: no such figures, or none up to 30 %)."""
+    from pipelines.predict.ranges import Z
+
+    out: dict[str, float | None] = {}
+    for kind, chosen in (("alone", [c for c in checks if c.concurrency == 1]),
+                         ("queued", [c for c in checks if c.concurrency != 1])):
+        chosen = [c for c in chosen if c.sources and c.measured > 0 and c.predicted > 0]
+        out[kind] = None
+        for step in range(121):
+            model = step * 0.0025
+            held = sum(abs(math.log(c.predicted / c.measured)) <= Z * math.sqrt(
+                model ** 2 + sum(v * v for k, v in c.sources if k != "model")) for c in chosen)
+            if chosen and held >= level * len(chosen):
+                out[kind] = model
+                break
+    return out
 
 
 def plot(checks: list[Check], path: Path, *, guess: str = "predicted by the simulation",
@@ -310,7 +372,8 @@ def score_repeat(names, predictions, firsts, results, settings, out: Path, *, pr
 
 
 def latest_tables(summary: dict) -> str:
-    """The latest run as markdown: its provenance line, the range targets, every figure, the winners."""
+    """The latest run as markdown: its provenance line, the range targets, each pipeline's figures and winners, and
+    the figures outside their range."""
     machine = summary.get("machine") or {}
     settings = summary.get("settings") or {}
     load = summary.get("load_average") or {}
@@ -325,16 +388,49 @@ def latest_tables(summary: dict) -> str:
         "",
         "| range target | figure | target | |", "|---|---:|---:|---|",
         *(f"| {' | '.join(str(c) for c in row)} |" for row in summary.get("ranges", [])),
+        *(f"| {' | '.join(str(c) for c in row)} |" for row in summary.get("winner_counts", [])),
         "",
-        "| pipeline | conc | figure | predicted | range | measured | error | in range |",
-        "|---|---:|---|---:|---:|---:|---:|---|",
+        "Each range is a 90 % interval. Its sources, as the median standard deviation over these figures: "
+        + (", ".join(f"{k} {v:.1%}" for k, v in (summary.get("range_sources") or {}).items()) or "not recorded")
+        + ".",
+        "",
+        "| pipeline | figures in range | median half-width | largest | winner at 1 | at 4 | at 16 |",
+        "|---|---:|---:|---:|---|---|---|",
+        *_pipeline_rows(summary),
+        "",
+        "The figures outside their range (every figure: `benchmarks/results/prediction.json`):",
+        "",
+        "| pipeline | conc | figure | predicted | range | measured | error | the server's windows |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
         *(f"| {c['pipeline']} | {c['conc']} | {c['figure']} | {c['predicted']} | {c['range']} | {c['measured']} "
-          f"| {c['error']} | {c['covered']} |" for c in summary.get("checks", [])),
-        "",
-        "| pipeline | conc | predicted winner | measured winner | |", "|---|---:|---|---|---|",
-        *(f"| {' | '.join(str(c) for c in row)} |" for row in summary.get("winners", [])),
+          f"| {c['error']} | {c.get('windows', '')} |" for c in summary.get("checks", []) if c.get("covered") == "OUT"),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _half_width(check: dict) -> float | None:
+    """A recorded check's half-width, as a share of its predicted figure (from its range's text)."""
+    try:
+        low, high = (float(v) for v in str(check["range"]).split("…"))
+        return (high - low) / 2 / float(check["predicted"])
+    except (KeyError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _pipeline_rows(summary: dict) -> list[str]:
+    """One markdown row per pipeline: its figures in range, their half-widths, and each level's verdict."""
+    rows = []
+    for name in (summary.get("settings") or {}).get("pipelines", []):
+        mine = [c for c in summary.get("checks", []) if c["pipeline"] == name]
+        widths = [w for w in map(_half_width, mine) if w is not None]
+        verdicts = {w[1]: f"{w[2]} ({'ok' if w[-1] == 'ok' else 'wrong'})" for w in summary.get("winners", [])
+                    if w[0] == name}
+        if not mine:
+            continue
+        rows.append(f"| {name} | {sum(c.get('covered') == 'in' for c in mine)} of {len(mine)} "
+                    f"| {statistics.median(widths):.0%} | {max(widths):.0%} | "
+                    + " | ".join(verdicts.get(str(c), "") for c in LEVELS) + " |")
+    return rows
 
 
 def write_table(summary: dict) -> None:
@@ -356,6 +452,8 @@ def main(argv=None) -> int:
     parser.add_argument("--pipelines", default=",".join(PIPELINES), help=f"some of {','.join(PIPELINES)}")
     parser.add_argument("--out", default="prediction-results", help="where results go (default: prediction-results)")
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per measurement window (default 2)")
+    parser.add_argument("--turns", type=int, default=None,
+                        help="turns of windows per level (default: 1 with --quick, else 2)")
     parser.add_argument("--repeat", action="store_true",
                         help="measure every pipeline again after the first pass, and score the server against itself")
     parser.add_argument("--step-costs", choices=["local", "server"], default="local",
@@ -376,7 +474,7 @@ def main(argv=None) -> int:
         profile_path = Path(args.profile)
         load_profile(profile_path)
     else:
-        from pipelines.calibration.calibrate_command import QUICK
+        from pipelines.profiling.calibrate_command import QUICK
 
         profile = calibrate(progress=not args.quiet, **(QUICK if args.quick else {}))
         profile_path = out / "profile.json"
@@ -389,8 +487,10 @@ def main(argv=None) -> int:
     results = {}
     predictions, firsts = {}, {}
     settings = BenchSettings(concurrency=LEVELS, local=False, forms=tuple(FORMS), duration=args.duration,
-                             warmup=1.0 if args.quick else 2.0, max_trials=3, turns=1 if args.quick else 2)
+                             warmup=1.0 if args.quick else 2.0, max_trials=3,
+                             turns=args.turns or (1 if args.quick else 2))
     for name in args.pipelines.split(","):
+        pipeline_began = time.perf_counter()
         pipeline, module = load_pipeline_and_module(PIPELINES[name])
         inputs = sample_inputs(pipeline, module)
         started = time.perf_counter()
@@ -411,7 +511,8 @@ def main(argv=None) -> int:
         winners += w
         results[name] = {"predicted": predicted.as_dicts(), "predict_s": [round(first, 3), round(again, 3)],
                          "levels": predicted.level_records(), "noise": predicted.noise_record(),
-                         "measured": {f"{f} {c}": list(v) for (f, c), v in sorted(measured.items())}}
+                         "measured": {f"{f} {c}": list(v) for (f, c), v in sorted(measured.items())},
+                         "seconds": round(time.perf_counter() - pipeline_began)}
     if "yolov5" in args.pipelines.split(","):
         pipeline, module = load_pipeline_and_module(PIPELINES["yolov5"])
         started = time.perf_counter()
@@ -431,6 +532,16 @@ def main(argv=None) -> int:
     ranges = range_targets(checks)
     print(format_table(["range target", "figure", "target", ""], ranges))
     print()
+    counts = winner_counts(winners)
+    print(format_table(["winners", "levels", "target", ""], counts))
+    print()
+    sources = source_medians(checks)
+    print("the ranges' sources, median standard deviation over the figures: "
+          + ", ".join(f"{k} {v:.1%}" for k, v in sources.items()))
+    fitted = fitted_model(checks)
+    print("the least model source this run supports (90 % held): "
+          + ", ".join(f"{k} {'-' if v is None else f'{v:.1%}'}" for k, v in fitted.items()))
+    print()
     print(format_table(["speed", "took", "target", ""], speeds))
     missed = [c for c in checks if not c.ok] + [w for w in winners if w[-1] != "ok"] + \
         [s for s in speeds if s[-1] != "ok"] + [r for r in ranges if r[-1] != "ok"]
@@ -439,7 +550,7 @@ def main(argv=None) -> int:
         "date": datetime.now(timezone.utc).date().isoformat(),
         "machine": {k: machine_info().get(k) for k in ("cpu", "cpu_count", "usable_cpus")},
         "settings": {"quick": args.quick, "pipelines": args.pipelines.split(","), "step_costs": args.step_costs,
-                     "duration": args.duration},
+                     "duration": args.duration, "turns": settings.turns},
         "profile": str(profile_path),
         "profile_noise": None if profile.noise is None else profile.noise.to_dict(),
         "load_average": {"began": list(load_began), "ended": list(os.getloadavg())},
@@ -447,6 +558,9 @@ def main(argv=None) -> int:
         "checks": [dict(zip(("pipeline", "conc", "figure", "predicted", "measured", "error", "target", "windows",
                              "ok", "range", "covered"), c.row(), strict=True)) for c in checks],
         "winners": winners,
+        "winner_counts": counts,
+        "range_sources": sources,
+        "fitted_model": fitted,
         "speeds": speeds,
         "results": results,
         "missed": len(missed),

@@ -19,12 +19,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipelines.calibration.reuse import kept_calibration
-from pipelines.loading import load_pipeline_and_module
-from pipelines.machine import machine_info
+from pipelines.commands.loading import load_pipeline_and_module
+from pipelines.commands.machine import machine_info
+from pipelines.commands.sample_inputs import sample_requests
 from pipelines.predict.prediction import Predictor
 from pipelines.predict.spec import Load
 from pipelines.predict.verify import measure_configurations
-from pipelines.sample_inputs import sample_requests
 from pipelines.tables import format_table
 
 PIPELINES = ("pipelines.examples.yolov5:pipeline", "pipelines.examples.basic:diamond")

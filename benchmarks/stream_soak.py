@@ -430,8 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from pipelines.bench.results import package_versions
+    from pipelines.commands.machine import machine_info
     from pipelines.compile.repository import write_models
-    from pipelines.machine import machine_info
     from pipelines.triton import TritonServer
 
     forms = [f for f in args.forms.split(",") if f]

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from time import perf_counter
 
-from pipelines.machine import machine_info
+from pipelines.commands.machine import machine_info
 
 RUNS = (
     ("from nothing", "pipelines.examples.yolov5:pipeline", 120.0),

@@ -3,18 +3,32 @@ ensemble and to BLS, run them locally, and measure one against the other."""
 
 from __future__ import annotations
 
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
 from . import errors
+from .core.graph import Condition, Node, TensorRef
+from .core.step import DynamicBatching, ExternalModel, ModelOptions, Step, external_model, step
+from .core.tensor import DATATYPES, TensorSpec
 from .errors import *  # noqa: F403 - every error class, named once: in errors.__all__
 from .forms import FormLeftOutWarning, TimeoutNotEnforcedWarning
-from .graph import Condition, Node, Pipeline, TensorRef
-from .step import DynamicBatching, ExternalModel, ModelOptions, Step, external_model, step
-from .tensor import DATATYPES, TensorSpec
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:  # what a type checker reads for the names imported on first use (_LAZY)
+    from .compile import ModelRepository, compile_pipeline
+    from .pipeline import Pipeline
+    from .predict.advise import Advice, advise
+    from .predict.prediction import predict
+    from .predict.prediction_rows import Prediction
+    from .runtime import LocalRuntime, compare
+
 # Imported on first use: the step models on a Triton server import this package,
-# and need neither the compiler (protobuf, tritonclient) nor the runtime.
+# and need neither the compiler (protobuf, tritonclient) nor the runtime. Pipeline
+# is among them: it sits above the compiler, the runtime and the prediction it calls.
 _LAZY = {
+    "Pipeline": ("pipelines.pipeline", "Pipeline"),
     "compile_pipeline": ("pipelines.compile", "compile_pipeline"),
     "ModelRepository": ("pipelines.compile", "ModelRepository"),
     "LocalRuntime": ("pipelines.runtime", "LocalRuntime"),
@@ -26,39 +40,44 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
         module, attr = _LAZY[name]
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
+        # Importing a package binds its name here, so pipelines.predict, the package (which
+        # Pipeline imports), would hide predict, the function exported by that name.
+        for other, (loaded, exported) in _LAZY.items():
+            if isinstance(globals().get(other), types.ModuleType):
+                globals()[other] = getattr(sys.modules[loaded], exported)
         return value
     raise AttributeError(f"module 'pipelines' has no attribute {name!r}")
 
 __all__ = [
-    "Advice",  # noqa: F405 - imported on first use (_LAZY)
+    "Advice",
     "Condition",
     "DATATYPES",
     "DynamicBatching",
     "ExternalModel",
     "FormLeftOutWarning",
-    "LocalRuntime",  # noqa: F405 - imported on first use (_LAZY)
+    "LocalRuntime",
     "ModelOptions",
-    "ModelRepository",  # noqa: F405 - imported on first use (_LAZY)
+    "ModelRepository",
     "Node",
     "Pipeline",
-    "Prediction",  # noqa: F405 - imported on first use (_LAZY)
+    "Prediction",
     "Step",
     "TensorRef",
     "TensorSpec",
     "TimeoutNotEnforcedWarning",
     "__version__",
-    "advise",  # noqa: F405 - imported on first use (_LAZY)
-    "compare",  # noqa: F405 - imported on first use (_LAZY)
-    "compile_pipeline",  # noqa: F405 - imported on first use (_LAZY)
+    "advise",
+    "compare",
+    "compile_pipeline",
     "external_model",
-    "predict",  # noqa: F405 - imported on first use (_LAZY)
+    "predict",
     "step",
 ]
 # The errors: the same names, read from the module that defines them (pyright follows this form).

@@ -12,12 +12,14 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from .commands.input_files import parse_forms, parse_inputs
+from .commands.interrupts import sigterm_as_interrupt
+from .commands.loading import load_pipeline
+from .commands.output_paths import output_dir
+from .compile import compile_pipeline
+from .drawing.diagram_text import to_dot, to_mermaid
 from .errors import PipelinesError
 from .forms import FORMS, TARGETS
-from .input_files import parse_forms, parse_inputs
-from .interrupts import sigterm_as_interrupt
-from .loading import load_pipeline
-from .output_paths import output_dir
 
 __all__ = ["load_pipeline", "main"]
 
@@ -43,9 +45,9 @@ that takes no arguments and returns one.
 def _cmd_graph(args: argparse.Namespace) -> int:
     p = load_pipeline(args.pipeline)
     if args.format == "mermaid":
-        print(p.to_mermaid(), end="")
+        print(to_mermaid(p), end="")
     elif args.format == "dot":
-        print(p.to_dot(), end="")
+        print(to_dot(p), end="")
     else:
         print(repr(p))
         for i, group in enumerate(p.parallel_groups()):
@@ -61,8 +63,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from .triton.stand_ins import stand_in_for
 
     p = load_pipeline(args.pipeline)
-    repo = p.compile(args.target, bls_instance_count=args.bls_instance_count,
-                     fused_instance_count=args.fused_instance_count)
+    repo = compile_pipeline(p.validate(), args.target, bls_instance_count=args.bls_instance_count,
+                            fused_instance_count=args.fused_instance_count)
     had = repository_pipelines(args.out).get(p.name, []) if os.path.isdir(args.out) else []
     with sigterm_as_interrupt():  # a killed write discards its staging directory, as on Ctrl-C
         path = write_models(repo, args.out, overwrite=args.overwrite, overwrite_hint="--overwrite")
@@ -351,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
               "bench --profile).",
               ["calibrate --out profile.json", "calibrate --quick --out profile.json",
                "calibrate --url HOST:8001 --protocol grpc --out remote-grpc.json"],
-              "pipelines.calibration.calibrate_command")
+              "pipelines.profiling.calibrate_command")
 
     _delegate(sub, "predict", "predict each form's latency and throughput on a profiled server",
               "Simulate the pipeline's forms on the server that a profile measured: the server's schedule "

@@ -43,6 +43,9 @@ response, an :class:`InferenceError`.
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 __all__ = [
     "ArgumentError",
     "BatchingMismatchError",
@@ -101,11 +104,14 @@ class PipelinesError(Exception):
         self.tensor = tensor
         self.node = node
 
-    def __reduce__(self):  # keep the context when an error crosses a process or thread boundary
+    def __reduce__(self) -> tuple[Any, ...]:  # keep the context when an error crosses a process or thread boundary
         return _rebuild, (type(self), self.message, self.pipeline, self.step, self.tensor, self.node)
 
 
-def _rebuild(cls, message, pipeline, step, tensor, node=None):
+def _rebuild(
+    cls: type[PipelinesError], message: str, pipeline: str | None, step: str | None, tensor: str | None,
+    node: str | None = None,
+) -> PipelinesError:
     return cls(message, pipeline=pipeline, step=step, tensor=tensor, node=node)
 
 
@@ -205,7 +211,7 @@ class StubDiedError(InferenceError):
     (``reloading`` is then True): retry after a few seconds. A stock Triton 2.51 never does.
     """
 
-    def __init__(self, message: str, *, model: str = "", reloading: bool = False, **context) -> None:
+    def __init__(self, message: str, *, model: str = "", reloading: bool = False, **context: str | None) -> None:
         super().__init__(message, **context)
         self.model = model
         self.reloading = reloading
@@ -232,15 +238,15 @@ class ProfileMismatchError(PipelinesError):
     the one it would predict. ``differences`` names each; the message says how to go on anyway
     (``--allow-mismatch``, ``allow_mismatch=True``) or to recalibrate."""
 
-    def __init__(self, message: str, *, differences: tuple[str, ...] = (), **context) -> None:
+    def __init__(self, message: str, *, differences: tuple[str, ...] = (), **context: str | None) -> None:
         super().__init__(message, **context)
         self.differences = tuple(differences)
 
-    def __reduce__(self):  # keep the differences when the error crosses a process boundary
+    def __reduce__(self) -> tuple[Any, ...]:  # keep the differences when the error crosses a process boundary
         return _rebuild_mismatch, (self.message, self.differences)
 
 
-def _rebuild_mismatch(message, differences):
+def _rebuild_mismatch(message: str, differences: tuple[str, ...]) -> ProfileMismatchError:
     return ProfileMismatchError(message, differences=differences)
 
 
@@ -261,9 +267,9 @@ class NotFoundError(PipelinesError, KeyError):
     __str__ = Exception.__str__  # KeyError's str() would repr() the message
 
 
-try:
-    _BaseExceptionGroup = BaseExceptionGroup  # Python 3.11+
-except NameError:  # Python 3.10: anyio's own backport
+if sys.version_info >= (3, 11):
+    from builtins import BaseExceptionGroup as _BaseExceptionGroup
+else:  # Python 3.10: anyio's own backport
     from exceptiongroup import BaseExceptionGroup as _BaseExceptionGroup
 
 

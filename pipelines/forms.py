@@ -7,17 +7,16 @@ compiler (targets), the local runtime (modes), the benchmark, the CLI, the
 demo and the notebook all read this table, so a form has one name, one
 model-name suffix and one scheduling rule everywhere.
 
-Adding a form is one entry in :data:`FORMS` and one compiler module.
-This module imports only the standard library and :mod:`pipelines.errors`.
+Each layer keeps its own table of what it does per form, keyed by the form's name: the
+compiler's :data:`pipelines.compile.COMPILERS`, the profile's boundaries each form pays
+(:data:`pipelines.calibration.cost.FORM_COSTS`); a test checks that every form has its entry
+in each. This module imports only the standard library and :mod:`pipelines.errors`.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
 
 from .errors import ArgumentError
 
@@ -53,91 +52,37 @@ class TimeoutNotEnforcedWarning(UserWarning):
 
 @dataclass(frozen=True)
 class Form:
-    """One form: its name, how its top-level model is named and compiled, how it runs."""
+    """One form: its name, how its top-level model is named, how it runs."""
 
     name: str  # what users pass: p.compile(name), p.run(mode=name), --forms name
     suffix: str  # the top-level model's suffix when forms sit side by side ("both", "all")
     scheduler: str  # one of SCHEDULERS
-    compiler: str  # "module:function(plan, name, form, options) -> [CompiledModel]", imported on use
     one_execute_per_instance: bool  # a Python model: each instance runs one execute() at a time
     server_copies: int  # copies a server makes of a tensor at each step boundary (process crossings; none in-process)
     summary: str  # one line for help texts
-    # The server-profile boundaries (pipelines.calibration) this form pays: per step call, and
-    # once per request for its top-level model (the ensemble scheduler, or the BLS model's stub);
-    # and its Python steps' stubs, which cost more where the ensemble runs them than where a BLS
-    # model calls them (docs/calibration_internals.md).
-    call_cost: str
-    own_cost: str
-    stub_cost: str
     # Python steps run inside the top-level model, in its process: no step model, no copy
     # between steps; external model steps are still called through BLS.
     in_process: bool = False
-    # What the top-level model's own Python does around each step it runs in its process (the
-    # fused model's bookkeeping per step): a boundary of the profile, or "" where none runs so.
-    in_process_step_cost: str = ""
 
     def model_name(self, pipeline: str, *, side_by_side: bool) -> str:
         """The top-level model's name: the pipeline's own, or with this form's suffix."""
         return pipeline + self.suffix if side_by_side else pipeline
 
-    def compile_function(self) -> Callable[..., Any]:
-        module, _, function = self.compiler.partition(":")
-        return getattr(importlib.import_module(module), function)
-
 
 FORMS: MappingProxyType[str, Form] = MappingProxyType({
     f.name: f
     for f in (
-        Form(
-            name="ensemble",
-            suffix="_ensemble",
-            scheduler="event",
-            compiler="pipelines.compile.ensemble:compile_form",
-            one_execute_per_instance=False,
-            server_copies=1,
-            summary="platform: ensemble; Triton's scheduler starts each step when its inputs are ready",
-            call_cost="ensemble_step",
-            own_cost="ensemble",
-            stub_cost="ensemble_stub",
-        ),
-        Form(
-            name="bls",
-            suffix="_bls",
-            scheduler="concurrent",
-            compiler="pipelines.compile.bls:compile_form",
-            one_execute_per_instance=True,
-            server_copies=2,
-            summary="a Python model; async def execute, independent steps concurrent with async_exec()",
-            call_cost="bls_call",
-            own_cost="bls_model",
-            stub_cost="bls_stub",
-        ),
-        Form(
-            name="bls-sync",
-            suffix="_bls_sync",
-            scheduler="sequential",
-            compiler="pipelines.compile.bls:compile_form",
-            one_execute_per_instance=True,
-            server_copies=2,
-            summary="a Python model calling the steps one after another with exec()",
-            call_cost="bls_sync_call",
-            own_cost="bls_sync_model",
-            stub_cost="bls_sync_stub",
-        ),
-        Form(
-            name="fused",
-            suffix="_fused",
-            scheduler="concurrent",
-            compiler="pipelines.compile.fused:compile_form",
-            one_execute_per_instance=True,
-            server_copies=2,  # an external step's BLS call, as in "bls"
-            summary="one Python model running the Python steps in-process, concurrently; external models through BLS",
-            call_cost="bls_call",  # external models, with async_exec()
-            own_cost="fused_model",  # its own probes price it: not the BLS model's (docs/calibration_internals.md)
-            stub_cost="bls_stub",  # paid by none: its Python steps run in-process, external models in no stub
-            in_process=True,
-            in_process_step_cost="fused_step",
-        ),
+        # Form(name, suffix, scheduler, one_execute_per_instance, server_copies, summary[, in_process])
+        Form("ensemble", "_ensemble", "event", False, 1,
+             "platform: ensemble; Triton's scheduler starts each step when its inputs are ready"),
+        Form("bls", "_bls", "concurrent", True, 2,
+             "a Python model; async def execute, independent steps concurrent with async_exec()"),
+        Form("bls-sync", "_bls_sync", "sequential", True, 2,
+             "a Python model calling the steps one after another with exec()"),
+        # Two server copies: an external step's BLS call, as in "bls".
+        Form("fused", "_fused", "concurrent", True, 2,
+             "one Python model running the Python steps in-process, concurrently; external models through BLS",
+             in_process=True),
     )
 })
 

@@ -47,7 +47,7 @@ def test_bench_input_names_what_is_missing_or_unknown(tmp_path):
 def test_a_modules_sample_inputs_may_take_the_batch_or_nothing_and_a_wrong_one_is_named():
     import types
 
-    from pipelines.sample_inputs import sample_requests
+    from pipelines.commands.sample_inputs import sample_requests
 
     request = {"text": np.array([[b"mine"]], dtype=object)}
     for hook in (lambda: [request], lambda batch: [request], lambda batch=1: request):

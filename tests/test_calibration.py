@@ -19,18 +19,17 @@ from pipelines.calibration import (
     Profile,
     ProfileMismatchError,
     ProfileMismatchWarning,
-    calibrate,
-    estimate,
-    fit_costs,
-    fit_rounds,
     load_profile,
 )
-from pipelines.calibration.measure import Budget, measure_probes, round_request_us
-from pipelines.calibration.probes import BLS_KINDS, CHAINS, GROWN_ROW, KINDS, SIZES, Probe, probe_plan, probe_repository
+from pipelines.calibration.cost import FORM_COSTS
 from pipelines.calibration.profile import BOUNDARIES, with_stand_ins
 from pipelines.cli import main as cli_main
 from pipelines.errors import ArgumentError, PipelinesError
 from pipelines.forms import FORMS
+from pipelines.profiling.calibrate import calibrate
+from pipelines.profiling.fit import estimate, fit_costs, fit_rounds
+from pipelines.profiling.measure import Budget, measure_probes, round_request_us
+from pipelines.profiling.probes import BLS_KINDS, CHAINS, GROWN_ROW, KINDS, SIZES, Probe, probe_plan, probe_repository
 
 MIB = 1 << 20
 TRUE = {
@@ -44,12 +43,13 @@ TRUE = {
 
 def predict_us(costs, kind, steps, size):
     """A chained probe's latency by ``costs`` (µs): the sum over the boundaries it crosses, the model
-    that pipelines/calibration/fit.py solves (its docstring), each crossing with the tensor in and out."""
+    that pipelines/profiling/fit.py solves (its docstring), each crossing with the tensor in and out."""
     priced = with_stand_ins(costs)
     form = None if kind == "step" else FORMS[kind]
-    once = ("request", "stub") if form is None else ("request", form.own_cost)
-    per_step = (() if form is None else (form.in_process_step_cost,) if form.in_process
-                else (form.call_cost, form.stub_cost))
+    pays = None if kind == "step" else FORM_COSTS[kind]
+    once = ("request", "stub") if pays is None else ("request", pays.own_cost)
+    per_step = (() if form is None or pays is None else (pays.in_process_step_cost,) if form.in_process
+                else (pays.call_cost, pays.stub_cost))
 
     def crossing(name):
         return priced[name].way_us(size, leaving=False) + priced[name].way_us(size, leaving=True)
@@ -804,7 +804,7 @@ def test_lanes_by_size_round_trip_and_are_read_between_sizes_on_a_log_scale(tmp_
 def test_the_wake_of_a_side_that_waited_round_trips_and_is_checked(tmp_path):
     from dataclasses import replace
 
-    from pipelines.calibration.wake import WAITS_MS, fit_wake
+    from pipelines.profiling.wake import WAITS_MS, fit_wake
 
     # measured work times' figures above the work: the first is the probes' own, the rest above it
     over = {ms: [300.0 + 30.0 * ms + d for d in (-5.0, 0.0, 5.0)] for ms in WAITS_MS}
@@ -824,7 +824,7 @@ def test_the_wake_of_a_side_that_waited_round_trips_and_is_checked(tmp_path):
 
 
 def test_a_sleeping_probes_wake_is_read_against_the_working_probes_own_less_what_it_overslept():
-    from pipelines.calibration.wake import SLEEP_MODEL, WAITS_MS, fit_wake, measure_wake
+    from pipelines.profiling.wake import SLEEP_MODEL, WAITS_MS, fit_wake, measure_wake
 
     # a virtual server: a call costs 300 µs beyond its step's work; the sleeping step oversleeps
     # 70 µs and says so, and waking a machine whose cores all idled costs 40 µs more (two hand-offs)
@@ -927,7 +927,7 @@ def test_sigterm_to_calibrate_stops_its_server_and_removes_its_probes_as_ctrl_c_
     import sys
     import tempfile
 
-    calibrate_module = sys.modules["pipelines.calibration.calibrate"]
+    calibrate_module = sys.modules["pipelines.profiling.calibrate"]
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the probe repository goes here
     servers = []
 
@@ -956,7 +956,7 @@ def _is_tritonserver(pid: str, *, serving) -> bool:
 
 @pytest.mark.server
 def test_calibrate_the_bundled_server_with_a_tiny_probe_set(tmp_path):
-    from pipelines.calibration.wake import WAITS_MS
+    from pipelines.profiling.wake import WAITS_MS
 
     rounds = 3
     profile = calibrate(chains=(1, 2), sizes=(1 << 10, 256 << 10), progress=False,
@@ -1025,7 +1025,7 @@ def test_calibrate_the_bundled_server_with_a_tiny_probe_set(tmp_path):
 def test_lanes_are_measured_once_per_size_when_every_size_is_a_large_one():
     # calibrate(sizes=(1 MiB, 4 MiB)) measured the 1 MiB probe twice for its lanes, and the profile
     # refused its own two figures for one size after minutes of measuring
-    from pipelines.calibration.calibrate import _lane_probes
+    from pipelines.profiling.calibrate import _lane_probes
 
     assert [p.size for p in _lane_probes((1, 2), (MIB, 4 * MIB))] == [MIB]
     assert [p.size for p in _lane_probes((1, 2), (1 << 10, MIB, 4 * MIB))] == [1 << 10, MIB]

@@ -29,7 +29,7 @@ from pipelines.compile import compile_pipeline
 from pipelines.compile.configs import parse_config
 from pipelines.compile.ensemble import ERR_INPUT, ERR_OUTPUT
 from pipelines.compile.step_models import model_source, plan_json, step_reference
-from pipelines.plan import DeadNodeWarning
+from pipelines.core.plan import DeadNodeWarning
 
 GOLDEN = Path(__file__).parent / "golden"
 F4 = TensorSpec("FP32", [4])

@@ -23,8 +23,8 @@ import pytest
 from test_onnx_stand_in import onnxruntime_answers, tree_digest, write_affine_onnx
 
 from pipelines import CompileError
+from pipelines.commands.loading import load_pipeline
 from pipelines.compile.step_models import StepByValueWarning
-from pipelines.loading import load_pipeline
 from pipelines.runtime import MODES
 
 STEPS = '''\

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pipelines import Pipeline, TensorSpec, step
-from pipelines.diagram import CAPTION_PX, LABEL_PX, PAD_X, TITLE_PX, _label_rows, text_width
+from pipelines.drawing.diagram import CAPTION_PX, LABEL_PX, PAD_X, TITLE_PX, _label_rows, text_width
 from pipelines.examples import basic, yolov5
 
 V = TensorSpec("FP32", [4])

@@ -20,10 +20,11 @@ import pipelines
 from pipelines import CompileError, InferenceError, InputError, Pipeline, PipelinesError, TensorSpec, step
 from pipelines.bench.results import BenchmarkResult
 from pipelines.compile import compile_pipeline
+from pipelines.core.plan import ExecutionPlan
+from pipelines.core.planning import plan_of
 from pipelines.errors import ArgumentError, NotFoundError
 from pipelines.forms import form, forms_of_target
 from pipelines.percentiles import percentiles
-from pipelines.plan import ExecutionPlan, plan_of
 from pipelines.runtime import LocalRuntime
 from pipelines.runtime.device import resolve_device
 from pipelines.runtime.report import compare

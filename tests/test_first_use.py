@@ -91,7 +91,7 @@ def test_run_takes_a_bf16_array_back_from_np_save(user_file, tmp_path, capsys):
 
 
 def test_a_flat_batch_of_strings_is_told_to_add_the_last_axis(user_file):
-    from pipelines.loading import load_pipeline
+    from pipelines.commands.loading import load_pipeline
 
     p = load_pipeline(f"{user_file}:texts")
     text = np.array([b"a", b"bb", b"ccc"], dtype=object)

@@ -11,7 +11,7 @@ import pytest
 
 from pipelines import CompileError, InferenceError, Pipeline, TensorSpec, step
 from pipelines.cli import build_parser
-from pipelines.compile import TARGETS
+from pipelines.compile import COMPILERS, TARGETS
 from pipelines.forms import FORMS, form, forms_of_target, model_name
 from pipelines.runtime import MODES, LocalRuntime
 
@@ -52,6 +52,23 @@ def test_targets_modes_and_the_cli_read_the_table():
     with pytest.raises(SystemExit):
         parser.parse_args(["run", "m:p", "--mode", "bls_sync"])
 
+
+
+def test_each_layer_has_its_own_entry_for_every_form():
+    # forms.py names no compiler and no profile boundary: each layer's table, keyed by form name, does.
+    # (Imported here: a module-level import of an internal module makes tiny()'s step travel by value.)
+    from pipelines.calibration.cost import BOUNDARIES, FORM_COSTS
+
+    assert set(COMPILERS) == set(FORMS)
+    assert all(callable(compile_form) for compile_form in COMPILERS.values())
+    assert set(FORM_COSTS) == set(FORMS)
+    for name, pays in FORM_COSTS.items():
+        named = [pays.call_cost, pays.own_cost, pays.stub_cost] + [pays.in_process_step_cost] * bool(pays.in_process_step_cost)
+        assert set(named) <= set(BOUNDARIES), name
+        assert bool(pays.in_process_step_cost) == FORMS[name].in_process, name
+    source = (PACKAGE / "forms.py").read_text()
+    assert "pipelines.compile" not in source.replace(":data:`pipelines.compile.COMPILERS`", "")
+    assert not any(b in source for b in ('"ensemble_step"', '"bls_call"', '"fused_model"'))
 
 def test_compile_names_top_level_models_from_the_table():
     p = tiny()

@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines import Pipeline, TensorSpec, step
+from pipelines.core.plan import DeadNodeWarning
+from pipelines.core.planning import plan_of
 from pipelines.examples.basic import add, diamond
-from pipelines.plan import DeadNodeWarning, plan_of
 
 V = TensorSpec("FP32", [-1])
 

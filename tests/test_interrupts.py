@@ -1,4 +1,4 @@
-"""SIGTERM as Ctrl-C (pipelines.interrupts): where the interrupt lands under an event loop."""
+"""SIGTERM as Ctrl-C (pipelines.commands.interrupts): where the interrupt lands under an event loop."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import signal
 import anyio
 import pytest
 
-from pipelines.interrupts import sigterm_as_interrupt
+from pipelines.commands.interrupts import sigterm_as_interrupt
 
 
 @pytest.mark.parametrize("ctrl_c", [signal.SIG_DFL, signal.SIG_IGN], ids=["in-a-terminal", "in-the-background"])

@@ -16,6 +16,7 @@ from pipelines.forms import FORMS
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "yolov5_pipeline.ipynb"
 MODELS = [form.model_name("yolov5", side_by_side=True) for form in FORMS.values()]
+STREAMING_MODELS = [form.model_name("textgen_ungated", side_by_side=True) for form in FORMS.values()]
 
 
 def _outputs(cells):
@@ -28,14 +29,15 @@ def _text(value):
 
 
 def check_story(cells):
-    """What a reader must find in the outputs: the diagram, the boxes, the answers, the measurements."""
+    """What a reader must find in the outputs: the diagram, the boxes, the answers, the measurements,
+    the streamed tokens."""
     outputs = _outputs(cells)
     assert not [o for o in outputs if o["output_type"] == "error"]
     diagrams = [o for o in outputs if "image/svg+xml" in o.get("data", {})]
     assert len(diagrams) == 2 and all("image/png" in o["data"] for o in diagrams)  # before and after the own step
     assert "output0 → candidates" in _text(diagrams[0]["data"]["image/svg+xml"])
     images = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(images) >= 5  # two diagrams, the boxes, the two benchmark plots
+    assert len(images) >= 6  # two diagrams, the boxes, the two benchmark plots, the first responses
     text = "".join(_text(o.get("text")) for o in outputs)
     for model in MODELS:
         assert f"{model:16s} agrees with the local runtime and the ground truth, on Triton" in text
@@ -44,6 +46,11 @@ def check_story(cells):
     assert "windows of 0.75 s, stability ±10%" in text and "stable" in text
     for form in FORMS:
         assert f"local {form}" in text and f"server {form}" in text
+    # textgen streams, token by token, locally in every mode and from every form on the server, the same text
+    for form, model in zip(FORMS, STREAMING_MODELS, strict=True):
+        assert f"local  {form:9s} " in text
+        assert f"server {form:9s} " in text and f"the local runtime's text ({model})" in text
+    assert text.count("first response after") == 2 * len(FORMS)
     words = "".join(_text(o.get("data", {}).get("text/markdown")) for o in outputs)
     assert "**Verdict.**" in words and "the local runtime measured" in words
 

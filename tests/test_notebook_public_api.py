@@ -1,6 +1,6 @@
 """The notebook imports the public API only: names a package exports (its ``__all__``), its
 public submodules, or a step from the module of its name (``from pipelines.steps.nms import nms``,
-as ``pipelines.steps`` documents); never a private module such as ``pipelines.calibration.measure``.
+as ``pipelines.steps`` documents); never a private module such as ``pipelines.profiling.measure``.
 """
 
 from __future__ import annotations

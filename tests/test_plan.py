@@ -15,8 +15,9 @@ import pytest
 from toy_steps import V, add, explode, inc, split
 
 from pipelines import Pipeline
+from pipelines.core.plan import DeadNodeWarning, ExecutionPlan
+from pipelines.core.planning import plan_of
 from pipelines.examples.basic import make_diamond
-from pipelines.plan import DeadNodeWarning, ExecutionPlan, plan_of
 from pipelines.runtime import MODES, LocalRuntime
 
 

@@ -14,8 +14,8 @@ import pytest
 from toy_steps import V, add, explode, inc, split, twice
 
 from pipelines import Pipeline
+from pipelines.core.plan import DeadNodeWarning
 from pipelines.forms import FORMS
-from pipelines.plan import DeadNodeWarning
 
 pytestmark = pytest.mark.server
 

@@ -5,6 +5,7 @@ range. The steps' costs are given here, so every figure is the simulation's, exa
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -14,13 +15,29 @@ import pytest
 
 from pipelines import Pipeline, TensorSpec, external_model, step
 from pipelines.bench.results import machine_info
-from pipelines.calibration.noise import MAX_WIDENING, MachineNoise, NoiseWatch, _tree_ticks, round_disagreement
+from pipelines.calibration.noise import (
+    MAX_WIDENING,
+    MachineNoise,
+    measurement_spread,
+    round_disagreement,
+    share_spread,
+)
 from pipelines.calibration.profile import BOUNDARIES, Cost, Profile
 from pipelines.cli import main
 from pipelines.errors import ArgumentError, PipelinesError
 from pipelines.examples.basic import make_diamond
 from pipelines.predict import advise, predict
-from pipelines.predict.prediction import SIMULATION_SPREAD, Prediction, PredictionRow
+from pipelines.predict.prediction import Prediction, PredictionRow
+from pipelines.predict.ranges import (
+    MODEL_SPREAD,
+    SIMULATION_SPREAD,
+    Spread,
+    Z,
+    shift_spread,
+    step_spread,
+    ways,
+)
+from pipelines.profiling.noise_watch import NoiseWatch, _tree_ticks
 
 #: The diamond's steps priced as given: nothing measured here, so nothing of this machine's load enters.
 GIVEN = {"branch_0": 2000.0, "branch_1": 2000.0, "join_0": 100.0}
@@ -44,50 +61,116 @@ def diamond_predicted(server: Profile, concurrency=(1, 4)) -> Prediction:
                    costs=GIVEN, cache=False)
 
 
-def test_each_range_holds_its_figure_and_follows_the_calibrations_intervals():
+def expected(point: float, parts: dict[str, float]) -> tuple[float, float]:
+    """A 90 % interval by hand: the sources in quadrature, Z of them either way in the log."""
+    sigma = math.sqrt(sum(v * v for v in parts.values()))
+    return point * math.exp(-1.6448536 * sigma), point * math.exp(1.6448536 * sigma)
+
+
+def test_each_range_holds_its_figure_and_is_its_sources_in_quadrature():
     result = diamond_predicted(profile(ci=(0.5, 2.0), noise=QUIET))
     for r in result.rows:
         for figure, bounds in ((r.p50_ms, r.p50_ms_range), (r.p95_ms, r.p95_ms_range),
                                (r.throughput, r.throughput_range)):
             low, high = bounds
             assert low < figure < high, (r.form, r.concurrency)
-    # Intervals of no width, a quiet machine and costs given: the range is the figure give or take the closed loop's
-    # own precision (the two ends are simulated on a shorter loop, which settles into the same schedule here).
+        # the calibration's intervals move the figures, so they are a source of every range
+        assert r.spreads["throughput"]["boundaries"] > 0
+    # Intervals of no width, a quiet machine and costs given: what is left is the simulation's own error and the closed
+    # loop's precision (the boundaries' source simulated on a shorter loop, which settles into the same schedule here).
     exact = diamond_predicted(profile(ci=(1.0, 1.0), noise=QUIET))
-    spread = SIMULATION_SPREAD
     for r in exact.rows:
-        assert r.p50_ms_range == pytest.approx((r.p50_ms * (1 - spread), r.p50_ms * (1 + spread)))
-        assert r.throughput_range[0] == pytest.approx(r.throughput * (1 - spread))
+        alone = MODEL_SPREAD["alone" if r.concurrency == 1 else "queued"]
+        parts = {"model": alone, "simulation": SIMULATION_SPREAD}
+        assert r.spreads["p50_us"] == pytest.approx({**parts, "boundaries": 0.0, "measurement": 0.0, "load": 0.0,
+                                                     "steal": 0.0})
+        assert r.p50_ms_range == pytest.approx(expected(r.p50_ms, parts))
+        assert r.throughput_range[0] == pytest.approx(expected(r.throughput, parts)[0])
+        # a p95 is a tail: priced as a queue's figure at every load
+        assert r.p95_ms_range == pytest.approx(expected(r.p95_ms, {**parts, "model": MODEL_SPREAD["queued"]}))
+
+
+def test_known_spreads_in_quadrature_give_the_known_width():
+    three_four = Spread({"a": 0.03, "b": 0.04})
+    assert three_four.total == pytest.approx(0.05)
+    low, high = three_four.around(200.0)
+    assert low < 200.0 < high
+    assert (low, high) == pytest.approx((200.0 * math.exp(-Z * 0.05), 200.0 * math.exp(Z * 0.05)))
+    assert Z == pytest.approx(1.6448536)  # a two-sided 90 % interval
+    assert three_four.half_width() == pytest.approx((high - low) / 2 / 200.0)
+    # no source: the figure itself
+    assert Spread({}).around(3.0) == (3.0, 3.0)
+    # the machine's sources: a window's disagreement as the standard error of three windows of 2 s pooled
+    # (1.056 standard deviations of a 0.5 s window), a share of the cores uniform over +-that share
+    assert measurement_spread(0.1056) == pytest.approx(0.1 * math.sqrt(0.5 / 6.0))
+    assert share_spread(0.3) == pytest.approx(0.3 / math.sqrt(3))
+    assert share_spread(2.0) == pytest.approx(MAX_WIDENING / math.sqrt(3))  # at most +-50 %
+    assert measurement_spread(None) == share_spread(None) == 0.0
+    # a step's rounds: half the range of three, 0.79 of it the standard error of their median
+    assert step_spread(0.1) == pytest.approx(0.0791, abs=1e-4)
+    assert shift_spread(100.0, 110.0) == pytest.approx(math.log(1.1))
+    assert shift_spread(100.0, 90.0) == pytest.approx(-math.log(0.9))
+
+
+def test_a_boundary_one_standard_error_up_is_its_interval_over_the_intervals_z():
+    cost = profile(ci=(0.5, 2.0)).costs["request"]  # 40 us each way, its 95 % interval 20 to 80
+    way_in, _ = ways(cost, 1.0, 0.95)
+    assert way_in.us[0] == pytest.approx(40.0 + 40.0 / 1.959964)
+    down, _ = ways(cost, -1.0, 0.95)
+    assert down.us[0] == pytest.approx(40.0 - 20.0 / 1.959964)
+    assert ways(cost)[0].us[0] == 40.0
 
 
 def test_a_busy_noise_record_widens_every_range_and_every_table_says_so():
     quiet = diamond_predicted(profile(ci=(0.8, 1.25), noise=QUIET))
     busy = diamond_predicted(profile(ci=(0.8, 1.25), noise=BUSY))
-    wide = BUSY.widening()
-    assert wide == 0.5 and BUSY.busy and not QUIET.busy  # other processes took half the cores
+    assert BUSY.busy and not QUIET.busy  # other processes took half the cores
+    machine = {"measurement": measurement_spread(0.04), "load": share_spread(0.5), "steal": 0.0}
     for q, b in zip(quiet.rows, busy.rows, strict=True):
         assert (b.p50_ms, b.throughput) == (q.p50_ms, q.throughput)  # the figures are the same simulation's
-        # the quiet machine's ranges are widened by the closed loop's own precision only
-        low, high = q.p50_ms_range[0] / (1 - SIMULATION_SPREAD), q.p50_ms_range[1] / (1 + SIMULATION_SPREAD)
-        assert b.p50_ms_range == pytest.approx((low * (1 - wide), high * (1 + wide)))
-        assert b.throughput_range[0] == pytest.approx(q.throughput_range[0] / (1 - SIMULATION_SPREAD) * (1 - wide))
+        assert b.spreads["p50_us"] == pytest.approx({**q.spreads["p50_us"], **machine})
+        assert b.p50_ms_range == pytest.approx(expected(b.p50_ms, b.spreads["p50_us"]))
+        assert b.p50_ms_range[0] < q.p50_ms_range[0] and b.p50_ms_range[1] > q.p50_ms_range[1]
+        assert b.throughput_range[0] == pytest.approx(expected(b.throughput, b.spreads["throughput"])[0])
         assert b.throughput_range[1] >= q.throughput_range[1]
+    wide = BUSY.widening(machine)
+    assert wide == pytest.approx(math.expm1(Z * math.hypot(*machine.values())))
     line = "the machine the profile was calibrated on was busy: load 1.0 from other processes (of 2 cores)"
-    assert any(n.startswith(line) and "ranges widened by ±50% to match" in n for n in busy.notes)
+    assert any(n.startswith(line) and f"ranges widened to -{wide / (1 + wide):.0%}…+{wide:.0%} of each figure" in n
+               for n in busy.notes)
     assert line in str(busy) and line in busy._repr_html_()
     assert not any("busy" in n for n in quiet.notes)
-    assert busy.noise_record()["busy"] is True and quiet.noise_record()["busy"] is False
+    # and which source widens them: other processes' load, +61 % alone; nothing on the quiet machine
+    assert "the ranges are widest from load (+61% alone: other processes' load)" in busy.notes
+    assert not any(n.startswith("the ranges are widest") for n in quiet.notes)
+    record = busy.noise_record()
+    assert record["busy"] is True and quiet.noise_record()["busy"] is False
+    assert record["spreads"] == pytest.approx(machine) and record["widening"] == pytest.approx(wide)
 
 
 def test_the_throughput_range_never_passes_what_the_cores_can_do():
-    # a noise record that widens by half: the high end still stops at the cores over a request's least CPU time
+    # a busy noise record: the high end still stops at the cores over a request's least CPU time
     result = diamond_predicted(profile(ci=(1.0, 1.0), noise=BUSY), concurrency=(16,))
     ensemble = next(r for r in result.rows if r.form == "ensemble")
     assert ensemble.utilisation["cpu"] == pytest.approx(1.0)  # its two branches keep both cores busy at 16
-    assert ensemble.throughput_range[0] == pytest.approx(ensemble.throughput * (1 - MAX_WIDENING))
-    # two cores over the least a request costs: its steps' 4.1 ms and its request boundary's 40 µs each way
+    assert ensemble.throughput_range[0] == pytest.approx(expected(ensemble.throughput,
+                                                                  ensemble.spreads["throughput"])[0])
+    # two cores over the least a request costs: its steps' 4.1 ms and its request boundary's 40 us each way
     assert ensemble.throughput_range[1] == pytest.approx(2e6 / (2000 + 2000 + 100 + 2 * 40))
-    assert ensemble.throughput_range[1] < ensemble.throughput * (1 + MAX_WIDENING)
+    assert ensemble.throughput_range[1] < expected(ensemble.throughput, ensemble.spreads["throughput"])[1]
+
+
+def test_a_winner_is_not_named_where_ranges_made_of_its_sources_overlap():
+    def ranged(form: str, point: float, sigma: float) -> PredictionRow:
+        low, high = Spread({"model": sigma}).around(point)
+        return PredictionRow(form, 4, None, 10.0, 12.0, 13.0, point, "cpu", {}, "", (9.0, 11.0), (11.0, 13.0),
+                             (low, high))
+
+    # 20 % apart: 5 % either way clears (a 90 % interval is +-8.6 %), 10 % does not (+-18 %)
+    assert Prediction("p", (ranged("fused", 120.0, 0.05), ranged("ensemble", 100.0, 0.05))).winner(concurrency=4) \
+        == "fused"
+    tie = Prediction("p", (ranged("fused", 120.0, 0.10), ranged("ensemble", 100.0, 0.10)))
+    assert tie.winner(concurrency=4) is None and tie.tied(concurrency=4) == ("fused", "ensemble")
 
 
 def row(form: str, throughput: tuple[float, float, float], concurrency: int = 4) -> PredictionRow:
@@ -234,17 +317,22 @@ def test_a_when_share_that_cannot_be_counted_here_is_refused_naming_the_flag_to_
     assert given.rows
 
 
-def test_a_noise_record_is_busy_by_its_thresholds_and_widens_by_the_most_it_saw():
+def test_a_noise_record_is_busy_by_its_thresholds_and_widens_by_what_it_saw_in_quadrature():
     assert not MachineNoise(other_load=0.4, steal=0.01, disagreement=0.05, cores=2.0).busy
     assert MachineNoise(other_load=0.5, cores=2.0).busy  # a quarter of the cores
     assert MachineNoise(steal=0.06).busy and MachineNoise(disagreement=0.1).busy
-    assert MachineNoise(other_load=0.2, disagreement=0.18, cores=2.0).widening() == pytest.approx(0.18)
-    assert MachineNoise(other_load=3.1, cores=4.0).widening() == pytest.approx(0.775 if MAX_WIDENING > 0.8 else
-                                                                                MAX_WIDENING)
+    seen = MachineNoise(other_load=0.2, disagreement=0.18, cores=2.0)
+    assert seen.spreads() == pytest.approx({"measurement": measurement_spread(0.18), "load": share_spread(0.1),
+                                            "steal": 0.0})
+    assert seen.widening() == pytest.approx(math.expm1(Z * math.hypot(measurement_spread(0.18), share_spread(0.1))))
+    # other processes on three of four cores count as half the machine, no more
+    assert MachineNoise(other_load=3.1, cores=4.0).widening() == pytest.approx(
+        math.expm1(Z * MAX_WIDENING / math.sqrt(3)))
     assert MachineNoise().widening() == 0.0 and not MachineNoise().known and MachineNoise().line() == ""
+    wide = MachineNoise(other_load=3.1, disagreement=0.18, cores=4.0).widening()
     assert MachineNoise(other_load=3.1, disagreement=0.18, cores=4.0).line() == (
         "the machine was busy: load 3.1 from other processes (of 4 cores), repeated measurements disagreed by 18%; "
-        "ranges widened by ±50% to match")
+        f"ranges widened to -{wide / (1 + wide):.0%}…+{wide:.0%} of each figure to match")
     worst = MachineNoise(other_load=0.2, disagreement=0.3, cores=2.0).combined(MachineNoise(other_load=1.0, cores=2.0))
     assert (worst.other_load, worst.disagreement) == (1.0, 0.3)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pipelines import InputError, TensorSpec
-from pipelines.requests import check_request
+from pipelines.core.requests import check_request
 
 SPECS = {"image": TensorSpec("FP32", [3, -1]), "ids": TensorSpec("INT64", [2])}
 

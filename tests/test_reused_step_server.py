@@ -16,8 +16,9 @@ import pytest
 from pipelines import InferenceError, Pipeline, StepDeclarationError, StepError, TensorSpec, external_model, step
 from pipelines.compile.bound_plan import bind_plan
 from pipelines.compile.ensemble import ERR_INPUT, ERR_OUTPUT, layout_ensemble
+from pipelines.core.plan import gated_ensemble
+from pipelines.core.planning import plan_of
 from pipelines.forms import FORMS
-from pipelines.plan import gated_ensemble, plan_of
 from pipelines.serving import parse_error
 from pipelines.triton import TritonServer
 

@@ -13,7 +13,7 @@ import pytest
 from toy_steps import V, add, explode, inc, split
 
 from pipelines import InputError, Pipeline, StepError
-from pipelines.plan import DeadNodeWarning
+from pipelines.core.plan import DeadNodeWarning
 from pipelines.runtime import MODES, LocalRuntime, run_many
 
 

@@ -1,4 +1,4 @@
-"""Step costs taken from the server (pipelines/predict/server_steps.py): a short run of the pipeline's own step
+"""Step costs taken from the server (pipelines/profiling/server_steps.py): a short run of the pipeline's own step
 models on the bundled Triton server feeds a prediction; a model that fails to load there leaves the local step
 profiles in place, named."""
 
@@ -19,8 +19,8 @@ from toy_steps import V, add, inc
 from pipelines import Pipeline, step
 from pipelines.errors import ArgumentError
 from pipelines.predict.prediction import Predictor
-from pipelines.predict.server_steps import STEP_COSTS
 from pipelines.predict.spec import Load
+from pipelines.profiling.server_steps import STEP_COSTS
 from pipelines.triton.statistics import held_by_batch, parse_batch_statistics, process_cpu_ns
 
 X = {"x": np.arange(2048, dtype=np.float32).reshape(1, -1)}

@@ -11,8 +11,8 @@ import pytest
 import simpy
 from batcher_runs import batches_of
 
+from pipelines.calibration.cost import FORM_COSTS
 from pipelines.errors import ArgumentError, PipelinesError
-from pipelines.forms import FORMS as FORM_TABLE
 from pipelines.predict.processor_sharing import Cores
 from pipelines.predict.simulator import FORMS, simulate
 from pipelines.predict.spec import Curve, Load, SimSpec, StepSpec, WayCost
@@ -314,7 +314,7 @@ def test_a_rounds_answers_pay_the_top_models_fixed_way_out_once(form):
     # The way out: 300 µs fixed + 1 µs per 1000 bytes, each answer 1000 bytes. A round of two
     # requests returns both answers in one list from its execute(), so it pays 300 once and
     # 1 µs each; its answers leave together as the round ends.
-    top = FORM_TABLE[form].own_cost
+    top = FORM_COSTS[form].own_cost
     priced = costs() | {top: (flat(0), WayCost((0, 1000), (300, 301)))}
     s = step("s", 1000, instances=2, max_batch_size=2)  # fused: the round runs as one batch of 2 rows
     result = simulate(spec(form, s, top_max_batch_size=2, costs=priced), closed(2))

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from pipelines import ArgumentError, InputError, Pipeline, StepError, TensorSpec, external_model, step
+from pipelines.core.planning import plan_of
 from pipelines.examples import basic, text, yolov5
-from pipelines.plan import plan_of
-from pipelines.predict.code_digest import code_digest
-from pipelines.predict.gil_share import usable_cores
-from pipelines.predict.memory_share import MIN_CPU_US, measure_memory_share, streamer
 from pipelines.predict.spec import Curve
-from pipelines.predict.step_cache import CACHE_FORMAT
-from pipelines.predict.step_profiles import StepProfile, profile_steps
+from pipelines.profiling.code_digest import code_digest
+from pipelines.profiling.gil_share import usable_cores
+from pipelines.profiling.memory_share import MIN_CPU_US, measure_memory_share, streamer
+from pipelines.profiling.step_cache import CACHE_FORMAT
+from pipelines.profiling.step_profiles import StepProfile, profile_steps
 from pipelines.runtime import gpu_available
 
 V = TensorSpec("FP32", [-1])
@@ -136,7 +136,7 @@ def test_each_figure_is_the_median_of_rounds_over_the_steps(monkeypatch):
     """Three rounds over the steps, after one run that hands each step its inputs: in the
     second round ``first`` is slow (the machine held up for a moment), and its figure leaves
     that round out. The timings read a virtual clock that each call moves on by its cost."""
-    import pipelines.predict.step_timing as step_timing
+    from pipelines.profiling import step_timing
 
     clock = [0.0]
     monkeypatch.setattr(step_timing, "perf_counter", lambda: clock[0])
@@ -223,8 +223,8 @@ def copy_slowdown(copy) -> float:
     """How much more CPU time ``copy`` takes beside the streamer than alone, read directly (the
     median of three turns, each of five calls a side, pinned as measure_memory_share pins): the
     machine's own answer to whether its cores share one memory bus."""
-    from pipelines.predict.memory_share import _pin
-    from pipelines.predict.step_timing import timed_calls
+    from pipelines.profiling.memory_share import _pin
+    from pipelines.profiling.step_timing import timed_calls
 
     beside = streamer()
     allowed = _pin(0, 0)
@@ -278,7 +278,7 @@ def test_a_stop_that_reaches_the_streamer_with_its_start_ends_that_turn():
     that turn ends at once, and the next turn streams until its own stop."""
     import signal
 
-    from pipelines.predict.memory_share import Streamer
+    from pipelines.profiling.memory_share import Streamer
 
     s = Streamer()
     try:

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from pipelines import CompileError, InferenceError, StepError
+from pipelines.commands.loading import load_pipeline
 from pipelines.compile.step_models import StepByValueWarning
 from pipelines.forms import model_name
-from pipelines.loading import load_pipeline
 from pipelines.runtime import MODES
 
 SCRIPT = '''\

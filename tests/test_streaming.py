@@ -320,3 +320,21 @@ def test_pipelines_run_prints_each_response_of_a_streaming_pipeline_and_saves_th
     assert printed.count("response ") == len(expected) and f"{len(expected)} response(s)" in printed
     for i, response in enumerate(expected, start=1):
         assert np.load(tmp_path / "out" / f"text_{i}.npy", allow_pickle=True).tolist() == response["text"].tolist()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_generator_that_never_ends_is_ended_at_its_steps_timeout(mode):
+    from pipelines.errors import StepTimeoutError
+
+    @step(inputs={"n": ONE}, outputs={"tok": ONE}, timeout=0.3)
+    def endless(n):
+        i = 0
+        while True:
+            i += 1
+            yield {"tok": np.array([i], np.int32)}
+
+    got = []
+    with pytest.raises(StepTimeoutError, match=r"node 'count'.*ran past its timeout of 0.3 s after \d+ responses"):
+        for response in chain(endless).stream(n(0), mode=mode):
+            got.append(response)
+    assert got  # the responses before the timeout reached the caller

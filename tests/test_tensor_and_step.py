@@ -9,7 +9,7 @@ from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
 
 from pipelines import DATATYPES, DynamicBatching, StepDeclarationError, StepError, TensorSpec, step
-from pipelines.step import check_outputs
+from pipelines.core.step import check_outputs
 
 
 def test_tensorspec_normalises_and_reads_like_the_declaration():

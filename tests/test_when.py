@@ -13,6 +13,8 @@ import pytest
 from when_pipelines import ROW, check, expected, gated_pipeline, minus_one, plus_one, rows
 
 from pipelines import Pipeline, TensorSpec, step
+from pipelines.core.plan import ExecutionPlan
+from pipelines.core.planning import plan_of
 from pipelines.errors import (
     ConditionError,
     DtypeMismatchError,
@@ -20,7 +22,6 @@ from pipelines.errors import (
     ShapeMismatchError,
 )
 from pipelines.forms import FormLeftOutWarning
-from pipelines.plan import ExecutionPlan, plan_of
 
 MODES = ("bls", "bls-sync", "fused")
 CASES = {"none": (0, 3), "some": (2, 3), "all": (3, 0)}

@@ -9,6 +9,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from pipelines.core.step import check_outputs
 from pipelines.errors import PipelinesError
 from pipelines.examples.yolov5 import (
     build_pipeline,
@@ -20,7 +21,6 @@ from pipelines.examples.yolov5 import (
     pipeline,
 )
 from pipelines.runtime.local import MODES, run_many
-from pipelines.step import check_outputs
 from pipelines.steps import onnx_detector
 
 # (seed, objects, (height, width)): landscape, portrait, tiny (upscaled), huge (downscaled), square.

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipelines.core.step import check_outputs
 from pipelines.errors import StepDeclarationError, StepError
 from pipelines.examples.yolov5 import make_sample
-from pipelines.step import check_outputs
 from pipelines.steps import (
     PALETTE,
     array_namespace,

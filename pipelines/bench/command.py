@@ -10,10 +10,10 @@ import argparse
 import dataclasses
 from collections.abc import Sequence
 
+from ..commands.input_files import parse_forms, parse_inputs, parse_levels
+from ..commands.interrupts import sigterm_as_interrupt
+from ..commands.loading import load_pipeline_and_module
 from ..errors import PipelinesError
-from ..input_files import parse_forms, parse_inputs, parse_levels
-from ..interrupts import sigterm_as_interrupt
-from ..loading import load_pipeline_and_module
 from ..runtime.step_process import ISOLATIONS
 from ..triton.async_client import COMPRESSIONS
 from .inputs import given_requests

@@ -1,4 +1,4 @@
-"""The requests a benchmark sends: :mod:`pipelines.sample_inputs`, which the prediction
+"""The requests a benchmark sends: :mod:`pipelines.commands.sample_inputs`, which the prediction
 shares, under the name the benchmark has always given them; and the user's prompts, one
 request per line of a text file (``--input prompts.txt``), for a pipeline that takes text.
 """
@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from ..commands.sample_inputs import random_request, sample_requests
+from ..core.graph import Graph
 from ..errors import PipelinesError
-from ..graph import Pipeline
-from ..sample_inputs import random_request, sample_requests
 
 __all__ = [
     "PROMPT_SUFFIXES", "given_requests", "is_prompt_file", "prompt_requests", "random_request", "sample_requests",
@@ -28,7 +28,7 @@ def is_prompt_file(argument: str) -> bool:
     return argument.partition("=")[2 if "=" in argument else 0].lower().endswith(PROMPT_SUFFIXES)
 
 
-def prompt_requests(pipeline: Pipeline, argument: str, others: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def prompt_requests(pipeline: Graph, argument: str, others: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """One request per non-empty line of the prompt file ``argument`` names (``FILE.txt``, for the
     pipeline's one BYTES input, or ``NAME=FILE.txt``): the line, UTF-8, as that input's one string,
     with ``others`` (the pipeline's other inputs, from ``.npy`` files) in every request."""
@@ -58,7 +58,7 @@ def prompt_requests(pipeline: Pipeline, argument: str, others: dict[str, Any] | 
     return [{**(others or {}), name: np.array([p.encode()], dtype=object).reshape(shape)} for p in prompts]
 
 
-def _text_input(pipeline: Pipeline, file: str) -> str:
+def _text_input(pipeline: Graph, file: str) -> str:
     texts = [n for n, spec in pipeline.inputs.items() if spec.dtype == "BYTES"]
     if len(texts) != 1:
         said = f"inputs {texts}" if texts else "no BYTES input"
@@ -70,7 +70,7 @@ def _text_input(pipeline: Pipeline, file: str) -> str:
     return texts[0]
 
 
-def given_requests(pipeline: Pipeline, arguments: Sequence[str], parse_npy: Any) -> dict[str, Any] | list[dict[str, Any]]:
+def given_requests(pipeline: Graph, arguments: Sequence[str], parse_npy: Any) -> dict[str, Any] | list[dict[str, Any]]:
     """The request(s) ``--input`` arguments make: ``NAME=FILE.npy`` tensors (``parse_npy`` reads
     them), and at most one prompt file, which makes one request per prompt."""
     prompts = [a for a in arguments if is_prompt_file(a)]

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from time import perf_counter
 from typing import Any
 
-from ..graph import Pipeline
+from ..core.graph import Graph
 from .streams import StreamTimes
 
 __all__ = ["LocalTarget", "local_target"]
@@ -55,7 +55,7 @@ class LocalTarget:
 
 @asynccontextmanager
 async def local_target(
-    pipeline: Pipeline, mode: str, *, server_copies: bool = True, isolation: str = "thread"
+    pipeline: Graph, mode: str, *, server_copies: bool = True, isolation: str = "thread"
 ) -> AsyncIterator[LocalTarget]:
     """Start the local runtime in ``mode`` (a form of :data:`pipelines.forms.FORMS`); it
     executes the pipeline, and predicts no server."""

@@ -15,9 +15,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..commands.machine import machine_info
+from ..commands.output_paths import replace_text
 from ..errors import NotFoundError
-from ..machine import machine_info
-from ..output_paths import replace_text
 from .measurement import Measurement
 from .verdict import RatioComparison
 

@@ -27,13 +27,15 @@ from typing import Any, TextIO
 
 import anyio
 
+from ..commands.loading import load_pipeline_and_module
+from ..commands.output_paths import output_dir
+from ..compile import compile_pipeline
+from ..core.graph import Graph
+from ..core.plan import ensemble_refusal
+from ..core.planning import plan_of, refuse_streaming_form
 from ..errors import NotCompilableError, PipelinesError, sole_exception
 from ..forms import FormLeftOutWarning
 from ..freed_memory import keep_freed_memory_here
-from ..graph import Pipeline
-from ..loading import load_pipeline_and_module
-from ..output_paths import output_dir
-from ..plan import ensemble_refusal, plan_of, refuse_streaming_form
 from ..triton.statistics import breakdown_over
 from .inputs import sample_requests
 from .loadgen import LoadResult, run_load
@@ -53,7 +55,7 @@ RESULTS_FILE = "results.json"
 
 
 def run_benchmark(
-    target: Pipeline | str = DEFAULT_PIPELINE,
+    target: Graph | str = DEFAULT_PIPELINE,
     settings: BenchSettings | None = None,
     *,
     inputs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
@@ -193,7 +195,7 @@ def run_benchmark(
 
 
 def _prediction_rows(
-    settings: BenchSettings, pipeline: Pipeline, requests: Sequence[Mapping[str, Any]]
+    settings: BenchSettings, pipeline: Graph, requests: Sequence[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
     """The one place where a prediction of the server enters the benchmark's report.
 
@@ -251,9 +253,9 @@ def _order(m: Measurement) -> tuple[int, int, int]:
     return where, FORMS.index(m.config.form), m.concurrency
 
 
-def _resolve(target: Pipeline | str) -> tuple[Pipeline, ModuleType | None, str | None]:
+def _resolve(target: Graph | str) -> tuple[Graph, ModuleType | None, str | None]:
     """The pipeline, the module it came from (for ``sample_inputs``), and its ``MODULE:ATTR``."""
-    if isinstance(target, Pipeline):
+    if isinstance(target, Graph):
         return target, sys.modules.get(getattr(target, "__module__", "") or ""), None
     if not isinstance(target, str):
         raise PipelinesError(f"benchmark a Pipeline or 'MODULE:ATTR'; got {type(target).__name__}")
@@ -310,7 +312,7 @@ def _finish(bar: Progress, label: str, m: Measurement) -> None:
 
 
 async def _measure(
-    pipeline: Pipeline,
+    pipeline: Graph,
     samples: list[dict[str, Any]],
     settings: BenchSettings,
     bar: Progress,
@@ -398,7 +400,7 @@ def _reset_once(target: Any) -> Callable[[], Any]:
 
 
 def _server(
-    pipeline: Pipeline,
+    pipeline: Graph,
     settings: BenchSettings,
     bar: Progress,
     out_dir: Path | None,
@@ -427,7 +429,7 @@ def _server(
     return lambda: server.async_client(settings.protocol, compression=settings.compression), server.grpc_url
 
 
-def _ensemble_left_out(pipeline: Pipeline, settings: BenchSettings) -> str | None:
+def _ensemble_left_out(pipeline: Graph, settings: BenchSettings) -> str | None:
     """Why the ensemble is not measured (a pipeline with ``when`` blocks, a stream read whole),
     or None where it is."""
     if "ensemble" not in settings.forms:
@@ -444,7 +446,7 @@ def _ensemble_left_out(pipeline: Pipeline, settings: BenchSettings) -> str | Non
     return f"ensemble left out: {why}"
 
 
-def write_bench_repository(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack) -> Path:
+def write_bench_repository(pipeline: Graph, out_dir: Path | None, stack: ExitStack) -> Path:
     """Write the pipeline's three forms for the server: into ``out_dir/model_repository`` beside
     whatever else is there (only this pipeline's own models are replaced), or a temporary directory."""
     if out_dir is not None:
@@ -456,11 +458,11 @@ def write_bench_repository(pipeline: Pipeline, out_dir: Path | None, stack: Exit
     # The bench offers no way to replace what is not its own: the refusal says so.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FormLeftOutWarning)  # run_benchmark has said so already
-        repository = pipeline.compile("all")
+        repository = compile_pipeline(pipeline.validate(), "all")
     return write_models(repository, repo_dir, overwrite_hint=None)
 
 
-def _start_server(pipeline: Pipeline, out_dir: Path | None, stack: ExitStack, bar: Progress):
+def _start_server(pipeline: Graph, out_dir: Path | None, stack: ExitStack, bar: Progress):
     from ..compile import repository_pipelines
     from ..triton import TritonServer
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,9 +15,59 @@ import numpy as np
 
 from ..errors import PipelinesError
 
-__all__ = ["MIB", "Cost", "cost_from_json"]
+__all__ = ["BOUNDARIES", "FORM_COSTS", "MIB", "Cost", "FormCosts", "cost_from_json"]
 
 MIB = float(1 << 20)
+
+#: The kinds of boundary a profile prices, with what each one is.
+BOUNDARIES = {
+    "request": "a request entering and leaving the server (client, protocol, front end); bytes in + out",
+    "ensemble": "the ensemble scheduler's own work per request, beyond its steps; bytes in + out",
+    "ensemble_step": "an ensemble step's input and output, passed by the ensemble scheduler; bytes in + out",
+    "bls_call": "a BLS call made from a stub and its response (async execute); bytes in + out",
+    "bls_model": "the BLS model's own stub taking the request's tensors in and giving them out; bytes in + out",
+    "bls_sync_call": "a BLS call made from a stub and its response (sync execute); bytes in + out",
+    "bls_sync_model": "the sync BLS model's own stub, as bls_model; bytes in + out",
+    "fused_model": "the fused model's own stub taking the request's tensors in and giving them out; bytes in + out",
+    "fused_step": "the fused model's own work around each Python step it runs in its process (no copy: its "
+    "tensors pass as references); fixed",
+    "stub": "a Python step's stub: its inputs in, its fresh outputs out (shared memory, the stub process); "
+    "bytes in + out",
+    "ensemble_stub": "a Python step's stub as an ensemble runs it (its outputs go to the ensemble's tensors); "
+    "bytes in + out",
+    "bls_stub": "a Python step's stub as a BLS model calls it (async execute); bytes in + out",
+    "bls_sync_stub": "a Python step's stub as a sync BLS model calls it; bytes in + out",
+    "ensemble_gate": "what a gated ensemble pays per request beyond its gate model's step and stub (the failure "
+    "tensors every step carries); by the intermediates' bytes",
+}
+
+
+@dataclass(frozen=True)
+class FormCosts:
+    """The boundaries of :data:`BOUNDARIES` that one form (:data:`pipelines.forms.FORMS`) pays.
+
+    Per step call, and once per request for its top-level model (the ensemble scheduler, or the
+    BLS model's stub); its Python steps' stubs cost more where the ensemble runs them than where a
+    BLS model calls them (docs/calibration_internals.md)."""
+
+    call_cost: str
+    own_cost: str
+    stub_cost: str
+    # What the top-level model's own Python does around each step it runs in its process (the
+    # fused model's bookkeeping per step), or "" where none runs so.
+    in_process_step_cost: str = ""
+
+
+#: What each form pays, by form name: the calibration fits these boundaries, the simulator charges them.
+FORM_COSTS = {
+    "ensemble": FormCosts(call_cost="ensemble_step", own_cost="ensemble", stub_cost="ensemble_stub"),
+    "bls": FormCosts(call_cost="bls_call", own_cost="bls_model", stub_cost="bls_stub"),
+    "bls-sync": FormCosts(call_cost="bls_sync_call", own_cost="bls_sync_model", stub_cost="bls_sync_stub"),
+    # External models are called with async_exec(), as in "bls"; its own probes price the model (not
+    # the BLS model's); its Python steps run in-process, so bls_stub is paid by none.
+    "fused": FormCosts(call_cost="bls_call", own_cost="fused_model", stub_cost="bls_stub",
+                       in_process_step_cost="fused_step"),
+}
 
 
 @dataclass(frozen=True)
@@ -33,7 +83,7 @@ class Cost:
     way out differ (a step's fresh output costs its stub more than its input).
 
     The ``*_ci`` fields are confidence intervals, ``(low, high)`` µs, of those figures (a
-    bootstrap over the calibration's rounds, :func:`pipelines.calibration.fit.fit_rounds`):
+    bootstrap over the calibration's rounds, :func:`pipelines.profiling.fit.fit_rounds`):
     ``fixed_ci`` and ``per_mib_ci`` of the line, and per size ``in_ci``, ``out_ci`` and
     ``total_ci`` (in + out). Empty, or ``None``, where a profile has none (older ones). They
     are the fit's before it clips a cost at zero, so a bound may be below zero (a cost the fit
@@ -178,3 +228,26 @@ def cost_from_json(name: str, data: Any) -> Cost:
             raise
         said = exc.message.removeprefix("a cost's ")
         raise PipelinesError(f"{where}: {said}") from None
+
+
+def size_label(n: int) -> str:
+    """``n`` bytes as the probes are named: "64 KiB", "4 MiB"."""
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def checked_wake(points: Iterable[Sequence[float]]) -> tuple[tuple[float, float], ...]:
+    """``points`` as sorted ``(waited µs, µs)`` pairs; refused, naming the pair, where one is not
+    two finite numbers >= 0 or two share a wait."""
+    out = []
+    for pair in points:
+        try:
+            waited, us = (float(v) for v in pair)
+        except (TypeError, ValueError):
+            raise PipelinesError(f"a profile's wake is (waited µs, µs) pairs; got {pair!r}") from None
+        if not (math.isfinite(waited) and math.isfinite(us) and waited >= 0 and us >= 0):
+            raise PipelinesError(f"a profile's wake is (waited µs, µs) pairs of finite numbers >= 0; got {pair!r}")
+        out.append((waited, us))
+    out.sort()
+    if len({w for w, _ in out}) != len(out):
+        raise PipelinesError(f"a profile's wake has one pair per wait; got {out!r}")
+    return tuple(out)

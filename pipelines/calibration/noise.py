@@ -1,28 +1,58 @@
 """How steady the machine was while a calibration or a prediction worked: the CPU that other processes used, the
 time the hypervisor stole, and repeated measurements that disagreed. A busy machine's figures are still used, but
-said to be, and a prediction's ranges widen to match (docs/prediction.md, "Reading a prediction").
+said to be, and a prediction's ranges widen to match (docs/prediction.md, "How a range is made"): each of what it saw
+is a standard deviation of the figure a user measures (:meth:`MachineNoise.spreads`), beside the others in quadrature.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
-from time import perf_counter
+from statistics import NormalDist
 from typing import Any
 
 from ..errors import PipelinesError
-from ..triton.cleanup import process_stats
 
-__all__ = ["BUSY", "MAX_WIDENING", "MachineNoise", "NoiseWatch", "round_disagreement"]
+__all__ = ["BUSY", "LEVEL", "MAX_WIDENING", "Z", "MachineNoise", "measurement_spread",
+           "round_disagreement", "share_spread"]
 
 #: What makes a machine busy: other processes using this share of its cores, the hypervisor stealing this share of
 #: its CPU time, or repeated measurements of one thing disagreeing by this much (half their range over their median).
 BUSY = {"load_share": 0.25, "steal": 0.05, "disagreement": 0.10}
-#: The most a busy machine widens a range by, either way: beyond it a range says nothing a table could use.
+#: The most one share of the machine (other processes' cores, stolen time, a window's disagreement) counts for: beyond
+#: it a range says nothing a table could use.
 MAX_WIDENING = 0.5
+#: The share of measured figures a prediction's range should hold: each is a two-sided 90 % interval, Z standard
+#: deviations either way.
+LEVEL = 0.90
+Z = NormalDist().inv_cdf(0.5 + LEVEL / 2)
+#: The calibration's lanes windows last half of ``Budget.lanes_seconds`` (1 s in a full and a quick calibration). Its
+#: disagreement is, for each probe, the larger of two half-ranges of three windows (at concurrency 1 and under load),
+#: the median over the probes: for normal windows, 1.056 standard deviations of one window.
+CALIBRATION_WINDOW_S = 0.5
+WINDOW_SD_PER_DISAGREEMENT = 1 / 1.056
+#: The figure a user measures: the last three windows of two seconds, pooled (``pipelines bench``'s defaults and its
+#: stability rule's, as perf_analyzer's).
+USER_WINDOWS, USER_WINDOW_S = 3, 2.0
+
+
+def measurement_spread(disagreement: float | None) -> float:
+    """The standard error of a figure pooled over :data:`USER_WINDOWS` windows of :data:`USER_WINDOW_S` s, from the
+    calibration's window-to-window ``disagreement``: one window's standard deviation over the square root of how many
+    calibration windows the user's measurement lasts (noise that changes faster than a window averages out; what
+    drifts slower is the load's, below, and the model's)."""
+    if not disagreement:
+        return 0.0
+    window_sd = min(disagreement, MAX_WIDENING) * WINDOW_SD_PER_DISAGREEMENT
+    return window_sd * math.sqrt(CALIBRATION_WINDOW_S / (USER_WINDOWS * USER_WINDOW_S))
+
+
+def share_spread(share: float | None) -> float:
+    """The standard deviation of a share of the machine that one side of a comparison may have had and the other
+    not (other processes' cores, stolen time): uniform over ``±share``, ``share`` at most :data:`MAX_WIDENING`."""
+    return min(share or 0.0, MAX_WIDENING) / math.sqrt(3.0)
 
 
 @dataclass(frozen=True)
@@ -73,12 +103,18 @@ class MachineNoise:
         """Whether any of what it saw passes :data:`BUSY`."""
         return any(v >= BUSY[k] for k, v in self._seen().items())
 
-    def widening(self) -> float:
-        """The share by which a figure measured or predicted on this machine may be off either way, from the noise:
-        the largest of what it saw (other processes' share of the cores take that share of the server's; stolen time
-        slows every job by its share; repeated measurements differ by their disagreement), at most
-        :data:`MAX_WIDENING`."""
-        return min(MAX_WIDENING, max(self._seen().values(), default=0.0))
+    def spreads(self) -> dict[str, float]:
+        """What it saw as standard deviations of the figure a user measures (0 where not measured): ``measurement``
+        from the windows' disagreement (:func:`measurement_spread`), ``load`` and ``steal`` from their shares
+        (:func:`share_spread`)."""
+        return {"measurement": measurement_spread(self.disagreement), "load": share_spread(self.load_share),
+                "steal": share_spread(self.steal)}
+
+    def widening(self, spreads: Mapping[str, float] | None = None) -> float:
+        """The share by which its noise alone may move a figure up, at :data:`LEVEL`: its :meth:`spreads` (or
+        ``spreads``) in quadrature, ``Z`` of them."""
+        parts = self.spreads() if spreads is None else spreads
+        return math.expm1(Z * math.sqrt(sum(v * v for v in parts.values())))
 
     def describe(self) -> str:
         """What it saw, in words: ``load 1.3 from other processes, 4 % steal, probes disagreed by 18 %``."""
@@ -93,12 +129,14 @@ class MachineNoise:
         return ", ".join(parts) or "nothing measured"
 
     def line(self, what: str = "the machine", widening: float | None = None) -> str:
-        """One line for a busy machine (empty for a quiet one): what it saw, and that ranges widened to match
-        (by ``widening``, default its own :meth:`widening`)."""
+        """One line for a busy machine (empty for a quiet one): what it saw, and how far its noise alone puts a
+        range's ends from its figure (``widening``, default its own :meth:`widening`: the high end's share; the low
+        end is the figure over the same factor)."""
         if not self.busy:
             return ""
         wide = self.widening() if widening is None else widening
-        return f"{what} was busy: {self.describe()}; ranges widened by ±{wide:.0%} to match"
+        return (f"{what} was busy: {self.describe()}; ranges widened to -{wide / (1 + wide):.0%}…+{wide:.0%} of each "
+                "figure to match")
 
     def combined(self, other: MachineNoise | None) -> MachineNoise:
         """The noisier of the two, figure by figure (a prediction's own watch and its profile's)."""
@@ -145,63 +183,3 @@ def round_disagreement(rows: Iterable[tuple]) -> float | None:
             by_probe.setdefault(tuple(row[:3]), []).append(float(row[4]))
     spreads = [(max(v) - min(v)) / 2 / statistics.median(v) for v in by_probe.values() if len(v) > 1]
     return statistics.median(spreads) if spreads else None
-
-
-class NoiseWatch:
-    """Watches the machine from when it is made until :meth:`stop`: the CPU time the machine spent (``/proc/stat``)
-    against what this process and its descendants spent (``/proc/PID/stat``, with their reaped children's), and the
-    steal. Off Linux it measures nothing (every figure ``None``)."""
-
-    def __init__(self) -> None:
-        self._began = perf_counter()
-        self._machine = _machine_ticks()
-        self._ours = _tree_ticks()
-
-    def stop(self, *, disagreement: float | None = None) -> MachineNoise:
-        seconds = perf_counter() - self._began
-        machine, ours = _machine_ticks(), _tree_ticks()
-        cores = float(os.cpu_count() or 1)
-        if machine is None or self._machine is None or ours is None or self._ours is None or seconds <= 0:
-            return MachineNoise(disagreement=disagreement, cores=cores, seconds=seconds)
-        tick = float(os.sysconf("SC_CLK_TCK"))
-        busy = machine[0] - self._machine[0]
-        total = machine[2] - self._machine[2]
-        # Ticks are coarse (10 ms): a short watch reads a core's worth of rounding, so the load is not below 0.
-        other = max(0.0, (busy - (ours - self._ours)) / tick / seconds)
-        steal = (machine[1] - self._machine[1]) / total if total > 0 else 0.0
-        return MachineNoise(other_load=other, steal=steal, disagreement=disagreement, cores=cores, seconds=seconds)
-
-
-def _machine_ticks() -> tuple[float, float, float] | None:
-    """The machine's (busy, steal, total) clock ticks since boot, from ``/proc/stat``'s first line; None off Linux."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            values = [float(v) for v in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    user, nice, system, idle, iowait, irq, softirq, steal = (values + [0.0] * 8)[:8]
-    return user + nice + system + irq + softirq, steal, sum(values)
-
-
-def _tree_ticks() -> float | None:
-    """The CPU clock ticks this process and its descendants have used, with the children each has reaped."""
-    if not os.path.isdir("/proc"):
-        return None
-    parents: dict[int, int] = {}
-    ticks: dict[int, float] = {}
-    for pid, stat in process_stats():
-        try:
-            parents[pid] = int(stat[1])
-            ticks[pid] = sum(float(v) for v in stat[11:15])  # utime, stime, cutime, cstime
-        except (IndexError, ValueError):
-            continue
-    ours, frontier = {os.getpid()}, [os.getpid()]
-    children: dict[int, list[int]] = {}
-    for pid, parent in parents.items():
-        children.setdefault(parent, []).append(pid)
-    while frontier:
-        for child in children.get(frontier.pop(), ()):
-            if child not in ours:
-                ours.add(child)
-                frontier.append(child)
-    return sum(ticks.get(pid, 0.0) for pid in ours)

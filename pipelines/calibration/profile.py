@@ -17,11 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from ..commands.output_paths import replace_text
 from ..errors import PipelinesError, ProfileMismatchError
-from ..output_paths import replace_text
-from .cost import MIB, Cost, cost_from_json
+from .cost import BOUNDARIES, MIB, Cost, checked_wake, cost_from_json
 from .noise import MachineNoise, round_disagreement
-from .wake import checked_wake
 
 __all__ = [
     "BOUNDARIES",
@@ -35,27 +34,6 @@ __all__ = [
     "load_profile",
 ]
 
-#: The kinds of boundary a profile prices, with what each one is.
-BOUNDARIES = {
-    "request": "a request entering and leaving the server (client, protocol, front end); bytes in + out",
-    "ensemble": "the ensemble scheduler's own work per request, beyond its steps; bytes in + out",
-    "ensemble_step": "an ensemble step's input and output, passed by the ensemble scheduler; bytes in + out",
-    "bls_call": "a BLS call made from a stub and its response (async execute); bytes in + out",
-    "bls_model": "the BLS model's own stub taking the request's tensors in and giving them out; bytes in + out",
-    "bls_sync_call": "a BLS call made from a stub and its response (sync execute); bytes in + out",
-    "bls_sync_model": "the sync BLS model's own stub, as bls_model; bytes in + out",
-    "fused_model": "the fused model's own stub taking the request's tensors in and giving them out; bytes in + out",
-    "fused_step": "the fused model's own work around each Python step it runs in its process (no copy: its "
-    "tensors pass as references); fixed",
-    "stub": "a Python step's stub: its inputs in, its fresh outputs out (shared memory, the stub process); "
-    "bytes in + out",
-    "ensemble_stub": "a Python step's stub as an ensemble runs it (its outputs go to the ensemble's tensors); "
-    "bytes in + out",
-    "bls_stub": "a Python step's stub as a BLS model calls it (async execute); bytes in + out",
-    "bls_sync_stub": "a Python step's stub as a sync BLS model calls it; bytes in + out",
-    "ensemble_gate": "what a gated ensemble pays per request beyond its gate model's step and stub (the failure "
-    "tensors every step carries); by the intermediates' bytes",
-}
 #: Boundaries a profile may lack (profiles written before they were measured): what stands in for them.
 # In order: a stand-in may itself stand in.
 STAND_INS = {"ensemble": None, "bls_model": "stub", "bls_sync_call": "bls_call", "bls_sync_model": "bls_model",
@@ -102,12 +80,12 @@ class Profile:
     ``round_samples`` each probe's figures in each round, ``(kind, steps, bytes, round,
     latency µs, stub µs, of which in, BLS hold µs, steps' hold µs, reader µs)``: the costs are the
     fit of their medians over the rounds, and each cost's intervals (``ci_level``, 0.95)
-    a bootstrap over the rounds (:func:`pipelines.calibration.fit.fit_rounds`). Older
+    a bootstrap over the rounds (:func:`pipelines.profiling.fit.fit_rounds`). Older
     profiles have none (0, ``()``).
 
     ``wake`` is what a hand-off between processes costs beyond the boundaries' figures once
     the side that waits for it has waited a while: ``(waited µs, µs)`` points, from probes
-    whose step works that long (:mod:`pipelines.calibration.wake`). A thread that waits
+    whose step works that long (:mod:`pipelines.profiling.wake`). A thread that waits
     long enough sleeps, and its core idles; waking them takes longer the longer they slept.
     ``wake_idle`` is the same where every core idled that long (a step that sleeps, or waits
     on a GPU). Profiles without them (older ones) price no wake.
@@ -115,7 +93,7 @@ class Profile:
     ``round_request_us`` is what each request of a fused model's round adds to the time the round
     holds its instance, beyond the first and beyond its bytes (its request read, its answer made):
     the slope of a fused probe's hold over the rows of its rounds
-    (:func:`pipelines.calibration.measure.measure_rounds`). Profiles without it (older ones) price 0.
+    (:func:`pipelines.profiling.measure.measure_rounds`). Profiles without it (older ones) price 0.
 
     ``noise`` is how steady the machine was while it was calibrated (:class:`~pipelines.calibration.noise.MachineNoise`):
     a profile calibrated on a busy machine is still used, and every table it feeds says so. ``None`` (older

@@ -49,7 +49,7 @@ def calibration_store() -> Path:
 def calibration_key(url: str | None, protocol: str, version: str) -> str:
     """What decides a server profile: the server (the bundled one, or its URL), its Triton version, the
     protocol, and this machine's CPU and cores (those the client, and the bundled server, run on)."""
-    from ..machine import machine_info
+    from ..commands.machine import machine_info
 
     machine = machine_info()
     key = {"format": 1, "server": url or "bundled", "version": version, "protocol": protocol,
@@ -74,8 +74,8 @@ def kept_calibration(url: str | None = None, protocol: str = "http", *, store: s
             say(f"the calibration kept in {path} cannot be read ({exc}); calibrating again")
         else:
             return KeptCalibration(path, True, server, profile.date)
-    from .calibrate import calibrate
-    from .calibrate_command import QUICK
+    from ..profiling.calibrate import calibrate
+    from ..profiling.calibrate_command import QUICK
 
     say(f"no calibration kept for {server}: calibrating it{' (quick)' if quick else ''}, once")
     profile: Profile = calibrate(url, protocol, progress=progress, **(QUICK if quick else {}))

@@ -11,13 +11,15 @@ from typing import Any
 import numpy as np
 
 from ..tables import format_table
-from .probes import size_label
-from .profile import BOUNDARIES, Profile
+from .cost import BOUNDARIES, size_label
 
 __all__ = ["plot_profile", "profile_table"]
 
+# A profile is typed Any here: Profile.table and Profile.plot call this module, so it cannot import
+# the one that defines Profile (pipelines.calibration.profile) without making an import circle.
 
-def profile_table(profile: Profile) -> str:
+
+def profile_table(profile: Any) -> str:
     """The profile's head line, each boundary's line (fixed µs, µs per MiB, with intervals), and
     each boundary's cost at each measured size (in + out, ms, with intervals)."""
     where = profile.url or "the bundled server"
@@ -94,7 +96,7 @@ def _below_zero(v: float, show) -> bool:
     return v < 0 and show(-v).strip("0.") != ""
 
 
-def plot_profile(profile: Profile, path: str | os.PathLike[str] | None = None) -> Any:
+def plot_profile(profile: Any, path: str | os.PathLike[str] | None = None) -> Any:
     """Cost against bytes per boundary, log-log; written as PNG to ``path`` if given. Returns the figure."""
     import matplotlib
 
@@ -125,7 +127,7 @@ def plot_profile(profile: Profile, path: str | os.PathLike[str] | None = None) -
 _FLOOR_MS = 1e-3
 
 
-def _panel(ax: Any, profile: Profile, name: str) -> None:
+def _panel(ax: Any, profile: Any, name: str) -> None:
     """One boundary's panel: measured points, its line, and its cost per size with the interval."""
     points = [p for p in profile.points if p.boundary == name]
     cost = profile.costs[name]

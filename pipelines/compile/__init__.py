@@ -11,11 +11,13 @@ from collections.abc import Callable
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ..core.graph import Graph
+from ..core.plan import ensemble_refusal
+from ..core.planning import refuse_streaming_form
 from ..errors import CompileError, NotCompilableError
 from ..forms import FORMS, FormLeftOutWarning, TimeoutNotEnforcedWarning, forms_of_target
 from ..forms import TARGETS as FORM_TARGETS
-from ..graph import Pipeline
-from ..plan import ensemble_refusal, refuse_streaming_form
+from . import bls, ensemble, fused
 from .bound_plan import CompilePlan, bind_plan
 from .checks import check_compilable
 from .ensemble import layout_ensemble
@@ -24,6 +26,7 @@ from .requirements import NUMPY_REQUIREMENT, ServerNeeds, distributions_of
 from .step_models import compile_step_model
 
 __all__ = [
+    "COMPILERS",
     "TARGETS",
     "CompilePlan",
     "CompiledModel",
@@ -38,9 +41,18 @@ __all__ = [
 #: (the ensemble and both BLS forms side by side) and ``"all"`` (every form side by side).
 TARGETS = tuple(FORM_TARGETS)
 
+#: Each form's compiler, by form name: ``(plan, name, form, options) -> [CompiledModel]``, the
+#: form's top-level model and what it adds (a test checks every form of FORMS has one).
+COMPILERS: dict[str, Callable[..., list[CompiledModel]]] = {
+    "ensemble": ensemble.compile_form,
+    "bls": bls.compile_form,
+    "bls-sync": bls.compile_form,
+    "fused": fused.compile_form,
+}
+
 
 def compile_pipeline(
-    pipeline: Pipeline, target: str = "both", *, bls_instance_count: int = 1, fused_instance_count: int = 1
+    pipeline: Graph, target: str = "both", *, bls_instance_count: int = 1, fused_instance_count: int = 1
 ) -> ModelRepository:
     """Compile ``pipeline`` into an in-memory :class:`ModelRepository`.
 
@@ -52,7 +64,7 @@ def compile_pipeline(
     ``bls_instance_count`` sets the BLS models' instance count, ``fused_instance_count``
     the fused model's (each fused instance holds an instance of every Python step).
     """
-    if not isinstance(pipeline, Pipeline):
+    if not isinstance(pipeline, Graph):
         raise CompileError(f"compile_pipeline needs a Pipeline; got {pipeline!r}")
     try:
         forms = forms_of_target(target)
@@ -107,14 +119,14 @@ def compile_pipeline(
     top = []
     for form in forms:
         name = form.model_name(pipeline.name, side_by_side=side_by_side)
-        for compiled in form.compile_function()(plan, name, form, options):
+        for compiled in COMPILERS[form.name](plan, name, form, options):
             models[compiled.name] = compiled
         top.append(name)
     return ModelRepository({name: _owned(model, pipeline.name) for name, model in models.items()},
                            top_level=tuple(top))
 
 
-def _refusal(pipeline: Pipeline, plan: CompilePlan, form: str) -> NotCompilableError | None:
+def _refusal(pipeline: Graph, plan: CompilePlan, form: str) -> NotCompilableError | None:
     """Why the form named ``form`` cannot run ``pipeline``, or ``None`` where it can."""
     if form == "ensemble" and plan.plan.conditional:
         # Triton's ensemble scheduler runs every step for every request: it cannot skip a branch.

@@ -1,7 +1,7 @@
 """The BLS form: a Python-backend model running the generic executor
 ``models/bls_model.py``, which reads ``1/bls.json``: the mode, the pipeline's
 input and output specs, each step's timeout, and the execution plan
-(:mod:`pipelines.plan`) as JSON.
+(:mod:`pipelines.core.plan`) as JSON.
 
 ``"bls"`` (mode ``"async"``) runs every node as soon as its inputs are ready
 with ``async_exec()``; ``"bls-sync"`` calls them one after another with
@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..core.plan import PLAN_FORMAT
 from ..forms import Form
-from ..plan import PLAN_FORMAT
 from ..repository_files import BLS_PLAN
 from .bound_plan import CompilePlan
 from .configs import set_parameters, top_level_python_config

@@ -1,6 +1,6 @@
-"""The execution plan as the compilers see it: :class:`pipelines.plan.ExecutionPlan`
-bound to the pipeline's own objects (each node's :class:`~pipelines.step.Step`,
-each input's :class:`~pipelines.graph.TensorRef`), with the ensemble tensor of
+"""The execution plan as the compilers see it: :class:`pipelines.core.plan.ExecutionPlan`
+bound to the pipeline's own objects (each node's :class:`~pipelines.core.step.Step`,
+each input's :class:`~pipelines.core.graph.TensorRef`), with the ensemble tensor of
 every wire resolved. Nothing is decided here: live nodes, order, models and
 tensor names all come from the one plan.
 """
@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ..graph import Pipeline, TensorRef
-from ..plan import ExecutionPlan, ModelPlan, plan_of
-from ..step import Step
+from ..core.graph import Graph, TensorRef
+from ..core.plan import ExecutionPlan, ModelPlan
+from ..core.planning import plan_of
+from ..core.step import Step
 
 __all__ = ["BoundNode", "CompilePlan", "bind_plan"]
 
@@ -39,7 +40,7 @@ class BoundNode:
 class CompilePlan:
     """A pipeline and its execution plan, bound for compilation."""
 
-    pipeline: Pipeline
+    pipeline: Graph
     plan: ExecutionPlan
     nodes: tuple[BoundNode, ...]
 
@@ -65,7 +66,7 @@ class CompilePlan:
         return self.plan.node(node).model
 
 
-def bind_plan(pipeline: Pipeline, plan: ExecutionPlan | None = None) -> CompilePlan:
+def bind_plan(pipeline: Graph, plan: ExecutionPlan | None = None) -> CompilePlan:
     """Bind ``plan`` (default: the pipeline's plan, computed now) to ``pipeline``'s objects."""
     plan = plan if plan is not None else plan_of(pipeline)
     nodes = []

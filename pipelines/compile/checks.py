@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from ..core.graph import Graph
+from ..core.names import MAX_NAME_LENGTH
+from ..core.plan import ExecutionPlan
 from ..errors import CompileError, DeclarationError, InvalidNameError
-from ..graph import Pipeline
-from ..names import MAX_NAME_LENGTH
-from ..plan import ExecutionPlan
 
 __all__ = ["check_compilable"]
 
@@ -13,7 +13,7 @@ __all__ = ["check_compilable"]
 _MAX_MODEL_NAME = 2 * MAX_NAME_LENGTH - 1
 
 
-def check_compilable(pipeline: Pipeline, plan: ExecutionPlan) -> None:
+def check_compilable(pipeline: Graph, plan: ExecutionPlan) -> None:
     """Raise :class:`CompileError` for a tensor with no dims, a model name too long for a path, or
     a model file that cannot serve its model as compiled (an ONNX file with no batch axis, say)."""
     _check_ranks(pipeline)
@@ -29,7 +29,7 @@ def check_compilable(pipeline: Pipeline, plan: ExecutionPlan) -> None:
             )
 
 
-def _check_ranks(pipeline: Pipeline) -> None:
+def _check_ranks(pipeline: Graph) -> None:
     # Triton rejects a tensor with no dims; a scalar per batch item is dims [1].
     specs = [(None, "pipeline input", n, s) for n, s in pipeline.inputs.items()]
     for node in pipeline.nodes.values():
@@ -45,7 +45,7 @@ def _check_ranks(pipeline: Pipeline) -> None:
             )
 
 
-def _check_model_files(pipeline: Pipeline, plan: ExecutionPlan) -> None:
+def _check_model_files(pipeline: Graph, plan: ExecutionPlan) -> None:
     # Whether a step batches is known only now: its file was checked when declared, for either.
     for model in plan.models:
         node = model.nodes[0]

@@ -13,8 +13,8 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..step_options import ParameterValue, parameter_text
-from ..tensor import TensorSpec
+from ..core.step_options import ParameterValue, parameter_text
+from ..core.tensor import TensorSpec
 
 __all__ = ["add_io", "config_text", "parse_config", "set_parameters", "top_level_python_config"]
 

@@ -25,7 +25,7 @@ scheduler (facts and sources in ``docs/triton_ensemble.md``):
   responses: a chain has no sibling running, and each step model names its node
   in its own error, so a chain pays nothing.
 - **Node aliases.** A node has a step model of its own unless its step is
-  declared ``share_model=True`` (:mod:`pipelines.plan`, model names). A model
+  declared ``share_model=True`` (:mod:`pipelines.core.plan`, model names). A model
   that several nodes share learns its node from the name its first input
   arrives under: that input and one alias of it per node (``x__at_<node>``) are
   declared optional, and each node's ensemble step maps the tensor to its own
@@ -42,9 +42,10 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ..core.plan import gated_ensemble
+from ..core.planning import plan_of, refuse_streaming_form
+from ..core.tensor import TensorSpec
 from ..errors import CompileError
-from ..plan import gated_ensemble, plan_of, refuse_streaming_form
-from ..tensor import TensorSpec
 from .bound_plan import BoundNode, CompilePlan, bind_plan
 from .configs import add_io
 from .ensemble_streams import StreamWiring, stream_wiring
@@ -179,7 +180,7 @@ class EnsembleLayout:
 def layout_ensemble(plan: CompilePlan, *, gated: bool = False) -> EnsembleLayout:
     """Decide the ensemble's wiring, output copies and failure gate for ``plan``.
 
-    It is gated where :func:`~pipelines.plan.gated_ensemble` says, or anyway with ``gated=True``
+    It is gated where :func:`~pipelines.core.plan.gated_ensemble` says, or anyway with ``gated=True``
     (``benchmarks/compiled_vs_handwritten.py`` measures what the gate costs on a chain).
     """
     pipeline = plan.pipeline

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from ..core.tensor import TensorSpec
 from ..errors import CompileError
-from ..tensor import TensorSpec
 from .bound_plan import CompilePlan
 from .ensemble_wiring import TensorNames
 

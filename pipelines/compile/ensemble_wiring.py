@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from ..graph import TensorRef
-from ..plan import ModelPlan
+from ..core.graph import TensorRef
+from ..core.plan import ModelPlan
 from .bound_plan import BoundNode, CompilePlan
 
 __all__ = ["ERR_OUTPUT", "NODE_ALIAS", "TensorNames", "alias_extras", "aliased", "exposure_copies", "exposures_of", "fresh_output",

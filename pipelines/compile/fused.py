@@ -5,7 +5,7 @@ steps (ONNX Runtime, TensorRT…) through BLS ``async_exec()``.
 The model's version folder holds everything it runs, so it serves on its own:
 
 - ``1/fused.json``: the pipeline's input and output specs, the execution plan
-  (:mod:`pipelines.plan`) as JSON, and for each live node whether it runs here
+  (:mod:`pipelines.core.plan`) as JSON, and for each live node whether it runs here
   (``"python"``, with the folder of its step) or is called (``"external"``, with
   its composing model and timeout);
 - ``1/steps/<model>/``: each Python step's ``step.json`` (and ``step.pkl`` for a
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..plan import PLAN_FORMAT
+from ..core.plan import PLAN_FORMAT
 from ..repository_files import FUSED_PLAN
 from .bound_plan import CompilePlan
 from .configs import set_parameters, top_level_python_config

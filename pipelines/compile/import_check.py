@@ -22,17 +22,14 @@ import sys
 import sysconfig
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import CompileError
 from .requirements import one_line_each
-
-if TYPE_CHECKING:
-    from .repository import ModelRepository
 
 __all__ = ["check_steps_import"]
 
@@ -64,12 +61,13 @@ def _process_key(process: list[_Load]) -> str:
 _PROVEN: set[tuple[str, tuple[str, ...]]] = set()
 
 
-def check_steps_import(repo: ModelRepository) -> None:
-    """Raise :class:`CompileError` for the first step of ``repo`` whose code would not load on a server."""
-    requirements = one_line_each({r for m in repo.models.values() for r in _needs(m)})
+def check_steps_import(models: Mapping[str, Any]) -> None:
+    """Raise :class:`CompileError` for the first step of ``models`` (a repository's compiled models
+    by name) whose code would not load on a server."""
+    requirements = one_line_each({r for m in models.values() for r in _needs(m)})
     # What loaded once loads again: the record holds the digest of every file, and the same
     # requirements give the same modules (tests and notebooks write one pipeline many times).
-    processes = [p for p in _processes(repo) if (_process_key(p), tuple(requirements)) not in _PROVEN]
+    processes = [p for p in _processes(models) if (_process_key(p), tuple(requirements)) not in _PROVEN]
     if not processes:
         return
     with tempfile.TemporaryDirectory(prefix="pipelines-import-check-") as tmp:
@@ -207,13 +205,13 @@ def _needs(model: Any) -> tuple[str, ...]:
         return ()
 
 
-def _processes(repo: ModelRepository) -> list[list[_Load]]:
-    """The steps each distinct model of ``repo`` loads in its one Python process: a step model's
+def _processes(models: Mapping[str, Any]) -> list[list[_Load]]:
+    """The steps each distinct model of ``models`` loads in its one Python process: a step model's
     one, a fused model's every step (in one process, their modules meet); a fused model's step
     alone carries the same as the step's own model, and is loaded once."""
     found: dict[str, list[_Load]] = {}
-    for name in repo.names:
-        model = repo[name]
+    for name in sorted(models):
+        model = models[name]
         process = []
         for rel in sorted((r for r in model.files if r.rpartition("/")[2] == _PLAN), key=_load_order(model)):
             folder = rel.rpartition("/")[0]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import cast
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -171,7 +172,7 @@ class ModelRepository:
                 mine = models.get(name)
                 if mine is not None and mine is not model and (
                     mine.config_text != model.config_text
-                    or {k: mine.files.source(k) for k in mine.files} != {k: model.files.source(k) for k in model.files}
+                    or _sources(mine) != _sources(model)
                 ):
                     raise CompileError(
                         f"two different models are both named {name!r}; rename one of the pipelines "
@@ -205,8 +206,15 @@ def write_models(
     First every step's code is loaded as a server would load it (:mod:`.import_check`): a step
     that would fail to load is refused before anything is written.
     """
-    check_steps_import(repo)
-    return write_repository(repo, path, overwrite=overwrite, overwrite_hint=overwrite_hint, write_model=_write_model)
+    check_steps_import(repo.models)
+    return write_repository(repo.models, path, top_level=repo.top_level, overwrite=overwrite,
+                            overwrite_hint=overwrite_hint, write_model=_write_model)
+
+
+def _sources(model: CompiledModel) -> dict[str, FileSource]:
+    """Where each file of ``model`` comes from (its files are a ``_Files`` once it is made)."""
+    files = cast(_Files, model.files)
+    return {rel: files.source(rel) for rel in files}
 
 
 def _write_model(root: Path, model: CompiledModel) -> None:

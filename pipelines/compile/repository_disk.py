@@ -23,7 +23,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import RepositoryWriteError
 from ..repository_files import ensemble_steps
@@ -36,9 +36,6 @@ from .repository_markers import (
     refuse_to_drop_users_files,
     write_marker,
 )
-
-if TYPE_CHECKING:
-    from .repository import ModelRepository
 
 __all__ = [
     "LOCK_FILE",
@@ -59,28 +56,31 @@ LOCK_TIMEOUT_S = 300.0
 
 
 def write_repository(
-    repo: ModelRepository,
+    models: Mapping[str, Any],
     path: str | os.PathLike[str],
     *,
+    top_level: Sequence[str] = (),
     overwrite: bool = False,
     overwrite_hint: str | None = "overwrite=True",
     write_model: Callable[[Path, Any], None],
 ) -> Path:
-    """Write ``repo``'s models into the repository at ``path``; see the module docstring.
+    """Write ``models`` (compiled models by name; ``top_level``: those that call the others) into
+    the repository at ``path``; see the module docstring.
 
     ``overwrite_hint`` is how the refusal tells the user to ask for replacement
     (the CLI says ``--overwrite``; ``None`` where the caller offers no way to). ``write_model(root, model)`` lays out one model.
     """
+    names = sorted(models)
     target = Path(os.path.abspath(os.fspath(path)))
     _prepare_target(target, overwrite=overwrite, hint=overwrite_hint)
     with _locked(target), _os_errors(f"writing into the model repository {str(target)!r}"):
         recover(target)
         markers = read_markers(target)
         existing = marker_owners(markers)
-        owners = {name: owner_of(repo[name]) for name in repo.names}
+        owners = {name: owner_of(models[name]) for name in names}
         collisions = [
             f"{name!r} ({_describe_owner(markers[name], existing[name])})"
-            for name in repo.names
+            for name in names
             if name in existing and existing[name] != owners[name]
         ]
         if collisions and not overwrite:
@@ -103,7 +103,7 @@ def write_repository(
                 RepositoryWarning,
                 stacklevel=3,
             )
-        replaced = [n for n in repo.names if n in existing and existing[n] == owners[n]]
+        replaced = [n for n in names if n in existing and existing[n] == owners[n]]
         if not overwrite:
             refuse_to_drop_users_files(target, markers, replaced + stale, doing="the write would replace them",
                                         undo="or write to another directory" if overwrite_hint is None else
@@ -113,9 +113,9 @@ def write_repository(
         try:
             models_dir = stage / "models"
             models_dir.mkdir()
-            for name in repo.names:
-                write_model(models_dir, repo[name])
-                write_marker(models_dir / name, repo[name], owner=owners[name], write_id=write_id)
+            for name in names:
+                write_model(models_dir, models[name])
+                write_marker(models_dir / name, models[name], owner=owners[name], write_id=write_id)
         except BaseException as exc:
             discard(stage, target)
             if isinstance(exc, RepositoryWriteError) or not isinstance(exc, Exception):
@@ -126,12 +126,12 @@ def write_repository(
             ) from exc
         # Composing models first, top-level ones last: a server that polls the repository
         # meanwhile finds a new ensemble or BLS model's composing models already new.
-        top = [n for n in repo.names if n in set(repo.top_level)]
+        top = [n for n in names if n in set(top_level)]
         journal = {
             "target": str(target),
             "write": write_id,
             "owners": sorted(set(owners.values())),
-            "install": [n for n in repo.names if n not in top] + top,
+            "install": [n for n in names if n not in top] + top,
             "remove": stale,
         }
         transact(target, stage, journal)

@@ -34,10 +34,10 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .. import serving
+from ..core.names import check_name
+from ..core.plan import ModelPlan
+from ..core.step import Step
 from ..errors import CompileError
-from ..names import check_name
-from ..plan import ModelPlan
-from ..step import Step
 from .bound_plan import CompilePlan
 from .configs import add_io, set_parameters
 from .ensemble_wiring import ERR_OUTPUT

@@ -17,8 +17,8 @@ from typing import Any
 
 import cloudpickle
 
+from ..core.step import Step
 from ..errors import CompileError
-from ..step import Step
 from .requirements import (
     NUMPY_REQUIREMENT,
     ServerNeeds,

@@ -37,8 +37,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from .. import serving
+from ..core.step import Step
 from ..serving.sources import SOURCE_DIR
-from ..step import Step
 from .requirements import is_installed_module, top_level_distribution
 
 __all__ = ["SOURCE_DIR", "SourceFiles", "StepByValueWarning", "is_ours", "source_files"]

@@ -24,10 +24,11 @@ from typing import Any, TextIO
 import grpc
 from aiohttp import web
 
+from ..core.graph import Graph
+from ..core.plan import ensemble_refusal
+from ..core.planning import plan_of
 from ..errors import NotCompilableError, PipelinesError, ServerError, ServerStartError
 from ..freed_memory import one_heap_here
-from ..graph import Pipeline
-from ..plan import ensemble_refusal, plan_of
 from ..runtime.local import MODES, LocalRuntime
 from ..runtime.report import Report
 from .grpc_service import GRPC_OPTIONS, add_service
@@ -67,7 +68,7 @@ class LocalServer:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: Graph,
         *,
         modes: Sequence[str] | None = None,
         host: str = "127.0.0.1",
@@ -77,7 +78,7 @@ class LocalServer:
         http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
         start_timeout: float = 60.0,
     ) -> None:
-        if not isinstance(pipeline, Pipeline):
+        if not isinstance(pipeline, Graph):
             raise ServerError(f"LocalServer serves a Pipeline; got {type(pipeline).__name__}")
         if modes is not None:
             unknown = [m for m in modes if m not in MODES]
@@ -304,7 +305,7 @@ async def _stop_front_ends(runner: web.AppRunner, server: grpc.aio.Server | None
     await service.cancel_streams(GRACE_PERIOD)  # what the front ends let go of may still stream
 
 
-def _servable(pipeline: Pipeline, modes: Sequence[str] | None) -> tuple[tuple[str, ...], str | None]:
+def _servable(pipeline: Graph, modes: Sequence[str] | None) -> tuple[tuple[str, ...], str | None]:
     """The modes to serve, and why the ensemble was left out (None: it was not).
 
     As ``compile("all")``, bench and predict do, a pipeline with ``when`` blocks leaves the ensemble out
@@ -327,7 +328,7 @@ def _servable(pipeline: Pipeline, modes: Sequence[str] | None) -> tuple[tuple[st
 
 
 def serve_local(
-    pipeline: Pipeline,
+    pipeline: Graph,
     *,
     host: str = "127.0.0.1",
     http_port: int | None = None,

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
+from ..compile import compile_pipeline
+from ..core.graph import Graph
 from ..errors import CompileError
 from ..forms import FormLeftOutWarning, form
-from ..graph import Pipeline
 
 __all__ = ["ModelStatistics", "ServedModel", "served_models"]
 
@@ -31,7 +32,7 @@ class ServedModel:
 
     name: str
     mode: str
-    pipeline: Pipeline
+    pipeline: Graph
     config: mc.ModelConfig
 
     @property
@@ -59,7 +60,7 @@ class ServedModel:
         return meta
 
 
-def served_models(pipeline: Pipeline, modes: tuple[str, ...]) -> dict[str, ServedModel]:
+def served_models(pipeline: Graph, modes: tuple[str, ...]) -> dict[str, ServedModel]:
     """The served models of ``pipeline``, each with the config ``compile("all")`` writes for it.
 
     A pipeline that cannot be compiled (a step defined in a notebook that holds a lock
@@ -71,7 +72,7 @@ def served_models(pipeline: Pipeline, modes: tuple[str, ...]) -> dict[str, Serve
         with warnings.catch_warnings():
             # A form compile("all") leaves out is one this server does not serve: LocalServer says so itself.
             warnings.simplefilter("ignore", FormLeftOutWarning)
-            configs = {name: model.config for name, model in pipeline.compile("all").models.items()}
+            configs = {name: model.config for name, model in compile_pipeline(pipeline.validate(), "all").models.items()}
         why = None
     except CompileError as exc:
         configs, why = {}, exc.message
@@ -93,7 +94,7 @@ def _copy(config: mc.ModelConfig) -> mc.ModelConfig:
     return copy
 
 
-def _signature_config(pipeline: Pipeline, name: str, mode: str, why: str) -> mc.ModelConfig:
+def _signature_config(pipeline: Graph, name: str, mode: str, why: str) -> mc.ModelConfig:
     config = mc.ModelConfig(name=name, max_batch_size=pipeline.max_batch_size)
     if mode == "ensemble":
         config.platform = "ensemble"

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
+from ..core.planning import plan_of
 from ..errors import InferenceError
-from ..plan import plan_of
 from ..runtime.local import LocalRuntime
 from ..runtime.report import Report
 from .classification import classify

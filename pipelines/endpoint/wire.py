@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from ..tensor import DATATYPES, datatype_of
+from ..core.tensor import DATATYPES, datatype_of
 from .status import INVALID, PARSE, Refusal
 
 __all__ = [

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
-from ..graph import Pipeline
-from ..step import step
-from ..tensor import TensorSpec
+from ..core.step import step
+from ..core.tensor import TensorSpec
+from ..pipeline import Pipeline
 
 __all__ = ["Work", "add", "chain", "diamond", "make_chain", "make_diamond"]
 

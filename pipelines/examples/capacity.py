@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 
-from ..graph import Pipeline
-from ..step import DynamicBatching, step
-from ..tensor import TensorSpec
+from ..core.step import DynamicBatching, step
+from ..core.tensor import TensorSpec
+from ..pipeline import Pipeline
 
 __all__ = ["Slow", "batched", "fixed", "make_slow_chain", "sample_inputs", "twin"]
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 import anyio
 import numpy as np
 
+from ..core.step import DynamicBatching, step
+from ..core.tensor import TensorSpec
 from ..errors import InferenceError
-from ..graph import Pipeline
-from ..step import DynamicBatching, step
-from ..tensor import TensorSpec
+from ..pipeline import Pipeline
 
 __all__ = [
     "GroupTally",

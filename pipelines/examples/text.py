@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph import Pipeline
-from ..step import step
-from ..tensor import TensorSpec
+from ..core.step import step
+from ..core.tensor import TensorSpec
+from ..pipeline import Pipeline
 
 __all__ = ["make_text", "measure", "pipeline", "sample_inputs", "shout"]
 

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..graph import Pipeline
-from ..step import step
-from ..tensor import TensorSpec
+from ..core.step import step
+from ..core.tensor import TensorSpec
+from ..pipeline import Pipeline
 
 __all__ = [
     "BLOCKED",

@@ -16,15 +16,15 @@ from typing import Any
 
 import numpy as np
 
+from ..core.step import Step
+from ..core.tensor import TensorSpec
 from ..errors import PipelinesError
-from ..graph import Pipeline
-from ..step import Step
+from ..pipeline import Pipeline
 from ..steps.detector import CLASS_NAMES, PALETTE
 from ..steps.detector import detector as stand_in_detector
 from ..steps.letterbox import letterbox, letterbox_geometry
 from ..steps.nms import NUM_CANDIDATES, NUM_CLASSES, nms, nms_step
 from ..steps.scale_boxes import scale_boxes
-from ..tensor import TensorSpec
 
 __all__ = [
     "MAX_BATCH_SIZE",

@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from ..graph import Pipeline
-from ..step import Step, step
+from ..core.step import Step, step
+from ..core.tensor import TensorSpec
+from ..pipeline import Pipeline
 from ..steps.detector import detector as stand_in_detector
 from ..steps.letterbox import letterbox
 from ..steps.nms import nms
 from ..steps.scale_boxes import scale_boxes
-from ..tensor import TensorSpec
 from .yolov5 import MAX_BATCH_SIZE, build_pipeline, make_sample
 
 __all__ = ["BLANK_VARIANCE", "SkipBlankComparison", "build_pipeline_skipping_blanks", "compare_on_server",

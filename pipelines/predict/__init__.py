@@ -2,7 +2,7 @@
 
 - :mod:`~pipelines.predict.spec`: what the simulator is given (frozen data);
 - :mod:`~pipelines.predict.simulator`: the discrete-event simulation (SimPy);
-- :mod:`~pipelines.predict.step_profiles`: each step run for real here, per batch size;
+- :mod:`~pipelines.profiling.step_profiles`: each step run for real here, per batch size;
 - :mod:`~pipelines.predict.prediction`: ``p.predict(profile, ...)``, a table of forms × loads;
 - :mod:`~pipelines.predict.advise`: the search over forms, instances and batching;
 - :mod:`~pipelines.predict.verify`: ``advise --verify`` on a real server.

@@ -298,7 +298,7 @@ def search(
         confirm(c)
     defaults = {name: full[id(c)] for name, c in defaults.items()}
     while True:  # until the leaders are all figures of the full loop
-        leaders = sorted(candidates, key=lambda c: by_figure(full.get(id(c), c)))[:CONFIRM]
+        leaders = sorted(candidates, key=lambda c: by_figure(full[id(c)] if id(c) in full else c))[:CONFIRM]
         if all(id(c) in full for c in leaders):
             break
         for c in leaders:

@@ -10,9 +10,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..commands.input_files import parse_forms, parse_levels
+from ..compile import compile_pipeline
 from ..errors import PipelinesError
 from ..forms import FORMS
-from ..input_files import parse_forms, parse_levels
 
 __all__ = ["add_advise_arguments", "add_predict_arguments", "advise_main", "predict_main"]
 
@@ -133,8 +134,8 @@ def add_advise_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | None]:
-    from ..input_files import parse_inputs
-    from ..loading import load_pipeline_and_module
+    from ..commands.input_files import parse_inputs
+    from ..commands.loading import load_pipeline_and_module
 
     pipeline, module = load_pipeline_and_module(args.pipeline)
     inputs = parse_inputs(args.input, pipeline) if args.input else None
@@ -175,7 +176,7 @@ def predict_main(args: argparse.Namespace) -> int:
 
 def advise_main(args: argparse.Namespace) -> int:
     from ..bench.progress import Progress, counted_stages
-    from ..sample_inputs import sample_requests
+    from ..commands.sample_inputs import sample_requests
     from .advise import advise
 
     if args.verify_repository and not args.verify:
@@ -213,7 +214,7 @@ def advise_main(args: argparse.Namespace) -> int:
         from .configuration import configured
 
         best = advice.best.configuration
-        repo = configured(pipeline, best).compile(best.form, **best.compile_options())
+        repo = compile_pipeline(configured(pipeline, best).validate(), best.form, **best.compile_options())
         path = write_models(repo, args.write, overwrite_hint="removing the models first")
         print(f"wrote the winner ({best.label()}) to {path}: {', '.join(sorted(repo.models))}")
     return 0

@@ -8,17 +8,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import networkx as nx
 
+from ..core.graph import Graph
+from ..core.planning import plan_of
+from ..core.step import DynamicBatching
 from ..errors import ArgumentError
 from ..forms import form as form_named
-from ..graph import Pipeline
-from ..plan import plan_of
-from ..step import DynamicBatching
 
 __all__ = ["Configuration", "ModelChoice", "configured", "default_configuration"]
+
+_G = TypeVar("_G", bound=Graph)  # configured() gives back a copy of the class it is given
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ def _options_of(step: Any, node_max_batch: int) -> ModelChoice:
     )
 
 
-def default_configuration(pipeline: Pipeline, form: str, *, top_instances: int = 1) -> Configuration:
+def default_configuration(pipeline: Graph, form: str, *, top_instances: int = 1) -> Configuration:
     """The configuration ``pipeline`` compiles to as declared, in ``form``."""
     plan = plan_of(pipeline, warn=False)
     models = {}
@@ -119,7 +121,7 @@ def default_configuration(pipeline: Pipeline, form: str, *, top_instances: int =
     return Configuration(form, models, top_instances)
 
 
-def configured(pipeline: Pipeline, configuration: Configuration, *, name: str | None = None) -> Pipeline:
+def configured(pipeline: _G, configuration: Configuration, *, name: str | None = None) -> _G:
     """A copy of ``pipeline`` (named ``name``, default its own) whose steps carry
     ``configuration``'s model options.
 
@@ -130,7 +132,7 @@ def configured(pipeline: Pipeline, configuration: Configuration, *, name: str | 
     """
     plan = plan_of(pipeline, warn=False)
     model_of = {node: model.name for model in plan.models for node in model.nodes}
-    copy = Pipeline(name or pipeline.name, inputs=dict(pipeline.inputs), max_batch_size=pipeline.max_batch_size)
+    copy = type(pipeline)(name or pipeline.name, inputs=dict(pipeline.inputs), max_batch_size=pipeline.max_batch_size)
     changed: dict[str, Any] = {}  # model -> its changed step
     position = {name: i for i, name in enumerate(pipeline.nodes)}
     for name in nx.lexicographical_topological_sort(pipeline.graph, key=position.__getitem__):

@@ -1,7 +1,7 @@
 """``p.predict(profile, ...)``: a pipeline's forms simulated on a server profile.
 
 The server profile (``pipelines calibrate``) prices the boundaries; the step profiles
-(:mod:`pipelines.predict.step_profiles`, each step run for real here) price the steps; the
+(:mod:`pipelines.profiling.step_profiles`, each step run for real here) price the steps; the
 simulator (:mod:`pipelines.predict.simulator`) plays the server's schedule on a virtual
 clock. This module builds what the simulator is given (:class:`~pipelines.predict.spec.SimSpec`)
 from those three, and shapes its answers into a :class:`Prediction`.
@@ -9,67 +9,57 @@ from those three, and shapes its answers into a :class:`Prediction`.
 
 from __future__ import annotations
 
+import math
 import os
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from ..calibration.noise import MAX_WIDENING, MachineNoise
+from ..calibration.noise import MachineNoise
+from ..core.graph import Graph
+from ..core.plan import ensemble_refusal
+from ..core.planning import plan_of, refuse_streaming
+from ..core.tensor import TensorSpec, numpy_dtype
 from ..errors import ArgumentError
 from ..forms import FORMS
 from ..forms import form as form_named
-from ..graph import Pipeline
-from ..plan import ensemble_refusal, plan_of, refuse_streaming
-from ..tensor import TensorSpec, numpy_dtype
+from ..profiling.when_shares import WhenShares
 from .configuration import Configuration, default_configuration
 from .prediction_rows import Prediction, PredictionRow
+from .ranges import (
+    MODEL_SPREAD,
+    SIMULATION_SPREAD,
+    Spread,
+    Z,
+    machine_spread,
+    shift_spread,
+    step_spread,
+    ways,
+    wide_sources,
+    widening,
+)
 from .spec import Curve, Load, SimResult, SimSpec, StepSpec, WayCost
 
-__all__ = ["Prediction", "PredictionRow", "Predictor", "predict"]
+__all__ = ["SIMULATION_SPREAD", "Prediction", "PredictionRow", "Predictor", "predict"]
 
-MIB = float(1 << 20)
 #: A closed loop's measured requests and warm-up. It settles into a repeating schedule: 500 give the
 #: figures of 8000 within 0.8 % (throughput) and 1.4 % (p50), most of them exactly, in half the time
 #: of 1000 (docs/simulation.md, "The queues"). An open loop's figures are a sample: it keeps Load's 1000.
 CLOSED_LOOP = {"requests": 500, "warmup": 50}
-#: The closed loop a range's two ends are simulated on: it gives the figures of 500 within 1.3 % in 29 % of the time,
-#: so a prediction with its ranges costs about 1.6 times one without (docs/prediction.md, "Reading a prediction").
+#: The closed loop each source of a range is simulated on (its costs one standard error up): it gives the figures of
+#: 500 within 1.3 % in 29 % of the time, so a prediction with its ranges costs about 1.6 times one without.
 RANGE_LOOP = {"requests": 120, "warmup": 30}
-#: The least a range is widened by, either way: the closed loop's own precision (500 requests give the figures of
-#: 8000 within 0.8 % for throughput and 1.4 % for p50), so that a profile without intervals names no winner by less.
-SIMULATION_SPREAD = 0.015
 
 
-def _ways(cost: Any, bound: int = 0) -> tuple[WayCost, WayCost]:
-    """A profile boundary as the simulator reads it: the measured curve each way, or, for an
-    old profile with only a line, half its fixed cost each way plus its cost per byte. ``bound``
-    -1 or 1: each figure at the low or high end of its confidence interval (never below zero, and
-    never past the figure itself the wrong way), where the profile has intervals."""
-    if cost.sizes:
-        ins, outs = tuple(cost.in_us), tuple(cost.out_us)
-        if bound and cost.in_ci and cost.out_ci:
-            ins, outs = _bounded(ins, cost.in_ci, bound), _bounded(outs, cost.out_ci, bound)
-        return WayCost(tuple(cost.sizes), ins), WayCost(tuple(cost.sizes), outs)
-    fixed, per_mib = cost.fixed_us, cost.us_per_mib
-    if bound and cost.fixed_ci and cost.per_mib_ci:
-        fixed, per_mib = _bounded((fixed, per_mib), (cost.fixed_ci, cost.per_mib_ci), bound)
-    line = WayCost((0, int(MIB)), (fixed / 2, fixed / 2 + per_mib))
-    return line, line
+def _ways(cost: Any, shift: float = 0.0) -> tuple[WayCost, WayCost]:
+    """A profile boundary as the simulator reads it (:func:`pipelines.predict.ranges.ways`)."""
+    return ways(cost, shift)
 
 
-def _bounded(figures: Sequence[float], intervals: Sequence[tuple[float, float]], bound: int) -> tuple[float, ...]:
-    """Each figure at the low (``bound`` -1) or high (1) end of its interval, never below zero, and never past the
-    figure itself the wrong way (a bootstrap's interval need not hold the fit's clipped figure)."""
-    if bound < 0:
-        return tuple(max(0.0, min(f, lo)) for f, (lo, _) in zip(figures, intervals, strict=True))
-    return tuple(max(f, hi) for f, (_, hi) in zip(figures, intervals, strict=True))
-
-
-def _rows_of(pipeline: Pipeline, inputs: Mapping[str, Any]) -> int:
+def _rows_of(pipeline: Graph, inputs: Mapping[str, Any]) -> int:
     if not pipeline.batched:
         return 1
     first = next(iter(inputs.values()))
@@ -96,7 +86,7 @@ class Predictor:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: Graph,
         profile: Any,
         *,
         inputs: Mapping[str, Any] | None = None,
@@ -110,14 +100,14 @@ class Predictor:
         step_costs: str = "auto",
         url: str | None = None,
     ) -> None:
-        from ..calibration.noise import NoiseWatch
         from ..calibration.profile import default_lanes, load_profile
-        from .server_steps import steps_for
-        from .step_profiles import profile_steps
+        from ..profiling.noise_watch import NoiseWatch
+        from ..profiling.server_steps import steps_for
+        from ..profiling.step_profiles import profile_steps
 
         watch = NoiseWatch()  # how steady this machine is while the steps are measured
 
-        if not isinstance(pipeline, Pipeline):
+        if not isinstance(pipeline, Graph):
             raise ArgumentError(f"predict needs a Pipeline; got {type(pipeline).__name__}")
         pipeline.validate()
         refuse_streaming(pipeline, "predicting (or advising) its forms")
@@ -159,143 +149,47 @@ class Predictor:
         python = {n.name for n in self.plan.nodes if n.kind == "step" and not pipeline.nodes[n.name].step.is_external}
         self.step_threads = max(2, max((sum(1 for n in g if n in python) for g in self.plan.groups), default=1))
         self.gate, self.ensemble_refused = self._ensemble_shape()
-        self.when_rates = self._when_rates(when_rates or {}, module)
-        self.noise, self.widening = self._noise(watch)
-        self._bounded_costs: dict[int, dict[str, tuple[WayCost, WayCost]]] = {0: self.costs}
+        self.when_rates = WhenShares(pipeline, self.plan, self.inputs, self._inputs_given, self.notes).rates(
+            when_rates or {}, module)
+        self.noise, self.machine = self._noise(watch)
+        self._shifted_costs: dict[float, dict[str, tuple[WayCost, WayCost]]] = {0.0: self.costs}
 
-    def _noise(self, watch: Any) -> tuple[MachineNoise, float]:
-        """What was seen of the machine (this prediction's watch with the profile's record), and by how much every
-        range widens: the server's own spread from window to window, the profile's noise, and this machine's load
-        and steal while its steps were measured (their rounds' spread prices their costs' range already)."""
+    def _noise(self, watch: Any) -> tuple[MachineNoise, dict[str, float]]:
+        """What was seen of the machine (this prediction's watch with the profile's record), and the machine's sources
+        of every range (:func:`~pipelines.predict.ranges.machine_spread`): the server's own spread from window to
+        window, and the larger load and steal of the calibration's and this prediction's (the steps' rounds' spread
+        prices their costs' range already)."""
         spreads = [p.spread for p in self.steps.values() if p.spread is not None]
         own = watch.stop(disagreement=float(np.median(spreads)) if spreads else None)
         if all(p.source == "given" for p in self.steps.values()):  # nothing measured here: its load tells nothing
             own = replace(own, other_load=None, steal=None)
         recorded = self.server.noise
-        widening = min(MAX_WIDENING, max(
-            SIMULATION_SPREAD, self.server.window_spread() or 0.0, recorded.widening() if recorded is not None else 0.0,
-            MachineNoise(other_load=own.other_load, steal=own.steal, cores=own.cores).widening()))
+        seen = MachineNoise(other_load=own.other_load, steal=own.steal, cores=own.cores).combined(recorded)
+        machine = machine_spread(seen, self.server.window_spread())
+        wide = widening(machine)
         if recorded is None:
             self.notes.append("the profile has no noise record (calibrated before they were kept): how busy its "
                               "machine was is unknown; calibrate again to know")
         elif recorded.busy:
-            self.notes.append(recorded.line("the machine the profile was calibrated on", widening))
+            self.notes.append(recorded.line("the machine the profile was calibrated on", wide))
         if own.busy:
-            self.notes.append(own.line("this machine, while predict measured the steps,", widening))
-        return own.combined(recorded), widening
+            self.notes.append(own.line("this machine, while predict measured the steps,", wide))
+        return own.combined(recorded), machine
 
     def _output_bytes(self) -> float:
         """What the request's answer weighs per row: each output's shape as its step handed it
         on (from the step profiles, so an external step priced by ``costs=`` needs no stand-in)."""
         total = 0.0
         for ref in self.pipeline.outputs.values():
-            spec = self.steps[ref.node].outputs.get(ref.name)
+            spec = self.steps[cast(str, ref.node)].outputs.get(ref.name)  # an output is a step's (Graph.output)
             if spec is None:
                 continue
             total += _row_bytes(spec)
         return total
 
-    def _when_rates(self, given: Mapping[str, float], module: Any) -> dict[str, float]:
-        """Each ``when`` condition's share of rows where it holds, by :meth:`Term.describe`.
-
-        A condition tensor's share of true rows is ``given`` (by ``NODE.TENSOR``, a pipeline
-        input's name, or ``NODE`` where the node gives one BOOL), else counted over the sample
-        requests (the request given, else the module's own samples), running the steps that
-        compute it (:meth:`_counted_share`); where they cannot run here, refused, naming the
-        ``--when-rate`` to give. A negated condition holds on the other rows.
-        """
-        terms = {t.describe(): t for n in self.plan.nodes for t in n.when}
-        if not terms and given:
-            raise ArgumentError(f"pipeline {self.pipeline.name!r} has no `when` block; drop when_rates")
-        names = {}
-        for t in terms.values():
-            names[t.tensor if t.node is None else f"{t.node}.{t.tensor}"] = t
-            if t.node is not None:
-                names.setdefault(t.node, t)
-        unknown = sorted(set(given) - set(names))
-        if unknown:
-            raise ArgumentError(f"when_rates names {unknown}; the conditions of pipeline {self.pipeline.name!r} "
-                                f"are {sorted(k for k in names if '.' in k or k in self.pipeline.inputs)}")
-        shares: dict[tuple[str | None, str], float] = {}
-        for name, share in given.items():
-            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
-                raise ArgumentError(f"when_rates[{name!r}] is the share of rows where it is true, 0..1; got {share!r}")
-            shares[names[name].key] = float(share)
-        rates = {}
-        for label, term in terms.items():
-            share = shares.get(term.key)
-            if share is None:
-                share = shares[term.key] = self._counted_share(term, module)
-            rates[label] = 1.0 - share if term.negated else share
-        return rates
-
-    def _counted_share(self, term: Any, module: Any) -> float:
-        """The share of true rows of a condition tensor over the sample requests: the request given (``inputs=``,
-        ``--input``), else the module's own samples. A tensor that steps compute is counted by running those steps
-        here, on each sample; where they cannot run here, the share is refused, not guessed."""
-        from ..sample_inputs import sample_requests
-
-        label = term.tensor if term.node is None else f"{term.node}.{term.tensor}"
-        if module is None:  # the module that declared the pipeline, as the benchmark finds it
-            module = sys.modules.get(getattr(self.pipeline, "__module__", "") or "")
-        requests = [self.inputs]
-        if not self._inputs_given and module is not None:
-            try:
-                requests = sample_requests(self.pipeline, module=module)
-            except Exception:  # noqa: BLE001 - any failure of a user's sample hook: the request profiled stands in
-                requests = [self.inputs]
-        upstream = self._upstream(term.node, label) if term.node is not None else []
-        values = []
-        for request in requests:
-            tensors: dict[tuple[str | None, str], Any] = {(None, name): v for name, v in request.items()}
-            for name in upstream:
-                node = self.plan.node(name)
-                try:
-                    out = _run_step(self.pipeline.nodes[name].step, {s.input: tensors[s.key] for s in node.inputs})
-                except Exception as exc:  # noqa: BLE001 - any failure of the user's step: the share is refused
-                    raise self._uncounted(label, f"step {name!r} failed here on a sample request "
-                                                 f"({type(exc).__name__}: {exc})") from None
-                tensors.update({(name, o): v for o, v in out.items()})
-            values.append(np.asarray(tensors[term.key], dtype=bool).reshape(-1))
-        share = float(np.concatenate(values).mean()) if values else 1.0
-        source = "the request given" if self._inputs_given else f"{len(requests)} sample request(s)"
-        through = f", through {', '.join(upstream)}" if upstream else ""
-        self.notes.append(f"when: {label} is true on {share:.0%} of the rows of {source} "
-                          f"({sum(v.size for v in values)} rows{through}); --when-rate {label}=SHARE sets another share")
-        return share
-
-    def _upstream(self, node: str, label: str) -> list[str]:
-        """The steps that compute node ``node``'s outputs from the request, ``node`` last, in the plan's order; the
-        share is refused where one of them cannot be run here as a plain function."""
-        needed, frontier = {node}, [node]
-        while frontier:
-            for s in self.plan.node(frontier.pop()).inputs:
-                if s.node is not None and s.node not in needed:
-                    needed.add(s.node)
-                    frontier.append(s.node)
-        order = [name for name in self.plan.order if name in needed]
-        for name in order:
-            n = self.plan.node(name)
-            if n.kind != "step" or n.when:
-                raise self._uncounted(label, f"{name!r} runs inside a `when` block or merges branches, so not "
-                                             "on every row of a request")
-            step = self.pipeline.nodes[name].step
-            if step.impl is None:
-                raise self._uncounted(label, f"step {name!r} is an external model with no Python stand-in")
-            if step.options.device == "gpu":
-                raise self._uncounted(label, f"step {name!r} runs on the GPU")
-        return order
-
-    def _uncounted(self, label: str, why: str) -> ArgumentError:
-        return ArgumentError(
-            f"pipeline {self.pipeline.name!r}: the share of rows where `when` condition {label} holds cannot be "
-            f"counted over the sample requests here: {why}. Give it: --when-rate {label}=SHARE "
-            f"(when_rates={{{label!r}: SHARE}}), the share of rows where it is true, 0..1",
-            pipeline=self.pipeline.name, node=label.split(".")[0], tensor=label.rsplit(".", 1)[-1])
-
     def _require_match(self, allow_mismatch: bool) -> None:
         """Step profiles are measured on this machine: the server profile must come from one like it."""
-        from ..machine import machine_info
+        from ..commands.machine import machine_info
 
         found = self.server.require_match(machine=machine_info(), allow_mismatch=allow_mismatch)
         self.notes += [f"the profile was measured elsewhere: {d}" for d in found]
@@ -323,9 +217,11 @@ class Predictor:
     def default(self, form: str) -> Configuration:
         return default_configuration(self.pipeline, form)
 
-    def spec(self, configuration: Configuration, *, bound: int = 0) -> SimSpec:
-        """The simulator's view of ``configuration`` (steps in the plan's order); ``bound`` -1 or 1: every cost at
-        the low or high end of what was measured (the profile's intervals, each step's rounds' spread)."""
+    def spec(self, configuration: Configuration, *, step_shift: float = 0.0, boundary_shift: float = 0.0) -> SimSpec:
+        """The simulator's view of ``configuration`` (steps in the plan's order); ``step_shift`` and
+        ``boundary_shift``: every step's cost, and every boundary's, that many of its standard errors up (down where
+        negative): a step's from its rounds' spread, a boundary's from the profile's bootstrap intervals
+        (:mod:`.ranges`)."""
         fused = configuration.form == "fused"
 
         def warm(name: str, measured: Any, figure: str) -> tuple[float, ...]:
@@ -334,10 +230,9 @@ class Predictor:
             timed = getattr(measured, "warm_" + figure)
             fed_in_process = all(s.node is not None for s in self.plan.node(name).inputs)
             figures = timed if fused and timed and fed_in_process else getattr(measured, figure)
-            if not bound or not measured.spread:
+            if not step_shift or not measured.spread:
                 return figures
-            # three rounds on a busy machine can disagree by more than the figure: no further than the noise goes
-            scale = 1.0 + bound * min(measured.spread, MAX_WIDENING)
+            scale = math.exp(step_shift * step_spread(measured.spread))
             return tuple(v * scale for v in figures)
 
         steps = []
@@ -377,7 +272,7 @@ class Predictor:
             rows=self.rows,
             in_bytes=self.in_bytes,
             out_bytes=self.out_bytes,
-            costs=self._costs_at(bound),
+            costs=self._costs_at(boundary_shift),
             cores=self.cores,
             top_instances=configuration.top_instances,
             top_max_batch_size=self.pipeline.max_batch_size,
@@ -390,9 +285,10 @@ class Predictor:
             round_request_us=self.server.round_request_us,
         )
 
-    def _costs_at(self, bound: int) -> dict[str, tuple[WayCost, WayCost]]:
-        if (found := self._bounded_costs.get(bound)) is None:
-            found = self._bounded_costs[bound] = {name: _ways(c, bound) for name, c in self.server.costs.items()}
+    def _costs_at(self, shift: float) -> dict[str, tuple[WayCost, WayCost]]:
+        if (found := self._shifted_costs.get(shift)) is None:
+            found = self._shifted_costs[shift] = {name: ways(c, shift, self.server.ci_level)
+                                                  for name, c in self.server.costs.items()}
         return found
 
     def _deps(self, name: str) -> tuple[str, ...]:
@@ -433,27 +329,40 @@ class Predictor:
         return simulate(self.spec(configuration), load)
 
     def row(self, configuration: Configuration, load: Load, label: str = "", *, ranges: bool = True) -> PredictionRow:
-        """``configuration`` at ``load``: its simulated figures and, with ``ranges``, their ranges: the same
-        configuration simulated with every cost at the low and at the high end of what was measured, widened by
-        :attr:`widening` either way, the throughput's high end at most what the cores can do at the low costs."""
+        """``configuration`` at ``load``: its simulated figures and, with ``ranges``, each one's 90 % interval
+        (:mod:`pipelines.predict.ranges`): the simulation's own error, the steps' and the boundaries' costs (the
+        configuration simulated again with each one standard error up), the server's window-to-window spread and the
+        machine's load, in quadrature; a throughput's high end at most what the cores can do at the costs' low end."""
         from .simulator import core_ceiling, simulate
 
         result = self.simulate(configuration, load)
         bounds: dict[str, tuple[float, float] | None] = dict.fromkeys(("p50_ms_range", "p95_ms_range",
                                                                        "throughput_range"))
+        spreads: dict[str, dict[str, float]] | None = None
         if ranges:
-            cheap = self.spec(configuration, bound=-1)
             short = replace(load, **RANGE_LOOP) if load.concurrency is not None else load
-            low, high = simulate(cheap, short), simulate(self.spec(configuration, bound=1), short)
-            wide = self.widening
-            for name, figure in (("p50_ms_range", "p50_us"), ("p95_ms_range", "p95_us")):
-                point, values = getattr(result, figure), (getattr(low, figure), getattr(high, figure))
-                bounds[name] = (min(point, *values) * (1.0 - wide) / 1e3, max(point, *values) * (1.0 + wide) / 1e3)
-            rates = (result.throughput, low.throughput, high.throughput)
-            top = max(rates) * (1.0 + wide)
-            if load.concurrency is not None:  # an open loop's throughput is its rate: what it sends, not the cores
-                top = max(max(rates), min(top, core_ceiling(cheap)))
-            bounds["throughput_range"] = (min(rates) * (1.0 - wide), top)
+            moved = {}  # each source simulated one standard error up, where it has one
+            if any(p.spread for p in self.steps.values()) or any(p.spread for p in self.fused_steps.values()):
+                moved["steps"] = simulate(self.spec(configuration, step_shift=1.0), short)
+            if any(c.in_ci or c.fixed_ci for c in self.server.costs.values()):
+                moved["boundaries"] = simulate(self.spec(configuration, boundary_shift=1.0), short)
+            alone = "alone" if load.concurrency == 1 else "queued"
+            spreads = {}
+            for name, figure in (("p50_ms_range", "p50_us"), ("p95_ms_range", "p95_us"),
+                                 ("throughput_range", "throughput")):
+                point = getattr(result, figure)
+                model = MODEL_SPREAD["queued" if figure == "p95_us" else alone]
+                parts = {"model": model, "simulation": SIMULATION_SPREAD,
+                         **{source: shift_spread(point, getattr(r, figure)) for source, r in moved.items()},
+                         **self.machine}
+                spreads[figure] = parts
+                low, high = Spread(parts).around(point)
+                if figure == "throughput" and load.concurrency is not None:
+                    # an open loop's throughput is its rate (what it sends, not the cores)
+                    cheap = self.spec(configuration, step_shift=-Z, boundary_shift=-Z)
+                    high = max(point, min(high, core_ceiling(cheap)))
+                scale = 1e3 if figure.endswith("_us") else 1.0
+                bounds[name] = (low / scale, high / scale)
         return PredictionRow(
             form=configuration.form,
             concurrency=load.concurrency,
@@ -466,31 +375,12 @@ class Predictor:
             utilisation=dict(result.utilisation, cpu=result.cpu_utilisation),
             configuration=label,
             **bounds,
+            spreads=spreads,
         )
 
     def describe(self) -> str:
         p = self.server
         return f"Triton {p.server_version or '?'} over {p.protocol}, {self.cores:g} cores, profiled {p.date}"
-
-
-def _run_step(step: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """One call of ``step`` on ``inputs``, as plain Python (an ``async def`` step awaited on a loop of its own)."""
-    import asyncio
-
-    instance = step.instantiate()
-    try:
-        if not instance.is_async:
-            return instance.execute(inputs)
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(instance.execute_async(inputs))
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(1) as pool:  # a notebook's loop runs in this thread
-            return pool.submit(asyncio.run, instance.execute_async(inputs)).result()
-    finally:
-        instance.finalize()
 
 
 def loads(concurrency: Iterable[int] | int | None, rate: Iterable[float] | float | None) -> list[Load]:
@@ -513,17 +403,17 @@ def loads(concurrency: Iterable[int] | int | None, rate: Iterable[float] | float
     return out
 
 
-def sample_inputs(pipeline: Pipeline, module: Any = None) -> dict[str, Any]:
+def sample_inputs(pipeline: Graph, module: Any = None) -> dict[str, Any]:
     """One request for a pipeline with no inputs given: ``module``'s own ``sample_inputs()`` or
     ``make_sample()`` where it has one (as the benchmark sends), else random tensors shaped by
     the pipeline's input specs."""
-    from ..sample_inputs import sample_requests
+    from ..commands.sample_inputs import sample_requests
 
     return dict(sample_requests(pipeline, module=module)[0])
 
 
 def predict(
-    pipeline: Pipeline,
+    pipeline: Graph,
     profile: Any,
     concurrency: Sequence[int] | int | None = (1, 4, 16),
     forms: Iterable[str] | None = None,
@@ -542,7 +432,7 @@ def predict(
     ``allow_mismatch``: use a profile measured on another machine (warns instead of refusing).
     ``step_costs``: ``"server"`` times each step's own model on the bundled Triton server (or ``url``),
     ``"local"`` takes the step profiles timed here, ``"auto"`` (default) the server at ``url`` where one
-    is given; the notes say where each step's cost came from (:mod:`pipelines.predict.server_steps`).
+    is given; the notes say where each step's cost came from (:mod:`pipelines.profiling.server_steps`).
     """
     wanted = loads(concurrency, rate)
     predictor = Predictor(pipeline, profile, **options)
@@ -551,4 +441,7 @@ def predict(
         configuration = predictor.default(name)
         for load in wanted:
             rows.append(predictor.row(configuration, load))
-    return Prediction(pipeline.name, tuple(rows), predictor.describe(), tuple(predictor.notes), predictor.noise)
+    if line := wide_sources([r.spreads for r in rows]):
+        predictor.notes.append(line)
+    return Prediction(pipeline.name, tuple(rows), predictor.describe(), tuple(predictor.notes), predictor.noise,
+                      predictor.machine)

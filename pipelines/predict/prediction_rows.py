@@ -19,9 +19,10 @@ __all__ = ["Prediction", "PredictionRow"]
 @dataclass(frozen=True)
 class PredictionRow:
     """One form at one load, as the simulation predicts it. ``p50_ms_range``, ``p95_ms_range`` and
-    ``throughput_range``: ``(low, high)``, what the measured costs' uncertainty and the machine's noise allow
-    (:meth:`Predictor.row`, docs/prediction.md, "Reading a prediction"); ``None``: not computed (a
-    configuration advise only screened)."""
+    ``throughput_range``: ``(low, high)``, a 90 % interval for the figure the server will measure (:meth:`Predictor.row`,
+    docs/prediction.md, "How a range is made"); ``None``: not computed (a configuration advise only screened).
+    ``spreads``: for each figure (``p50_us``, ``p95_us``, ``throughput``) the sources of its range, each a standard
+    deviation of the log of the figure (:mod:`pipelines.predict.ranges`)."""
 
     form: str
     concurrency: int | None
@@ -36,10 +37,12 @@ class PredictionRow:
     p50_ms_range: tuple[float, float] | None = None
     p95_ms_range: tuple[float, float] | None = None
     throughput_range: tuple[float, float] | None = None
+    spreads: Mapping[str, Mapping[str, float]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["utilisation"] = dict(self.utilisation)
+        data["spreads"] = None if self.spreads is None else {k: dict(v) for k, v in self.spreads.items()}
         for name in ("p50_ms_range", "p95_ms_range", "throughput_range"):
             data[name] = None if data[name] is None else list(data[name])
         return data
@@ -63,13 +66,15 @@ class PredictionRow:
 class Prediction:
     """Rows of ``form``, ``concurrency`` (or ``rate``), ``p50_ms``, ``p95_ms``, ``p99_ms``,
     ``throughput`` and ``bottleneck``, each figure with its range; a table in the terminal and in notebooks.
-    ``noise``: what was seen of the machine, the profile's calibration and this prediction's own work together."""
+    ``noise``: what was seen of the machine, the profile's calibration and this prediction's own work together;
+    ``machine``: what the ranges took of it, standard deviations (``measurement``, ``load``, ``steal``)."""
 
     pipeline: str
     rows: tuple[PredictionRow, ...]
     profile: str = ""
     notes: tuple[str, ...] = ()
     noise: MachineNoise | None = None
+    machine: Mapping[str, float] | None = None
 
     def levels(self) -> list[tuple[int | None, float | None]]:
         """The loads predicted, ``(concurrency, rate)``, in the order first predicted."""
@@ -116,9 +121,13 @@ class Prediction:
                  "tied": list(self.tied(concurrency=c, rate=r))} for c, r in self.levels()]
 
     def noise_record(self) -> dict[str, Any] | None:
-        """The noise record as data, with whether it reads busy and how far it widened the ranges."""
+        """The noise record as data, with whether it reads busy, what the ranges took of it (standard deviations) and
+        how far that alone widens them."""
         noise = self.noise
-        return None if noise is None else {**noise.to_dict(), "busy": noise.busy, "widening": noise.widening()}
+        if noise is None:
+            return None
+        machine = dict(self.machine) if self.machine is not None else noise.spreads()
+        return {**noise.to_dict(), "busy": noise.busy, "spreads": machine, "widening": noise.widening(machine)}
 
     def as_json(self) -> list[dict[str, Any]]:
         """What ``predict --json`` prints: the rows, each with its ranges, and its load's ``winner`` (a form,

@@ -5,6 +5,7 @@ refuse what the simulation could not run, or would run to no end.
 from __future__ import annotations
 
 from .. import forms
+from ..calibration.cost import FORM_COSTS
 from ..errors import ArgumentError, PipelinesError
 from .spec import Load, SimSpec, StepSpec
 
@@ -89,7 +90,7 @@ def _check_when(spec: SimSpec) -> None:
 
 
 def _check_costs(spec: SimSpec) -> None:
-    form, fused = forms.FORMS[spec.form], spec.form == "fused"
+    form, fused = FORM_COSTS[spec.form], spec.form == "fused"
     python = any(not s.external for s in spec.steps)
     if spec.form == "ensemble":  # a gate's hand-offs are a step's, and its model runs in a stub
         pays = {form.own_cost: True, form.call_cost: True, form.stub_cost: python or spec.gate,

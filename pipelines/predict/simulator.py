@@ -13,8 +13,8 @@ from itertools import chain
 import numpy as np
 import simpy
 
+from ..calibration.cost import FORM_COSTS
 from ..errors import PipelinesError
-from ..forms import FORMS as _FORMS
 from .batcher import ModelScheduler, Waiting
 from .clients import Meter, Snapshot, closed_loop, open_loop
 from .locks import FusedInstance, Lock
@@ -149,7 +149,7 @@ class _Server:
 
     def _set_up_rounds(self, in_bytes: float, out_bytes: float) -> None:
         spec, form = self.spec, self.spec.form
-        top = _FORMS[form].own_cost
+        top = FORM_COSTS[form].own_cost
         self._top_fixed = self._price(top, _IN, 0)
         self._top_in = self._price(top, _IN, in_bytes)
         # A round's answers leave its stub together, as the list its execute() returns: the way out's fixed part is the
@@ -185,7 +185,7 @@ class _Server:
             self._shared = {m for m in python if nodes[m] > 1}
             # The fused model's own work around each Python step it runs: Python, so under its GIL. Its tensors pass
             # as references in one process, so no bytes cross: its fixed cost is all of it.
-            step_cost = _FORMS[form].in_process_step_cost
+            step_cost = FORM_COSTS[form].in_process_step_cost
             self._around_step = (self._price(step_cost, _IN, 0) + self._price(step_cost, _OUT, 0)) if python else Cost()
             # The rows a joined run may hold, as compile/fused.py's _join_rows (0: none; that also refuses an
             # external model of a fixed batch size, which a SimSpec does not tell).
@@ -263,7 +263,7 @@ class _Server:
         rows = sum(w.rows for w in batch)
         key = (step.name, rows)
         if (costs := self._execution_memo.get(key)) is None or any(w.what is not step for w in batch):
-            stub = None if step.external else _FORMS[self.spec.form].stub_cost
+            stub = None if step.external else FORM_COSTS[self.spec.form].stub_cost
             in_bytes = sum(w.rows * w.what.in_bytes for w in batch)
             out_bytes = sum(w.rows * w.what.out_bytes for w in batch)
             span, cap = _compute(step, rows)
@@ -283,7 +283,7 @@ class _Server:
         """A BLS call of a step's model: the call's way in, the model, its way out. An async call holds one of its
         instance's ``threads`` from when it is sent until its answer is back."""
         if (ways := self._call_memo.get((step.name, rows))) is None:
-            call = _FORMS[self.spec.form].call_cost
+            call = FORM_COSTS[self.spec.form].call_cost
             ways = self._call_memo[step.name, rows] = (
                 self._tensors(call, _IN, rows * step.in_bytes, step.in_tensors),
                 self._tensors(call, _OUT, rows * step.out_bytes, step.out_tensors))

@@ -8,10 +8,11 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from ..errors import PipelinesError
 
-__all__ = ["Curve", "Load", "SimResult", "SimSpec", "StepSpec", "WayCost", "interp"]
+__all__ = ["Curve", "Load", "SimResult", "SimSpec", "StepSpec", "WayCost", "interp", "way_costs"]
 
 
 def interp(xs: Sequence[float], ys: Sequence[float], x: float, *, extend: bool = True) -> float:
@@ -59,6 +60,31 @@ class WayCost:
 
     def at(self, nbytes: float) -> float:
         return interp(self.sizes, self.us, nbytes)
+
+
+def way_costs(cost: Any, bound: int = 0) -> tuple[WayCost, WayCost]:
+    """A profile boundary as the simulator reads it: the measured curve each way, or, for an
+    old profile with only a line, half its fixed cost each way plus its cost per byte. ``bound``
+    -1 or 1: each figure at the low or high end of its confidence interval (never below zero, and
+    never past the figure itself the wrong way), where the profile has intervals."""
+    if cost.sizes:
+        ins, outs = tuple(cost.in_us), tuple(cost.out_us)
+        if bound and cost.in_ci and cost.out_ci:
+            ins, outs = _bounded(ins, cost.in_ci, bound), _bounded(outs, cost.out_ci, bound)
+        return WayCost(tuple(cost.sizes), ins), WayCost(tuple(cost.sizes), outs)
+    fixed, per_mib = cost.fixed_us, cost.us_per_mib
+    if bound and cost.fixed_ci and cost.per_mib_ci:
+        fixed, per_mib = _bounded((fixed, per_mib), (cost.fixed_ci, cost.per_mib_ci), bound)
+    line = WayCost((0, 1 << 20), (fixed / 2, fixed / 2 + per_mib))
+    return line, line
+
+
+def _bounded(figures: Sequence[float], intervals: Sequence[tuple[float, float]], bound: int) -> tuple[float, ...]:
+    """Each figure at the low (``bound`` -1) or high (1) end of its interval, never below zero, and never past the
+    figure itself the wrong way (a bootstrap's interval need not hold the fit's clipped figure)."""
+    if bound < 0:
+        return tuple(max(0.0, min(f, lo)) for f, (lo, _) in zip(figures, intervals, strict=True))
+    return tuple(max(f, hi) for f, (_, hi) in zip(figures, intervals, strict=True))
 
 
 @dataclass(frozen=True)

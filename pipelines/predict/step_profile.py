@@ -1,5 +1,5 @@
 """A step profile: what one live step costs by batch rows, as the simulator reads it (curves) and
-the step profile cache keeps it (JSON); measured by :func:`pipelines.predict.step_profiles.profile_steps`.
+the step profile cache keeps it (JSON); measured by :func:`pipelines.profiling.step_profiles.profile_steps`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import MISSING, dataclass, fields
 from types import MappingProxyType
 from typing import Any
 
+from ..core.tensor import TensorSpec
 from ..errors import ArgumentError, PipelinesError
-from ..tensor import TensorSpec
 
 __all__ = ["StepProfile"]
 
@@ -33,7 +33,7 @@ class StepProfile:
     slows a copy on another core. ``spread``: how far its rounds disagreed, half the range of their wall times over
     their median, the largest over its batch sizes (``None``: not measured, a cost given). ``source``:
     ``"measured"``, ``"stand_in"`` (an external model's stand-in was timed), ``"given"`` (``costs=``) or
-    ``"server"`` (its model on a Triton server, :mod:`pipelines.predict.server_steps`).
+    ``"server"`` (its model on a Triton server, :mod:`pipelines.profiling.server_steps`).
     """
 
     name: str

@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from ..compile import compile_pipeline
+from ..core.graph import Graph
 from ..errors import ArgumentError
 from ..forms import model_name
-from ..graph import Pipeline
 from ..tables import format_table
 from .configuration import Configuration, configured
 
@@ -47,7 +48,7 @@ class Verified:
 
 
 def measure_configurations(
-    pipeline: Pipeline,
+    pipeline: Graph,
     entries: Sequence[tuple[str, Configuration, float, float]],
     samples: Sequence[Mapping[str, Any]],
     *,
@@ -84,7 +85,7 @@ def measure_configurations(
             target = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pipelines-verify-"))) / "repo"
         if target is not None:
             for _, configuration, _, _, copy in copies:
-                write_models(copy.compile(configuration.form, **configuration.compile_options()), target,
+                write_models(compile_pipeline(copy.validate(), configuration.form, **configuration.compile_options()), target,
                              overwrite_hint=None)
             say(f"wrote {len(copies)} configurations to {target}: " + ", ".join(c[4].name for c in copies))
         if url is None:

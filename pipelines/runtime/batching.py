@@ -22,7 +22,7 @@ from ..errors import InferenceError
 from .device import array_module, device_of
 
 if TYPE_CHECKING:
-    from .instances import InstancePool, Lease
+    from .instance_pool import InstancePool, Lease
 
 __all__ = ["DynamicBatcher"]
 

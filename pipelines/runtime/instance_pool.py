@@ -13,8 +13,8 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
+from ..core.step import StepInstance
 from ..errors import StepError
-from ..step import StepInstance
 
 __all__ = ["InstancePool", "Lease"]
 

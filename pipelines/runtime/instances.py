@@ -35,9 +35,9 @@ from typing import Any
 import anyio
 
 from .. import serving
+from ..core.graph import Node
+from ..core.step import DynamicBatching, check_outputs, instance_config
 from ..errors import PipelinesError, StepError, StepTimeoutError
-from ..graph import Node
-from ..step import DynamicBatching, check_outputs, instance_config
 from .batching import DynamicBatcher
 from .device import CopyCounter, Placement
 from .instance_pool import InstancePool, Lease
@@ -45,7 +45,7 @@ from .step_process import ProcessInstance
 from .thread_calls import ThreadCall, running_asyncio_loop, thread_hop_cost, wait_for_future
 from .workers import StepThreads
 
-# InstancePool, Lease and thread_hop_cost are re-exported for their importers (batching, local).
+# InstancePool, Lease and thread_hop_cost are re-exported for their importer (local).
 __all__ = ["InstancePool", "Lease", "StepModel", "thread_hop_cost"]
 
 

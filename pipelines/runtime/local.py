@@ -1,7 +1,7 @@
 """The local runtime: run a pipeline's execution plan without a server, as Triton would.
 
 There is one mode per form of :data:`pipelines.forms.FORMS`; all give the same
-answers and run the same plan (:mod:`pipelines.plan`: live nodes only, pruned to
+answers and run the same plan (:mod:`pipelines.core.plan`: live nodes only, pruned to
 the requested outputs by ``serving.Schedule``, as the server's executors prune it).
 They differ in the form's scheduler (:mod:`pipelines.runtime.scheduler`):
 
@@ -39,12 +39,13 @@ import anyio
 import anyio.lowlevel
 
 from ..blocking import run_blocking
+from ..core.graph import Graph
+from ..core.plan import critical_path, ensemble_refusal, gated_ensemble
+from ..core.planning import plan_of
+from ..core.requests import check_request
 from ..errors import InferenceError, InputError, NotCompilableError, PipelinesError, StepError
 from ..forms import form_names
 from ..freed_memory import keep_freed_memory_here
-from ..graph import Pipeline
-from ..plan import critical_path, ensemble_refusal, gated_ensemble, plan_of
-from ..requests import check_request
 from ..serving import Branches, Schedule, bytes_tensor
 from .bls_gate import BlsGate
 from .device import Placement
@@ -111,7 +112,7 @@ class LocalRuntime:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: Graph,
         mode: str = "ensemble",
         *,
         device: str | None = None,
@@ -126,7 +127,7 @@ class LocalRuntime:
         isolation: str | None = "thread",
         enforce_timeouts: bool = False,
     ) -> None:
-        if not isinstance(pipeline, Pipeline):
+        if not isinstance(pipeline, Graph):
             raise InferenceError(f"LocalRuntime needs a Pipeline; got {type(pipeline).__name__}")
         name = pipeline.name
         self._enforce_timeouts = bool(enforce_timeouts)
@@ -148,7 +149,7 @@ class LocalRuntime:
         )
         # The plan as the server's executors read it: serving.Schedule cuts it to a request's outputs.
         self._plan_data = self.plan.to_json()
-        self._schedules = {None: Schedule(self._plan_data, self.plan.output_names)}  # None: every output
+        self._schedules: dict[frozenset[str] | None, Schedule] = {None: Schedule(self._plan_data, self.plan.output_names)}  # None: every output
         self._layouts: dict[int, StreamLayout] = {}  # a streaming pipeline's, by schedule
         self._bytes_inputs = frozenset(n for n, spec in pipeline.inputs.items() if spec.dtype == "BYTES")
         check_steps(pipeline, self.plan, self.device)
@@ -407,7 +408,7 @@ class LocalRuntime:
             # Let requests submitted together all register before the first step decides to run inline.
             await anyio.lowlevel.checkpoint()
             streams = deliver is not None and p.streaming
-            run = self._stream_run(schedule, deliver).run if streams else scheduler.run
+            run = self._stream_run(schedule, deliver).run if streams and deliver is not None else scheduler.run
             try:
                 if self._bls_gate is None:
                     await run(req)
@@ -446,7 +447,7 @@ class LocalRuntime:
 
 
 def run_pipeline(
-    pipeline: Pipeline,
+    pipeline: Graph,
     inputs: Mapping[str, Any],
     *,
     mode: str = "ensemble",
@@ -469,7 +470,7 @@ def run_pipeline(
 
 
 def stream_pipeline(
-    pipeline: Pipeline,
+    pipeline: Graph,
     inputs: Mapping[str, Any],
     *,
     mode: str = "ensemble",
@@ -510,7 +511,7 @@ def _streamed(runtime: LocalRuntime, inputs: Mapping[str, Any], outputs: Iterabl
 
 
 def run_many(
-    pipeline: Pipeline,
+    pipeline: Graph,
     requests: Iterable[Mapping[str, Any]],
     *,
     mode: str = "ensemble",

@@ -7,10 +7,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from ..core.graph import Graph
+from ..core.plan import ExecutionPlan
 from ..errors import ArgumentError, InferenceError, StepError
 from ..forms import Form, form
-from ..graph import Pipeline
-from ..plan import ExecutionPlan
 from .device import gpu_available, resolve_device
 from .step_process import ISOLATIONS, isolation_supported
 
@@ -61,7 +61,7 @@ def checked_options(
         raise InferenceError(f"pipeline {name!r}: {exc}", pipeline=name) from None
 
 
-def check_steps(pipeline: Pipeline, plan: ExecutionPlan, device: str | None) -> None:
+def check_steps(pipeline: Graph, plan: ExecutionPlan, device: str | None) -> None:
     """Every live step can run here: an external model has a stand-in, a GPU is there where asked."""
     name = pipeline.name
     for node in (pipeline.nodes[n] for n in plan.order):

@@ -269,7 +269,7 @@ class CostRecorder:
         steps = tuple(
             StepCost(
                 step=name,
-                calls=row[0],
+                calls=int(row[0]),
                 batches=round(row[1]),
                 queue_wait_us=row[2] / row[0] * 1e6 if row[0] else 0.0,
                 compute_us=row[3] / row[0] * 1e6 if row[0] else 0.0,

@@ -35,7 +35,7 @@ from typing import Any
 
 import anyio
 
-from ..plan import ExecutionPlan
+from ..core.plan import ExecutionPlan
 from ..serving import SKIPPED, Branches, Rows, Schedule, bytes_tensor
 from ..serving import negated as negated_values
 from .bls_gate import BlsGate

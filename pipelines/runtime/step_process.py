@@ -9,7 +9,7 @@ pure Python, 12.2 ms beside the same loop in another process. ``LocalRuntime(iso
 instance of a step where the server runs it: in a process of its own, so that
 steps side by side do not wait for each other's GIL.
 
-:class:`ProcessInstance` stands in for a :class:`~pipelines.step.StepInstance`:
+:class:`ProcessInstance` stands in for a :class:`~pipelines.core.step.StepInstance`:
 the runtime's worker thread calls ``execute(inputs)``, which hands the inputs to
 the instance's process and waits for its outputs, without holding the GIL.
 

@@ -32,10 +32,10 @@ from typing import Any
 import anyio
 
 from .. import serving
-from ..errors import PipelinesError, StepError
-from ..graph import Pipeline
+from ..core.graph import Graph
+from ..core.step import check_outputs
+from ..errors import PipelinesError, StepError, StepTimeoutError
 from ..serving import SKIPPED, Rows, Schedule
-from ..step import check_outputs
 from .instances import StepModel
 from .scheduler import Request, Scheduler
 
@@ -52,7 +52,7 @@ class StreamLayout:
     """Where each node of a schedule runs in a streaming pipeline: once per request, or once per
     response of a stream; which steps read a stream whole; which stream the answers come from."""
 
-    def __init__(self, pipeline: Pipeline, schedule: Schedule) -> None:
+    def __init__(self, pipeline: Graph, schedule: Schedule) -> None:
         order = schedule.order
         self.level = {n: pipeline.stream_of(n) for n in order}
         self.top = [n for n in order if self.level[n] is None]
@@ -94,7 +94,7 @@ class StreamRun:
     def __init__(
         self,
         *,
-        pipeline: Pipeline,
+        pipeline: Graph,
         scheduler: Scheduler,
         layout: StreamLayout,
         mode: str,
@@ -392,6 +392,10 @@ class Responses:
         self.index = 0
         self.is_async = inspect.isasyncgen(gen)
         self._held_by = held_by  # a whole_stream generator's items: ended on close, so it stops reading
+        # The step's timeout bounds its whole stream in every mode, as each server form's step model does.
+        timeout = model.step.options.timeout if model is not None else None
+        self.timeout = timeout
+        self.deadline = perf_counter() + timeout if timeout else math.inf
 
     @classmethod
     def skipped(cls, returns: list[str]) -> Responses:
@@ -415,6 +419,13 @@ class Responses:
     async def next(self) -> dict[str, Any] | None:
         """The next response's outputs, or ``None`` at the end of the stream."""
         model = self.model
+        if perf_counter() > self.deadline:
+            assert model is not None
+            raise model._told(
+                StepTimeoutError,
+                f"ran past its timeout of {self.timeout:g} s after {self.index} responses; the stream was ended "
+                "with this error. Raise the step's timeout, or find why its generator does not end",
+            )
         try:
             if model is None:  # a skipped step's one response
                 return next(self.gen, None)

@@ -21,7 +21,7 @@ def instance_config(
     step: str,
     inputs: Mapping[str, Any],
     outputs: Mapping[str, Any],
-    parameters: Mapping[str, str],
+    parameters: Mapping[str, Any],
     max_batch_size: int | None,
     pipeline: str | None = None,
     node: str | None = None,

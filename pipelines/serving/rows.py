@@ -236,7 +236,7 @@ class Rows:
 
 
 def _fill_values(fill: Mapping[str, Any], dtype: Any = None) -> np.ndarray:
-    """A plan's fill (``pipelines.plan.Fill`` as JSON) as an array of its own shape."""
+    """A plan's fill (``pipelines.core.plan.Fill`` as JSON) as an array of its own shape."""
     if fill["dtype"] == "BYTES":
         values = np.empty(len(fill["data"]), dtype=object)
         values[:] = [text.encode("latin-1") for text in fill["data"]]

@@ -1,6 +1,6 @@
 """Running a plan's nodes concurrently, and the plan cut down to the outputs a request wants.
 
-:func:`cut_plan` is the one cut: ``pipelines.plan`` builds and prunes the host's plan with it,
+:func:`cut_plan` is the one cut: ``pipelines.core.plan`` builds and prunes the host's plan with it,
 and :class:`Schedule` (the BLS and fused executors in a server, the local runtime) reads it.
 """
 
@@ -54,7 +54,7 @@ def cut_plan(
 ) -> dict[str, Any]:
     """``plan`` (its JSON form) cut down to the nodes the outputs ``wanted`` need, everything derived again.
 
-    The one algorithm that cuts a plan: ``pipelines.plan`` builds and prunes the host's
+    The one algorithm that cuts a plan: ``pipelines.core.plan`` builds and prunes the host's
     ``ExecutionPlan`` with it, and :class:`Schedule` (the server's executors and the local
     runtime) reads its result. It walks each node's inputs and ``when`` conditions, so it needs
     none of the derived fields (``needs``, ``after``, ``before``, readers): the host gives it

@@ -190,7 +190,7 @@ class _StandIn(types.ModuleType):
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("__"):
             raise AttributeError(attr)
-        if attr == "step" and self.__name__ in (_PACKAGE, f"{_PACKAGE}.step"):
+        if attr == "step" and self.__name__ in (_PACKAGE, f"{_PACKAGE}.core.step"):
             return _step
         if attr.endswith("Error"):  # the library's copied steps raise and catch them
             return _error_class(attr)

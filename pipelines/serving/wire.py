@@ -38,7 +38,7 @@ class WireError:
         return f"{where}: {self.reason}"
 
 
-# Names follow Triton's rules (pipelines.names), so they never hold a quote.
+# Names follow Triton's rules (pipelines.core.names), so they never hold a quote.
 _WIRE = re.compile(
     r"(?P<kind>[A-Z][A-Za-z]*Error) in pipeline '(?P<pipeline>[^']*)'"
     r"(?:, node '(?P<node>[^']*)')?(?:, step '(?P<step>[^']*)')?(?:, tensor '(?P<tensor>[^']*)')?: (?P<reason>.*)",

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from ..core.step import step
+from ..core.tensor import TensorSpec
 from ..errors import StepError
-from ..step import step
-from ..tensor import TensorSpec
 from ._xp import array_namespace
 from .letterbox import LETTERBOX_SIZE
 from .nms import NUM_CANDIDATES, NUM_CLASSES

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.step import step
+from ..core.tensor import TensorSpec
 from ..errors import StepError
-from ..step import step
-from ..tensor import TensorSpec
 from ._xp import array_namespace
 
 __all__ = ["LETTERBOX_SIZE", "PAD_VALUE", "LetterboxGeometry", "letterbox", "letterbox_geometry", "letterbox_images"]

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..step import step
-from ..tensor import TensorSpec
+from ..core.step import step
+from ..core.tensor import TensorSpec
 from ._config import read_parameter
 from ._xp import array_namespace, stable_argsort
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from ..core.step import Step, external_model
+from ..core.tensor import TensorSpec
 from ..errors import DtypeMismatchError, ShapeMismatchError, StepDeclarationError, StepError, UnknownTensorError
-from ..step import Step, external_model
-from ..tensor import TensorSpec
 from ._xp import array_namespace, to_numpy
 
 __all__ = ["OnnxRuntimeDetector", "OnnxTensor", "check_onnx_declared", "onnx_detector", "read_onnx_signature"]
@@ -29,7 +29,7 @@ class OnnxRuntimeDetector:
 
     :func:`onnx_detector` subclasses it with the file and tensor names set. A
     model with a fixed batch gets batches of exactly that size: the local
-    runtime cuts larger ones (see :class:`~pipelines.step.ExternalModel`).
+    runtime cuts larger ones (see :class:`~pipelines.core.step.ExternalModel`).
     """
 
     model_file: str = ""

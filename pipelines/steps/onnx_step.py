@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import serving
+from ..core.step import Step, external_model
+from ..core.tensor import TensorSpec
 from ..errors import StepDeclarationError, StepError
-from ..step import Step, external_model
-from ..tensor import TensorSpec
 from .onnx_file import check_onnx_declared
 
 __all__ = ["OnnxRuntimeStandIn", "onnx_model"]
@@ -24,7 +24,7 @@ class OnnxRuntimeStandIn:
     :func:`onnx_model` subclasses it with the file set. The tensors it checks the file
     against are the step's, from ``initialize``'s config (as a server's model reads its
     own). A model with a fixed batch gets exactly that many rows: the local runtime cuts a
-    batch into them (see :class:`~pipelines.step.ExternalModel`).
+    batch into them (see :class:`~pipelines.core.step.ExternalModel`).
     """
 
     model_file: str = ""

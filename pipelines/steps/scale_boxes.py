@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..step import step
-from ..tensor import TensorSpec
+from ..core.step import step
+from ..core.tensor import TensorSpec
 from ._xp import array_namespace
 from .nms import MAX_DET
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..core.requests import check_request
+from ..core.tensor import TensorSpec
 from ..errors import InferenceError, InputError
-from ..requests import check_request
-from ..tensor import TensorSpec
 
 __all__ = ["REJECTED_STATUSES", "explain_rejection"]
 

@@ -46,7 +46,7 @@ class TritonPythonModel:
             self.inputs, self.max_batch_size,
             checked_by_triton=serving.config_declares(model_config, self.inputs, self.max_batch_size),
         )
-        # The execution plan (pipelines.plan.ExecutionPlan.to_json): nodes, tensors, outputs.
+        # The execution plan (pipelines.core.plan.ExecutionPlan.to_json): nodes, tensors, outputs.
         self.plan = plan["plan"]
         self.timeouts_us = {name: int(us) for name, us in plan.get("timeouts_us", {}).items()}
         self.outputs = {out["name"]: out for out in self.plan["outputs"]}
@@ -68,6 +68,10 @@ class TritonPythonModel:
             self._stream_setup(args, version_dir, plan)
 
     def execute(self, requests):
+        if self.streams is not None and self.loop is not None:  # one stream at a time: in execute() itself
+            for request in requests:  # in turn, as they would take the instance's streaming lock
+                self.loop.run_until_complete(self._stream_request(request))
+            return None
         # Returning a coroutine makes the stub run it on its event loop, as for `async def execute`
         # (a decoupled model's in the background: execute() returns at once, responses go by sender).
         if self.streams is not None:
@@ -254,10 +258,16 @@ class TritonPythonModel:
         # instance to its stream's end: two such steps could else wait on each other's request.
         alone = self.mode == "sync" or bool(self.whole_steps)
         self.streaming = asyncio.Lock() if alone else None
+        # ... and those streams run in execute() itself, on an event loop of the instance's own: the
+        # first response is not kept waiting for a hop to the stub's event-loop thread.
+        self.loop = asyncio.new_event_loop() if alone else None
 
     def finalize(self):
         for step in getattr(self, "whole_steps", {}).values():
             step.instance.finalize()
+        loop = getattr(self, "loop", None)
+        if loop is not None and not loop.is_running():
+            loop.close()
 
     async def _stream_requests(self, requests):
         await asyncio.gather(*(self._stream_request(request) for request in requests))
@@ -283,7 +293,7 @@ class TritonPythonModel:
             layout = self._layouts[key] = stream_run.Layout(run.schedule, self.streams)
         rows = self._rows_of(run.values) if self.max_batch_size > 0 else None
         await stream_run.StreamRun(self, sender, run.schedule, layout, run.values, rows, run.branch,
-                                   sequential=self.mode == "sync").run()
+                                   sequential=self.mode == "sync", alone=self.streaming is not None).run()
 
     def _rows_of(self, values):
         return values[(None, next(iter(self.inputs)))].shape()[0]

@@ -40,7 +40,7 @@ pb_utils = serving.pb_utils  # Triton's triton_python_backend_utils in a stub; N
 #: The model's plan in its version folder (written by pipelines/compile/fused.py).
 PLAN_FILE = "fused.json"
 #: A folder in the server's environment: each instance then times its sync Python steps and writes the times
-#: there as it is finalized (``pipelines.predict.server_steps`` sets it on the server it starts). Unset, as on
+#: there as it is finalized (``pipelines.profiling.server_steps`` sets it on the server it starts). Unset, as on
 #: any other server, nothing is timed.
 STEP_TIMES = "PIPELINES_STEP_TIMES"
 
@@ -117,6 +117,9 @@ class TritonPythonModel:
         # One request streams at a time in an instance, as one execute() runs at a time in a
         # fused model that does not stream: a stream holds its steps' instances to its end.
         self.streaming = asyncio.Lock() if self.streams else None
+        # ... so its streams run in execute() itself, on an event loop of the instance's own: the
+        # first response is not kept waiting for a hop to the stub's event-loop thread.
+        self.loop = asyncio.new_event_loop() if self.streams else None
         self.branches = serving.Branches(self.plan)
         if not self.branches.any and not any(self.branches.fills.values()):
             self.branches = None  # a static DAG: every node, every row
@@ -134,10 +137,13 @@ class TritonPythonModel:
         self.pool = concurrent.futures.ThreadPoolExecutor(max(2, widest), thread_name_prefix="fused-step")
 
     def execute(self, requests):
-        # Returning a coroutine makes the stub run it on its event loop, as for `async def execute`
-        # (a decoupled model's in the background: execute() returns at once, responses go by sender).
+        # A decoupled model answers by its response senders; execute() returns once they are done,
+        # and Triton keeps the next requests queued for this instance meanwhile.
         if self.streams is not None:
-            return self._stream_requests(requests)
+            for request in requests:  # in turn, as they would take the instance's streaming lock
+                self.loop.run_until_complete(self._stream_request(request))
+            return None
+        # Returning a coroutine makes the stub run it on its event loop, as for `async def execute`.
         return self._execute(requests)
 
     def finalize(self):
@@ -148,6 +154,9 @@ class TritonPythonModel:
         pool = getattr(self, "pool", None)
         if pool is not None:
             pool.shutdown(wait=False)
+        loop = getattr(self, "loop", None)
+        if loop is not None and not loop.is_running():
+            loop.close()
 
     # ------------------------------------------------------------------ a batch of requests
 
@@ -224,7 +233,7 @@ class TritonPythonModel:
                 layout = self._layouts[wanted] = stream_run.Layout(schedule, self.streams)
             values = {(None, name): value for name, value in arrays.items()}
             branch = serving.Rows(self.branches, rows, values.__getitem__) if self.branches is not None else None
-            await stream_run.StreamRun(self, sender, schedule, layout, values, rows, branch).run()
+            await stream_run.StreamRun(self, sender, schedule, layout, values, rows, branch, alone=True).run()
 
     def _schedule(self, wanted):
         schedule = self._schedules.get(wanted)

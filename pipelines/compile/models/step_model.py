@@ -395,7 +395,9 @@ class _Streams:
         try:
             # A client that cancels a direct call stops the generator; an ensemble or a BLS model
             # does not pass its cancellation on (docs/triton_decoupled.md), so there it runs on.
-            while not sender.is_cancelled():
+            # Asked between two responses, not before the first: each ask is a round trip to the
+            # server process, which the first response would wait for.
+            while not (sent and sender.is_cancelled()):
                 try:
                     item = pull.next()
                 except serving.PastTimeout:

@@ -140,8 +140,10 @@ def load_step(version_dir, pipeline, node_name, node, index):
 
 
 class InProcessStream:
-    """A streaming step's generator in this process, pulled one response at a time: a sync
-    generator on a thread of its own (it may block), an async one on the event loop. Each
+    """A streaming step's generator in this process, pulled one response at a time: an async
+    generator on the event loop; a sync one on a thread of its own (it may block), or on the
+    event loop itself when nothing else runs beside the stream (``next(alone=True)``) and no
+    timeout is to be kept, which spares each response two thread hops. Each
     response is checked as a step's return value is; the step's timeout bounds the whole stream;
     ``close()`` stops the generator (its ``finally`` runs) unless it is stuck past its timeout."""
 
@@ -154,7 +156,7 @@ class InProcessStream:
         self.rows = rows
         self.index = 0
         self.is_async = inspect.isasyncgen(gen)
-        self.pump = None if self.is_async else _Pump(gen)
+        self.pump = None  # the thread a sync generator is pulled on, made when first needed
         self.deadline = time.monotonic() + step.timeout_s if step.timeout_s else None
         self._held_by = held_by
         self._stuck = False
@@ -179,8 +181,9 @@ class InProcessStream:
             step.lock.release()
             raise
 
-    async def next(self):
-        """The next response's outputs, or ``None`` at the end of the stream."""
+    async def next(self, alone=False):
+        """The next response's outputs, or ``None`` at the end of the stream; ``alone``: nothing
+        else runs in this process now, so a sync generator may be pulled on the event loop."""
         left = None
         if self.deadline is not None:
             left = self.deadline - time.monotonic()
@@ -190,7 +193,13 @@ class InProcessStream:
             if self.is_async:
                 pulled = self.gen.__anext__()
                 item = await (asyncio.wait_for(pulled, left) if left is not None else pulled)
+            elif alone and left is None and self._held_by is None:
+                # Nothing to overlap and no deadline to watch: a thread would only add two hops.
+                # (A whole_stream generator waits on responses the event loop hands it.)
+                item = next(self.gen, END)
             else:
+                if self.pump is None:
+                    self.pump = _Pump(self.gen)
                 pulled = self.pump.ask("next")
                 item = await (asyncio.wait_for(asyncio.shield(pulled), left) if left is not None else pulled)
         except (StopAsyncIteration, StopIteration):
@@ -246,8 +255,10 @@ class InProcessStream:
                 return
             if self.is_async:
                 await self.gen.aclose()
-            else:
+            elif self.pump is not None:
                 await self.pump.ask("close")
+            elif hasattr(self.gen, "close"):
+                self.gen.close()
         except Exception:  # noqa: BLE001 - the stream's own error, if any, is the one worth reporting
             pass
         finally:
@@ -256,7 +267,8 @@ class InProcessStream:
 
 class CalledStream:
     """A streaming step's own decoupled model, called with BLS (``exec``/``async_exec(decoupled=True)``):
-    its responses as they come, each read off a thread of its own (the iterator blocks). A failure is
+    its responses as they come, each read off a thread of its own (the iterator blocks), or on the
+    event loop itself when nothing else runs beside the stream and no deadline is kept. A failure is
     an ordinary response that carries it in ``err_output`` (a decoupled model's error response never
     reaches a BLS model: docs/triton_decoupled.md); the final flag comes on an empty response.
 
@@ -275,22 +287,27 @@ class CalledStream:
         self.err_output = err_output
         self.limit_s = limit_s
         self.deadline = time.monotonic() + limit_s + self.GRACE_S if limit_s else None
-        self.pump = _Pump(iter(responses))
+        self.responses = iter(responses)
+        self.pump = None  # the thread the responses are read on, made when first needed
+        self.ended = False  # the iterator gave its end
 
-    async def next(self):
+    async def next(self, alone=False):
         while True:
-            pulled = self.pump.ask("next")
             try:
-                if self.deadline is None:
-                    response = await pulled
+                if self.deadline is None and alone and self.pump is None:
+                    # Nothing to overlap and no deadline: the iterator waits without the GIL.
+                    response = next(self.responses, END)
+                elif self.deadline is None:
+                    response = await self._ask()
                 else:
-                    response = await asyncio.wait_for(asyncio.shield(pulled), max(0.0, self.deadline - time.monotonic()))
+                    response = await asyncio.wait_for(asyncio.shield(self._ask()), max(0.0, self.deadline - time.monotonic()))
             except asyncio.TimeoutError:
                 raise self.host.fail(_past(self.limit_s, self.node, "the step may still be running"), node=self.name,
                                      kind="StepTimeoutError") from None
             except Exception as exc:  # noqa: BLE001 - the call's own failure (the model went away…)
                 raise self.host.fail(f"could not be read (model {self.node['model']!r}): {exc}", node=self.name) from None
             if response is END:
+                self.ended = True
                 return None
             if response.has_error():
                 raise self.host.called_failure(self.name, response.error().message())
@@ -308,10 +325,24 @@ class CalledStream:
                 outputs[out] = tensor
             return outputs
 
+    def _ask(self):
+        if self.pump is None:
+            self.pump = _Pump(self.responses)
+        return self.pump.ask("next")
+
     async def close(self):
         # Triton 2.51 keeps an iterator left before its end for ever, with every response the
-        # called model still sends it (docs/triton_decoupled.md): read it to its end, after the
-        # read under way, if any; nobody waits for it.
+        # called model still sends it (docs/triton_decoupled.md): read it to its end on the pump's
+        # thread (made now if the stream was read on the event loop), after the read under way,
+        # if any; nobody waits for it. An ended one is held a while (KEPT), by nothing else.
+        responses, self.responses = self.responses, None
+        if responses is None:  # closed already
+            return
+        if self.pump is None and self.ended:
+            KEPT.keep(responses)
+            return
+        if self.pump is None:
+            self.pump = _Pump(responses)
         self.pump.asks.put(("drain", None))
 
 

@@ -83,6 +83,12 @@ class Layout:
             self.after[name] = after
             ordered[name] = after + ([read] if read in self.level else [])
         self.in_order = _in_order(self.top, ordered)
+        # The once-per-request nodes that cannot start before each one ends (they wait for it, or for
+        # one that does): no company for a stream that runs, as they have nothing to do meanwhile.
+        behind = {}
+        for name in self.in_order:  # each after the ones it waits for
+            behind[name] = set(self.after[name]).union(*(behind[b] for b in self.after[name]))
+        self.held_up_by = {n: {m for m in self.top if n in behind[m]} for n in self.top}
 
 
 def _in_order(names, after):
@@ -99,7 +105,7 @@ class StreamRun:
     """One request of a streaming pipeline: ``await StreamRun(...).run()`` sends its responses,
     its error if it fails, and the final flag."""
 
-    def __init__(self, host, sender, schedule, layout, values, rows, branch, *, sequential=False):
+    def __init__(self, host, sender, schedule, layout, values, rows, branch, *, sequential=False, alone=False):
         self.host = host
         self.sender = sender
         self.schedule = schedule
@@ -108,6 +114,7 @@ class StreamRun:
         self.rows = rows  # the request's rows (None: the pipeline does not batch)
         self.branch = branch  # serving.Rows of a conditional plan, or None
         self.sequential = sequential
+        self.one_at_a_time = alone  # the host streams no other request beside this one
         self.done = {n: asyncio.Event() for n in layout.top}
         self.items = {w: queue.SimpleQueue() for w in layout.whole}  # a whole_stream step's responses
         self.sent = 0
@@ -131,8 +138,8 @@ class StreamRun:
                 pass
 
     def _send(self, response):
-        if self.sender.is_cancelled():
-            raise Cancelled
+        # Not asked whether the request was cancelled: each ask is a round trip to the server
+        # process, and a stream asks once between two responses (_stream).
         self.sender.send(response)
         self.sent += 1
 
@@ -179,19 +186,16 @@ class StreamRun:
         def start(name, alone):
             return host.start_node(name, values, self.rows, schedule, self.branch, alone)
 
-        def collect(name, future):
-            outputs = future.result()
+        def keep(name, outputs):
             if outputs is not None:
                 for out in schedule.returns[name]:
                     values[(name, out)] = outputs[out]
 
         if self.sequential or len(names) == 1:
-            for name in names:
-                future = asyncio.ensure_future(start(name, True))
-                await asyncio.gather(future, return_exceptions=True)
-                collect(name, future)
+            for name in names:  # awaited in turn: no task to make, nor a loop turn to wait for it
+                keep(name, await start(name, True))
             return
-        await serving.run_concurrently({n: after[n] for n in names}, start, collect)
+        await serving.run_concurrently({n: after[n] for n in names}, start, lambda n, future: keep(n, future.result()))
 
     # ------------------------------------------------------------------ streams
 
@@ -205,18 +209,29 @@ class StreamRun:
         index = 0
         try:
             while True:
-                if self.sender.is_cancelled():  # the client gave up: stop pulling the generator
+                # Asked once between two responses, not before the first: each ask is a round trip
+                # to the server process, which the first response would wait for.
+                if index and self.sender.is_cancelled():  # the client gave up: stop pulling the generator
                     raise Cancelled
-                outputs = await stream.next()
+                outputs = await stream.next(self._alone(name))
                 if outputs is None:
                     break
-                if self.sender.is_cancelled():
-                    raise Cancelled
                 await self._response(name, index, outputs)
                 index += 1
         finally:
             self._end_readers(name)
             await stream.close()
+
+    def _alone(self, name):
+        """Whether stream ``name`` is all that can run in this process now: its next response may then
+        be pulled on the event loop itself, without a hop to a thread and back (stream_calls). A node
+        that could run beside it (begun or not) needs the event loop free between two pulls."""
+        if not self.one_at_a_time:
+            return False
+        # One after another, only the whole_stream steps run beside the node in turn.
+        beside = self.layout.whole if self.sequential else self.layout.top
+        waiting = self.layout.held_up_by[name]
+        return all(self.done[n].is_set() or n in waiting for n in beside if n != name)
 
     async def _response(self, name, index, outputs):
         layout = self.layout
@@ -272,7 +287,7 @@ class _Skipped:
     def __init__(self, returns):
         self.left = [dict.fromkeys(returns, serving.SKIPPED)]
 
-    async def next(self):
+    async def next(self, alone=False):
         return self.left.pop() if self.left else None
 
     async def close(self):

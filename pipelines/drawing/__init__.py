@@ -1,0 +1,1 @@
+"""A pipeline drawn: the SVG/HTML diagram, and its mermaid and dot texts."""
