@@ -115,7 +115,7 @@ async def stream_once(stub, responses: int, timeout: float = 30.0) -> None:
     import grpc
 
     from pipelines.bench.server_target import stream_request
-    from pipelines.tensor import TensorSpec
+    from pipelines.core.tensor import TensorSpec
 
     call = stub.ModelStreamInfer()
     await call.write(stream_request("bls", {"N": np.array([responses], np.int32)}, {"N": TensorSpec("INT32", [1])}))
