@@ -180,3 +180,33 @@ def endless(marks: str, *, name: str = "endless", timeout: float | None = None, 
     after = Tally.with_options(parameters={"marks": marks}) if tally else square
     p.output("sq", p.add(after, name="square", tok=gen["tok"])["sq"])
     return p
+
+
+@step(inputs={"n": ONE}, outputs={"block": TensorSpec("FP32", [16384])}, parameters={"marks": ""})
+class Blocks:
+    """``n % 1000`` responses of 64 KiB, 2 ms apart, for a memory check; leaves a mark
+    ``blocks-<n // 1000>-<how>-<sent>`` at its end, how: "ended" or "closed"."""
+
+    def initialize(self, config):
+        self.marks = config["parameters"]["marks"]
+
+    def execute(self, n):
+        count, tag = int(n[0]) % 1000, int(n[0]) // 1000
+        sent, how = 0, "ended"
+        try:
+            for i in range(count):
+                yield {"block": np.full([16384], i, np.float32)}
+                sent += 1
+                time.sleep(0.002)
+        except GeneratorExit:
+            how = "closed"
+            raise
+        finally:
+            open(os.path.join(self.marks, f"blocks-{tag}-{how}-{sent}"), "w").close()
+
+
+def blocks(marks: str) -> Pipeline:
+    """Blocks alone: the stream is the pipeline's output."""
+    p = Pipeline("blocks", inputs={"n": ONE})
+    p.output("block", p.add(Blocks.with_options(parameters={"marks": marks}), name="gen", n=p.input("n"))["block"])
+    return p

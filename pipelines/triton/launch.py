@@ -39,6 +39,15 @@ class PortTaken(Exception):
     """Another process bound one of the chosen ports first; choose again."""
 
 
+#: What Triton 2.51 prints when it aborts because a stub missed a shared-memory lock while its
+#: models loaded: seen on a starved machine (load above 10 on 2 cores), gone on the next start.
+STUB_LOCK_LOST = "boost::interprocess::lock_exception"
+
+
+class StubLockLost(Exception):
+    """The server aborted during start-up on a stub's shared-memory lock; start it again."""
+
+
 class ServerProcess:
     """The process of one server: launched (again, after a crash) on given ports, waited for, ended.
 
@@ -161,9 +170,12 @@ class ServerProcess:
         while True:
             code = self.proc.poll()
             if code is not None:
-                taken = taken_port(self.log.tail(200))
+                tail = self.log.tail(200)
+                taken = taken_port(tail)
                 if taken is not None and taken not in self.fixed_ports:
                     raise PortTaken
+                if STUB_LOCK_LOST in tail:
+                    raise StubLockLost
                 why = f"port {taken} is already in use; pass another port or leave it None" if taken else ""
                 left = leftover_staging(self.repository)
                 if left and not why:  # Triton tries to load them as models, and fails on them

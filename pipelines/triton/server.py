@@ -22,7 +22,7 @@ from .arguments import PythonBackendSettings, ServerArguments
 from .cleanup import REGISTRY, SHM_TAG, shutdown_connections, sigint_deferred, sweep_orphaned_shm
 from .crashes import Crash
 from .installation import TritonInstallation, find_installation
-from .launch import PortTaken, ServerProcess
+from .launch import STUB_LOCK_LOST, PortTaken, ServerProcess, StubLockLost
 from .model_state import ModelState, ModelsUnavailableWarning, unload
 from .ports import choose_ports
 from .python_env import current_environment, probe_environment
@@ -275,6 +275,17 @@ class TritonServer:
                             raise ServerStartError(
                                 f"the Triton server for {self.repository} could not bind its ports after "
                                 f"{attempt} attempts ({process.ports}); pass free ports or leave them None\n"
+                                f"--- log tail ---\n{self.log_tail()}"
+                            ) from None
+                    except StubLockLost:
+                        # A starved machine's transient (docs/triton_server_failures.md): a fresh start loads.
+                        process.kill()
+                        sweep_orphaned_shm()
+                        if attempt == _PORT_ATTEMPTS:
+                            raise ServerStartError(
+                                f"the Triton server for {self.repository} aborted during start-up {attempt} times "
+                                f"on a stub's shared-memory lock ({STUB_LOCK_LOST}); the machine may be too busy "
+                                f"to load {self.repository}'s models: retry when it is quieter\n"
                                 f"--- log tail ---\n{self.log_tail()}"
                             ) from None
                 raise AssertionError("unreachable")

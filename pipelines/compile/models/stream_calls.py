@@ -7,6 +7,7 @@ decoupled model with BLS (:class:`CalledStream`). Copied beside the fused and BL
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import json
 import os
@@ -273,7 +274,8 @@ class CalledStream:
 
     The step's model bounds its stream by the step's timeout and says so in ``err_output``; this
     waits that long and :data:`GRACE_S` more before it gives up with its own words. ``close()``
-    stops reading: the called model runs on to its end, as Triton 2.51 cannot cancel it."""
+    stops answering from it: the called model runs on to its end, as Triton 2.51 cannot cancel it,
+    and the stream is read to its end off the request's path, so that Triton lets it go."""
 
     GRACE_S = 2.0
 
@@ -287,6 +289,7 @@ class CalledStream:
         self.deadline = time.monotonic() + limit_s + self.GRACE_S if limit_s else None
         self.responses = iter(responses)
         self.pump = None  # the thread the responses are read on, made when first needed
+        self.ended = False  # the iterator gave its end
 
     async def next(self, alone=False):
         while True:
@@ -304,6 +307,7 @@ class CalledStream:
             except Exception as exc:  # noqa: BLE001 - the call's own failure (the model went away…)
                 raise self.host.fail(f"could not be read (model {self.node['model']!r}): {exc}", node=self.name) from None
             if response is END:
+                self.ended = True
                 return None
             if response.has_error():
                 raise self.host.called_failure(self.name, response.error().message())
@@ -327,8 +331,56 @@ class CalledStream:
         return self.pump.ask("next")
 
     async def close(self):
-        if self.pump is not None:
-            self.pump.asks.put(("close", None))  # after the read under way, if any: nobody waits for it
+        # Triton 2.51 keeps an iterator left before its end for ever, with every response the
+        # called model still sends it (docs/triton_decoupled.md): read it to its end on the pump's
+        # thread (made now if the stream was read on the event loop), after the read under way,
+        # if any; nobody waits for it. An ended one is held a while (KEPT), by nothing else.
+        responses, self.responses = self.responses, None
+        if responses is None:  # closed already
+            return
+        if self.pump is None and self.ended:
+            KEPT.keep(responses)
+            return
+        if self.pump is None:
+            self.pump = _Pump(responses)
+        self.pump.asks.put(("drain", None))
+
+
+class _Kept:
+    """Ended BLS response iterators, held :data:`HOLD_S` before this process lets them go.
+
+    Triton 2.51's stub drops its own reference to an ended iterator on a thread of its own, without
+    the GIL; if that is the last one, the responses' numpy arrays are freed without the GIL, and
+    the stub's memory is corrupted (it dies, some thousands of streams later). Let go later, by a
+    thread of this process (with the GIL), the last reference is this one (docs/triton_decoupled.md).
+    An iterator holds every response it gave until it is let go: a thread lets them go on time."""
+
+    HOLD_S = 2.0
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._held = collections.deque()
+        self._reaper = None
+
+    def keep(self, iterator):
+        with self._lock:
+            self._held.append((time.monotonic() + self.HOLD_S, iterator))
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap, name="stream-iterators", daemon=True)
+                self._reaper.start()
+
+    def _reap(self):
+        while True:
+            time.sleep(self.HOLD_S / 2)
+            now = time.monotonic()
+            with self._lock:
+                due = []
+                while self._held and self._held[0][0] <= now:
+                    due.append(self._held.popleft())
+            due.clear()  # let go here, outside the lock
+
+
+KEPT = _Kept()
 
 
 class _Pump:
@@ -351,14 +403,22 @@ class _Pump:
             what, future = self.asks.get()
             result, error = None, None
             try:
-                if what != "close":
+                if what == "next":
                     result = next(self.gen, END)
+                elif what == "drain":  # a BLS response iterator: to its end, what comes is dropped
+                    while next(self.gen, END) is not END:
+                        pass
                 elif hasattr(self.gen, "close"):
                     self.gen.close()
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting coroutine
                 error = exc
             _settle_from_thread(self.loop, future, result, error)
-            if what == "close":
+            if what == "drain":
+                # Held by KEPT alone: a request's frames, kept a while by its exception's traceback,
+                # would else keep the iterator and every response in it.
+                gen, self.gen = self.gen, None
+                KEPT.keep(gen)
+            if what != "next":
                 return
 
 
