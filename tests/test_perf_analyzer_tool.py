@@ -72,7 +72,7 @@ def test_input_data_is_the_requests_without_their_batch_axis(tmp_path):
 
 
 def test_a_run_measured_by_perf_analyzer_says_so_and_names_its_own_results():
-    import prediction
+    import prediction_tables as prediction
 
     summary = {"date": "2026-11-29", "machine": {"cpu": "AMD EPYC", "cpu_count": 2},
                "settings": {"pipelines": ["diamond"], "measure": "perf_analyzer",
