@@ -166,8 +166,7 @@ class Scheduler:
         """How many rows ``name`` runs on; 0 once it is done here: a select merged, or no row to run."""
         branch, branches = req.branch, self.branches
         assert branch is not None and branches is not None
-        branch.read_conditions(name)
-        rows = branch.count(branches.when[name])
+        rows = branch.rows_of(name)
         if rows and name not in branches.selects:
             return rows
         values = req.values

@@ -31,7 +31,7 @@ from typing import Any
 import anyio
 
 from ..core.graph import Graph
-from ..serving import END, SKIPPED, Rows, Schedule, StreamLayout, Tee, stream_record
+from ..serving import END, SKIPPED, Rows, Schedule, StreamLayout, Tee, TopNodes, stream_record
 from .scheduler import Request, Scheduler
 from .stream_responses import Responses
 
@@ -47,7 +47,7 @@ def layout_of(pipeline: Graph, schedule: Schedule) -> StreamLayout:
     return StreamLayout(schedule, stream_record(pipeline, list(schedule.order)))
 
 
-class StreamRun:
+class StreamRun(TopNodes):
     """One streaming request: ``await StreamRun(...).run(req)`` calls ``deliver`` with each response."""
 
     def __init__(
@@ -66,7 +66,7 @@ class StreamRun:
         self.deliver = deliver
         self.sequential = mode == "bls-sync"
         self.done: dict[str, anyio.Event] = {}
-        self.readers: dict[str, queue.SimpleQueue[Any]] = {}  # (whole step) -> its stream's items
+        self.items: dict[str, queue.SimpleQueue[Any]] = {}  # (whole step) -> its stream's items
         self.error: BaseException | None = None
         self.tg: Any = None
         self.req: Request = None  # type: ignore[assignment]  # set by run()
@@ -78,7 +78,7 @@ class StreamRun:
         req.remaining = defaultdict(lambda: _NEVER)
         self.req = req
         self.done = {n: anyio.Event() for n in layout.top}
-        self.readers = {w: queue.SimpleQueue() for w in layout.whole}
+        self.items = {w: queue.SimpleQueue() for w in layout.whole}
         async with anyio.create_task_group() as tg:
             self.tg = tg
             req.tg = tg
@@ -86,7 +86,7 @@ class StreamRun:
                 tg.start_soon(self._one_after_another)
             else:
                 for name in layout.top:
-                    tg.start_soon(self._guarded, self._top_node, name)
+                    tg.start_soon(self._guarded, self._top, name)
         if self.error is not None:
             raise self.error
         if layout.answers is None:
@@ -106,35 +106,20 @@ class StreamRun:
     async def _one_after_another(self) -> None:
         # A whole_stream step reads its stream as it comes, beside the steps one after another.
         for name in self.layout.whole:
-            self.tg.start_soon(self._guarded, self._top_node, name)
+            self.tg.start_soon(self._guarded, self._top, name)
         for name in self.layout.in_order:
             if name not in self.layout.whole:
-                await self._guarded(self._top_node, name)
+                await self._guarded(self._top, name)
             if self.error is not None:
                 return
 
-    async def _top_node(self, name: str) -> None:
-        """Run a once-per-request node when the once-per-request nodes before it are done."""
-        req = self.req
-        for before in self.layout.after[name]:
-            await self.done[before].wait()
-        try:
-            if name in self.layout.whole:
-                await self._whole(name)
-            elif name in self.layout.sources:
-                await self._stream(name, self._generator(name))
-            else:
-                await self.scheduler._run_node(req, name, perf_counter())
-        except Exception:
-            # The responses before the failure go on to the end: the steps that read this stream
-            # whole see it end, and answer what they made of it, before the error is raised.
-            self._end_readers(name)
-            for reader in self.layout.readers.get(name, ()):
-                await self.done[reader].wait()
-            raise
-        finally:
-            self._end_readers(name)
-        self.done[name].set()
+    # What TopNodes._top runs a once-per-request node with.
+
+    async def _source(self, name: str) -> None:
+        await self._stream(name, self._generator(name))
+
+    async def _once(self, name: str) -> None:
+        await self.scheduler._run_node(self.req, name, perf_counter())
 
     # ------------------------------------------------------------------ generators
 
@@ -155,8 +140,7 @@ class StreamRun:
         branch, branches = self.req.branch, self.scheduler.branches
         if branch is None or branches is None:
             return self.req.rows
-        branch.read_conditions(name)
-        return branch.count(branches.when[name])
+        return branch.rows_of(name)
 
     def _gathered(self, name: str, key: Any) -> Any:
         value = self.req.values[key]
@@ -177,7 +161,7 @@ class StreamRun:
                 req.values.update({(name, out): SKIPPED for out in returns})
             return
         model = self.scheduler.models[name]
-        items = self.readers[name]
+        items = self.items[name]
         streamed = [(i, k) for i, k in self.scheduler.bindings[name] if self.layout.streamed(k[0], stream)]
         iterators = Tee(items, [i for i, _ in streamed])
         inputs: dict[str, Any] = {i: iterators.of(i) for i, _ in streamed}
@@ -197,11 +181,6 @@ class StreamRun:
         for out in req.schedule.returns[name]:
             req.values[(name, out)] = outputs[out]
         req.trace.append((name, 0.0, compute, perf_counter() - start - compute, 1))
-
-    def _end_readers(self, name: str) -> None:
-        """Tell the whole_stream readers of ``name``'s stream that it ended (or failed)."""
-        for reader in self.layout.readers.get(name, ()):
-            self.readers[reader].put(END)
 
     # ------------------------------------------------------------------ one stream
 
@@ -297,7 +276,7 @@ class StreamRun:
             await previous.wait()
         for reader in layout.readers[name]:
             keys = [(i, k) for i, k in self.scheduler.bindings[reader] if self.layout.streamed(k[0], name)]
-            self.readers[reader].put({i: child.values[k] for i, k in keys})
+            self.items[reader].put({i: child.values[k] for i, k in keys})
         if layout.answers == name:
             self.deliver(self.scheduler.answer(child))
         if turn is not None:

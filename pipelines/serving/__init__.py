@@ -17,7 +17,8 @@ runtime and the server check with one set of words. Each module holds one role:
 - ``schedule``: a plan's nodes run concurrently, and the plan cut to the wanted outputs.
 - ``streams``: a streaming step's responses pulled one at a time, within its timeout, and handed
   to a ``whole_stream`` step as iterators.
-- ``stream_layout``: where each node of a streaming request runs, and what it waits for.
+- ``stream_layout``: where each node of a streaming request runs, what it waits for, and how
+  a request runs its once-per-request nodes by it.
 - ``onnx_session``: an ONNX file run by onnxruntime, checked against a model's declared tensors.
 """
 
@@ -58,7 +59,7 @@ from .lifecycle import (
 from .onnx_session import OnnxFileError, OnnxSession, config_specs
 from .rows import SKIPPED, Branches, Rows, concat_rows, concatenable, negated, run_joined, split_rows
 from .schedule import Schedule, cut_plan, run_concurrently
-from .stream_layout import StreamLayout, stream_record
+from .stream_layout import StreamLayout, TopNodes, stream_record
 from .streams import END, PastTimeout, Pull, Tee
 from .tensors import (
     HOPS,
@@ -109,6 +110,7 @@ __all__ = [
     "StepInterrupted",
     "StreamLayout",
     "Tee",
+    "TopNodes",
     "WireError",
     "as_array",
     "as_arrays",

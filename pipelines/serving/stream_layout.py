@@ -1,7 +1,8 @@
 """Where each node of a streaming pipeline's request runs: once per request, or once per response
 of a stream; which nodes stream, which read a stream whole, and in which order they wait for each
-other. The local runtime (``pipelines/runtime/streams.py``) and the fused and BLS models
-(``compile/models/stream_run.py``) run a streaming request by this one layout, so they agree.
+other (:class:`StreamLayout`); and how a request runs its once-per-request nodes by it
+(:class:`TopNodes`). The local runtime (``pipelines/runtime/streams.py``) and the fused and BLS
+models (``compile/models/stream_run.py``) run a streaming request by this one layout, so they agree.
 
 The layout reads a record of each node (:func:`stream_record`) rather than the pipeline, which a
 server does not have: the compiler writes the record into the model's JSON, and the local runtime
@@ -11,6 +12,8 @@ makes it from the pipeline itself.
 from __future__ import annotations
 
 from typing import Any
+
+from .streams import END
 
 
 def stream_record(pipeline: Any, names: list[str]) -> dict[str, dict[str, Any]]:
@@ -84,3 +87,52 @@ def _in_order(names: list[str], after: dict[str, list[str]]) -> list[str]:
         placed.append(ready)
         left.remove(ready)
     return placed
+
+
+class TopNodes:
+    """A streaming request's once-per-request nodes, each run once those it waits for are done.
+
+    The request (the local runtime's, on anyio; a model's, on asyncio) gives ``layout``, ``done``
+    (node -> an event, set once the node is done), ``items`` (whole_stream step -> the queue its
+    stream's responses are put on) and the three ways a node runs: ``_whole`` (it reads a stream
+    whole), ``_source`` (it streams: its responses walked to the end) and ``_once``.
+    """
+
+    layout: StreamLayout
+    done: dict[str, Any]
+    items: dict[str, Any]
+
+    async def _top(self, name: str) -> None:
+        for before in self.layout.after[name]:
+            await self.done[before].wait()
+        try:
+            if name in self.layout.whole:
+                await self._whole(name)
+            elif name in self.layout.sources:
+                await self._source(name)
+            else:
+                await self._once(name)
+        except Exception:
+            # The responses before the failure go on to the end: the steps that read this stream
+            # whole see it end, and answer what they made of it, before the error is told.
+            self._end_readers(name)
+            for reader in self.layout.readers.get(name, ()):
+                await self.done[reader].wait()
+            raise
+        finally:  # cancelled too: a reader's worker thread must not wait on the queue for ever
+            self._end_readers(name)
+        self.done[name].set()
+
+    def _end_readers(self, name: str) -> None:
+        """Tell the whole_stream readers of stream ``name`` that it ended (or failed)."""
+        for reader in self.layout.readers.get(name, ()):
+            self.items[reader].put(END)
+
+    async def _whole(self, name: str) -> None:
+        raise NotImplementedError
+
+    async def _source(self, name: str) -> None:
+        raise NotImplementedError
+
+    async def _once(self, name: str) -> None:
+        raise NotImplementedError

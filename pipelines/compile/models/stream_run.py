@@ -47,7 +47,7 @@ class Cancelled(Exception):
     """The client cancelled the request: the stream stops, and nothing more is sent but the final flag."""
 
 
-class StreamRun:
+class StreamRun(serving.TopNodes):
     """One request of a streaming pipeline: ``await StreamRun(...).run()`` sends its responses,
     its error if it fails, and the final flag."""
 
@@ -98,32 +98,19 @@ class StreamRun:
 
         await _together([in_turn(), *(self._top(name) for name in self.layout.whole)])
 
-    async def _top(self, name):
-        """A once-per-request node, once the once-per-request nodes before it are done."""
-        for before in self.layout.after[name]:
-            await self.done[before].wait()
-        try:
-            if name in self.layout.whole:
-                await self._whole(name)
-            elif name in self.layout.sources:
-                await self._stream(name, await self._open(name))
-            else:
-                await self._nodes([name], {name: []}, self.values)
-        except Exception:
-            # The responses before the failure go on to the end: the steps that read this stream
-            # whole see it end, and answer what they made of it, before the error is sent.
-            self._end_readers(name)
-            for reader in self.layout.readers.get(name, ()):
-                await self.done[reader].wait()
-            raise
-        self.done[name].set()
+    # What serving.TopNodes._top runs a once-per-request node with.
+
+    async def _source(self, name):
+        await self._stream(name, await self._open(name))
+
+    async def _once(self, name):
+        await self._nodes([name], {name: []}, self.values)
 
     def _count(self, name):
         """The rows ``name`` runs on; 0 where its `when` blocks hold for none."""
         if self.branch is None:
             return self.rows
-        self.branch.read_conditions(name)
-        return self.branch.count(self.branch.branches.when[name])
+        return self.branch.rows_of(name)
 
     async def _nodes(self, names, after, values):
         """Run ``names`` (each after those of ``after`` it waits for), reading and writing ``values``."""
@@ -195,10 +182,6 @@ class StreamRun:
         """``(input, key)`` of each input of ``reader`` that comes from ``stream``."""
         return [(s["input"], (s["node"], s["tensor"])) for s in self.host.nodes[reader]["inputs"]
                 if self.layout.streamed(s["node"], stream)]
-
-    def _end_readers(self, name):
-        for reader in self.layout.readers.get(name, ()):
-            self.items[reader].put(serving.END)
 
     async def _whole(self, name):
         """A step that reads its stream whole: its stream's inputs as iterators, in a thread of its own."""
