@@ -1,5 +1,6 @@
-"""Step costs from the server: each step's own model, compiled and served by Triton, called at each
-batch size and timed by Triton's statistics, in place of the step profiles timed in this process
+"""One short run of a pipeline's step models on a Triton server (the bundled one, started on them and their twins,
+or one at a URL that serves them), each called at two batch sizes and timed by Triton's statistics; the fused model
+times its own steps. What :func:`~pipelines.profiling.server_steps.server_step_costs` makes step costs of
 (docs/prediction.md, "Take step costs from your server").
 """
 
@@ -9,12 +10,11 @@ import contextlib
 import functools
 import importlib.metadata
 import math
-import os
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,20 +25,16 @@ from ..core.plan import ExecutionPlan, NodePlan
 from ..core.planning import plan_of
 from ..core.requests import check_request
 from ..errors import ArgumentError, PipelinesError
-from ..predict.spec import WayCost, way_costs
 from ..predict.step_profile import StepProfile
 from .code_digest import code_digest
-from .step_cache import StepCache, cache_key, value_digest
+from .step_cache import cache_key, value_digest
 from .step_runner import host, rows_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.graph import Graph
 
-__all__ = ["STEP_COSTS", "ServerStepCosts", "server_step_costs"]
+__all__ = ["METHOD", "CannotServe", "Measured", "ServerRun", "first_line", "model_name_of"]
 
-#: Where a prediction takes its step costs from: a server where one is given (``auto``), the
-#: server (the bundled one unless ``url``), or the step profiles timed here (``local``).
-STEP_COSTS = ("auto", "server", "local")
 #: Calls of a step's model at each batch size: at least this many, for at least this long, at most
 #: :data:`MOST` (after :data:`WARMUP` untimed: a stub's first calls allocate its shared memory).
 LEAST, SECONDS, MOST, WARMUP = 3, 0.03, 100, 1
@@ -47,131 +43,15 @@ LEAST, SECONDS, MOST, WARMUP = 3, 0.03, 100, 1
 TIMED_BYTES = 8 << 20
 #: Rounds over the steps: each figure is the median of its rounds' means.
 ROUNDS = 3
-LOCAL = "local step profile"
 Measured = dict[str, tuple[StepProfile, dict[str, Any]]]  # by node: a profile as measured, and how
 #: How the server's figures are taken, in the cache's keys: figures taken otherwise are not reused.
 # 1: each step less its twin, at two batch sizes, in three rounds
 METHOD = 1
 
 
-@dataclass(frozen=True)
-class ServerStepCosts:
-    """Each live node's profile (the server's where its model was timed there, else the local one),
-    where each came from in words (``sources``), the server in words, and one line of why the
-    local profiles stand in (``fallback``; "" where none do for that reason). ``fused`` and
-    ``fused_sources``: the same for the fused form, from the fused model's own timings of its steps."""
-
-    profiles: Mapping[str, StepProfile]
-    sources: Mapping[str, str]
-    server: str
-    fallback: str = ""
-    fused: Mapping[str, StepProfile] = field(default_factory=dict)
-    fused_sources: Mapping[str, str] = field(default_factory=dict)
-
-    def notes(self) -> list[str]:
-        """The lines a prediction shows: the fallback (every step's cost then its local profile's), or
-        where each step's cost came from."""
-        if self.fallback:
-            return [self.fallback]
-        timed = [f"{node} ({source})" for node, source in self.sources.items() if source.startswith("server")]
-        others: dict[str, list[str]] = {}
-        for node, source in self.sources.items():
-            if not source.startswith("server"):
-                others.setdefault(source, []).append(node)
-        lines = [f"step costs from {self.server}: " + "; ".join(timed)] if timed else []
-        lines += [f"step costs from the {source}: {', '.join(nodes)}" for source, nodes in others.items()]
-        fused = [f"{node} ({source})" for node, source in self.fused_sources.items() if source.startswith("server")]
-        if fused:
-            lines.append("the fused form's step costs from the fused model's own timings of its steps: "
-                         + "; ".join(fused))
-        if kept := [node for node, source in self.fused_sources.items() if not source.startswith("server")]:
-            lines.append(f"the fused form keeps the local step profiles of {', '.join(kept)}: the fused model "
-                         "did not time them on the server")
-        return lines
-
-
-def server_step_costs(
-    pipeline: Graph,
-    inputs: Mapping[str, Any],
-    local: Mapping[str, StepProfile],
-    stub: tuple[WayCost, WayCost],
-    *,
-    url: str | None = None,
-    protocol: str = "http",
-    cache: str | os.PathLike[str] | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> ServerStepCosts:
-    """Each live step of ``pipeline`` timed as its own model on a Triton server: the bundled one,
-    started on the pipeline's step models and their twins (:func:`_twin`), or the one at ``url``,
-    which must serve the step models (the ensemble's or BLS form's repository). ``inputs``: one
-    request, propagated through the step models on the server. Each model is called at two of the
-    batch sizes of its ``local`` profile (:func:`_timed_sizes`; the rest follow the local curve);
-    its cost at each is what Triton says one execution held its instance (compute input, infer
-    and output) less its twin's, or at ``url`` less its stub's ways in and out (``stub``: the server
-    profile's ``stub`` boundary). Its CPU time is that of its stub processes over the calls, less
-    its twin's (at ``url``: the local profile's share of CPU in wall time). Shapes, GIL share and
-    memory share stay the local profile's; a cost given (``costs=``) stays given.
-
-    A server that cannot serve the run (a model fails to load, the server cannot be reached or
-    started) is no error: every step keeps its local profile and ``fallback`` says why, naming
-    the model. ``cache``: the step profile cache; a step whose code, inputs and server are found
-    there is not called again, and with every step found no server is started."""
-    say = progress or (lambda _text: None)
-    run = _Run(pipeline, inputs, local, url, protocol)
-    found = StepCache(cache) if cache is not None else None
-    measured: Measured = {}
-    fused: Measured = {}
-    for node, key in run.keys.items():  # the fused model's timings: kept with its step model's, where it had them
-        for into, kept_as in ((measured, key), (fused, f"{key}:fused")):
-            hit = found.get(kept_as) if found is not None else None
-            if hit is not None:
-                into[node] = (hit, {**found.extra(kept_as), "kept": True})  # type: ignore[union-attr]
-    missing = [n for n in run.keys if n not in measured]
-    fallback = ""
-    if missing:
-        try:
-            steps, in_fused = run.measure(missing, say)
-            for into, suffix, new in ((measured, "", steps), (fused, ":fused", in_fused)):
-                for node, (profile, extra) in new.items():
-                    into[node] = (profile, extra)
-                    if found is not None:
-                        found.put(run.keys[node] + suffix, profile, extra=extra)
-        except _CannotServe as why:
-            fallback = f"{why}; the local step profiles are used instead"
-            measured.clear()
-            fused.clear()
-        finally:
-            if found is not None:
-                found.write()
-    profiles, sources, fused_profiles, fused_sources = {}, {}, {}, {}
-    for node, mine in local.items():
-        if node in measured:
-            profile, extra = measured[node]
-            profiles[node], sources[node] = _own(mine, profile, extra, stub), _source(extra)
-        else:
-            profiles[node] = mine
-            sources[node] = "given cost (costs=)" if mine.source == "given" else LOCAL
-        if node in fused:
-            fused_profiles[node], fused_sources[node] = fused[node][0], _source(fused[node][1])
-        else:
-            fused_profiles[node] = mine
-            fused_sources[node] = "given cost (costs=)" if mine.source == "given" else LOCAL
-    return ServerStepCosts(profiles, sources, run.where, fallback, fused_profiles,
-                           {n: s for n, s in fused_sources.items() if n in run.keys})
-
-
-def _source(extra: Mapping[str, Any]) -> str:
-    """Where a step's cost came from, in words: its model, the requests and batch sizes it was timed by."""
-    sizes = " and ".join(str(r) for r in extra.get("sizes", ()))
-    return "".join((
-        f"server statistics (model {extra.get('model', '?')}, {extra.get('requests', 0)} requests",
-        f" of {sizes} row{'' if sizes == '1' else 's'}" if sizes else "",
-        ", CPU as timed here" if extra.get("cpu") is False else "",
-        ", kept from an earlier run" if extra.get("kept") else "", ")"))
-
-
-class _CannotServe(PipelinesError):
+class CannotServe(PipelinesError):
     """The server cannot serve the pipeline's short run; its message says which model and why."""
+
 
 
 def _identity(url: str | None, protocol: str) -> str:
@@ -194,7 +74,7 @@ def _identity(url: str | None, protocol: str) -> str:
     return f"the bundled Triton server (nvidia-pytriton {version}) over {protocol}"
 
 
-class _Run:
+class ServerRun:
     """One pipeline's server step costs: each node's cache key, and the run on the server."""
 
     def __init__(self, pipeline: Graph, inputs: Mapping[str, Any], local: Mapping[str, StepProfile],
@@ -231,7 +111,7 @@ class _Run:
 
     def measure(self, nodes: list[str], say: Callable[[str], None]) -> tuple[Measured, Measured]:
         """``nodes`` timed on the server as step models, and (the bundled server) inside the fused model;
-        :class:`_CannotServe` where it cannot serve them."""
+        :class:`CannotServe` where it cannot serve them."""
         try:
             with tempfile.TemporaryDirectory(prefix="pipelines-step-times-") as times:
                 with self._served(say, times) as (client, cpu_of):
@@ -241,11 +121,11 @@ class _Run:
                         self._time_fused(client)
                 # the server has stopped: each fused instance wrote its steps' times as it was finalized
                 return found, self._fused_times(Path(times), set(nodes))
-        except _CannotServe:
+        except CannotServe:
             raise
         except PipelinesError as exc:  # the server failed meanwhile (it died, a call timed out)
-            raise _CannotServe(f"{self.where} failed the short run of pipeline {self.pipeline.name!r} "
-                               f"({_first_line(exc)})") from None
+            raise CannotServe(f"{self.where} failed the short run of pipeline {self.pipeline.name!r} "
+                               f"({first_line(exc)})") from None
 
     @contextlib.contextmanager
     def _served(self, say: Callable[[str], None], times: str
@@ -263,9 +143,9 @@ class _Run:
                     client = stack.enter_context(TritonClient(self.url, self.protocol, timeout=60))
                     client.metadata()
                 except PipelinesError as exc:
-                    raise _CannotServe(f"the server at {self.url} cannot be reached ({_first_line(exc)})") from None
+                    raise CannotServe(f"the server at {self.url} cannot be reached ({first_line(exc)})") from None
                 if missing := [m for m in models if not client.ready(m)]:
-                    raise _CannotServe(
+                    raise CannotServe(
                         f"the server at {self.url} does not serve model {missing[0]!r}"
                         f"{f' (nor {len(missing) - 1} more)' if len(missing) > 1 else ''}: deploy the pipeline's "
                         f"ensemble or bls repository there (pipelines compile)")
@@ -285,7 +165,7 @@ class _Run:
 
     def _bundled(self, models: list[str], say: Callable[[str], None], stack: contextlib.ExitStack, times: str) -> Any:
         """The bundled server, started on the pipeline's step models, their twins and its fused model, which
-        writes its steps' times into ``times``; :class:`_CannotServe` naming a model that fails to load, with
+        writes its steps' times into ``times``; :class:`CannotServe` naming a model that fails to load, with
         Triton's reason."""
         import warnings
 
@@ -299,16 +179,16 @@ class _Run:
                 warnings.simplefilter("ignore")  # a step sent by value is said so when the pipeline is compiled
                 compiled = compile_pipeline(self.pipeline.validate(), form)
         except PipelinesError as exc:
-            raise _CannotServe(f"pipeline {self.pipeline.name!r} does not compile to the {form} form "
-                               f"({_first_line(exc)})") from None
+            raise CannotServe(f"pipeline {self.pipeline.name!r} does not compile to the {form} form "
+                               f"({first_line(exc)})") from None
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 twins = compile_pipeline(self.twins.validate(), "ensemble")
                 fused = compile_pipeline(self.pipeline.validate(), "fused")
         except PipelinesError as exc:
-            raise _CannotServe(f"the twins of the steps of pipeline {self.pipeline.name!r} (what their stubs cost) "
-                               f"do not compile ({_first_line(exc)})") from None
+            raise CannotServe(f"the twins of the steps of pipeline {self.pipeline.name!r} (what their stubs cost) "
+                               f"do not compile ({first_line(exc)})") from None
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pipelines-step-costs-")))
         served = {m: compiled.models[m] for m in models}
         served.update({m: twins.models[m] for m in self.twin_models.values()})
@@ -322,14 +202,14 @@ class _Run:
                 warnings.simplefilter("ignore")  # a model that fails to load: said below, with its reason
                 server.start()
         except PipelinesError as exc:
-            raise _CannotServe(f"the bundled Triton server did not start ({_first_line(exc)})") from None
+            raise CannotServe(f"the bundled Triton server did not start ({first_line(exc)})") from None
         if server.unavailable:
             # a step's own model first: the fused model that runs the same step fails with it
             model = min(server.unavailable, key=lambda m: (m not in models, m))
             reason = server.unavailable[model]
             server.stop()
-            raise _CannotServe(f"the bundled Triton server cannot serve model {model!r} of pipeline "
-                               f"{self.pipeline.name!r}: it failed to load ({_first_line(reason)})")
+            raise CannotServe(f"the bundled Triton server cannot serve model {model!r} of pipeline "
+                               f"{self.pipeline.name!r}: it failed to load ({first_line(reason)})")
         return server
 
     @functools.cached_property
@@ -370,7 +250,7 @@ class _Run:
                 try:
                     outputs = step(**handed) if step.impl is not None else self._zeros(step)
                 except Exception as exc:  # noqa: BLE001 - whatever the user's step raises: said with it
-                    raise _CannotServe(f"step {n.name!r} of pipeline {self.pipeline.name!r} failed here, where it "
+                    raise CannotServe(f"step {n.name!r} of pipeline {self.pipeline.name!r} failed here, where it "
                                        f"feeds the steps after it ({type(exc).__name__}: {exc})") from None
             else:
                 outputs = self._call(client, n.model, n, handed)
@@ -435,7 +315,7 @@ class _Run:
                 try:
                     client.infer(model, batch)
                 except PipelinesError as exc:
-                    raise _CannotServe(f"the fused model {model!r} failed on the server ({_first_line(exc)})") from None
+                    raise CannotServe(f"the fused model {model!r} failed on the server ({first_line(exc)})") from None
 
     def _fused_times(self, folder: Path, nodes: set[str]) -> Measured:
         """Each of ``nodes``' times inside the fused model, from the files its instances wrote: the median
@@ -473,7 +353,7 @@ class _Run:
         try:
             return client.infer(model, dict(arrays), outputs=list(n.returns) or None)
         except PipelinesError as exc:
-            raise _CannotServe(f"model {model!r} (step {n.name!r}) failed on the server ({_first_line(exc)})") from None
+            raise CannotServe(f"model {model!r} (step {n.name!r}) failed on the server ({first_line(exc)})") from None
 
     def _burst(self, client: Any, model: str, n: NodePlan, rows: int, batch: Mapping[str, Any],
                cpu: Callable[[], int] | None) -> tuple[int, float, float]:
@@ -491,7 +371,7 @@ class _Run:
         held = held_by_batch(before, client.statistics(model), model)
         executions, held_us = held.get(rows) or max(held.values(), default=(calls, math.nan))
         if not math.isfinite(held_us):
-            raise _CannotServe(f"model {model!r} (step {n.name!r}) reported no statistics on the server")
+            raise CannotServe(f"model {model!r} (step {n.name!r}) reported no statistics on the server")
         return calls, held_us, cpu_used / 1e3 / max(executions, 1)
 
     def _zeros(self, step: Any) -> dict[str, Any]:
@@ -551,43 +431,8 @@ def _spanned(mine: StepProfile, measured: Mapping[int, tuple[float, float]]) -> 
     return tuple(walls), tuple(cpus)
 
 
-def _own(mine: StepProfile, raw: StepProfile, extra: Mapping[str, Any], stub: tuple[WayCost, WayCost]) -> StepProfile:
-    """The step's own cost: as measured where its twin's was taken off on the server; else (a server at a URL,
-    which serves no twins) its model's less the server profile's stub ways in and out, by the batch's bytes and
-    tensors as the simulation prices them, and its CPU the local profile's share of its wall time."""
-    local_share = {rows: c / w if w > 0 else 1.0 for rows, c, w in zip(mine.rows, mine.cpu_us, mine.wall_us,
-                                                                        strict=True)}
-    way_in, way_out = stub
-    wall, cpu = [], []
-    for rows, held, used in zip(raw.rows, raw.wall_us, raw.cpu_us, strict=True):
-        ways = 0.0 if extra.get("twin") else (
-            way_in.at(rows * mine.in_bytes) + max(0, len(mine.inputs) - 1) * way_in.at(0)
-            + way_out.at(rows * mine.out_bytes) + max(0, len(mine.outputs) - 1) * way_out.at(0))
-        # a step cheaper than the noise of what is taken off: a µs, not nothing
-        own = max(held - ways, min(held, 1.0))
-        wall.append(own)
-        cpu.append(max(used - ways, 0.0) if extra.get("cpu") else own * local_share.get(rows, 1.0))
-    return replace(mine, rows=raw.rows, wall_us=tuple(wall), cpu_us=tuple(cpu), warm_wall_us=(), warm_cpu_us=(),
-                   source="server")
 
-
-def _first_line(what: Any) -> str:
+def first_line(what: Any) -> str:
+    """The first line of an error's message (its type's name where it says nothing)."""
     text = str(what).strip()
     return text.splitlines()[0] if text else type(what).__name__
-
-
-def steps_for(pipeline: Graph, inputs: Mapping[str, Any], local: Mapping[str, StepProfile], server: Any, *,
-              step_costs: str = "auto", url: str | None = None, cache: str | os.PathLike[str] | None = None,
-              notes: list[str]) -> tuple[dict[str, StepProfile], dict[str, StepProfile]]:
-    """The step profiles a prediction simulates its step models with, and those of the fused form
-    (:class:`~pipelines.predict.Predictor`): ``local`` for ``step_costs="local"``, or ``"auto"`` with no
-    ``url``; else the server's (:func:`server_step_costs`, over the server profile ``server``'s protocol),
-    each step's source and any fallback added to ``notes``."""
-    if step_costs not in STEP_COSTS:
-        raise ArgumentError(f"step_costs is one of {', '.join(STEP_COSTS)}; got {step_costs!r}")
-    if step_costs == "local" or (step_costs == "auto" and url is None):
-        return dict(local), dict(local)
-    found = server_step_costs(pipeline, inputs, local, way_costs(server.costs["stub"]), url=url,
-                              protocol=server.protocol if server.protocol in ("http", "grpc") else "http", cache=cache)
-    notes += found.notes()
-    return dict(found.profiles), dict(found.fused or local)
