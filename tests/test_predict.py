@@ -244,8 +244,8 @@ def test_advise_under_a_p95_bound_ranks_by_throughput_among_those_that_meet_it(p
 
 def test_advise_screens_on_a_shorter_loop_and_shows_the_leaders_on_the_full_one(profile_path):
 
-    from pipelines.predict.advise import CONFIRM, SCREEN, search
     from pipelines.measured_prediction import predictor as measured_predictor
+    from pipelines.predict.advise import CONFIRM, SCREEN, search
     from pipelines.predict.prediction import CLOSED_LOOP
     from pipelines.predict.spec import Load
 

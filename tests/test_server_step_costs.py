@@ -179,8 +179,8 @@ def test_a_processes_cpu_time_counts_its_threads():
 
 
 def test_a_calibration_kept_for_the_server_is_reused_and_feeds_the_command(tmp_path, monkeypatch, capsys):
-    from pipelines.profiling.kept_calibration import calibration_key, kept_calibration
     from pipelines.cli import main
+    from pipelines.profiling.kept_calibration import calibration_key, kept_calibration
 
     version = "nvidia-pytriton " + importlib.metadata.version("nvidia-pytriton")
     kept = tmp_path / f"{calibration_key(None, 'http', version)}.json"
