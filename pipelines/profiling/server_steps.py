@@ -169,9 +169,9 @@ def steps_for(pipeline: Graph, inputs: Mapping[str, Any], local: Mapping[str, St
               step_costs: str = "auto", url: str | None = None, cache: str | os.PathLike[str] | None = None,
               notes: list[str]) -> tuple[dict[str, StepProfile], dict[str, StepProfile]]:
     """The step profiles a prediction simulates its step models with, and those of the fused form
-    (:class:`~pipelines.predict.Predictor`): ``local`` for ``step_costs="local"``, or ``"auto"`` with no
-    ``url``; else the server's (:func:`server_step_costs`, over the server profile ``server``'s protocol),
-    each step's source and any fallback added to ``notes``."""
+    (:func:`~pipelines.profiling.pipeline_costs.measure_pipeline`): ``local`` for ``step_costs="local"``, or
+    ``"auto"`` with no ``url``; else the server's (:func:`server_step_costs`, over the server profile ``server``'s
+    protocol), each step's source and any fallback added to ``notes``."""
     if step_costs not in STEP_COSTS:
         raise ArgumentError(f"step_costs is one of {', '.join(STEP_COSTS)}; got {step_costs!r}")
     if step_costs == "local" or (step_costs == "auto" and url is None):
