@@ -18,7 +18,7 @@ Targets: advise's pick measures >= 3x the default ensemble's throughput, and at 
 Where Model Analyzer cannot be installed or run, the run says exactly why and still measures advise's pick
 against the default. Exits 1 when a target is missed::
 
-    .venv/bin/python benchmarks/advise_vs_model_analyzer.py [--rounds 3] [--window 2]
+    .venv/bin/python benchmarks/advise_vs_model_analyzer.py [--rounds 5] [--window 2]
     .venv/bin/python benchmarks/advise_vs_model_analyzer.py --table   # the docs table from the json
 
 Writes benchmarks/results/advise_vs_model_analyzer.json and the table in docs/benchmarks.md between its markers.
@@ -426,21 +426,33 @@ def table(results: dict) -> str:
     for label, r in rows.items():
         lines.append(f"| {label} | {times.get(label, '-')} | {_sets(r['configuration'])} | {r['throughput']:.1f} "
                      f"| {r['p95_ms']:.1f} |")
+    lines += ["", "What it sets: per model, `iN` instances, `bN` max batch size, `dN` dynamic batching with a queue delay "
+              "of N µs (no `d`: none)."]
+    reported = ma.get("pick", {}).get("reported", {})
+    if "throughput" in reported:
+        lines += ["", f"Model Analyzer's own figures for its pick, from its search (gRPC, its own perf_analyzer "
+                  f"settings): {reported['throughput']:.1f} infer/s, p95 {reported['p95_ms']:.1f} ms. "
+                  f"Load average while each tool ran: advise {advise['load_average'][0]:.1f} before and "
+                  f"{advise['load_average'][1]:.1f} after, Model Analyzer {ma['load_average'][0]:.1f} and "
+                  f"{ma['load_average'][1]:.1f}."]
+    if "blocked" in ma:
+        lines += ["", f"Model Analyzer could not be run: {ma['blocked'][:300]}"]
     lines += ["", *(f"- {v}" for v in results["verdicts"])]
     return "\n".join(lines) + "\n"
 
 
 def _sets(configuration: dict) -> str:
+    """Each model in a few characters: ``Slow i3 b8 d2000`` is 3 instances, max batch 8, dynamic batching with a
+    2000 µs queue delay (``d0``: batching with no delay; no ``d``: no dynamic batching)."""
     bits = []
-    for name, c in configuration.items():
-        short = name.split("__", 1)[-1] if "__" in name else "ensemble"
+    for name, c in sorted(configuration.items(), key=lambda item: "__" in item[0]):
         if "instances" not in c:
-            bits.append(f"{short}: max batch {c['max_batch_size']}")
+            bits.append(f"ensemble b{c['max_batch_size']}")
             continue
         db = c["dynamic_batching"]
-        batching = f", batching (delay {db['max_queue_delay_us']} µs)" if db is not None else ""
-        bits.append(f"{short}: {c['instances']} inst., max batch {c['max_batch_size']}{batching}")
-    return "; ".join(bits)
+        delay = f" d{db['max_queue_delay_us']}" if db is not None else ""
+        bits.append(f"{name.split('__', 1)[-1]} i{c['instances']} b{c['max_batch_size']}{delay}")
+    return ", ".join(bits)
 
 
 def write_table(results: dict) -> None:
@@ -454,7 +466,7 @@ def write_table(results: dict) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of measurements, in turn (default: 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of measurements, in turn (default: 5)")
     parser.add_argument("--window", type=float, default=2.0, help="seconds per perf_analyzer window (default: 2)")
     parser.add_argument("--windows", type=int, default=3, help="windows per measurement (default: 3)")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of load before each first measurement")
