@@ -117,9 +117,11 @@ def time_advise(work: Path) -> dict:
                            + "\n".join(t for _, t in lines[-30:]))
     calibrated = [s for s, t in lines if "calibrated " in t and "kept in" in t]
     winner = [t for t in stdout.splitlines() if t.startswith("wrote the winner")]
+    verdict = [t for t in stdout.splitlines() if "clear pick" in t]
     return {"command": " ".join(["pipelines", *command[3:]]), "seconds": round(seconds, 1),
             "calibration_s": round(calibrated[0], 1) if calibrated else None,
             "load_average": [load_before, load_average()], "winner": winner[0] if winner else None,
+            "verdict": verdict[0] if verdict else None,
             "output": stdout, "repository": str(written)}
 
 
@@ -428,6 +430,9 @@ def table(results: dict) -> str:
                      f"| {r['p95_ms']:.1f} |")
     lines += ["", "What it sets: per model, `iN` instances, `bN` max batch size, `dN` dynamic batching with a queue delay "
               "of N µs (no `d`: none)."]
+    if advise.get("verdict"):
+        lines += ["", f"Advise's own verdict on its ranking: \"{advise['verdict']}\"; it wrote "
+                  f"{advise['winner'].split(' to ', 1)[0].removeprefix('wrote ')}."]
     reported = ma.get("pick", {}).get("reported", {})
     if "throughput" in reported:
         lines += ["", f"Model Analyzer's own figures for its pick, from its search (gRPC, its own perf_analyzer "
@@ -438,6 +443,14 @@ def table(results: dict) -> str:
     if "blocked" in ma:
         lines += ["", f"Model Analyzer could not be run: {ma['blocked'][:300]}"]
     lines += ["", *(f"- {v}" for v in results["verdicts"])]
+    for run in results.get("earlier_runs", []):
+        m = run["measured"]
+        theirs = m.get("Model Analyzer's pick", {}).get("throughput")
+        ours = m["advise's pick"]["throughput"]
+        lines += [f"- an earlier run ({run['date'][:10]}, load {run['load_average_during']:.1f}): advise "
+                  f"{run['advise_s']:.0f} s, wrote {run['advise_wrote']}, {ours:.1f} "
+                  f"infer/s; Model Analyzer {run['model_analyzer_s'] or 0:.0f} s, {theirs or float('nan'):.1f} infer/s; "
+                  f"default {m['default ensemble']['throughput']:.1f} infer/s"]
     return "\n".join(lines) + "\n"
 
 
@@ -451,8 +464,32 @@ def _sets(configuration: dict) -> str:
             continue
         db = c["dynamic_batching"]
         delay = f" d{db['max_queue_delay_us']}" if db is not None else ""
-        bits.append(f"{name.split('__', 1)[-1]} i{c['instances']} b{c['max_batch_size']}{delay}")
+        # A top-level model of Python's is the fused form's where it is the only model, else the BLS form's.
+        short = name.split("__", 1)[1] if "__" in name else ("fused" if len(configuration) == 1 else "BLS")
+        bits.append(f"{short} i{c['instances']} b{c['max_batch_size']}{delay}")
     return ", ".join(bits)
+
+
+def brief(results: dict) -> dict:
+    """A run in a few figures, kept in the next run's json (``earlier_runs``): advise's pick can change between
+    calibrations where its top configurations tie, and one run on a shared machine is one draw."""
+    rows = results["measured"]
+    return {"date": results["date"],
+            "load_average_during": statistics.median(t["load_average_1m"] for r in rows.values() for t in r["rounds"]),
+            "advise_s": results["advise"]["seconds"], "advise_calibration_s": results["advise"]["calibration_s"],
+            "advise_wrote": results["advise"]["winner"].split(" to ", 1)[0].removeprefix("wrote the winner "),
+            "model_analyzer_s": results["model_analyzer"].get("seconds"),
+            "measured": {label: {"throughput": round(r["throughput"], 1), "p95_ms": round(r["p95_ms"], 1)}
+                         for label, r in rows.items()},
+            "verdicts": results["verdicts"]}
+
+
+def with_history(results: dict, out: Path) -> dict:
+    """``results`` with the run that ``out`` holds, and the ones before it, as its earlier runs (the last 5)."""
+    if out.exists():
+        old = json.loads(out.read_text())
+        results["earlier_runs"] = ([brief(old)] + old.get("earlier_runs", []))[:5]
+    return results
 
 
 def write_table(results: dict) -> None:
@@ -482,7 +519,7 @@ def main() -> int:
         print(f"skipped: perf_analyzer is not available here: {why}", file=sys.stderr)
         return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    args.out.write_text(json.dumps(with_history(results, args.out), indent=1) + "\n")
     if args.out.resolve() == RESULTS:
         write_table(results)
     print(table(results))
