@@ -305,10 +305,11 @@ def read_figures(path: Path) -> dict:
 
 
 def measure(pa, repo: Path, models: dict[str, str], samples, work: Path, rounds: int, window_s: float,
-            windows: int, warmup_s: float) -> dict[str, list[dict]]:
+            windows: int, warmup_s: float) -> tuple[dict[str, list[dict]], list[dict]]:
     """Each label's model measured by perf_analyzer at concurrency 8, ``rounds`` times round the labels, each
     round starting one further along (a warm-up of ``warmup_s`` before each label's first)."""
     got: dict[str, list[dict]] = {label: [] for label in models}
+    failures: list[dict] = []
     labels = list(models)
     with ExitStack() as stack:
         server = stack.enter_context(TritonServer(repo, restart_on_crash=False))
@@ -318,13 +319,29 @@ def measure(pa, repo: Path, models: dict[str, str], samples, work: Path, rounds:
         for r in range(rounds):
             for label in labels[r % len(labels):] + labels[:r % len(labels)]:
                 command = perf_analyzer_command(models[label], url, CONCURRENCY, window_s, windows, data.name)
-                measure_perf_analyzer(pa, command, work, warmup_s if r == 0 else 0.0)  # leaves its CSV in work
+                for attempt in range(2):
+                    try:
+                        measure_perf_analyzer(pa, command, work, warmup_s if r == 0 else 0.0)  # leaves its CSV
+                        break
+                    except (RuntimeError, subprocess.TimeoutExpired) as why:
+                        # A stub that dies under a busy machine is reloaded by the server (restart_dead_stubs);
+                        # the round is tried once more, and otherwise named, not counted.
+                        failures.append({"label": label, "round": r + 1, "attempt": attempt + 1,
+                                         "error": str(why)[-400:]})
+                        print(f"round {r + 1}: {label}: perf_analyzer failed, attempt {attempt + 1}: "
+                              f"{str(why)[-200:]}", file=sys.stderr, flush=True)
+                        time.sleep(10)
+                else:
+                    continue
                 figures = {**read_figures(work / command[command.index("-f") + 1]), "round": r + 1,
                            "load_average_1m": load_average()}
                 got[label].append(figures)
                 print(f"round {r + 1}: {label:<22} {figures['throughput']:7.1f} infer/s  p95 "
                       f"{figures['p95_ms']:6.1f} ms  (load {figures['load_average_1m']:.1f})", flush=True)
-    return got
+    missing = [label for label, turns in got.items() if not turns]
+    if missing:
+        raise RuntimeError(f"perf_analyzer measured no round of {', '.join(missing)}: {failures[-1]['error']}")
+    return got, failures
 
 
 # ---------------------------------------------------------------- the run
@@ -369,7 +386,8 @@ def run(args: argparse.Namespace) -> dict:
         repo, models = measured_repository(work, pipeline, Path(advise["repository"]), ma_configs)
         picks = {label: summary(configs_in(repo, model)) for label, model in models.items()}
         samples = sample_requests(pipeline, module=module)
-        got = measure(pa, repo, models, samples, work, args.rounds, args.window, args.windows, args.warmup)
+        got, failures = measure(pa, repo, models, samples, work, args.rounds, args.window, args.windows,
+                                args.warmup)
     rows = {}
     for label, turns in got.items():
         rows[label] = {"model": models[label], "configuration": picks[label],
@@ -399,6 +417,7 @@ def run(args: argparse.Namespace) -> dict:
         "advise": advise,
         "model_analyzer": ma,
         "measured": rows,
+        "failed_measurements": failures,
         "verdicts": verdicts,
         "seconds": round(time.perf_counter() - began, 1),
     }
@@ -443,6 +462,9 @@ def table(results: dict) -> str:
                   f"Load average while each tool ran: advise {advise['load_average'][0]:.1f} before and "
                   f"{advise['load_average'][1]:.1f} after, Model Analyzer {ma['load_average'][0]:.1f} and "
                   f"{ma['load_average'][1]:.1f}."]
+    for f in results.get("failed_measurements", []):
+        lines += ["", f"perf_analyzer failed on {f['label']} in round {f['round']} (attempt {f['attempt']}): "
+                  f"{f['error'].strip().splitlines()[-1][:200]}"]
     if "blocked" in ma:
         lines += ["", f"Model Analyzer could not be run: {ma['blocked'][:300]}"]
     lines += ["", *(f"- {v}" for v in results["verdicts"])]
