@@ -3,7 +3,7 @@
 Used by ``advise_vs_model_analyzer.py``. ``triton-model-analyzer`` pins its own versions of packages that
 ``pipelines`` also uses, so it goes into ``~/.cache/pipelines/model_analyzer/venv``; it starts the bundled
 ``tritonserver`` itself (``--triton-launch-mode local``) with this environment's Python backend, and calls the
-perf_analyzer that ``perf_analyzer_vs_bench.py`` installs. Where it cannot be installed or run, :class:`Blocked`
+perf_analyzer that ``perf_analyzer_tool.py`` installs. Where it cannot be installed or run, :class:`Blocked`
 says why.
 """
 
