@@ -25,10 +25,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipelines.bench.inputs import sample_requests
+from pipelines.bench.verify_advice import measure_configurations, verified_table
 from pipelines.commands.loading import load_pipeline_and_module
-from pipelines.predict import advise
+from pipelines.measured_prediction import advise
 from pipelines.predict.configuration import Configuration
-from pipelines.predict.verify import measure_configurations, verified_table
 
 PIPELINES = {
     "diamond": "pipelines.examples.basic:diamond",

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from pipelines.commands.loading import load_pipeline_and_module
 from pipelines.commands.machine import machine_info
-from pipelines.predict import predict
-from pipelines.predict.prediction import sample_inputs
+from pipelines.measured_prediction import predict
+from pipelines.profiling.pipeline_costs import sample_inputs
 
 HERE = Path(__file__).resolve().parent
 QUIET = HERE / "results" / "prediction.json"

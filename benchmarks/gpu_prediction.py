@@ -39,7 +39,7 @@ from prediction import LEVELS, checks_of
 
 from pipelines.calibration import load_profile
 from pipelines.forms import FORMS
-from pipelines.predict import predict
+from pipelines.measured_prediction import predict
 from pipelines.profiling.calibrate import calibrate
 from pipelines.profiling.calibrate_command import QUICK
 from pipelines.profiling.probes import probe_repository

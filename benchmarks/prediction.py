@@ -60,9 +60,9 @@ from pipelines.calibration import load_profile
 from pipelines.commands.loading import load_pipeline_and_module
 from pipelines.commands.machine import machine_info
 from pipelines.forms import FORMS
-from pipelines.predict import advise, predict
-from pipelines.predict.prediction import sample_inputs
+from pipelines.measured_prediction import advise, predict
 from pipelines.profiling.calibrate import calibrate
+from pipelines.profiling.pipeline_costs import sample_inputs
 from pipelines.tables import format_table
 
 # boundaries.py is the benchmark's own fixture, beside this file (on sys.path when run as a script).

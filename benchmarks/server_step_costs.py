@@ -2,7 +2,7 @@
 forms predicted both ways, and measured on the bundled server, side by side in one run (issue 59,
 "Step costs from where the steps run").
 
-The calibration is the one kept for the bundled server (``pipelines.calibration.reuse``: made once,
+The calibration is the one kept for the bundled server (``pipelines.profiling.kept_calibration``: made once,
 quick, where none is kept). Each form runs its default configuration; it is measured with the
 benchmark's load generator for ``--duration`` seconds at each concurrency.
 
@@ -18,13 +18,13 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipelines.calibration.reuse import kept_calibration
+from pipelines.bench.verify_advice import measure_configurations
 from pipelines.commands.loading import load_pipeline_and_module
 from pipelines.commands.machine import machine_info
 from pipelines.commands.sample_inputs import sample_requests
-from pipelines.predict.prediction import Predictor
+from pipelines.measured_prediction import predictor as measured_predictor
 from pipelines.predict.spec import Load
-from pipelines.predict.verify import measure_configurations
+from pipelines.profiling.kept_calibration import kept_calibration
 from pipelines.tables import format_table
 
 PIPELINES = ("pipelines.examples.yolov5:pipeline", "pipelines.examples.basic:diamond")
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         pipeline, module = load_pipeline_and_module(target)
         predicted = {}
         for costs in ("local", "server"):
-            predictor = Predictor(pipeline, profile, module=module, step_costs=costs)
+            predictor = measured_predictor(pipeline, profile, module=module, step_costs=costs)
             for form in FORMS:
                 for c in LEVELS:
                     row = predictor.row(predictor.default(form), Load(concurrency=c, requests=500, warmup=50))

@@ -3,7 +3,6 @@ ensemble and to BLS, run them locally, and measure one against the other."""
 
 from __future__ import annotations
 
-import sys
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +17,9 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what a type checker reads for the names imported on first use (_LAZY)
     from .compile import ModelRepository, compile_pipeline
+    from .measured_prediction import advise, predict
     from .pipeline import Pipeline
-    from .predict.advise import Advice, advise
-    from .predict.prediction import predict
+    from .predict.advise import Advice
     from .predict.prediction_rows import Prediction
     from .runtime import LocalRuntime, compare
 
@@ -33,8 +32,8 @@ _LAZY = {
     "ModelRepository": ("pipelines.compile", "ModelRepository"),
     "LocalRuntime": ("pipelines.runtime", "LocalRuntime"),
     "compare": ("pipelines.runtime", "compare"),
-    "predict": ("pipelines.predict", "predict"),
-    "advise": ("pipelines.predict", "advise"),
+    "predict": ("pipelines.measured_prediction", "predict"),
+    "advise": ("pipelines.measured_prediction", "advise"),
     "Prediction": ("pipelines.predict", "Prediction"),
     "Advice": ("pipelines.predict", "Advice"),
 }
@@ -48,10 +47,11 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
         # Importing a package binds its name here, so pipelines.predict, the package (which
-        # Pipeline imports), would hide predict, the function exported by that name.
+        # Pipeline imports), would hide predict, the function exported by that name (which
+        # lives elsewhere: pipelines.measured_prediction, imported here where it is not yet).
         for other, (loaded, exported) in _LAZY.items():
             if isinstance(globals().get(other), types.ModuleType):
-                globals()[other] = getattr(sys.modules[loaded], exported)
+                globals()[other] = getattr(importlib.import_module(loaded), exported)
         return value
     raise AttributeError(f"module 'pipelines' has no attribute {name!r}")
 

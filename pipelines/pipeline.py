@@ -1,7 +1,8 @@
 """``Pipeline``: the graph a user declares, with what it turns into: ``p.compile``, ``p.run``,
 ``p.stream``, ``p.predict``, ``p.advise`` and its drawings.
 
-It sits at the top of the package, above the layers it calls (compile, runtime, predict), as
+It sits at the top of the package, above the layers it calls (compile, runtime, and the prediction:
+the pipeline measured, then simulated, :mod:`pipelines.measured_prediction`), as
 Merlin's ``Ensemble`` sits over its runtime-free ``Graph``: the declaration and its checks are the
 core's (:class:`pipelines.core.graph.Graph`), which knows nothing of what a graph compiles to.
 """
@@ -16,9 +17,9 @@ from .compile import ModelRepository, compile_pipeline
 from .core.graph import Graph
 from .drawing.diagram import Diagram, diagram
 from .drawing.diagram_text import to_dot, to_mermaid
+from .measured_prediction import advise as advise_pipeline
+from .measured_prediction import predict as predict_pipeline
 from .predict import Advice, Prediction
-from .predict import advise as advise_pipeline
-from .predict import predict as predict_pipeline
 from .runtime.local import run_pipeline, stream_pipeline
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ class Pipeline(Graph):
         """Predict each form's latency and throughput on the server ``profile`` measured
         (``pipelines calibrate``; a :class:`~pipelines.calibration.Profile` or the path of its
         JSON file), by simulation: a :class:`~pipelines.predict.Prediction` table. ``options``
-        go to :func:`pipelines.predict.predict` (``rate``, ``inputs``, ``costs``, ``cores``,
+        go to :func:`pipelines.measured_prediction.predict` (``rate``, ``inputs``, ``costs``, ``cores``,
         ``allow_mismatch``...)."""
         self.validate()
         return predict_pipeline(self, profile, concurrency, forms, **options)
@@ -97,7 +98,7 @@ class Pipeline(Graph):
     def advise(self, profile: Profile | str | os.PathLike[str], **options: Any) -> Advice:
         """Search forms, instance counts and batching for the fastest configuration on the
         server ``profile`` measured (as for :meth:`predict`): an :class:`~pipelines.predict.Advice`,
-        best first. ``options`` go to :func:`pipelines.predict.advise` (``concurrency``, ``rate``,
+        best first. ``options`` go to :func:`pipelines.measured_prediction.advise` (``concurrency``, ``rate``,
         ``p95_ms``, ``cores``...)."""
         self.validate()
         return advise_pipeline(self, profile, **options)

@@ -76,8 +76,8 @@ def test_pipeline_is_the_users_class_over_the_cores_graph():
     import pipelines
     from pipelines import Pipeline, predict
     from pipelines.core.graph import Graph
+    from pipelines.measured_prediction import predict as predict_function
     from pipelines.pipeline import Pipeline as TopPipeline
-    from pipelines.predict.prediction import predict as predict_function
 
     assert Pipeline is TopPipeline and issubclass(Pipeline, Graph)
     assert not any(hasattr(Graph, name) for name in ("compile", "run", "stream", "predict", "advise", "diagram"))

@@ -1,7 +1,8 @@
 """The package's layers (issue 41), as ``import-linter`` checks them from the contracts in
-pyproject.toml: the command line on top; calibration, predict, bench and the endpoint; then
-compile, runtime, triton and steps, none importing another; the core at the bottom. Every
-import counts, inside functions and under TYPE_CHECKING too."""
+pyproject.toml: the command line on top; the bench and the endpoint; the prediction as a user asks
+for it; the measuring (profiling); the simulation (predict), which measures nothing (issue 62);
+calibration; then compile, runtime, triton and steps, none importing another; the core at the
+bottom. Every import counts, inside functions and under TYPE_CHECKING too."""
 
 from __future__ import annotations
 
@@ -40,3 +41,19 @@ def test_an_import_across_the_layers_breaks_the_contract(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "pipelines.runtime.local -> pipelines.calibration" in done.stdout, done.stdout
     assert "The runtime executes: it imports no compiler, server, calibration or bench code BROKEN" in done.stdout
+
+
+def test_the_simulation_that_reaches_for_the_measuring_breaks_the_contract(tmp_path):
+    # A copy of the package whose Predictor watches the machine itself, inside a function (as it did before
+    # the measuring moved to profiling/): both the layers and the simulation's own contract name the import.
+    shutil.copytree(ROOT / "pipelines", tmp_path / "pipelines", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    prediction = tmp_path / "pipelines" / "predict" / "prediction.py"
+    prediction.write_text(prediction.read_text() + "\n\ndef _watch():\n    from ..profiling.noise_watch import "
+                          "NoiseWatch\n\n    return NoiseWatch()\n")
+    done = lint_imports(tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "pipelines.predict.prediction -> pipelines.profiling.noise_watch" in done.stdout, done.stdout
+    assert "The prediction simulates what was measured: it imports nothing of the measuring" in done.stdout
+    assert "Layers: the command line on top, the core at the bottom BROKEN" in done.stdout
+    assert "Contracts: 3 kept, 2 broken." in done.stdout, done.stdout

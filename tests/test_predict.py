@@ -22,7 +22,8 @@ from pipelines.cli import main
 from pipelines.errors import PipelinesError
 from pipelines.examples import capacity
 from pipelines.examples.basic import make_diamond
-from pipelines.predict import Configuration, ModelChoice, advise, configured, default_configuration, predict
+from pipelines.measured_prediction import advise, predict
+from pipelines.predict import Configuration, ModelChoice, configured, default_configuration
 from pipelines.predict.advise import TIE
 
 
@@ -243,11 +244,12 @@ def test_advise_under_a_p95_bound_ranks_by_throughput_among_those_that_meet_it(p
 
 def test_advise_screens_on_a_shorter_loop_and_shows_the_leaders_on_the_full_one(profile_path):
 
+    from pipelines.measured_prediction import predictor as measured_predictor
     from pipelines.predict.advise import CONFIRM, SCREEN, search
-    from pipelines.predict.prediction import CLOSED_LOOP, Predictor
+    from pipelines.predict.prediction import CLOSED_LOOP
     from pipelines.predict.spec import Load
 
-    predictor = Predictor(capacity.fixed, profile_path)
+    predictor = measured_predictor(capacity.fixed, profile_path)
     load = Load(concurrency=8, **CLOSED_LOOP)
     screen = replace(load, **SCREEN)
     simulate, loops = predictor.row, []
@@ -361,9 +363,9 @@ def test_tensors_between_gpu_steps_are_not_priced_per_byte(profile_path):
     first = p.add(on_gpu, name="first", x=p.input("x"))["y"]
     second = p.add(on_gpu, name="second", x=first)["y"]
     p.output("z", p.add(on_cpu, name="last", y=second)["z"])
-    from pipelines.predict.prediction import Predictor
+    from pipelines.measured_prediction import predictor as measured_predictor
 
-    predictor = Predictor(p, profile_path, inputs={"x": np.ones((2, 1024), np.float32)},
+    predictor = measured_predictor(p, profile_path, inputs={"x": np.ones((2, 1024), np.float32)},
                           costs={"first": 100.0, "second": 100.0}, cache=False)
     by = {s.name: s for s in predictor.spec(predictor.default("ensemble")).steps}
     row = 1024 * 4
@@ -387,9 +389,9 @@ def test_the_fused_form_times_a_step_on_what_the_step_before_it_just_wrote(profi
 
     p = Pipeline("warmth", inputs={"x": row}, max_batch_size=1)
     p.output("z", p.add(halve, y=p.add(grow, x=p.input("x"))["y"])["z"])
-    from pipelines.predict.prediction import Predictor
+    from pipelines.measured_prediction import predictor as measured_predictor
 
-    predictor = Predictor(p, profile_path, inputs={"x": np.ones((1, 16), np.float32)}, cache=False)
+    predictor = measured_predictor(p, profile_path, inputs={"x": np.ones((1, 16), np.float32)}, cache=False)
     grown, halved = predictor.steps["grow"], predictor.steps["halve"]
     assert grown.warm_wall_us == () and len(halved.warm_wall_us) == len(halved.rows)  # 64 B in; 1 MiB in
     for form in ("fused", "ensemble"):

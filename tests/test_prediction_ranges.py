@@ -26,7 +26,7 @@ from pipelines.calibration.profile import BOUNDARIES, Cost, Profile
 from pipelines.cli import main
 from pipelines.errors import ArgumentError, PipelinesError
 from pipelines.examples.basic import make_diamond
-from pipelines.predict import advise, predict
+from pipelines.measured_prediction import advise, predict
 from pipelines.predict.prediction import Prediction, PredictionRow
 from pipelines.predict.ranges import (
     MODEL_SPREAD,

@@ -7,7 +7,7 @@ import io
 import subprocess
 import sys
 
-from pipelines.bench.progress import HEARTBEAT_S, Progress, counted_stages
+from pipelines.commands.progress import HEARTBEAT_S, Progress, counted_stages
 
 
 class _Terminal(io.StringIO):

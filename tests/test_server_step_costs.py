@@ -18,7 +18,7 @@ from toy_steps import V, add, inc
 
 from pipelines import Pipeline, step
 from pipelines.errors import ArgumentError
-from pipelines.predict.prediction import Predictor
+from pipelines.measured_prediction import predictor as measured_predictor
 from pipelines.predict.spec import Load
 from pipelines.profiling.server_steps import STEP_COSTS
 from pipelines.triton.statistics import held_by_batch, parse_batch_statistics, process_cpu_ns
@@ -71,7 +71,7 @@ class LicensedAdd:
 @pytest.mark.server
 def test_step_costs_come_from_the_servers_statistics_by_batch_size(profile_path, tmp_path):
     cache = tmp_path / "steps.json"
-    predictor = Predictor(toy(), profile_path, inputs=X, cache=cache, step_costs="server")
+    predictor = measured_predictor(toy(), profile_path, inputs=X, cache=cache, step_costs="server")
     for node in ("inc", "churn", "add"):
         server, local = predictor.steps[node], predictor.local_steps[node]
         assert server.source == "server" and local.source == "measured"
@@ -107,14 +107,14 @@ def test_step_costs_come_from_the_servers_statistics_by_batch_size(profile_path,
     assert sorted(e["model"] for e in kept) == ["toy3__add", "toy3__churn", "toy3__inc"]
     assert all(e["cpu"] and e["twin"] and e["sizes"] == [1, 4] for e in kept)  # stubs' CPU read, twins taken off
     assert sum(1 for e in entries.values() if e.get("extra", {}).get("fused")) == 3
-    again = Predictor(toy(), profile_path, inputs=X, cache=cache, step_costs="server")
+    again = measured_predictor(toy(), profile_path, inputs=X, cache=cache, step_costs="server")
     assert {n: p.wall_us for n, p in again.steps.items()} == {n: p.wall_us for n, p in predictor.steps.items()}
     assert again.fused_steps == predictor.fused_steps
 
 
 @pytest.mark.server
 def test_a_model_that_fails_to_load_leaves_the_local_profiles_named(profile_path):
-    predictor = Predictor(toy("toy3licensed", LicensedAdd), profile_path, inputs=X, cache=False,
+    predictor = measured_predictor(toy("toy3licensed", LicensedAdd), profile_path, inputs=X, cache=False,
                           step_costs="server")
     assert all(p.source == "measured" for p in predictor.steps.values())
     assert predictor.fused_steps == predictor.local_steps
@@ -128,17 +128,17 @@ def test_a_model_that_fails_to_load_leaves_the_local_profiles_named(profile_path
 
 def test_without_a_server_asked_for_the_local_profiles_stay_and_bad_choices_are_refused(profile_path, tmp_path):
     cache = tmp_path / "steps.json"
-    predictor = Predictor(toy(), profile_path, inputs=X, cache=cache)  # "auto" with no url: as before
+    predictor = measured_predictor(toy(), profile_path, inputs=X, cache=cache)  # "auto" with no url: as before
     assert all(p.source == "measured" for p in predictor.steps.values())
     assert predictor.steps == predictor.local_steps == predictor.fused_steps
     assert not any("step costs" in n for n in predictor.notes)
     with pytest.raises(ArgumentError, match="step_costs is one of auto, server, local"):
-        Predictor(toy(), profile_path, inputs=X, cache=cache, step_costs="remote")
+        measured_predictor(toy(), profile_path, inputs=X, cache=cache, step_costs="remote")
     assert STEP_COSTS == ("auto", "server", "local")
 
 
 def test_a_server_that_cannot_be_reached_leaves_the_local_profiles_named(profile_path):
-    predictor = Predictor(toy(), profile_path, inputs=X, cache=False, url="127.0.0.1:9")
+    predictor = measured_predictor(toy(), profile_path, inputs=X, cache=False, url="127.0.0.1:9")
     assert all(p.source == "measured" for p in predictor.steps.values())
     assert any("the server at 127.0.0.1:9 cannot be reached" in n and "local step profiles are used instead" in n
                for n in predictor.notes)
@@ -179,8 +179,8 @@ def test_a_processes_cpu_time_counts_its_threads():
 
 
 def test_a_calibration_kept_for_the_server_is_reused_and_feeds_the_command(tmp_path, monkeypatch, capsys):
-    from pipelines.calibration.reuse import calibration_key, kept_calibration
     from pipelines.cli import main
+    from pipelines.profiling.kept_calibration import calibration_key, kept_calibration
 
     version = "nvidia-pytriton " + importlib.metadata.version("nvidia-pytriton")
     kept = tmp_path / f"{calibration_key(None, 'http', version)}.json"
@@ -208,7 +208,7 @@ def test_a_server_at_a_url_that_serves_the_step_models_times_them_there(profile_
     pipeline.compile("ensemble").write(tmp_path / "repo")
     with TritonServer(tmp_path / "repo") as server:
         version = server.client().metadata()["version"]
-        predictor = Predictor(pipeline, profile_path, inputs=X, cache=False, url=server.http_url)
+        predictor = measured_predictor(pipeline, profile_path, inputs=X, cache=False, url=server.http_url)
     assert all(predictor.steps[n].source == "server" for n in ("inc", "churn", "add"))
     notes = "\n".join(predictor.notes)
     assert f"step costs from the Triton {version} server at {server.http_url} over http" in notes

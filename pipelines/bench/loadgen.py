@@ -20,8 +20,8 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 
+from ..commands.progress import Progress
 from ..errors import PipelinesError, ServerDiedError
-from .progress import Progress
 from .stability import StabilityRule
 from .streams import StreamTimes
 

@@ -72,26 +72,24 @@ def _streams(measurements: Sequence[Measurement]) -> bool:
     return any(m.stream is not None for m in measurements)
 
 
+def _row(m: Measurement, *figures: str) -> list[str]:
+    """A measurement's row: its configuration and concurrency, ``figures``, its errors and whether
+    it was stable (the columns of :func:`_headers`)."""
+    return [m.config.label, str(m.concurrency), *figures, str(m.errors), "yes" if m.stable else "NO"]
+
+
+def _headers(*figures: str) -> list[str]:
+    return ["configuration", "conc", *figures, "errors", "stable"]
+
+
 def stream_table(measurements: Sequence[Measurement]) -> str:
     """A streaming pipeline's figures: requests and responses per second, time to first response
     (p50, p95, p99), time between responses (p50, p99) and the whole stream's p50, in ms."""
-    headers = ["configuration", "conc", "req/s", "resp/s", "first p50", "p95", "p99", "between p50", "p99",
-               "stream p50", "errors", "stable"]
+    headers = _headers("req/s", "resp/s", "first p50", "p95", "p99", "between p50", "p99", "stream p50")
     rows = [
-        [
-            m.config.label,
-            str(m.concurrency),
-            f"{st.requests_per_s:.1f}",
-            f"{st.responses_per_s:.1f}",
-            _ms(st.ttft.p50_ms),
-            _ms(st.ttft.p95_ms),
-            _ms(st.ttft.p99_ms),
-            _ms(st.itl.p50_ms),
-            _ms(st.itl.p99_ms),
-            _ms(m.latency.p50_ms),
-            str(m.errors),
-            "yes" if m.stable else "NO",
-        ]
+        _row(m, f"{st.requests_per_s:.1f}", f"{st.responses_per_s:.1f}",
+             _ms(st.ttft.p50_ms), _ms(st.ttft.p95_ms), _ms(st.ttft.p99_ms),
+             _ms(st.itl.p50_ms), _ms(st.itl.p99_ms), _ms(m.latency.p50_ms))
         for m in measurements
         if (st := m.stream) is not None
     ]
@@ -99,20 +97,10 @@ def stream_table(measurements: Sequence[Measurement]) -> str:
 
 
 def results_table(measurements: Sequence[Measurement]) -> str:
-    headers = ["configuration", "conc", "infer/s", "avg ms", "p50", "p90", "p95", "p99", "errors", "stable"]
+    headers = _headers("infer/s", "avg ms", "p50", "p90", "p95", "p99")
     rows = [
-        [
-            m.config.label,
-            str(m.concurrency),
-            f"{m.throughput:.1f}",
-            _ms(m.latency.avg_ms),
-            _ms(m.latency.p50_ms),
-            _ms(m.latency.p90_ms),
-            _ms(m.latency.p95_ms),
-            _ms(m.latency.p99_ms),
-            str(m.errors),
-            "yes" if m.stable else "NO",
-        ]
+        _row(m, f"{m.throughput:.1f}", _ms(m.latency.avg_ms), _ms(m.latency.p50_ms), _ms(m.latency.p90_ms),
+             _ms(m.latency.p95_ms), _ms(m.latency.p99_ms))
         for m in measurements
     ]
     return format_table(headers, rows)

@@ -29,6 +29,7 @@ import anyio
 
 from ..commands.loading import load_pipeline_and_module
 from ..commands.output_paths import output_dir
+from ..commands.progress import Progress
 from ..compile import compile_pipeline
 from ..core.graph import Graph
 from ..core.plan import ensemble_refusal
@@ -42,7 +43,6 @@ from .loadgen import LoadResult, run_load
 from .local_target import local_target
 from .measurement import FORMS, Configuration, Measurement
 from .plots import PLOT_EXTRA, PLOT_FILES, plot_results
-from .progress import Progress
 from .report_tables import render
 from .results import BenchmarkResult, machine_info, now, package_versions
 from .server_target import ServerTarget, StreamingServerTarget, check_streaming_settings, model_name
@@ -212,7 +212,7 @@ def _prediction_rows(
     """
     if settings.profile is None:
         return []
-    from ..predict import predict
+    from ..measured_prediction import predict
 
     prediction = predict(pipeline, settings.profile, concurrency=settings.concurrency, forms=settings.forms,
                          inputs=requests[0], allow_mismatch=settings.allow_mismatch)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .. import serving
 from ..core.plan import PLAN_FORMAT
 from ..repository_files import FUSED_PLAN
 from .bound_plan import CompilePlan
@@ -120,21 +121,9 @@ def streaming_model(config: Any) -> None:
 
 
 def stream_nodes(plan: CompilePlan) -> dict[str, dict[str, Any]]:
-    """Where each live node of a streaming pipeline runs, for ``models/stream_run.py``: ``of``, the
-    stream it runs once per response of (``None``: once per request); ``from``, the stream its
-    outputs belong to; ``streams``, whether it is a streaming step; ``whole`` and ``reads``, whether
-    it reads a stream whole, and which."""
-    pipeline = plan.pipeline
-    return {
-        node.name: {
-            "of": pipeline.stream_of(node.name),
-            "from": pipeline.stream_from(node.name),
-            "streams": node.step.streaming,
-            "whole": node.step.whole_stream,
-            "reads": pipeline.stream_input(node.name) if node.step.whole_stream else None,
-        }
-        for node in plan.nodes
-    }
+    """Where each live node of a streaming pipeline runs (``serving.stream_record``), written into the
+    model's JSON for ``models/stream_run.py``'s ``serving.StreamLayout``."""
+    return serving.stream_record(plan.pipeline, [node.name for node in plan.nodes])
 
 
 def _join_rows(plan: CompilePlan) -> int:

@@ -43,8 +43,9 @@ from .configs import add_io, set_parameters
 from .ensemble_wiring import ERR_OUTPUT
 from .repository import CompiledModel, FileCopy
 from .requirements import NUMPY_REQUIREMENT, ServerNeeds, distributions_of, is_installed_module, python_version
+from .source_top_level import is_ours
 from .step_pickle import STEP_PICKLE, PickledStep, _names_imported_by  # noqa: F401 - the last one for tests
-from .step_sources import StepByValueWarning, is_ours, source_files
+from .step_sources import StepByValueWarning, source_files
 
 __all__ = [
     "PLAN_FORMAT",

@@ -27,7 +27,7 @@ from .requirements import (
     is_installed_module,
     python_version,
 )
-from .step_sources import is_ours
+from .source_top_level import is_ours
 
 __all__ = ["STEP_PICKLE", "PickledStep"]
 

@@ -24,13 +24,11 @@ modules of that package it imports (:func:`_library_files`).
 from __future__ import annotations
 
 import ast
-import dis
 import functools
 import hashlib
 import importlib.util
 import sys
-import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,39 +38,14 @@ from .. import serving
 from ..core.step import Step
 from ..serving.sources import SOURCE_DIR
 from .requirements import is_installed_module, top_level_distribution
+from .source_reach import reach_of
+from .source_top_level import HELPERS, PACKAGE, TopLevel, is_ours
 
 __all__ = ["SOURCE_DIR", "SourceFiles", "StepByValueWarning", "is_ours", "source_files"]
-
-_PACKAGE = "pipelines"
 
 
 class StepByValueWarning(UserWarning):
     """A step travels by value (``step.pkl``), pinned to this Python, since its code has no file a server can import."""
-
-
-def is_ours(name: object) -> bool:
-    """Whether ``name`` is ``pipelines`` or one of its modules."""
-    return isinstance(name, str) and (name == _PACKAGE or name.startswith(_PACKAGE + "."))
-
-
-#: The library's helpers for declaring steps: a file may import their public names, as it may
-#: ``pipelines``' own, and a server stands in for them (``serving/sources.py``).
-_HELPERS = _PACKAGE + ".steps"
-
-
-def public_names(module_name: str) -> frozenset[str] | None:
-    """The names a step's file may import from ``module_name`` (``pipelines``, ``pipelines.steps``
-    or one of its public modules), for a server to stand in for; ``None``: none, it is internal."""
-    if module_name != _PACKAGE and module_name != _HELPERS and not (
-        module_name.startswith(_HELPERS + ".") and not module_name.rpartition(".")[2].startswith("_")
-    ):
-        return None
-    module = sys.modules.get(module_name)
-    if module is None:
-        return None
-    exported = getattr(module, "__all__", None)
-    names = exported if exported is not None else [n for n in vars(module) if not n.startswith("_")]
-    return frozenset(names)
 
 
 @dataclass(frozen=True)
@@ -107,7 +80,7 @@ def source_files(step: Step) -> tuple[SourceFiles | None, str | None]:
     qualname = getattr(impl, "__qualname__", None)
     module = sys.modules.get(module_name) if isinstance(module_name, str) else None
     if is_ours(module_name):
-        return (_library_files(module, qualname, impl), None) if module_name.startswith(_HELPERS + ".") else (None, None)
+        return (_library_files(module, qualname, impl), None) if module_name.startswith(HELPERS + ".") else (None, None)
     if module is None or not isinstance(qualname, str):
         return None, "its code is an object, not a function or a class defined in a file"
     file = getattr(module, "__file__", None)
@@ -153,7 +126,7 @@ def _gather(path: Path, name: str, qualname: str, impl: Any) -> tuple[SourceFile
             except (OSError, SyntaxError, ValueError) as exc:  # gone or changed since it was imported
                 return None, f"{file.name} could not be read again ({type(exc).__name__}: {exc})"
             files[file] = data
-            scan = _TopLevel(file.name, _globals_of(file))
+            scan = TopLevel(file.name, _globals_of(file))
             scan.visit(tree)
             if scan.problem:
                 return None, scan.problem
@@ -169,7 +142,7 @@ def _gather(path: Path, name: str, qualname: str, impl: Any) -> tuple[SourceFile
                     return None, f"{file.name} imports {module!r}, {kind}, so the file cannot travel as it is"
                 imports.add(module)
         # The modules the step's code imports when it runs: those beside it travel too.
-        problem, reached = _reached(impl, set(files))
+        problem, reached = reach_of(impl, set(files))
         if problem:
             return None, problem
         for module, level in reached:
@@ -214,13 +187,13 @@ def _library_files(module: Any, qualname: Any, impl: Any) -> SourceFiles | None:
                 todo += [f"{node.module}.py"] if node.module else [f"{a.name}.py" for a in node.names]
         # What runs on import needs its distribution on the server; a function's own import
         # (onnxruntime in a stand-in's initialize) is the user's to install where it runs.
-        scan = _TopLevel(name, {})
+        scan = TopLevel(name, {})
         scan.visit(tree)
         imports.update(module for module, required in scan.imports if required)
-    home = f"{SOURCE_DIR}/{_HELPERS.replace('.', '/')}"
+    home = f"{SOURCE_DIR}/{HELPERS.replace('.', '/')}"
     return SourceFiles(module.__name__, qualname, f"{home}/{Path(file).name}",
                        {f"{home}/{name}": data for name, data in sorted(files.items())},
-                       frozenset(imports - {_PACKAGE, "__future__"}))
+                       frozenset(imports - {PACKAGE, "__future__"}))
 
 
 @functools.lru_cache(maxsize=64)
@@ -236,8 +209,8 @@ def _parsed(path: Path) -> tuple[bytes, ast.Module]:
 
 def _clash(name: str) -> str | None:
     """What a server would import for the module ``name`` instead of the copy beside the step, if anything."""
-    if name == _PACKAGE or name in sys.builtin_module_names or name in getattr(sys, "stdlib_module_names", ()):
-        return f"the standard library's {name!r}" if name != _PACKAGE else "pipelines itself"
+    if name == PACKAGE or name in sys.builtin_module_names or name in getattr(sys, "stdlib_module_names", ()):
+        return f"the standard library's {name!r}" if name != PACKAGE else "pipelines itself"
     dist = top_level_distribution(name)
     return f"the module {name!r} of the installed distribution {dist!r}" if dist else None
 
@@ -250,7 +223,7 @@ def _kind(module: str, folder: Path) -> str | None:
     """
     if module == "__future__":
         return None
-    if module == _PACKAGE:
+    if module == PACKAGE:
         return "pipelines"
     loaded = sys.modules.get(module)
     beside = folder / f"{module}.py"
@@ -283,261 +256,3 @@ def _globals_of(file: Path) -> Mapping[str, Any]:
         if path and str(path).endswith(file.name) and Path(path).resolve() == file:
             return vars(module)
     return {}
-
-
-#: What a script does rather than declares: run on import, it would run again in every stub.
-_WORK = frozenset({"compile", "compile_pipeline", "write", "run", "serve", "bench", "predict", "advise", "compare",
-                   "calibrate"})
-
-
-class _TopLevel(ast.NodeVisitor):
-    """What runs when a file is imported: its imports (and whether each is required), what it
-    asks of ``pipelines``, and the work it does (``work``: compiling or running a pipeline,
-    reading ``sys.argv``). Function bodies and the ``__main__`` block do not run then.
-
-    ``scope``, the globals of the file as imported here, tells a pipeline from other objects.
-    """
-
-    def __init__(self, filename: str, scope: Mapping[str, Any]) -> None:
-        self.filename = filename
-        self.scope = scope
-        self.imports: list[tuple[str, bool]] = []
-        self.problem: str | None = None
-        self.work: list[str] = []
-        self._optional = 0
-        self._aliases: dict[str, str] = {}  # a name the file binds to a module of pipelines: that module
-
-    def visit_Call(self, node: ast.Call) -> None:
-        func = node.func
-        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
-        if name == "parse_args" or (name in _WORK and self._pipelines_object(func)):
-            self.work.append(f"{ast.unparse(func)}(...) at line {node.lineno}")
-        self.generic_visit(node)
-
-    def _pipelines_object(self, expr: ast.expr) -> bool:
-        while isinstance(expr, (ast.Attribute, ast.Call, ast.Subscript)):
-            expr = expr.func if isinstance(expr, ast.Call) else expr.value
-        if not isinstance(expr, ast.Name):
-            return False
-        if expr.id in self._aliases:
-            return True
-        value = self.scope.get(expr.id)
-        if value is None:
-            return False
-        if isinstance(value, types.ModuleType):
-            return is_ours(value.__name__)
-        return is_ours(value.__module__ if isinstance(value, (type, types.FunctionType)) else type(value).__module__)
-
-    def _refuse(self, what: str) -> None:
-        self.problem = self.problem or (f"{self.filename} {what}; on a server, where pipelines need not be, "
-                                        "only the public names of pipelines and pipelines.steps "
-                                        "(`from pipelines import ...`, `from pipelines.steps import ...`) "
-                                        "are stood in for")
-
-    def visit_Import(self, node: ast.Import) -> None:
-        for alias in node.names:
-            top = alias.name.partition(".")[0]
-            if top == _PACKAGE:
-                if public_names(alias.name) is None:
-                    self._refuse(f"imports {alias.name}")
-                # `import pipelines.steps` binds `pipelines`; `import pipelines.steps as s`, the module.
-                self._aliases[alias.asname or _PACKAGE] = alias.name if alias.asname else _PACKAGE
-            self.imports.append((top, not self._optional))
-
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        if node.level:
-            self.problem = self.problem or f"{self.filename} has a relative import (from {'.' * node.level})"
-            return
-        top = (node.module or "").partition(".")[0]
-        if node.module == "sys" and any(alias.name == "argv" for alias in node.names):
-            self.work.append(f"sys.argv at line {node.lineno}")
-        if top == _PACKAGE:
-            public = public_names(node.module or "")
-            if public is None:
-                self._refuse(f"imports from {node.module}")
-            else:
-                for alias in node.names:
-                    if alias.name not in public and public_names(f"{node.module}.{alias.name}") is None:
-                        self._refuse(f"imports {alias.name!r} from {node.module}")
-        self.imports.append((top, not self._optional))
-
-    def visit_Attribute(self, node: ast.Attribute) -> None:
-        if isinstance(node.value, ast.Name) and node.value.id == "sys" and node.attr == "argv":
-            self.work.append(f"sys.argv at line {node.lineno}")
-        chain = _dotted(node)
-        if chain is not None and chain[0] in self._aliases:
-            # The longest public module the chain names, then one public name of it.
-            module, rest = self._aliases[chain[0]], list(chain[1:])
-            while rest and public_names(f"{module}.{rest[0]}") is not None:
-                module = f"{module}.{rest.pop(0)}"
-            if rest and rest[0] not in (public_names(module) or ()):
-                self._refuse(f"uses {module}.{rest[0]}")
-            return
-        self.generic_visit(node)
-
-    def visit_If(self, node: ast.If) -> None:
-        if _is_main_guard(node.test) or _is_type_checking(node.test):
-            for stmt in node.orelse:
-                self.visit(stmt)
-            return
-        self.generic_visit(node)
-
-    def visit_Try(self, node: ast.Try) -> None:
-        optional = any(_catches_import_errors(h) for h in node.handlers)
-        self._optional += optional
-        for stmt in node.body:
-            self.visit(stmt)
-        self._optional -= optional
-        self._optional += 1  # a fallback, run only when the body failed
-        for handler in node.handlers:
-            self.visit(handler)
-        self._optional -= 1
-        for stmt in [*node.orelse, *node.finalbody]:
-            self.visit(stmt)
-
-    visit_TryStar = visit_Try
-
-    def _definition(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> None:
-        # Decorators, defaults and annotations run when the function is defined; the body does not.
-        for expr in [*getattr(node, "decorator_list", ()), *node.args.defaults,
-                     *(d for d in node.args.kw_defaults if d is not None)]:
-            self.visit(expr)
-
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _definition
-
-
-def _dotted(node: ast.expr) -> tuple[str, ...] | None:
-    """``a.b.c`` as ``("a", "b", "c")``; ``None`` for anything but names and attributes."""
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    return (node.id, *reversed(parts)) if isinstance(node, ast.Name) else None
-
-
-def _is_main_guard(test: ast.expr) -> bool:
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
-        return False
-    sides = [test.left, test.comparators[0]]
-    return (any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides)
-            and any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides))
-
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _catches_import_errors(handler: ast.ExceptHandler) -> bool:
-    if handler.type is None:
-        return True
-    names = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
-    return any(isinstance(n, ast.Name) and n.id in ("ImportError", "ModuleNotFoundError", "Exception",
-                                                    "BaseException") for n in names)
-
-
-# ------------------------------------------------------------------ what the step's code reaches
-
-_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"})
-_ATTR_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
-_MANY = 1000  # items of a container looked into: a big array of numbers holds no code
-
-
-def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
-    yield code
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _codes(const)
-
-
-def _names(code: types.CodeType) -> tuple[set[str], set[str], list[tuple[str, int]]]:
-    """The globals a code object reads, the attributes it reads, and the modules it imports (with their level)."""
-    globs, attrs, imports = set(), set(), []
-    for c in _codes(code):
-        before: list[dis.Instruction] = []
-        for ins in dis.get_instructions(c):
-            if ins.opname in _GLOBAL_OPS:
-                globs.add(ins.argval)
-            elif ins.opname in _ATTR_OPS:
-                attrs.add(ins.argval)
-            elif ins.opname == "IMPORT_NAME":
-                # LOAD_CONST level, LOAD_CONST fromlist, IMPORT_NAME name
-                level = before[-2].argval if len(before) >= 2 and before[-2].opname == "LOAD_CONST" else 0
-                imports.append((ins.argval.partition(".")[0], level if isinstance(level, int) else 0))
-            before = [*before[-1:], ins]
-    return globs, attrs, imports
-
-
-def _file_of(obj: Any) -> Path | None:
-    module = sys.modules.get(getattr(obj, "__module__", None) or "")
-    file = getattr(module, "__file__", None) if module is not None else None
-    return Path(file).resolve() if file else None
-
-
-def _reached(impl: Any, homes: set[Path]) -> tuple[str | None, list[tuple[str, int]]]:
-    """What the step's code reaches through the files that travel: a use of ``pipelines`` (why it
-    cannot travel so), and the modules its functions import when they run.
-
-    It follows what cloudpickle would send: each function's globals, defaults and closure,
-    each class's attributes and bases, the items of containers, the attributes read from a
-    module of these files; code of installed libraries is not looked into.
-    """
-    homes = {h.resolve() for h in homes}
-    stack: list[tuple[str, Any]] = [(getattr(impl, "__qualname__", "the step"), impl)]
-    seen: set[int] = set()
-    imports: list[tuple[str, int]] = []
-    while stack:
-        label, obj = stack.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, types.ModuleType):
-            if is_ours(obj.__name__):
-                return f"the step's code uses {label} (the module {obj.__name__}), which a server need not have", []
-            continue
-        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
-            owner = getattr(obj, "__module__", None)
-        else:
-            owner = type(obj).__module__
-        if is_ours(owner):
-            what = obj.__name__ if isinstance(obj, type) else f"a {type(obj).__name__}"
-            return (f"the step's code uses {label} ({what} of pipelines), which a server need not have; "
-                    "the step travels by value, which carries it"), []
-        if isinstance(obj, types.FunctionType):
-            if Path(obj.__code__.co_filename).resolve() not in homes:
-                continue
-            globs, attrs, found = _names(obj.__code__)
-            imports += found
-            scope = obj.__globals__
-            for name in globs:
-                if name in scope:
-                    value = scope[name]
-                    stack.append((name, value))
-                    if isinstance(value, types.ModuleType) and _file_of(value) in homes:
-                        stack += [(f"{name}.{a}", vars(value)[a]) for a in attrs if a in vars(value)]
-            stack += [(label, v) for v in (*(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values())]
-            for cell in obj.__closure__ or ():
-                try:
-                    stack.append((label, cell.cell_contents))
-                except ValueError:  # an empty cell
-                    pass
-        elif isinstance(obj, type):
-            if _file_of(obj) in homes:
-                stack += [(f"{obj.__qualname__}.{k}", v) for k, v in vars(obj).items()]
-                stack += [(b.__qualname__, b) for b in obj.__bases__]
-        elif isinstance(obj, (staticmethod, classmethod)):
-            stack.append((label, obj.__func__))
-        elif isinstance(obj, property):
-            stack += [(label, f) for f in (obj.fget, obj.fset, obj.fdel) if f is not None]
-        elif isinstance(obj, functools.partial):
-            stack += [(label, v) for v in (obj.func, *obj.args, *obj.keywords.values())]
-        elif isinstance(obj, functools._lru_cache_wrapper):
-            stack.append((label, obj.__wrapped__))
-        elif isinstance(obj, (list, tuple, set, frozenset)):
-            stack += [(label, v) for v in list(obj)[:_MANY]]
-        elif isinstance(obj, dict):
-            stack += [(label, v) for v in [*obj.keys(), *obj.values()][:_MANY]]
-        elif _file_of(type(obj)) in homes:
-            stack.append((label, type(obj)))
-            stack += [(label, v) for v in getattr(obj, "__dict__", {}).values()]
-    return None, imports

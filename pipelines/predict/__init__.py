@@ -1,20 +1,23 @@
-"""Predicting a Triton server by simulation: the server's schedule on a virtual clock.
+"""Predicting a Triton server by simulation: the server's schedule on a virtual clock. It reads what was
+measured (a server profile, a pipeline's costs) and measures nothing: ``pipelines.profiling`` measures, and
+:mod:`pipelines.measured_prediction` (``p.predict``, ``pipelines predict``) measures, then simulates here.
 
 - :mod:`~pipelines.predict.spec`: what the simulator is given (frozen data);
+- :mod:`~pipelines.predict.step_profile` and :mod:`~pipelines.predict.measured`: what was measured of the steps
+  and of the pipeline (:func:`pipelines.profiling.pipeline_costs.measure_pipeline`), as JSON;
 - :mod:`~pipelines.predict.simulator`: the discrete-event simulation (SimPy);
-- :mod:`~pipelines.profiling.step_profiles`: each step run for real here, per batch size;
-- :mod:`~pipelines.predict.prediction`: ``p.predict(profile, ...)``, a table of forms × loads;
-- :mod:`~pipelines.predict.advise`: the search over forms, instances and batching;
-- :mod:`~pipelines.predict.verify`: ``advise --verify`` on a real server.
+- :mod:`~pipelines.predict.prediction`: the :class:`Predictor` and the table of forms × loads;
+- :mod:`~pipelines.predict.advise`: the search over forms, instances and batching.
 
 The boundary costs come from the server profile (:mod:`pipelines.calibration`).
 """
 
 from __future__ import annotations
 
-from .advise import Advice, Candidate, advise
+from .advise import Advice, Candidate, advice_load, search
 from .configuration import Configuration, ModelChoice, configured, default_configuration
-from .prediction import Prediction, PredictionRow, Predictor, predict
+from .measured import PipelineCosts
+from .prediction import Prediction, PredictionRow, Predictor, checked_profile, loads, predicted_forms
 from .simulator import simulate
 from .spec import Curve, Load, SimResult, SimSpec, StepSpec, WayCost
 
@@ -25,6 +28,7 @@ __all__ = [
     "Curve",
     "Load",
     "ModelChoice",
+    "PipelineCosts",
     "Prediction",
     "PredictionRow",
     "Predictor",
@@ -32,9 +36,12 @@ __all__ = [
     "SimSpec",
     "StepSpec",
     "WayCost",
-    "advise",
+    "advice_load",
+    "checked_profile",
     "configured",
     "default_configuration",
-    "predict",
+    "loads",
+    "predicted_forms",
+    "search",
     "simulate",
 ]

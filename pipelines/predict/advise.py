@@ -28,7 +28,7 @@ from .configuration import Configuration, ModelChoice
 from .prediction import CLOSED_LOOP, PredictionRow, Predictor
 from .spec import Load
 
-__all__ = ["Advice", "Candidate", "QUEUE_DELAYS_US", "TIE", "advise", "search"]
+__all__ = ["Advice", "Candidate", "QUEUE_DELAYS_US", "TIE", "advice_load", "search"]
 
 #: The dynamic batcher's queue delays the search tries (µs).
 QUEUE_DELAYS_US = (0, 100, 500, 2000)
@@ -321,35 +321,8 @@ def search(
                   tuple(predictor.notes))
 
 
-def advise(
-    pipeline: Any,
-    profile: Any,
-    *,
-    concurrency: int | None = None,
-    rate: float | None = None,
-    p95_ms: float | None = None,
-    forms: Iterable[str] | None = None,
-    cores: float | None = None,
-    inputs: Mapping[str, Any] | None = None,
-    module: Any = None,
-    costs: Mapping[str, Any] | None = None,
-    cache: Any = True,
-    allow_mismatch: bool = False,
-    budget: int = 300,
-    progress: Callable[[int, int], None] | None = None,
-    when_rates: Mapping[str, float] | None = None,
-    step_costs: str = "auto",
-    url: str | None = None,
-) -> Advice:
-    """Rank ``pipeline``'s configurations by predicted throughput under ``p95_ms`` (or by p95
-    where no bound is given; ties within :data:`TIE` go to the one that changes least), at
-    ``concurrency`` clients (default 8) or ``rate`` requests/s.
-    ``cores`` is the server's (default: the profile's). ``when_rates``: the share of rows where
-    each `when` condition tensor is true (default: counted over the sample requests). ``step_costs``
-    and ``url``: where each step's cost is timed (:class:`~pipelines.predict.prediction.Predictor`)."""
+def advice_load(concurrency: int | None = None, rate: float | None = None) -> Load:
+    """The load ``advise`` ranks at: ``concurrency`` clients in a closed loop (default 8), or ``rate`` requests/s."""
     if concurrency is not None and rate is not None:
         raise ArgumentError("advise takes a concurrency or a rate, not both")
-    load = Load(rate=float(rate)) if rate is not None else Load(concurrency=int(concurrency or 8), **CLOSED_LOOP)
-    predictor = Predictor(pipeline, profile, inputs=inputs, module=module, costs=costs, cache=cache, cores=cores,
-                          allow_mismatch=allow_mismatch, when_rates=when_rates, step_costs=step_costs, url=url)
-    return search(predictor, load, forms=forms, p95_ms=p95_ms, budget=budget, progress=progress)
+    return Load(rate=float(rate)) if rate is not None else Load(concurrency=int(concurrency or 8), **CLOSED_LOOP)

@@ -1,24 +1,25 @@
-"""``p.predict(profile, ...)``: a pipeline's forms simulated on a server profile.
+"""A pipeline's forms simulated on a server profile: the table of ``p.predict(profile, ...)``.
 
-The server profile (``pipelines calibrate``) prices the boundaries; the step profiles
-(:mod:`pipelines.profiling.step_profiles`, each step run for real here) price the steps; the
-simulator (:mod:`pipelines.predict.simulator`) plays the server's schedule on a virtual
-clock. This module builds what the simulator is given (:class:`~pipelines.predict.spec.SimSpec`)
-from those three, and shapes its answers into a :class:`Prediction`.
+The server profile (``pipelines calibrate``) prices the boundaries; what was measured of the pipeline
+(:class:`~pipelines.predict.measured.PipelineCosts`: the step profiles, the ``when`` shares, the machine's noise,
+measured by :func:`pipelines.profiling.pipeline_costs.measure_pipeline`) prices the steps; the simulator
+(:mod:`pipelines.predict.simulator`) plays the server's schedule on a virtual clock. This module builds what the
+simulator is given (:class:`~pipelines.predict.spec.SimSpec`) from those, and shapes its answers into a
+:class:`Prediction`. It measures nothing.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
 from ..calibration.noise import MachineNoise
+from ..calibration.profile import Profile, default_lanes, load_profile
 from ..core.graph import Graph
 from ..core.plan import ensemble_refusal
 from ..core.planning import plan_of, refuse_streaming
@@ -26,8 +27,8 @@ from ..core.tensor import TensorSpec, numpy_dtype
 from ..errors import ArgumentError
 from ..forms import FORMS
 from ..forms import form as form_named
-from ..profiling.when_shares import WhenShares
 from .configuration import Configuration, default_configuration
+from .measured import PipelineCosts
 from .prediction_rows import Prediction, PredictionRow
 from .ranges import (
     MODEL_SPREAD,
@@ -43,7 +44,8 @@ from .ranges import (
 )
 from .spec import Curve, Load, SimResult, SimSpec, StepSpec, WayCost
 
-__all__ = ["SIMULATION_SPREAD", "Prediction", "PredictionRow", "Predictor", "predict"]
+__all__ = ["SIMULATION_SPREAD", "Prediction", "PredictionRow", "Predictor", "checked_profile", "loads",
+           "predicted_forms"]
 
 #: A closed loop's measured requests and warm-up. It settles into a repeating schedule: 500 give the
 #: figures of 8000 within 0.8 % (throughput) and 1.4 % (p50), most of them exactly, in half the time
@@ -59,17 +61,6 @@ def _ways(cost: Any, shift: float = 0.0) -> tuple[WayCost, WayCost]:
     return ways(cost, shift)
 
 
-def _rows_of(pipeline: Graph, inputs: Mapping[str, Any]) -> int:
-    if not pipeline.batched:
-        return 1
-    first = next(iter(inputs.values()))
-    return int(np.shape(first)[0]) if np.ndim(first) else 1
-
-
-def _nbytes(arrays: Mapping[str, Any]) -> int:
-    return sum(int(getattr(a, "nbytes", 0)) for a in arrays.values())
-
-
 def _row_bytes(spec: TensorSpec) -> float:
     """What one row of ``spec`` weighs: its dims (a variable one counts 1) by its item size (BYTES:
     one pointer an element)."""
@@ -77,62 +68,51 @@ def _row_bytes(spec: TensorSpec) -> float:
     return float(np.prod([max(1, d) for d in spec.dims])) * itemsize
 
 
+def checked_profile(pipeline: Graph, profile: Profile | str | os.PathLike[str], *,
+                    allow_mismatch: bool = False) -> tuple[Profile, list[str]]:
+    """What is checked before anything is measured: ``pipeline`` (a valid pipeline that does not stream) and the
+    server ``profile`` (loaded), which must come from a machine like this one, where the steps are measured
+    (:class:`~pipelines.errors.ProfileMismatchError`; with ``allow_mismatch`` a warning). The profile, and a note
+    for each difference."""
+    from ..commands.machine import machine_info
+
+    if not isinstance(pipeline, Graph):
+        raise ArgumentError(f"predict needs a Pipeline; got {type(pipeline).__name__}")
+    pipeline.validate()
+    refuse_streaming(pipeline, "predicting (or advising) its forms")
+    server = load_profile(profile)
+    found = server.require_match(machine=machine_info(), allow_mismatch=allow_mismatch)
+    return server, [f"the profile was measured elsewhere: {d}" for d in found]
+
+
 class Predictor:
     """Everything one pipeline's simulations share: the server profile's boundaries, the step
-    profiles, the request's sizes. :meth:`spec` builds one configuration's
-    :class:`~pipelines.predict.spec.SimSpec`; :meth:`simulate` runs it. ``advise`` makes one
-    and simulates hundreds of configurations with it, measuring the steps once.
+    profiles, the request's sizes (all measured before, :class:`~pipelines.predict.measured.PipelineCosts`).
+    :meth:`spec` builds one configuration's :class:`~pipelines.predict.spec.SimSpec`; :meth:`simulate` runs
+    it. ``advise`` makes one and simulates hundreds of configurations with it.
     """
 
     def __init__(
         self,
         pipeline: Graph,
-        profile: Any,
+        server: Profile,
+        measured: PipelineCosts,
         *,
-        inputs: Mapping[str, Any] | None = None,
-        module: Any = None,
-        costs: Mapping[str, Any] | None = None,
-        cache: str | os.PathLike[str] | bool | None = True,
         cores: float | None = None,
-        allow_mismatch: bool = False,
-        progress: Callable[[int, int, str], None] | None = None,
-        when_rates: Mapping[str, float] | None = None,
-        step_costs: str = "auto",
-        url: str | None = None,
+        notes: Iterable[str] = (),
     ) -> None:
-        from ..calibration.profile import default_lanes, load_profile
-        from ..profiling.noise_watch import NoiseWatch
-        from ..profiling.server_steps import steps_for
-        from ..profiling.step_profiles import profile_steps
-
-        watch = NoiseWatch()  # how steady this machine is while the steps are measured
-
-        if not isinstance(pipeline, Graph):
-            raise ArgumentError(f"predict needs a Pipeline; got {type(pipeline).__name__}")
-        pipeline.validate()
-        refuse_streaming(pipeline, "predicting (or advising) its forms")
+        """``server``: the server profile, as :func:`checked_profile` gives it (its ``notes`` with it);
+        ``measured``: the pipeline's costs; ``cores``: the server's (default: the profile's machine's)."""
         self.pipeline = pipeline
-        self.server = load_profile(profile)
-        self.notes: list[str] = []
-        self._require_match(allow_mismatch)
-        self._inputs_given = inputs is not None
-        if inputs is None:
-            inputs = sample_inputs(pipeline, module)
-        self.inputs = dict(inputs)
-        if cache is True:
-            cache = (Path(profile).with_suffix(".steps.json")
-                     if isinstance(profile, (str, os.PathLike)) else None)
-        elif cache is False:
-            cache = None
-        self.steps = profile_steps(pipeline, self.inputs, cache=cache, costs=costs, progress=progress)
-        # Steps priced on the server where one is asked for (docs/prediction.md, "Take step costs from your
-        # server"): as its step models, and for the fused form as the fused model runs them.
-        self.local_steps = self.steps
-        self.steps, self.fused_steps = steps_for(pipeline, self.inputs, self.steps, self.server,
-                                                 step_costs=step_costs, url=url, cache=cache, notes=self.notes)
+        self.server = server
+        self.notes: list[str] = [*notes, *measured.notes]
+        self.measured = measured
+        self.steps = dict(measured.steps)
+        self.local_steps = dict(measured.local_steps)
+        self.fused_steps = dict(measured.fused_steps)
         self.plan = plan_of(pipeline, warn=False)
-        self.rows = _rows_of(pipeline, self.inputs)
-        self.in_bytes = _nbytes(self.inputs) / self.rows
+        self.rows = measured.rows
+        self.in_bytes = measured.in_bytes
         self.out_bytes = self._output_bytes()
         self.costs = {name: _ways(cost) for name, cost in self.server.costs.items()}
         if cores is not None and not (isinstance(cores, (int, float)) and cores >= 1):
@@ -149,20 +129,15 @@ class Predictor:
         python = {n.name for n in self.plan.nodes if n.kind == "step" and not pipeline.nodes[n.name].step.is_external}
         self.step_threads = max(2, max((sum(1 for n in g if n in python) for g in self.plan.groups), default=1))
         self.gate, self.ensemble_refused = self._ensemble_shape()
-        self.when_rates = WhenShares(pipeline, self.plan, self.inputs, self._inputs_given, self.notes).rates(
-            when_rates or {}, module)
-        self.noise, self.machine = self._noise(watch)
+        self.when_rates = dict(measured.when_rates)
+        self.noise, self.machine = self._noise(measured.noise)
         self._shifted_costs: dict[float, dict[str, tuple[WayCost, WayCost]]] = {0.0: self.costs}
 
-    def _noise(self, watch: Any) -> tuple[MachineNoise, dict[str, float]]:
-        """What was seen of the machine (this prediction's watch with the profile's record), and the machine's sources
-        of every range (:func:`~pipelines.predict.ranges.machine_spread`): the server's own spread from window to
-        window, and the larger load and steal of the calibration's and this prediction's (the steps' rounds' spread
-        prices their costs' range already)."""
-        spreads = [p.spread for p in self.steps.values() if p.spread is not None]
-        own = watch.stop(disagreement=float(np.median(spreads)) if spreads else None)
-        if all(p.source == "given" for p in self.steps.values()):  # nothing measured here: its load tells nothing
-            own = replace(own, other_load=None, steal=None)
+    def _noise(self, own: MachineNoise) -> tuple[MachineNoise, dict[str, float]]:
+        """What was seen of the machine (``own``: while the steps were measured, with the profile's record), and the
+        machine's sources of every range (:func:`~pipelines.predict.ranges.machine_spread`): the server's own spread
+        from window to window, and the larger load and steal of the calibration's and this prediction's (the steps'
+        rounds' spread prices their costs' range already)."""
         recorded = self.server.noise
         seen = MachineNoise(other_load=own.other_load, steal=own.steal, cores=own.cores).combined(recorded)
         machine = machine_spread(seen, self.server.window_spread())
@@ -186,13 +161,6 @@ class Predictor:
                 continue
             total += _row_bytes(spec)
         return total
-
-    def _require_match(self, allow_mismatch: bool) -> None:
-        """Step profiles are measured on this machine: the server profile must come from one like it."""
-        from ..commands.machine import machine_info
-
-        found = self.server.require_match(machine=machine_info(), allow_mismatch=allow_mismatch)
-        self.notes += [f"the profile was measured elsewhere: {d}" for d in found]
 
     def _ensemble_shape(self) -> tuple[bool, str | None]:
         """Whether the ensemble ends in a gate model, or why the compiler refuses an ensemble."""
@@ -403,39 +371,9 @@ def loads(concurrency: Iterable[int] | int | None, rate: Iterable[float] | float
     return out
 
 
-def sample_inputs(pipeline: Graph, module: Any = None) -> dict[str, Any]:
-    """One request for a pipeline with no inputs given: ``module``'s own ``sample_inputs()`` or
-    ``make_sample()`` where it has one (as the benchmark sends), else random tensors shaped by
-    the pipeline's input specs."""
-    from ..commands.sample_inputs import sample_requests
-
-    return dict(sample_requests(pipeline, module=module)[0])
-
-
-def predict(
-    pipeline: Graph,
-    profile: Any,
-    concurrency: Sequence[int] | int | None = (1, 4, 16),
-    forms: Iterable[str] | None = None,
-    *,
-    rate: Sequence[float] | float | None = None,
-    **options: Any,
-) -> Prediction:
-    """Predict each form of ``pipeline`` at each concurrency (closed loop) or rate (open loop).
-
-    ``profile``: a server profile or the path of its JSON file. ``options`` are
-    :class:`Predictor`'s: ``inputs``, one sample request
-    (default: the pipeline module's own samples, else random tensors). ``costs``: µs per call
-    (or ``{rows: µs}``) for steps not to measure here, such as external models without a
-    stand-in. ``cache``: where the step profiles are kept (default: beside the profile file).
-    ``cores``: the server's cores (default: those of the machine the profile was measured on);
-    ``allow_mismatch``: use a profile measured on another machine (warns instead of refusing).
-    ``step_costs``: ``"server"`` times each step's own model on the bundled Triton server (or ``url``),
-    ``"local"`` takes the step profiles timed here, ``"auto"`` (default) the server at ``url`` where one
-    is given; the notes say where each step's cost came from (:mod:`pipelines.profiling.server_steps`).
-    """
-    wanted = loads(concurrency, rate)
-    predictor = Predictor(pipeline, profile, **options)
+def predicted_forms(predictor: Predictor, wanted: Sequence[Load], forms: Iterable[str] | None = None) -> Prediction:
+    """Each form of ``predictor``'s pipeline (``forms``: those asked for, all by default) simulated in its default
+    configuration at each load of ``wanted`` (:func:`loads`): the table that ``p.predict(profile, ...)`` gives."""
     rows = []
     for name in predictor.forms(forms):
         configuration = predictor.default(name)
@@ -443,5 +381,5 @@ def predict(
             rows.append(predictor.row(configuration, load))
     if line := wide_sources([r.spreads for r in rows]):
         predictor.notes.append(line)
-    return Prediction(pipeline.name, tuple(rows), predictor.describe(), tuple(predictor.notes), predictor.noise,
-                      predictor.machine)
+    return Prediction(predictor.pipeline.name, tuple(rows), predictor.describe(), tuple(predictor.notes),
+                      predictor.noise, predictor.machine)

@@ -57,8 +57,8 @@ def calibrate(
     are not, the probe repository is written to ``probes_dir`` and
     :class:`ProbesNotDeployed` says what to do with it.
     """
-    from ..bench.progress import Progress
-    from ..bench.results import machine_info
+    from ..commands.machine import machine_info
+    from ..commands.progress import Progress
     from ..triton import TritonClient, TritonServer
     from ..triton.async_client import AsyncTritonClient
 

@@ -1,4 +1,4 @@
-"""The share of rows where each ``when`` condition holds, for a prediction (:class:`~pipelines.predict.Predictor`):
+"""The share of rows where each ``when`` condition holds, for a prediction (:func:`~.pipeline_costs.measure_pipeline`):
 given (``when_rates=``, ``--when-rate``), or counted over the sample requests by running the steps that compute it.
 """
 

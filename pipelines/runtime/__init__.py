@@ -5,7 +5,8 @@ Its scheduler, step instances, batching, BLS gate, devices and cost report live 
 from __future__ import annotations
 
 from .device import gpu_available
-from .local import MODES, LocalRuntime, run_many, run_pipeline
+from .local import run_many, run_pipeline
+from .local_runtime import MODES, LocalRuntime
 from .report import Comparison, Report, StepCost, compare
 
 __all__ = [

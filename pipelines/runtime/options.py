@@ -14,7 +14,7 @@ from ..forms import Form, form
 from .device import gpu_available, resolve_device
 from .step_process import ISOLATIONS, isolation_supported
 
-#: When a sync step may hop to a worker thread (see :mod:`pipelines.runtime.local`).
+#: When a sync step may hop to a worker thread (see :mod:`pipelines.runtime.local_runtime`).
 OFFLOADS = ("auto", "always", "never")
 #: What an old ``profile=`` argument is told: the runtime executes, and prediction is a simulation.
 NO_REPLAY = (

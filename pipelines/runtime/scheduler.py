@@ -1,6 +1,6 @@
 """How one request runs through the plan in the local runtime: its state, each node's call,
 and the three schedulers of :data:`pipelines.forms.FORMS` (``"event"``, ``"concurrent"``,
-``"sequential"``; see :mod:`pipelines.runtime.local` for what each stands for).
+``"sequential"``; see :mod:`pipelines.runtime.local_runtime` for what each stands for).
 
 A request runs the plan cut to the outputs it asks for (:class:`pipelines.serving.Schedule`,
 the cut the server's executors make too); the step models are those the runtime opened.
@@ -166,8 +166,7 @@ class Scheduler:
         """How many rows ``name`` runs on; 0 once it is done here: a select merged, or no row to run."""
         branch, branches = req.branch, self.branches
         assert branch is not None and branches is not None
-        branch.read_conditions(name)
-        rows = branch.count(branches.when[name])
+        rows = branch.rows_of(name)
         if rows and name not in branches.selects:
             return rows
         values = req.values

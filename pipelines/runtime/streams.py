@@ -21,74 +21,33 @@ a consumer that stops early cancels the request, and each generator's ``close()`
 
 from __future__ import annotations
 
-import inspect
 import math
 import queue
 from collections import ChainMap, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
 import anyio
 
-from .. import serving
 from ..core.graph import Graph
-from ..core.step import check_outputs
-from ..errors import PipelinesError, StepError, StepTimeoutError
-from ..serving import SKIPPED, Rows, Schedule
-from .instances import StepModel
+from ..serving import END, SKIPPED, Rows, Schedule, StreamLayout, Tee, TopNodes, stream_record
 from .scheduler import Request, Scheduler
+from .stream_responses import Responses
 
-__all__ = ["StreamLayout", "StreamRun"]
-
-_END = object()  # a whole_stream step's iterator: the stream ended
+__all__ = ["StreamLayout", "StreamRun", "layout_of"]
 
 #: a key's remaining reads in a stream's requests: never zero, so no tensor is dropped early
 #: (a response reads the request's tensors again and again)
 _NEVER = 1 << 40
 
 
-class StreamLayout:
-    """Where each node of a schedule runs in a streaming pipeline: once per request, or once per
-    response of a stream; which steps read a stream whole; which stream the answers come from."""
-
-    def __init__(self, pipeline: Graph, schedule: Schedule) -> None:
-        order = schedule.order
-        self.level = {n: pipeline.stream_of(n) for n in order}
-        self.top = [n for n in order if self.level[n] is None]
-        self.sources = {n for n in order if pipeline.stream_from(n) == n}
-        self.whole = [n for n in order if pipeline.nodes[n].step.whole_stream]
-        self.per_response = {s: [n for n in order if self.level[n] == s] for s in self.sources}
-        self.readers = {s: [w for w in order if w in self.whole and pipeline.stream_input(w) == s] for s in self.sources}
-        answers = {pipeline.stream_from(key[0]) for _, key in schedule.outputs}
-        self.answers: str | None = next(iter(answers)) if answers else None
-        # The once-per-request nodes each waits for: those before it, except the stream a whole_stream
-        # step reads as it comes; a stream also waits for those its per-response steps read, so
-        # that one after another ("bls-sync") the stream runs once they are done.
-        self.after: dict[str, list[str]] = {}
-        ordered: dict[str, list[str]] = {}  # one after another, a whole_stream step follows its stream
-        for name in self.top:
-            read = pipeline.stream_input(name) if name in self.whole else None
-            after = [b for b in schedule.after[name] if self.level[b] is None and b != read]
-            for node in self.per_response.get(name, ()):
-                after += [b for b in schedule.after[node] if self.level[b] is None and b != name and b not in after]
-            self.after[name] = after
-            ordered[name] = after + ([read] if read in self.level else [])
-        self.in_order = _in_order(self.top, ordered)
+def layout_of(pipeline: Graph, schedule: Schedule) -> StreamLayout:
+    """Where each node of ``schedule`` runs: by the record the compiler writes for a server's model."""
+    return StreamLayout(schedule, stream_record(pipeline, list(schedule.order)))
 
 
-def _in_order(names: list[str], after: dict[str, list[str]]) -> list[str]:
-    """``names`` in their order, each moved after those it waits for (graphlib would reorder ties)."""
-    placed: list[str] = []
-    left = list(names)
-    while left:
-        ready = next(n for n in left if all(b in placed for b in after[n]))
-        placed.append(ready)
-        left.remove(ready)
-    return placed
-
-
-class StreamRun:
+class StreamRun(TopNodes):
     """One streaming request: ``await StreamRun(...).run(req)`` calls ``deliver`` with each response."""
 
     def __init__(
@@ -107,7 +66,7 @@ class StreamRun:
         self.deliver = deliver
         self.sequential = mode == "bls-sync"
         self.done: dict[str, anyio.Event] = {}
-        self.readers: dict[str, queue.SimpleQueue[Any]] = {}  # (whole step) -> its stream's items
+        self.items: dict[str, queue.SimpleQueue[Any]] = {}  # (whole step) -> its stream's items
         self.error: BaseException | None = None
         self.tg: Any = None
         self.req: Request = None  # type: ignore[assignment]  # set by run()
@@ -119,7 +78,7 @@ class StreamRun:
         req.remaining = defaultdict(lambda: _NEVER)
         self.req = req
         self.done = {n: anyio.Event() for n in layout.top}
-        self.readers = {w: queue.SimpleQueue() for w in layout.whole}
+        self.items = {w: queue.SimpleQueue() for w in layout.whole}
         async with anyio.create_task_group() as tg:
             self.tg = tg
             req.tg = tg
@@ -127,7 +86,7 @@ class StreamRun:
                 tg.start_soon(self._one_after_another)
             else:
                 for name in layout.top:
-                    tg.start_soon(self._guarded, self._top_node, name)
+                    tg.start_soon(self._guarded, self._top, name)
         if self.error is not None:
             raise self.error
         if layout.answers is None:
@@ -147,35 +106,20 @@ class StreamRun:
     async def _one_after_another(self) -> None:
         # A whole_stream step reads its stream as it comes, beside the steps one after another.
         for name in self.layout.whole:
-            self.tg.start_soon(self._guarded, self._top_node, name)
+            self.tg.start_soon(self._guarded, self._top, name)
         for name in self.layout.in_order:
             if name not in self.layout.whole:
-                await self._guarded(self._top_node, name)
+                await self._guarded(self._top, name)
             if self.error is not None:
                 return
 
-    async def _top_node(self, name: str) -> None:
-        """Run a once-per-request node when the once-per-request nodes before it are done."""
-        req = self.req
-        for before in self.layout.after[name]:
-            await self.done[before].wait()
-        try:
-            if name in self.layout.whole:
-                await self._whole(name)
-            elif name in self.layout.sources:
-                await self._stream(name, self._generator(name))
-            else:
-                await self.scheduler._run_node(req, name, perf_counter())
-        except Exception:
-            # The responses before the failure go on to the end: the steps that read this stream
-            # whole see it end, and answer what they made of it, before the error is raised.
-            self._end_readers(name)
-            for reader in self.layout.readers.get(name, ()):
-                await self.done[reader].wait()
-            raise
-        finally:
-            self._end_readers(name)
-        self.done[name].set()
+    # What TopNodes._top runs a once-per-request node with.
+
+    async def _source(self, name: str) -> None:
+        await self._stream(name, self._generator(name))
+
+    async def _once(self, name: str) -> None:
+        await self.scheduler._run_node(self.req, name, perf_counter())
 
     # ------------------------------------------------------------------ generators
 
@@ -196,8 +140,7 @@ class StreamRun:
         branch, branches = self.req.branch, self.scheduler.branches
         if branch is None or branches is None:
             return self.req.rows
-        branch.read_conditions(name)
-        return branch.count(branches.when[name])
+        return branch.rows_of(name)
 
     def _gathered(self, name: str, key: Any) -> Any:
         value = self.req.values[key]
@@ -209,7 +152,7 @@ class StreamRun:
     async def _whole(self, name: str) -> None:
         """A step that reads a stream whole: its stream's inputs as iterators, in a worker thread."""
         req = self.req
-        stream = self.pipeline.stream_input(name)
+        stream = self.layout.reads[name]
         if self._rows(name) == 0:
             returns = req.schedule.returns[name]
             if self.pipeline.nodes[name].step.streaming:
@@ -218,9 +161,9 @@ class StreamRun:
                 req.values.update({(name, out): SKIPPED for out in returns})
             return
         model = self.scheduler.models[name]
-        items = self.readers[name]
-        streamed = [(i, k) for i, k in self.scheduler.bindings[name] if k[0] is not None and self._streamed(k[0], stream)]
-        iterators = _Tee(items, [i for i, _ in streamed])
+        items = self.items[name]
+        streamed = [(i, k) for i, k in self.scheduler.bindings[name] if self.layout.streamed(k[0], stream)]
+        iterators = Tee(items, [i for i, _ in streamed])
         inputs: dict[str, Any] = {i: iterators.of(i) for i, _ in streamed}
         for input_name, key in self.scheduler.bindings[name]:
             if input_name not in inputs:
@@ -234,18 +177,10 @@ class StreamRun:
             outputs, compute = await model.execute(lease, inputs, req.rows, inline=False)
         finally:
             model.pool.give_back(lease)
-            items.put(_END)  # a step that stopped reading early leaves the rest unread
+            items.put(END)  # a step that stopped reading early leaves the rest unread
         for out in req.schedule.returns[name]:
             req.values[(name, out)] = outputs[out]
         req.trace.append((name, 0.0, compute, perf_counter() - start - compute, 1))
-
-    def _streamed(self, node: str, stream: str | None) -> bool:
-        return node == stream or self.layout.level.get(node) == stream
-
-    def _end_readers(self, name: str) -> None:
-        """Tell the whole_stream readers of ``name``'s stream that it ended (or failed)."""
-        for reader in self.layout.readers.get(name, ()):
-            self.readers[reader].put(_END)
 
     # ------------------------------------------------------------------ one stream
 
@@ -340,8 +275,8 @@ class StreamRun:
         if previous is not None:
             await previous.wait()
         for reader in layout.readers[name]:
-            keys = [(i, k) for i, k in self.scheduler.bindings[reader] if k[0] is not None and self._streamed(k[0], name)]
-            self.readers[reader].put({i: child.values[k] for i, k in keys})
+            keys = [(i, k) for i, k in self.scheduler.bindings[reader] if self.layout.streamed(k[0], name)]
+            self.items[reader].put({i: child.values[k] for i, k in keys})
         if layout.answers == name:
             self.deliver(self.scheduler.answer(child))
         if turn is not None:
@@ -379,113 +314,6 @@ class StreamRun:
             raise failed[0]
 
 
-class Responses:
-    """A streaming step's responses, each checked as a return value is; ``close()`` stops it."""
-
-    def __init__(
-        self, model: StepModel | None, gen: Any, lease: Any = None, held_by: Any = None, rows: int = 1
-    ) -> None:
-        self.model = model
-        self.gen = gen
-        self.lease = lease
-        self.rows = rows
-        self.index = 0
-        self.is_async = inspect.isasyncgen(gen)
-        self._held_by = held_by  # a whole_stream generator's items: ended on close, so it stops reading
-        # The step's timeout bounds its whole stream in every mode, as each server form's step model does.
-        timeout = model.step.options.timeout if model is not None else None
-        self.timeout = timeout
-        self.deadline = perf_counter() + timeout if timeout else math.inf
-
-    @classmethod
-    def skipped(cls, returns: list[str]) -> Responses:
-        return cls(None, iter([{out: SKIPPED for out in returns}]))
-
-    @classmethod
-    async def start(cls, model: StepModel, inputs: dict[str, Any], rows: int, *, held_by: Any = None) -> Responses:
-        assert model.pool is not None
-        lease = await model.pool.acquire()
-        try:
-            gen = lease.instance.function(**inputs)
-            if not (inspect.isasyncgen(gen) or isinstance(gen, Iterator)):
-                gen = iter(gen)
-        except BaseException as exc:
-            model.pool.give_back(lease)
-            if isinstance(exc, Exception):
-                raise model._raised(exc) from exc
-            raise
-        return cls(model, gen, lease, held_by, rows)
-
-    async def next(self) -> dict[str, Any] | None:
-        """The next response's outputs, or ``None`` at the end of the stream."""
-        model = self.model
-        if perf_counter() > self.deadline:
-            assert model is not None
-            raise model._told(
-                StepTimeoutError,
-                f"ran past its timeout of {self.timeout:g} s after {self.index} responses; the stream was ended "
-                "with this error. Raise the step's timeout, or find why its generator does not end",
-            )
-        try:
-            if model is None:  # a skipped step's one response
-                return next(self.gen, None)
-            if self.is_async:
-                try:
-                    item = await self.gen.__anext__()
-                except StopAsyncIteration:
-                    return None
-            else:
-                # Not abandoned when cancelled: the generator is closed only once this call returns.
-                item = await anyio.to_thread.run_sync(next, self.gen, _END)
-                if item is _END:
-                    return None
-        except PipelinesError:
-            raise
-        except Exception as exc:
-            assert model is not None
-            raise model._raised(exc, f"(after {self.index} responses)") from exc
-        self.index += 1  # counted from 1, as `pipelines run` numbers responses and the server forms name them
-        return _checked(model, item, self.index, self.rows)
-
-    async def close(self) -> None:
-        gen, model, lease = self.gen, self.model, self.lease
-        self.lease = None
-        if self._held_by is not None:
-            self._held_by.put(_END)
-        try:
-            if self.is_async:
-                await gen.aclose()
-            elif hasattr(gen, "close"):
-                await anyio.to_thread.run_sync(gen.close)
-        except Exception:  # the stream's own error, if any, is the one worth reporting
-            pass
-        finally:
-            if lease is not None and model is not None and model.pool is not None:
-                model.pool.give_back(lease)
-
-
-def _checked(model: StepModel, item: Any, index: int, rows: int) -> dict[str, Any]:
-    """One yield as a dict of arrays of the step's declared outputs, or an error naming its number (from 1)."""
-    step = model.step
-    try:
-        outputs = serving.normalise_outputs(list(step.outputs), item, _fail(step.name))
-        outputs = serving.as_arrays(outputs)
-        check_outputs(step, outputs, batched=model.batched, batch_size=rows if model.batched else None)
-    except serving.Refused as exc:
-        raise model._told(StepError, f"response {index}: output {exc}", exc.tensor) from None
-    except PipelinesError as exc:
-        reason = exc.message.removeprefix(f"step {step.name!r} ")
-        raise model._told(StepError, f"response {index}: {reason}", exc.tensor) from None
-    return outputs
-
-
-def _fail(step: str) -> Callable[[str, str | None], StepError]:
-    def fail(message: str, tensor: str | None) -> StepError:
-        return StepError(f"step {step!r} {message}", step=step, tensor=tensor)
-
-    return fail
-
-
 async def _caught(failed: list[BaseException], tg: Any, fn: Callable[..., Any], *args: Any) -> None:
     """``fn(*args)``; its error kept in ``failed`` (the first one wins) and ``tg`` cancelled."""
     try:
@@ -497,31 +325,3 @@ async def _caught(failed: list[BaseException], tg: Any, fn: Callable[..., Any], 
 
 async def _ready(value: Any) -> Any:
     return value
-
-
-class _Tee:
-    """The iterators a whole_stream step reads: one per streamed input, fed from one queue of items
-    (each a dict of those inputs for one response), so that they advance together."""
-
-    def __init__(self, items: queue.SimpleQueue[Any], names: list[str]) -> None:
-        self._items = items
-        self._held: dict[str, list[Any]] = {n: [] for n in names}
-        self._ended = False
-
-    def of(self, name: str) -> Iterator[Any]:
-        held = self._held[name]
-        while True:
-            if not held:
-                if self._ended or not self._pull():
-                    return
-            yield held.pop(0)
-
-    def _pull(self) -> bool:
-        item = self._items.get()
-        if item is _END:
-            self._ended = True
-            return False
-        for name, value in item.items():
-            if name in self._held:
-                self._held[name].append(value)
-        return True

@@ -15,7 +15,10 @@ runtime and the server check with one set of words. Each module holds one role:
 - ``sources``: a step's own source file imported in a server, with ``pipelines`` stood in for;
 - ``rows``: requests joined and split by rows, and ``when`` blocks;
 - ``schedule``: a plan's nodes run concurrently, and the plan cut to the wanted outputs.
-- ``streams``: a streaming step's responses pulled one at a time, within its timeout.
+- ``streams``: a streaming step's responses pulled one at a time, within its timeout, and handed
+  to a ``whole_stream`` step as iterators.
+- ``stream_layout``: where each node of a streaming request runs, what it waits for, and how
+  a request runs its once-per-request nodes by it.
 - ``onnx_session``: an ONNX file run by onnxruntime, checked against a model's declared tensors.
 """
 
@@ -56,7 +59,8 @@ from .lifecycle import (
 from .onnx_session import OnnxFileError, OnnxSession, config_specs
 from .rows import SKIPPED, Branches, Rows, concat_rows, concatenable, negated, run_joined, split_rows
 from .schedule import Schedule, cut_plan, run_concurrently
-from .streams import END, PastTimeout, Pull
+from .stream_layout import StreamLayout, TopNodes, stream_record
+from .streams import END, PastTimeout, Pull, Tee
 from .tensors import (
     HOPS,
     HostHops,
@@ -104,6 +108,9 @@ __all__ = [
     "StepExited",
     "StepInstance",
     "StepInterrupted",
+    "StreamLayout",
+    "Tee",
+    "TopNodes",
     "WireError",
     "as_array",
     "as_arrays",
@@ -149,6 +156,7 @@ __all__ = [
     "pb_utils",
     "run_joined",
     "split_rows",
+    "stream_record",
     "tensor_reader",
     "tensor_writer",
     "unknown_output",

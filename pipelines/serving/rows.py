@@ -151,6 +151,11 @@ class Rows:
         """Work out ``node``'s rows now, while its conditions are still held."""
         self.mask(self.branches.when[node])
 
+    def rows_of(self, node: str) -> int:
+        """How many rows ``node`` runs on (0: its `when` blocks hold for none), worked out now."""
+        self.read_conditions(node)
+        return self.count(self.branches.when[node])
+
     def settle(
         self, node: Mapping[str, Any], returns: Iterable[str], value_of: Callable[[Any, str], Any]
     ) -> dict[str, Any] | None:
@@ -160,8 +165,7 @@ class Rows:
         ``returns`` as :data:`SKIPPED`. Once it is settled, its :meth:`Branches.reads` are spent.
         """
         name = node["name"]
-        self.read_conditions(name)
-        rows = self.count(self.branches.when[name])
+        rows = self.rows_of(name)
         if rows and name not in self.branches.selects:
             return None
         if rows:

@@ -1,18 +1,21 @@
 """A streaming step's responses pulled one at a time, within its timeout: what a model that
-serves a generator needs (the step model; docs/compiled_repository.md, "Streaming steps").
+serves a generator needs (the step model; docs/compiled_repository.md, "Streaming steps"); and a
+stream's responses handed to a ``whole_stream`` step as iterators (:class:`Tee`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import queue
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from .lifecycle import StepExited, StepInterrupted
 
-END = object()  # a generator's end
+END = object()  # a generator's end, or a whole_stream step's items'
 
 
 class PastTimeout(Exception):
@@ -88,3 +91,30 @@ class Pull:
                 self.stream.close()
         except Exception:  # the stream's own failure, if any, was told already
             pass
+
+
+class Tee:
+    """The iterators a whole_stream step reads: one per streamed input, fed from one queue of items
+    (each a dict of those inputs for one response, then :data:`END`), so that they advance together."""
+
+    def __init__(self, items: queue.SimpleQueue[Any], names: list[str]) -> None:
+        self._items = items
+        self._held: dict[str, list[Any]] = {n: [] for n in names}
+        self._ended = False
+
+    def of(self, name: str) -> Iterator[Any]:
+        held = self._held[name]
+        while True:
+            if not held and (self._ended or not self._pull()):
+                return
+            yield held.pop(0)
+
+    def _pull(self) -> bool:
+        item = self._items.get()
+        if item is END:
+            self._ended = True
+            return False
+        for name, value in item.items():
+            if name in self._held:
+                self._held[name].append(value)
+        return True

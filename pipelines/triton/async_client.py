@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import InferenceError, PipelinesError, ServerError
-from .client import streams_refusal
-from .connection import ClientBase, grpc_channel_args, rejected
+from .client import infer_refusal
+from .connection import ClientBase, grpc_channel_args
 from .payloads import InferRequest, message_to_dict, result_arrays
 from .rejections import explain_rejection
 
@@ -130,11 +130,9 @@ class AsyncTritonClient(ClientBase):
         try:
             return await self._call("infer on", model, timeout, over_http, over_grpc)
         except InferenceError as error:
-            streams = streams_refusal(error, model)
-            if streams is not None:
-                raise streams from error.__cause__
-            if not rejected(error):
-                raise
+            refusal = infer_refusal(error, model)
+            if refusal is not None:
+                raise refusal from error.__cause__
             try:
                 config = await self.model_config(model)
             except PipelinesError:

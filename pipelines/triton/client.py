@@ -17,7 +17,7 @@ from .connection import ClientBase, grpc_channel_args, rejected
 from .payloads import InferRequest, message_to_dict, result_arrays
 from .rejections import explain_rejection
 
-__all__ = ["TritonClient", "streams_refusal"]
+__all__ = ["TritonClient", "infer_refusal", "streams_refusal"]
 
 #: What Triton 2.51 says to a plain infer on a decoupled model (HTTP 501, gRPC UNIMPLEMENTED), as a
 #: streaming pipeline's models are (docs/triton_decoupled.md); the local endpoint says the same.
@@ -37,6 +37,16 @@ def streams_refusal(error: InferenceError, model: str) -> InferenceError | None:
         pipeline=error.pipeline,
         step=error.step,
     )
+
+
+def infer_refusal(error: InferenceError, model: str) -> InferenceError | None:
+    """What a failed infer raises when the model's config cannot explain it (a model that streams, or
+    a failure other than Triton's refusal of the request); ``None`` when the config should be read to
+    explain which input was wrong (:func:`~pipelines.triton.rejections.explain_rejection`)."""
+    streams = streams_refusal(error, model)
+    if streams is not None:
+        return streams
+    return None if rejected(error) else error
 
 
 class TritonClient(ClientBase):
@@ -142,11 +152,9 @@ class TritonClient(ClientBase):
                 lambda c, t: result_arrays(c.infer(**request.grpc(t)), "grpc"),
             )
         except InferenceError as error:
-            streams = streams_refusal(error, model)
-            if streams is not None:
-                raise streams from error.__cause__
-            if not rejected(error):
-                raise
+            refusal = infer_refusal(error, model)
+            if refusal is not None:
+                raise refusal from error.__cause__
             try:
                 config = self.model_config(model)
             except PipelinesError:

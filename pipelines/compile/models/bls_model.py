@@ -290,7 +290,7 @@ class TritonPythonModel:
         key = tuple(run.schedule.wanted)
         layout = self._layouts.get(key)
         if layout is None:
-            layout = self._layouts[key] = stream_run.Layout(run.schedule, self.streams)
+            layout = self._layouts[key] = serving.StreamLayout(run.schedule, self.streams)
         rows = self._rows_of(run.values) if self.max_batch_size > 0 else None
         await stream_run.StreamRun(self, sender, run.schedule, layout, run.values, rows, run.branch,
                                    sequential=self.mode == "sync", alone=self.streaming is not None).run()

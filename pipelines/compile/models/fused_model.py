@@ -230,7 +230,7 @@ class TritonPythonModel:
             schedule = self._schedule(wanted)
             layout = self._layouts.get(wanted)
             if layout is None:
-                layout = self._layouts[wanted] = stream_run.Layout(schedule, self.streams)
+                layout = self._layouts[wanted] = serving.StreamLayout(schedule, self.streams)
             values = {(None, name): value for name, value in arrays.items()}
             branch = serving.Rows(self.branches, rows, values.__getitem__) if self.branches is not None else None
             await stream_run.StreamRun(self, sender, schedule, layout, values, rows, branch, alone=True).run()

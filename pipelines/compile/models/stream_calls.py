@@ -23,7 +23,7 @@ except ImportError:  # in the package, for tests and linters
 
 pb_utils = serving.pb_utils
 
-END = object()  # the end of a generator, or of a whole_stream step's items
+END = serving.END  # the end of a generator, or of a whole_stream step's items (serving.Tee ends on it)
 
 
 def response_label(index):

@@ -13,7 +13,8 @@ the one before is answered), each response's own steps side by side (or one afte
 
 What differs between the forms is the host (the model): how a node is called, how a stream is
 opened (a generator in this process, or a decoupled model called with BLS), and how tensors are
-held (arrays, or pb tensors). The host gives :class:`StreamRun` these methods:
+held (arrays, or pb tensors). Where each node runs is ``serving.StreamLayout``, the local
+runtime's too. The host gives :class:`StreamRun` these methods:
 
 - ``start_node(name, values, rows, schedule, branch, alone)``: an awaitable of the node's outputs,
   or of ``None`` once the node is settled without a call (its outputs written into ``values``);
@@ -40,68 +41,13 @@ except ImportError:  # in the package, for tests and linters
     from pipelines.compile.models import stream_calls
 
 pb_utils = serving.pb_utils
-_END = stream_calls.END
 
 
 class Cancelled(Exception):
     """The client cancelled the request: the stream stops, and nothing more is sent but the final flag."""
 
 
-class Layout:
-    """Where each node of one schedule runs: once per request, or once per response of a stream;
-    which nodes stream, which read a stream whole; which stream the answers come from.
-
-    ``streams`` is the compiler's record of each node (``pipelines.compile.fused.stream_nodes``):
-    ``of`` (the stream it runs once per response of), ``from`` (the stream its outputs belong to),
-    ``streams`` (it is a streaming step), ``whole`` and ``reads`` (the stream it reads whole).
-    """
-
-    def __init__(self, schedule, streams):
-        order = schedule.order
-        self.level = {n: streams[n]["of"] for n in order}
-        self.top = [n for n in order if self.level[n] is None]
-        self.sources = [n for n in order if streams[n]["streams"]]
-        self.whole = [n for n in order if streams[n]["whole"]]
-        self.reads = {n: streams[n]["reads"] for n in self.whole}
-        self.per_response = {s: [n for n in order if self.level[n] == s] for s in self.sources}
-        self.inner_after = {
-            s: {n: [b for b in schedule.after[n] if self.level[b] == s] for n in nodes}
-            for s, nodes in self.per_response.items()
-        }
-        self.readers = {s: [w for w in self.whole if self.reads[w] == s] for s in self.sources}
-        answers = {None if node is None else streams[node]["from"] for _, (node, _) in schedule.outputs}
-        self.answers = next(iter(answers)) if answers else None  # one stream, or none: the declaration says so
-        # The once-per-request nodes each waits for: those before it, except the stream a whole_stream
-        # step reads as it comes; a stream also waits for those its per-response steps read.
-        self.after = {}
-        ordered = {}  # one after another, a whole_stream step follows its stream
-        for name in self.top:
-            read = self.reads.get(name)
-            after = [b for b in schedule.after[name] if self.level[b] is None and b != read]
-            for node in self.per_response.get(name, ()):
-                after += [b for b in schedule.after[node] if self.level[b] is None and b != name and b not in after]
-            self.after[name] = after
-            ordered[name] = after + ([read] if read in self.level else [])
-        self.in_order = _in_order(self.top, ordered)
-        # The once-per-request nodes that cannot start before each one ends (they wait for it, or for
-        # one that does): no company for a stream that runs, as they have nothing to do meanwhile.
-        behind = {}
-        for name in self.in_order:  # each after the ones it waits for
-            behind[name] = set(self.after[name]).union(*(behind[b] for b in self.after[name]))
-        self.held_up_by = {n: {m for m in self.top if n in behind[m]} for n in self.top}
-
-
-def _in_order(names, after):
-    """``names`` in their order, each moved after those it waits for."""
-    placed, left = [], list(names)
-    while left:
-        ready = next(n for n in left if all(b in placed for b in after[n]))
-        placed.append(ready)
-        left.remove(ready)
-    return placed
-
-
-class StreamRun:
+class StreamRun(serving.TopNodes):
     """One request of a streaming pipeline: ``await StreamRun(...).run()`` sends its responses,
     its error if it fails, and the final flag."""
 
@@ -157,32 +103,19 @@ class StreamRun:
 
         await _together([in_turn(), *(self._top(name) for name in self.layout.whole)])
 
-    async def _top(self, name):
-        """A once-per-request node, once the once-per-request nodes before it are done."""
-        for before in self.layout.after[name]:
-            await self.done[before].wait()
-        try:
-            if name in self.layout.whole:
-                await self._whole(name)
-            elif name in self.layout.sources:
-                await self._stream(name, await self._open(name))
-            else:
-                await self._nodes([name], {name: []}, self.values)
-        except Exception:
-            # The responses before the failure go on to the end: the steps that read this stream
-            # whole see it end, and answer what they made of it, before the error is sent.
-            self._end_readers(name)
-            for reader in self.layout.readers.get(name, ()):
-                await self.done[reader].wait()
-            raise
-        self.done[name].set()
+    # What serving.TopNodes._top runs a once-per-request node with.
+
+    async def _source(self, name):
+        await self._stream(name, await self._open(name))
+
+    async def _once(self, name):
+        await self._nodes([name], {name: []}, self.values)
 
     def _count(self, name):
         """The rows ``name`` runs on; 0 where its `when` blocks hold for none."""
         if self.branch is None:
             return self.rows
-        self.branch.read_conditions(name)
-        return self.branch.count(self.branch.branches.when[name])
+        return self.branch.rows_of(name)
 
     async def _nodes(self, names, after, values):
         """Run ``names`` (each after those of ``after`` it waits for), reading and writing ``values``."""
@@ -252,13 +185,8 @@ class StreamRun:
 
     def _streamed(self, reader, stream):
         """``(input, key)`` of each input of ``reader`` that comes from ``stream``."""
-        level = self.layout.level
         return [(s["input"], (s["node"], s["tensor"])) for s in self.host.nodes[reader]["inputs"]
-                if s["node"] is not None and (s["node"] == stream or level.get(s["node"]) == stream)]
-
-    def _end_readers(self, name):
-        for reader in self.layout.readers.get(name, ()):
-            self.items[reader].put(_END)
+                if self.layout.streamed(s["node"], stream)]
 
     async def _whole(self, name):
         """A step that reads its stream whole: its stream's inputs as iterators, in a thread of its own."""
@@ -272,7 +200,7 @@ class StreamRun:
         rows = self._count(name)
         streamed = self._streamed(name, self.layout.reads[name])
         items = self.items[name]
-        tee = _Tee(items, [i for i, _ in streamed])
+        tee = serving.Tee(items, [i for i, _ in streamed])
         inputs = {i: tee.of(i) for i, _ in streamed}
         for source in self.host.nodes[name]["inputs"]:
             if source["input"] not in inputs:
@@ -297,33 +225,6 @@ class _Skipped:
 
     async def close(self):
         pass
-
-
-class _Tee:
-    """The iterators a whole_stream step reads: one per streamed input, fed from one queue of items
-    (each a dict of those inputs for one response), so that they advance together."""
-
-    def __init__(self, items, names):
-        self._items = items
-        self._held = {n: [] for n in names}
-        self._ended = False
-
-    def of(self, name):
-        held = self._held[name]
-        while True:
-            if not held and (self._ended or not self._pull()):
-                return
-            yield held.pop(0)
-
-    def _pull(self):
-        item = self._items.get()
-        if item is _END:
-            self._ended = True
-            return False
-        for name, value in item.items():
-            if name in self._held:
-                self._held[name].append(value)
-        return True
 
 
 def _one_lane(layout):

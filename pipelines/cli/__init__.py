@@ -12,14 +12,14 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from .commands.input_files import parse_forms, parse_inputs
-from .commands.interrupts import sigterm_as_interrupt
-from .commands.loading import load_pipeline
-from .commands.output_paths import output_dir
-from .compile import compile_pipeline
-from .drawing.diagram_text import to_dot, to_mermaid
-from .errors import PipelinesError
-from .forms import FORMS, TARGETS
+from ..commands.input_files import parse_forms, parse_inputs
+from ..commands.interrupts import sigterm_as_interrupt
+from ..commands.loading import load_pipeline
+from ..commands.output_paths import output_dir
+from ..compile import compile_pipeline
+from ..drawing.diagram_text import to_dot, to_mermaid
+from ..errors import PipelinesError
+from ..forms import FORMS, TARGETS
 
 __all__ = ["load_pipeline", "main"]
 
@@ -58,9 +58,9 @@ def _cmd_graph(args: argparse.Namespace) -> int:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from .compile import repository_pipelines
-    from .compile.repository import write_models
-    from .triton.stand_ins import stand_in_for
+    from ..compile import repository_pipelines
+    from ..compile.repository import write_models
+    from ..triton.stand_ins import stand_in_for
 
     p = load_pipeline(args.pipeline)
     repo = compile_pipeline(p.validate(), args.target, bls_instance_count=args.bls_instance_count,
@@ -88,7 +88,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _cmd_remove(args: argparse.Namespace) -> int:
-    from .compile import remove_pipelines
+    from ..compile import remove_pipelines
 
     with sigterm_as_interrupt():
         names = remove_pipelines(args.repository, args.pipelines)
@@ -113,7 +113,7 @@ def _links_to_models_of(repository: str, pipelines: Sequence[str]) -> list[tuple
     """
     import json
 
-    from .compile.repository_disk import MARKER_FILE
+    from ..compile.repository_disk import MARKER_FILE
 
     found = []
     for entry in sorted(os.scandir(repository), key=lambda e: e.name):
@@ -135,7 +135,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import anyio
     import numpy as np
 
-    from .runtime.local import LocalRuntime
+    from ..runtime.local import LocalRuntime
 
     p = load_pipeline(args.pipeline)
     inputs = parse_inputs(args.input, p)
@@ -156,7 +156,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 print(f"  {arr.tolist()}")
 
     if p.streaming:  # each response as it comes, numbered; with --out, NAME_<i>.npy
-        from .runtime.local import stream_pipeline
+        from ..runtime.local import stream_pipeline
 
         count = 0
         for count, response in enumerate(stream_pipeline(p, inputs, mode=args.mode), start=1):
@@ -183,8 +183,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise PipelinesError("--http-max-input-size: for --local only; the bundled tritonserver (2.51) has no such "
                              "option (Triton added it in a later release) and takes requests of any size: drop it, "
                              "or serve the pipeline with --local")
-    from .triton import serve_main
-    from .triton.arguments import PythonBackendSettings
+    from ..triton import serve_main
+    from ..triton.arguments import PythonBackendSettings
 
     shm = PythonBackendSettings(shm_default_byte_size=args.shm_default_byte_size,
                                 shm_growth_byte_size=args.shm_growth_byte_size)
@@ -193,7 +193,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve_local(args: argparse.Namespace) -> int:
-    from .endpoint import serve_local
+    from ..endpoint import serve_local
 
     given = [flag for flag, value in (("--python-env", args.python_env),
                                       ("--shm-default-byte-size", args.shm_default_byte_size),
@@ -364,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
               ["predict pipelines.examples.yolov5:pipeline --profile profile.json",
                "predict pipelines.examples.basic:diamond --profile profile.json --concurrency 1,4,16 --json",
                "predict pipelines.examples.basic:diamond --profile profile.json --rate 200"],
-              "pipelines.predict.commands", "add_predict_arguments", "predict_main")
+              "pipelines.cli.predict_commands", "add_predict_arguments", "predict_main")
 
     _delegate(sub, "advise", "search forms, instance counts and batching for the fastest configuration",
               "Simulate hundreds of configurations (form, each step's instance_count, dynamic batching and its "
@@ -374,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
               ["advise pipelines.examples.yolov5:pipeline --profile profile.json --concurrency 8",
                "advise pipelines.examples.basic:diamond --profile profile.json --p95-ms 20 --top 3 --verify",
                "advise pipelines.examples.basic:diamond --profile profile.json --write model_repository"],
-              "pipelines.predict.commands", "add_advise_arguments", "advise_main")
+              "pipelines.cli.predict_commands", "add_advise_arguments", "advise_main")
     return parser
 
 

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..calibration.profile import Profile, load_profile
 from ..errors import PipelinesError
-from .profile import Profile, load_profile
 
 __all__ = ["STORE_VARIABLE", "KeptCalibration", "calibration_key", "calibration_store", "kept_calibration"]
 
@@ -74,8 +74,8 @@ def kept_calibration(url: str | None = None, protocol: str = "http", *, store: s
             say(f"the calibration kept in {path} cannot be read ({exc}); calibrating again")
         else:
             return KeptCalibration(path, True, server, profile.date)
-    from ..profiling.calibrate import calibrate
-    from ..profiling.calibrate_command import QUICK
+    from .calibrate import calibrate
+    from .calibrate_command import QUICK
 
     say(f"no calibration kept for {server}: calibrating it{' (quick)' if quick else ''}, once")
     profile: Profile = calibrate(url, protocol, progress=progress, **(QUICK if quick else {}))

@@ -1,5 +1,6 @@
-"""``pipelines predict`` and ``pipelines advise``: the command lines of :func:`predict` and
-:func:`advise`. Each ``add_*_arguments(parser)`` fills its sub-command's parser and each
+"""``pipelines predict`` and ``pipelines advise``: the command lines of
+:func:`~pipelines.measured_prediction.predict` and :func:`~pipelines.measured_prediction.advise` (the pipeline
+measured here, then simulated). Each ``add_*_arguments(parser)`` fills its sub-command's parser and each
 ``*_main(args)`` runs it and returns the exit status."""
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def _profile(args: argparse.Namespace) -> str:
     """``--profile``, or the calibration kept for the server (made now where there is none), said on stderr."""
     if args.profile is not None:
         return args.profile
-    from ..calibration.reuse import kept_calibration
+    from ..profiling.kept_calibration import kept_calibration
 
     kept = kept_calibration(args.url, note=lambda text: print(text, file=sys.stderr))
     print(kept.describe(), file=sys.stderr)
@@ -154,8 +155,8 @@ def _profile(args: argparse.Namespace) -> str:
 
 
 def predict_main(args: argparse.Namespace) -> int:
-    from ..bench.progress import Progress, counted_stages
-    from .prediction import predict
+    from ..commands.progress import Progress, counted_stages
+    from ..measured_prediction import predict
 
     pipeline, module, inputs = _load(args)
     concurrency = args.concurrency if args.concurrency is not None else ((1, 4, 16) if args.rate is None else ())
@@ -175,9 +176,9 @@ def predict_main(args: argparse.Namespace) -> int:
 
 
 def advise_main(args: argparse.Namespace) -> int:
-    from ..bench.progress import Progress, counted_stages
+    from ..commands.progress import Progress, counted_stages
     from ..commands.sample_inputs import sample_requests
-    from .advise import advise
+    from ..measured_prediction import advise
 
     if args.verify_repository and not args.verify:
         raise PipelinesError("--verify-repository is where --verify writes what it measures; add --verify, or drop it")
@@ -193,7 +194,7 @@ def advise_main(args: argparse.Namespace) -> int:
     else:
         print(advice.text(args.top))
     if args.verify:
-        from .verify import measure_configurations, verified_table
+        from ..bench.verify_advice import measure_configurations, verified_table
 
         if advice.load.concurrency is None:
             raise PipelinesError("--verify measures at a concurrency (perf_analyzer's closed loop); give "
@@ -211,7 +212,7 @@ def advise_main(args: argparse.Namespace) -> int:
         print(verified_table(rows))
     if args.write:
         from ..compile.repository import write_models
-        from .configuration import configured
+        from ..predict.configuration import configured
 
         best = advice.best.configuration
         repo = compile_pipeline(configured(pipeline, best).validate(), best.form, **best.compile_options())

@@ -21,8 +21,8 @@ from ..compile import compile_pipeline
 from ..core.graph import Graph
 from ..errors import ArgumentError
 from ..forms import model_name
+from ..predict.configuration import Configuration, configured
 from ..tables import format_table
-from .configuration import Configuration, configured
 
 __all__ = ["Verified", "measure_configurations", "verified_table"]
 
@@ -68,8 +68,8 @@ def measure_configurations(
     """
     import anyio
 
-    from ..bench.loadgen import LoadPlan, run_load
     from ..compile.repository import write_models
+    from .loadgen import LoadPlan, run_load
 
     if concurrency < 1:
         raise ArgumentError(f"concurrency is an int >= 1; got {concurrency!r}")
