@@ -4,7 +4,11 @@ responses per second; beside them what the target compares TTFT with (the decode
 its first yield, in this process, and the round trip of a streamed request to a decoupled
 identity model on the same server), what a Python model pays Triton per response (a decoupled
 model that sends its responses back to back), and whether every form streams the same text as
-the local runtime, prompt by prompt, over gRPC.
+the local runtime, prompt by prompt, over gRPC. Last, the time to first response at concurrency 1
+side by side (``--side-by-side ROUNDS``): the identity, an identity that streams as many responses
+as the pipeline, the pipeline's work written by hand in one decoupled model (``textgen_direct``),
+the fused form and the ensemble, a block of requests of each in turn, so that the target is
+checked on figures a busy machine slowed alike.
 
 The gated example (a safety check under ``when``, a detokenizer that reads the stream whole) runs
 in bls, bls-sync and fused; the ensemble cannot run it, so the ungated variant
@@ -20,7 +24,8 @@ own threads, so responses leave in bursts (docs/benchmarking_streams.md). ``--co
 this shell's environment, to show the difference.
 
     .venv/bin/python benchmarks/streaming.py [--duration 2] [--turns 2] [--levels 1,4] [--no-local]
-        [--no-compare-inherited] [--blas-threads 1|inherit] [--out benchmarks/results/streaming.json]
+        [--no-compare-inherited] [--blas-threads 1|inherit] [--side-by-side 8]
+        [--out benchmarks/results/streaming.json]
 
 A quicker run (about 4 minutes): ``--duration 1 --turns 1 --no-local --no-compare-inherited``.
 """
@@ -33,6 +38,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from contextlib import ExitStack
 from datetime import datetime, timezone
@@ -64,6 +70,9 @@ IDENTITY = "identity_stream"
 BURST = "burst_stream"
 BURST_UNASKED = "burst_stream_unasked"  # the same without asking whether the request was cancelled
 BURST_RESPONSES = 48  # as many as the decoder's max_new_tokens
+DIRECT = "textgen_direct"  # the ungated pipeline's work written by hand in one decoupled model
+SIDE_BY_SIDE_BLOCK = 25  # requests of one model in a row in the side-by-side comparison
+PAUSE_S = 0.001  # the decoder's first yield after this long asleep: as a request at concurrency 1 finds it
 TARGET = 1.3  # TTFT of the ensemble and fused within this factor of first yield + round trip
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
@@ -105,12 +114,55 @@ class TritonPythonModel:
 """
 
 
+# The ungated textgen's work with none of the project's machinery: the prompt's bytes as tokens,
+# the example's own Decoder class (its source, copied in), each token's byte sent as it comes,
+# asking between two responses whether the request was cancelled, as the project's models do.
+# What a form could at best do on this server: its time to first response less the fused form's
+# is what the project's model code costs.
+_DIRECT = """
+from collections.abc import Iterator
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+VOCAB = {vocab}
+EOS = {eos}
+
+{decoder}
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.decoder = Decoder()
+        self.decoder.initialize({{"parameters": {{"max_new_tokens": {max_new_tokens}}}}})
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            prompt = pb_utils.get_input_tensor_by_name(request, "prompt").as_numpy()
+            tokens = np.frombuffer(bytes(prompt[0]), dtype=np.uint8).astype(np.int32)
+            for i, out in enumerate(self.decoder.execute(tokens)):
+                if i and sender.is_cancelled():
+                    break
+                text = np.array([bytes([int(out["token"][0])])], dtype=object)
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("text", text)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def direct_code() -> str:
+    import inspect
+
+    return _DIRECT.format(vocab=textgen.VOCAB, eos=textgen.EOS, decoder=inspect.getsource(textgen.Decoder),
+                          max_new_tokens=BURST_RESPONSES)
+
+
 def write_identity(repo: Path) -> None:
-    """The identity model, and the one that answers BURST_RESPONSES times back to back."""
+    """The identity model, the ones that answer BURST_RESPONSES times back to back, and the direct model."""
     from tritonclient.grpc import model_config_pb2 as mc
 
     for name, code in ((IDENTITY, _IDENTITY), (BURST, _BURST.replace("ASK", "True")),
-                       (BURST_UNASKED, _BURST.replace("ASK", "False"))):
+                       (BURST_UNASKED, _BURST.replace("ASK", "False")), (DIRECT, direct_code())):
         config = mc.ModelConfig(name=name, backend="python", max_batch_size=0)
         config.input.add(name="prompt", data_type=mc.TYPE_STRING, dims=[1])
         config.output.add(name="text", data_type=mc.TYPE_STRING, dims=[1])
@@ -130,12 +182,21 @@ def prompts(count: int = PROMPTS) -> list[str]:
 
 def first_yield(samples: int = 50) -> dict[str, float]:
     """The decoder alone, in this process: from calling it on the sample prompt's tokens to its
-    first token, and then each next token (the mean over the rest of its stream, per stream)."""
+    first token, and then each next token (the mean over the rest of its stream, per stream);
+    ``after_pause_p50_ms``: its first token when each call comes after PAUSE_S asleep, as in a
+    server at concurrency 1, where the process waits for each request while others run."""
     decoder = textgen.Decoder()
     decoder.initialize({"parameters": {"max_new_tokens": 48}})
     tokens = textgen.tokenize.impl(textgen.sample_inputs()["prompt"])["tokens"]
-    times, paces = [], []
+    times, paces, paused = [], [], []
     for _ in range(samples):
+        time.sleep(PAUSE_S)
+        start = perf_counter()
+        stream = decoder.execute(tokens)
+        next(stream)
+        paused.append((perf_counter() - start) * 1e3)
+        for _ in stream:
+            pass
         start = perf_counter()
         stream = decoder.execute(tokens)
         next(stream)
@@ -146,7 +207,9 @@ def first_yield(samples: int = 50) -> dict[str, float]:
             paces.append((perf_counter() - first) * 1e3 / rest)
     p50, p95 = percentiles(times, (50, 95))
     (per_token,) = percentiles(paces, (50,))
-    return {"p50_ms": p50, "p95_ms": p95, "min_ms": min(times), "per_token_p50_ms": per_token, "samples": samples}
+    (after_pause,) = percentiles(paused, (50,))
+    return {"p50_ms": p50, "p95_ms": p95, "min_ms": min(times), "per_token_p50_ms": per_token,
+            "after_pause_p50_ms": after_pause, "pause_s": PAUSE_S, "samples": samples}
 
 
 def first_yield_with(env: dict[str, str]) -> dict[str, float]:
@@ -176,6 +239,41 @@ def round_trip(server: TritonServer, duration: float, levels: tuple[int, ...]) -
         m = anyio.run(_model_load, server.grpc_url, server.async_client("grpc"), IDENTITY, c, duration)
         out[c] = {"ttft_p50_ms": m.stream.ttft.p50_ms, "ttft_p95_ms": m.stream.ttft.p95_ms,
                   "requests_per_s": m.stream.requests_per_s, "errors": m.errors, "stable": m.stable}
+    return out
+
+
+async def _side_by_side(url: str, models: list[str], rounds: int, block: int) -> dict[str, list[float]]:
+    targets = {m: StreamingServerTarget(url, None, m, {"prompt": TensorSpec("BYTES", [1])}) for m in models}
+    request = textgen.sample_inputs()
+    ttft: dict[str, list[float]] = {m: [] for m in models}
+    try:
+        for m in models:  # warm-up
+            for _ in range(block):
+                await targets[m].stream(request)
+        for _ in range(rounds):
+            for m in models:
+                for _ in range(block):
+                    streamed = await targets[m].stream(request)
+                    if streamed.responses:
+                        ttft[m].append((streamed.responses[0] - streamed.sent) * 1e3)
+    finally:
+        for target in targets.values():
+            await target.close()
+    return ttft
+
+
+def side_by_side(server: TritonServer, models: list[str], rounds: int, block: int) -> dict[str, Any]:
+    """TTFT at concurrency 1 of ``models`` (the sample prompt), measured in turn: ``block`` requests
+    of each, ``rounds`` times over, so that a busy machine slows each alike; pooled percentiles."""
+    out: dict[str, Any] = {"rounds": rounds, "block": block, "load_average_before": load_average()}
+    ttft = anyio.run(_side_by_side, server.grpc_url, models, rounds, block)
+    out["load_average_after"] = load_average()
+    out["models"] = {}
+    for m, times in ttft.items():
+        p50, p95 = percentiles(times, (50, 95))
+        per_round = [percentiles(times[i * block:(i + 1) * block], (50,))[0] for i in range(rounds)]
+        out["models"][m] = {"ttft_p50_ms": p50, "ttft_p95_ms": p95, "requests": len(times),
+                            "round_p50_ms": [round(x, 3) for x in per_round]}
     return out
 
 
@@ -273,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare-inherited", action=argparse.BooleanOptionalAction, default=True,
                         help="measure the ungated forms at concurrency 1 again on a server that inherits this "
                              "shell's environment (default: on)")
+    parser.add_argument("--side-by-side", type=int, default=8, metavar="ROUNDS",
+                        help="rounds of the time-to-first-response comparison at concurrency 1 (identity, streamed "
+                             "identity, direct model, fused, ensemble in turn; 0: none; default: 8)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "streaming.json"))
     args = parser.parse_args(argv)
     levels = tuple(int(c) for c in args.levels.split(","))
@@ -326,6 +427,10 @@ def main(argv: list[str] | None = None) -> int:
                 entry["measurements"] = [figures(m) for m in bench.measurements]
                 entry["verdict"] = bench.verdict
                 entry["same_text_as_local"] = same_text(server, pipeline, forms)
+            if args.side_by_side and ungated is not None:
+                models = [IDENTITY, BURST, DIRECT] + [model_name(ungated.name, f) for f in ("fused", "ensemble")
+                                                      if f in plan[ungated.name][1]]
+                result["side_by_side"] = side_by_side(server, models, args.side_by_side, SIDE_BY_SIDE_BLOCK)
         if args.compare_inherited and env and ungated is not None and plan[ungated.name][1]:
             result["inherited_env"] = inherited(repo, ungated, plan[ungated.name][1], args, out)
     result["load_average_after"] = load_average()
@@ -375,7 +480,27 @@ def target_check(result: dict[str, Any]) -> dict[str, Any]:
                 ratio = m["ttft_p50_ms"] / bound if m["ttft_p50_ms"] else None
                 checks[f"{name} {m['form']}"] = {"ttft_p50_ms": m["ttft_p50_ms"], "bound_ms": bound,
                                                  "ratio": ratio, "met": ratio is not None and ratio <= TARGET}
-    return {"first_yield_plus_round_trip_ms": bound, "factor": TARGET, "checks": checks}
+    return {"first_yield_plus_round_trip_ms": bound, "factor": TARGET, "checks": checks,
+            "side_by_side": side_by_side_check(result)}
+
+
+def side_by_side_check(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The target on the side-by-side figures, with two bounds: as the issue words it (the decoder's first
+    yield, called back to back, plus one response's round trip to the identity), and for a stream of the
+    same length (its first yield after a pause, as a request at concurrency 1 finds it, plus the first
+    response of an identity that streams as many responses as the pipeline). The direct model shows what
+    a form could at best do."""
+    side = result.get("side_by_side")
+    if not side:
+        return None
+    ttft = {m: v["ttft_p50_ms"] for m, v in side["models"].items()}
+    first = result["first_yield"]
+    bounds = {"as_written": first["p50_ms"] + ttft[IDENTITY],
+              "same_length_stream": first["after_pause_p50_ms"] + ttft[BURST]}
+    out: dict[str, Any] = {"bounds_ms": bounds, "factor": TARGET, "ttft_p50_ms": ttft, "checks": {}}
+    for m in (DIRECT, *(n for n in ttft if n.endswith(("_fused", "_ensemble")))):
+        out["checks"][m] = {kind: {"ratio": ttft[m] / b, "met": ttft[m] / b <= TARGET} for kind, b in bounds.items()}
+    return out
 
 
 if __name__ == "__main__":

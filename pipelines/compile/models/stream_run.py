@@ -67,7 +67,12 @@ class StreamRun(serving.TopNodes):
 
     async def run(self):
         try:
-            if self.sequential:
+            if _one_lane(self.layout):
+                # Each node waits for the one before it: tasks would buy no overlap, only loop turns
+                # before the first response (a task and an event's wake-up per node).
+                for name in self.layout.in_order:
+                    await self._top(name)
+            elif self.sequential:
                 await self._one_after_another()
             else:
                 await _together([self._top(name) for name in self.layout.top])
@@ -220,6 +225,13 @@ class _Skipped:
 
     async def close(self):
         pass
+
+
+def _one_lane(layout):
+    """Whether the once-per-request nodes can only run one after another: each waits for the one
+    before it, and no step reads a stream whole (which runs beside its stream)."""
+    order = layout.in_order
+    return not layout.whole and all(order[i] in layout.held_up_by[order[i - 1]] for i in range(1, len(order)))
 
 
 async def _together(coroutines):
