@@ -41,6 +41,7 @@ from contextlib import ExitStack
 from datetime import datetime, timezone
 from pathlib import Path
 
+from docs_markers import replace_between
 from google.protobuf import json_format, text_format
 
 # Beside this file (on sys.path when run as a script): Model Analyzer's installer and runner, and perf_analyzer's.
@@ -415,12 +416,7 @@ def with_history(results: dict, out: Path) -> dict:
 
 
 def write_table(results: dict) -> None:
-    docs = DOCS.read_text()
-    start, end = MARKERS
-    if start in docs and end in docs:
-        head, rest = docs.split(start, 1)
-        _, tail = rest.split(end, 1)
-        DOCS.write_text(f"{head}{start}\n{table(results)}{end}{tail}")
+    replace_between(DOCS, MARKERS, table(results))
 
 
 def main() -> int:

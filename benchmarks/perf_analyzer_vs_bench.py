@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+from docs_markers import replace_between
 
 # perf_analyzer_tool.py, beside this file (on sys.path when run as a script): shared with prediction.py
 from perf_analyzer_tool import (
@@ -204,13 +205,7 @@ def table(results: dict) -> str:
 def write_tables(results: dict) -> None:
     text = table(results)
     TABLE.write_text(text)
-    if DOCS.exists():
-        docs = DOCS.read_text()
-        start, end = MARKERS
-        if start in docs and end in docs:
-            head, rest = docs.split(start, 1)
-            _, tail = rest.split(end, 1)
-            DOCS.write_text(f"{head}{start}\n{text}{end}{tail}")
+    replace_between(DOCS, MARKERS, text)
 
 
 def main() -> int:

@@ -4,8 +4,9 @@ the markers of what measured the server (the bench, or perf_analyzer), from the 
 from __future__ import annotations
 
 import statistics
-import sys
 from pathlib import Path
+
+from docs_markers import replace_between
 
 LEVELS = (1, 4, 16)
 RESULTS = Path(__file__).resolve().parent / "results" / "prediction.json"
@@ -103,11 +104,5 @@ def write_table(summary: dict) -> None:
     """Replaces what lies between the markers in docs/prediction_accuracy.md with :func:`latest_tables` (the
     markers of what measured the server: ``summary["settings"]["measure"]``)."""
     page = Path(__file__).resolve().parent.parent / "docs" / "prediction_accuracy.md"
-    text = page.read_text(encoding="utf-8")
     _, markers = MEASURES[(summary.get("settings") or {}).get("measure", "bench")]
-    start, end = markers
-    if start not in text or end not in text:
-        print(f"{page} has no markers {markers}; its tables were not written", file=sys.stderr)
-        return
-    head, rest = text.split(start, 1)
-    page.write_text(head + start + "\n" + latest_tables(summary) + end + rest.split(end, 1)[1], encoding="utf-8")
+    replace_between(page, markers, latest_tables(summary))
