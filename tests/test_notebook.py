@@ -63,6 +63,7 @@ def test_committed_with_its_outputs():
     check_story(nb["cells"])
 
 
+@pytest.mark.long  # over two minutes: handed out first in `make test`
 @pytest.mark.server  # the notebook loads its forms into the bundled server and benchmarks them
 def test_the_notebook_runs_clean(tmp_path, monkeypatch):
     # The kernel is this interpreter's: its venv comes first on PATH, as in a user's activated venv.

@@ -12,6 +12,7 @@ plots are drawn last, only if matplotlib is there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -292,7 +293,10 @@ def _run_async(fn: Callable[..., Any], *args: Any) -> Any:
         except KeyboardInterrupt:
             if "cancel" in handle:
                 loop, cancel = handle["cancel"]
-                loop.call_soon_threadsafe(cancel)
+                # The run may have ended just now and closed its loop: then there is nothing to cancel, and
+                # the Ctrl-C must still be what this call raises.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(cancel)
             future.exception()  # wait until it has unwound
             raise
 
