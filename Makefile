@@ -4,11 +4,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# The suite waits on servers and subprocesses about as much as it computes (6.6 CPU minutes in
-# a 9-minute run with two workers on two cores): three workers keep the cores busier and take
-# it to about 7 minutes. `make test` hands out whole files (a module's server starts once),
-# server files first (tests/conftest.py), so no worker idles at the end.
-WORKERS ?= 3
+# The suite waits on servers and subprocesses about as much as it computes: on two quiet cores
+# four workers ran it in 7 min 52 s where three took 8 min 36 s. `make test` hands out whole
+# files (a module's server starts once), the longest and the server files first
+# (tests/conftest.py), so no worker idles at the end.
+WORKERS ?= 4
 # Material for MkDocs prints a notice about MkDocs 2.0 on every build; it is not about this site.
 export NO_MKDOCS_2_WARNING := 1
 

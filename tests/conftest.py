@@ -1,7 +1,7 @@
 """The test tiers, and the order a parallel run takes the test files in.
 
 Tests that start the bundled Triton server are marked ``server``; ``make test-fast``
-leaves them out. ``make test`` runs the whole suite on two pytest-xdist workers with
+leaves them out. ``make test`` runs the whole suite on four pytest-xdist workers (the Makefile's WORKERS) with
 ``--dist loadfile``, so that a module's shared server starts once, on one worker
 (``--dist loadgroup`` would not: xdist 3.8 renames ``item._nodeid``, which pytest 9 no
 longer reads). The files that start servers are the long ones: they are handed out first, the longest
