@@ -51,12 +51,14 @@ def measure_pipeline(
     given = inputs is not None
     request = dict(inputs) if inputs is not None else sample_inputs(pipeline, module)
     notes: list[str] = []
+    when = WhenShares(pipeline, plan_of(pipeline, warn=False), request, given, notes)
+    when.check(when_rates or {})  # a share that names no condition is refused before the steps are measured
     local = profile_steps(pipeline, request, cache=cache, costs=costs, progress=progress)
     # Steps priced on the server where one is asked for (docs/prediction.md, "Take step costs from your
     # server"): as its step models, and for the fused form as the fused model runs them.
     steps, fused = steps_for(pipeline, request, local, profile, step_costs=step_costs, url=url, cache=cache,
                              notes=notes)
-    shares = WhenShares(pipeline, plan_of(pipeline, warn=False), request, given, notes).rates(when_rates or {}, module)
+    shares = when.rates(when_rates or {}, module)
     spreads = [p.spread for p in steps.values() if p.spread is not None]
     own = watch.stop(disagreement=float(np.median(spreads)) if spreads else None)
     if all(p.source == "given" for p in steps.values()):  # nothing measured here: its load tells nothing

@@ -26,15 +26,9 @@ class WhenShares:
         self.pipeline, self.plan, self.inputs, self._inputs_given, self.notes = (
             pipeline, plan, inputs, inputs_given, notes)
 
-    def rates(self, given: Mapping[str, float], module: Any) -> dict[str, float]:
-        """Each ``when`` condition's share of rows where it holds, by :meth:`Term.describe`.
-
-        A condition tensor's share of true rows is ``given`` (by ``NODE.TENSOR``, a pipeline
-        input's name, or ``NODE`` where the node gives one BOOL), else counted over the sample
-        requests (the request given, else the module's own samples), running the steps that
-        compute it (:meth:`_counted_share`); where they cannot run here, refused, naming the
-        ``--when-rate`` to give. A negated condition holds on the other rows.
-        """
+    def check(self, given: Mapping[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Refuses ``given`` shares that name no condition of the pipeline or are not in 0..1, before anything is
+        measured; the conditions by :meth:`Term.describe`, and by the names a share may be given under."""
         terms = {t.describe(): t for n in self.plan.nodes for t in n.when}
         if not terms and given:
             raise ArgumentError(f"pipeline {self.pipeline.name!r} has no `when` block; drop when_rates")
@@ -47,11 +41,22 @@ class WhenShares:
         if unknown:
             raise ArgumentError(f"when_rates names {unknown}; the conditions of pipeline {self.pipeline.name!r} "
                                 f"are {sorted(k for k in names if '.' in k or k in self.pipeline.inputs)}")
-        shares: dict[tuple[str | None, str], float] = {}
         for name, share in given.items():
             if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
                 raise ArgumentError(f"when_rates[{name!r}] is the share of rows where it is true, 0..1; got {share!r}")
-            shares[names[name].key] = float(share)
+        return terms, names
+
+    def rates(self, given: Mapping[str, float], module: Any) -> dict[str, float]:
+        """Each ``when`` condition's share of rows where it holds, by :meth:`Term.describe`.
+
+        A condition tensor's share of true rows is ``given`` (by ``NODE.TENSOR``, a pipeline
+        input's name, or ``NODE`` where the node gives one BOOL), else counted over the sample
+        requests (the request given, else the module's own samples), running the steps that
+        compute it (:meth:`_counted_share`); where they cannot run here, refused, naming the
+        ``--when-rate`` to give. A negated condition holds on the other rows.
+        """
+        terms, names = self.check(given)
+        shares = {names[name].key: float(share) for name, share in given.items()}
         rates = {}
         for label, term in terms.items():
             share = shares.get(term.key)
