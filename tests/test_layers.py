@@ -32,12 +32,8 @@ def test_the_package_keeps_its_layers():
 def test_an_import_across_the_layers_breaks_the_contract(tmp_path):
     # A copy of the package whose runtime reaches for a server profile, inside a function (as
     # the replay did): the same contracts must catch it, and name the import.
-    shutil.copytree(ROOT / "pipelines", tmp_path / "pipelines", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    local = tmp_path / "pipelines" / "runtime" / "local.py"
-    local.write_text(local.read_text() + "\n\ndef _replay(path):\n    from ..calibration import load_profile\n\n"
-                     "    return load_profile(path)\n")
-    done = lint_imports(tmp_path)
+    done = lint_imports(_package_with(tmp_path, "runtime/local.py", "def _replay(path):\n    from ..calibration "
+                                      "import load_profile\n\n    return load_profile(path)\n"))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "pipelines.runtime.local -> pipelines.calibration" in done.stdout, done.stdout
     assert "The runtime executes: it imports no compiler, server, calibration or bench code BROKEN" in done.stdout
@@ -46,14 +42,19 @@ def test_an_import_across_the_layers_breaks_the_contract(tmp_path):
 def test_the_simulation_that_reaches_for_the_measuring_breaks_the_contract(tmp_path):
     # A copy of the package whose Predictor watches the machine itself, inside a function (as it did before
     # the measuring moved to profiling/): both the layers and the simulation's own contract name the import.
-    shutil.copytree(ROOT / "pipelines", tmp_path / "pipelines", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    prediction = tmp_path / "pipelines" / "predict" / "prediction.py"
-    prediction.write_text(prediction.read_text() + "\n\ndef _watch():\n    from ..profiling.noise_watch import "
-                          "NoiseWatch\n\n    return NoiseWatch()\n")
-    done = lint_imports(tmp_path)
+    done = lint_imports(_package_with(tmp_path, "predict/prediction.py", "def _watch():\n    from "
+                                      "..profiling.noise_watch import NoiseWatch\n\n    return NoiseWatch()\n"))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "pipelines.predict.prediction -> pipelines.profiling.noise_watch" in done.stdout, done.stdout
     assert "The prediction simulates what was measured: it imports nothing of the measuring" in done.stdout
     assert "Layers: the command line on top, the core at the bottom BROKEN" in done.stdout
     assert "Contracts: 3 kept, 2 broken." in done.stdout, done.stdout
+
+
+def _package_with(tmp_path, module: str, code: str):
+    """A copy of the package and its contracts in ``tmp_path``, with ``code`` added at the end of ``module``."""
+    shutil.copytree(ROOT / "pipelines", tmp_path / "pipelines", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    path = tmp_path / "pipelines" / module
+    path.write_text(path.read_text() + "\n\n" + code)
+    return tmp_path
